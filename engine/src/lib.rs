@@ -1,0 +1,4 @@
+//! Keel's pure core.
+pub mod canonical;
+pub mod clock;
+pub mod provider;

@@ -1,0 +1,209 @@
+//! The payment provider contract, as the engine sees it.
+//!
+//! Owns [`PaymentProvider`], the capability a provider declares ([`Capability`]), the request
+//! the engine sends ([`EffectRequest`]) and the typed outcomes it gets back. An outcome is
+//! data, never an `Err`: a provider that declines, times out or vanishes yields a
+//! [`CallOutcome`]. Implementations live in the `adapters` crate; this module does no I/O.
+//!
+//! # The one rule implementations must keep
+//!
+//! Report [`CallOutcome::Unknown`] whenever the request may have left the process and no
+//! definitive answer came back. Only a business decline or a request proven never sent
+//! ([`CallOutcome::NotSent`]) means "no effect".
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+/// A boxed, sendable future: the engine's traits are object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a provider can do for exactly-once, declared by its adapter.
+///
+/// The tier decides what Keel may do after an unknown outcome:
+/// - `dedup_by_key && lookup` — reconcile by lookup, resend with the same key when proven absent;
+/// - `lookup` alone — reconcile, resend only when proven absent past `consistency_window_ms`;
+/// - `dedup_by_key` alone — resend with the same key inside `key_window_ms` (the provider
+///   answers the original result if the effect happened);
+/// - neither — never resend automatically: escalate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capability {
+    /// The provider deduplicates requests carrying the same idempotency key.
+    pub dedup_by_key: bool,
+    /// The provider can look an effect up by its idempotency key.
+    pub lookup: bool,
+    /// How long the provider keeps idempotency keys (Stripe: at least 24 h). Past it a resend
+    /// with the same key is no longer deduplicated, so Keel refuses it.
+    pub key_window_ms: u64,
+    /// How long after an effect a lookup may still answer "absent" (eventual consistency).
+    pub consistency_window_ms: u64,
+}
+
+impl Capability {
+    /// The capability tier as a short stable name: `dedup+lookup`, `lookup`, `dedup`, `none`.
+    pub fn tier(&self) -> &'static str {
+        match (self.dedup_by_key, self.lookup) {
+            (true, true) => "dedup+lookup",
+            (false, true) => "lookup",
+            (true, false) => "dedup",
+            (false, false) => "none",
+        }
+    }
+}
+
+/// The kind of effect a provider performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EffectKind {
+    /// Take money from a payment method.
+    Charge,
+    /// Give money back on a charged order.
+    Refund,
+}
+
+impl EffectKind {
+    /// The operation name used in intent keys: `charge` or `refund`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Charge => "charge",
+            Self::Refund => "refund",
+        }
+    }
+}
+
+/// A secret kept in memory only: its `Debug` and `Display` never show the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The clear value, for the one place that must send it (the adapter's request body).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+/// One request for an effect. Every attempt of an intent sends the same `idempotency_key`:
+/// the intent key, never regenerated.
+#[derive(Clone, Debug)]
+pub struct EffectRequest {
+    /// Charge or refund.
+    pub kind: EffectKind,
+    /// The intent key, sent as the provider's idempotency key.
+    pub idempotency_key: String,
+    /// The tenant the effect belongs to.
+    pub tenant: String,
+    /// The caller's intent id.
+    pub intent_id: String,
+    /// The order the effect is for.
+    pub order_id: String,
+    /// Amount in integer minor units, always positive.
+    pub amount_minor: i64,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// The payment method (charges only). Never stored, never logged.
+    pub payment_method: Option<Secret>,
+}
+
+/// What proves an effect happened at the provider.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    /// The provider's own id for the effect (e.g. `ch_…`, `re_…`).
+    pub provider_ref: String,
+    /// The amount the provider says it moved.
+    pub amount_minor: i64,
+    /// The currency the provider says it used.
+    pub currency: String,
+}
+
+/// Why an outcome is unknown: the request may have left and no definitive answer came back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownReason {
+    /// No answer within the adapter's timeout.
+    Timeout,
+    /// The connection dropped after the request may have been sent.
+    ConnectionLost,
+    /// The provider answered 5xx / unavailable: it may still have acted.
+    ProviderUnavailable,
+    /// The answer could not be understood.
+    Protocol,
+    /// The process died with the attempt in flight (recorded by recovery).
+    Crash,
+}
+
+impl UnknownReason {
+    /// Stable snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::ConnectionLost => "connection_lost",
+            Self::ProviderUnavailable => "provider_unavailable",
+            Self::Protocol => "protocol",
+            Self::Crash => "crash",
+        }
+    }
+}
+
+/// The outcome of one attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// The provider confirmed the effect.
+    Succeeded(Evidence),
+    /// The provider's definitive "no": no effect happened (e.g. card declined).
+    Declined {
+        /// The provider's decline code, e.g. `card_declined`.
+        code: String,
+    },
+    /// The request was proven never sent (e.g. connection refused): no effect.
+    NotSent {
+        /// What stopped it.
+        detail: String,
+    },
+    /// The effect may or may not have happened.
+    Unknown {
+        /// Why the answer is missing.
+        reason: UnknownReason,
+        /// Human detail for the log (never secrets).
+        detail: String,
+    },
+}
+
+/// The outcome of a lookup by idempotency key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LookupOutcome {
+    /// An effect with this key exists.
+    Found(Evidence),
+    /// The provider says no effect with this key exists (which may be premature: see
+    /// [`Capability::consistency_window_ms`]).
+    Absent,
+    /// The lookup could not be answered.
+    Unavailable {
+        /// Human detail for the log.
+        detail: String,
+    },
+}
+
+/// A payment provider as the engine drives it.
+pub trait PaymentProvider: Send + Sync {
+    /// What this provider can do for exactly-once.
+    fn capability(&self) -> Capability;
+
+    /// Performs one attempt. Must send `request.idempotency_key` as the idempotency key
+    /// when the provider supports one.
+    fn execute<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome>;
+
+    /// Looks an effect up by its idempotency key. Only called when `capability().lookup`.
+    fn lookup<'a>(&'a self, kind: EffectKind, idempotency_key: &'a str) -> BoxFuture<'a, LookupOutcome>;
+}
