@@ -1,4 +1,27 @@
-//! Keel's pure core.
+//! Keel's pure core: what happened, what it means, and what to do next.
+//!
+//! - [`event`] — the stored facts ([`event::Event`]) and their envelope; the hash chain.
+//! - [`ledger`] — the fold of those facts ([`ledger::Ledger`]) and every decision taken
+//!   against it: reservation, attempts, outcomes, reconciliation, approvals, runs.
+//! - [`canonical`] — canonical JSON and payload fingerprints.
+//! - [`provider`] — the payment provider contract and its typed outcomes.
+//! - [`executor`] — journaled workflows and the replaying executor.
+//! - [`clock`] and [`limits`] — time as an input, and every bound in one file.
+//!
+//! The engine does no I/O and never reads a clock: the store appends, the adapters reach the
+//! network, the binary supplies the time.
+//!
+//! ```
+//! use engine::canonical::fingerprint;
+//! use serde_json::json;
+//! // Two spellings of one payload give one fingerprint.
+//! assert_eq!(fingerprint(&json!({"amount_minor": 4900, "currency": "EUR"})),
+//!            fingerprint(&json!({"currency": "EUR", "amount_minor": 4.9e3})));
+//! ```
 pub mod canonical;
 pub mod clock;
+pub mod event;
+pub mod ledger;
+pub mod limits;
+pub mod log;
 pub mod provider;

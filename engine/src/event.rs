@@ -1,0 +1,620 @@
+//! The stored event format: Keel's ground truth.
+//!
+//! Owns [`Event`], every fact Keel ever records, the [`Cause`] each fact names, and
+//! [`StoredEvent`], the envelope the store hands back (global sequence, stream, sequence in
+//! the stream, UTC time, hash chain). Everything else — intents, runs, budgets — is folded
+//! from these by [`crate::ledger::Ledger::apply`].
+//!
+//! # Compatibility
+//!
+//! A released variant is never edited: its name and fields are the on-disk format (the
+//! variant name is the `type` column, the fields are the JSON payload). New facts get new
+//! variants; new optional fields must default when absent. `fixtures/golden/` holds logs
+//! that must keep decoding and folding to the same state.
+
+use crate::provider::{Capability, EffectKind, Evidence, UnknownReason};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt;
+
+/// An intent key: `operation:tenant:intent_id`. Never regenerated on retry or replay.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct IntentKey(String);
+
+impl IntentKey {
+    /// Builds the key from its caller-supplied triple.
+    pub fn new(kind: EffectKind, tenant: &str, intent_id: &str) -> Self {
+        Self(format!("{}:{tenant}:{intent_id}", kind.as_str()))
+    }
+
+    /// Parses a key typed by an operator; `None` unless it has the `operation:tenant:id` shape.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.splitn(3, ':');
+        let operation = parts.next()?;
+        let tenant = parts.next()?;
+        let intent_id = parts.next()?;
+        let known = operation == EffectKind::Charge.as_str() || operation == EffectKind::Refund.as_str();
+        (known && !tenant.is_empty() && !intent_id.is_empty()).then(|| Self(text.to_owned()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The stream the intent's events live on.
+    pub fn stream(&self) -> StreamId {
+        StreamId(format!("intent:{}", self.0))
+    }
+
+    /// SHA-256 of the key, for traces: a key names a tenant, so traces carry its hash only.
+    pub fn hash(&self) -> String {
+        crate::canonical::sha256_hex(self.0.as_bytes())
+    }
+}
+
+impl fmt::Display for IntentKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A run id, chosen by whoever starts the run (the binary uses random UUIDs).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RunId(String);
+
+impl RunId {
+    /// Wraps an id.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The stream the run's events live on.
+    pub fn stream(&self) -> StreamId {
+        StreamId(format!("run:{}", self.0))
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The stream an event belongs to: `intent:<key>` or `run:<id>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StreamId(String);
+
+impl StreamId {
+    /// Wraps a stream id read back from storage.
+    pub fn from_stored(id: String) -> Self {
+        Self(id)
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who or what caused an event: every event names one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cause {
+    /// `command:<name>` for a CLI or API command, `operator:<name>` for a human,
+    /// `recovery` for start-up recovery, `run` for a workflow's own progress.
+    pub actor: String,
+    /// The run on whose behalf the event was written, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+}
+
+impl Cause {
+    /// An event written by a command (`keel charge`, `keel reconcile`, …).
+    pub fn command(name: &str) -> Self {
+        Self { actor: format!("command:{name}"), run_id: None }
+    }
+
+    /// An event written by a named human operator.
+    pub fn operator(name: &str) -> Self {
+        Self { actor: format!("operator:{name}"), run_id: None }
+    }
+
+    /// An event written by start-up recovery.
+    pub fn recovery() -> Self {
+        Self { actor: "recovery".to_owned(), run_id: None }
+    }
+
+    /// The same cause, acting for `run`.
+    pub fn for_run(mut self, run: &RunId) -> Self {
+        self.run_id = Some(run.clone());
+        self
+    }
+}
+
+/// How a validated intent came to be validated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The provider confirmed the attempt.
+    Provider,
+    /// A lookup (or an operator with evidence) proved the effect after an unknown outcome.
+    Reconciled,
+}
+
+/// What a lookup found, as recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LookupStatus {
+    /// The effect exists and matches the intent.
+    Found,
+    /// The provider says the effect does not exist.
+    Absent,
+    /// The lookup could not be answered.
+    Unavailable,
+    /// The provider answered something that contradicts the intent (wrong amount, kind…).
+    Inconsistent,
+    /// The process died during the lookup (recorded by recovery).
+    Interrupted,
+}
+
+impl LookupStatus {
+    /// Stable snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Found => "found",
+            Self::Absent => "absent",
+            Self::Unavailable => "unavailable",
+            Self::Inconsistent => "inconsistent",
+            Self::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// What Keel decided after a lookup. Recorded, so replay never re-decides with a new clock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "next", rename_all = "snake_case")]
+pub enum AfterLookup {
+    /// The effect is proven: an `IntentValidated` (reconciled) follows in the same commit.
+    Validated,
+    /// Absence is proven past the consistency window: the next attempt may go, same key.
+    ResendAllowed,
+    /// Still unknown: look again at `reconcile_after`.
+    RetryAt {
+        /// When the next reconciliation is due.
+        reconcile_after: DateTime<Utc>,
+    },
+    /// No further automatic step: an `IntentEscalated` follows in the same commit.
+    Escalated,
+}
+
+/// Limits a run starts with. Part of `RunStarted`, so a restart never refills them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunLimits {
+    /// Money the run may move, in minor units (reserved at reservation). `None`: unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_minor_max: Option<i64>,
+    /// Attempts per intent (the first one included).
+    pub attempts_per_intent_max: u32,
+    /// Reconciliations per intent before it escalates.
+    pub reconciliations_per_intent_max: u32,
+    /// Amount above which a human must approve an effect. `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_threshold_minor: Option<i64>,
+}
+
+/// How a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// The host's completion condition holds.
+    Completed,
+    /// A proposal was rejected before any effect (invalid, policy, mismatch, budget…).
+    Rejected,
+    /// The provider definitively refused the effect.
+    Declined,
+    /// An effect is still ambiguous.
+    OutcomeUnknown,
+    /// An intent needs an operator.
+    Escalated,
+    /// Cancelled by an operator or the caller.
+    Cancelled,
+    /// The absolute deadline passed.
+    DeadlineExceeded,
+    /// Money budget spent.
+    CostBudget,
+    /// Replayed code asked for a different step than the one recorded.
+    NondeterministicReplay,
+    /// The workflow failed with an internal error.
+    Failed,
+}
+
+impl RunStatus {
+    /// Stable snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Rejected => "rejected",
+            Self::Declined => "declined",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::Escalated => "escalated",
+            Self::Cancelled => "cancelled",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::CostBudget => "cost_budget",
+            Self::NondeterministicReplay => "nondeterministic_replay",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// The definition of an intent, as reserved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentDefinition {
+    /// The intent key.
+    pub key: IntentKey,
+    /// Charge or refund.
+    pub kind: EffectKind,
+    /// The tenant (part of the key).
+    pub tenant: String,
+    /// The caller's intent id (part of the key).
+    pub intent_id: String,
+    /// The order the effect is for.
+    pub order_id: String,
+    /// The business reference a second key may not use while this intent is pending.
+    pub business_ref: String,
+    /// Lowercase hex SHA-256 of the canonical effect-defining payload.
+    pub fingerprint: String,
+    /// Amount in minor units.
+    pub amount_minor: i64,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// The effect-defining payload, secrets replaced by their hashes.
+    pub payload: Value,
+}
+
+/// Every fact Keel records. Variant names are the stored `type`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum Event {
+    /// A run started, with its limits and absolute deadline.
+    RunStarted {
+        /// The run.
+        run_id: RunId,
+        /// The workflow's registered name.
+        workflow: String,
+        /// The workflow input, secrets replaced by their hashes.
+        input: Value,
+        /// Absolute UTC deadline fixed at start.
+        deadline_at: DateTime<Utc>,
+        /// The run's limits.
+        limits: RunLimits,
+    },
+    /// A journaled step produced its output (replay returns it instead of re-running).
+    StepRecorded {
+        /// The run.
+        run_id: RunId,
+        /// Position in the run's journal, from 0.
+        position: u32,
+        /// The step's name; replay must ask for the same name at the same position.
+        name: String,
+        /// The recorded output.
+        output: Value,
+    },
+    /// A durable timer started; replay waits until `fire_at` instead of a fresh delay.
+    TimerStarted {
+        /// The run.
+        run_id: RunId,
+        /// Position in the run's journal.
+        position: u32,
+        /// When the timer fires.
+        fire_at: DateTime<Utc>,
+    },
+    /// A signal (an approval, an operator decision) was delivered to a run.
+    SignalDelivered {
+        /// The run.
+        run_id: RunId,
+        /// The signal's name.
+        name: String,
+        /// Its payload.
+        payload: Value,
+    },
+    /// A run ended.
+    RunFinished {
+        /// The run.
+        run_id: RunId,
+        /// How.
+        status: RunStatus,
+        /// Human detail.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+    /// An intent was reserved: key + fingerprint + money, atomically.
+    IntentReserved {
+        /// What the intent is.
+        intent: IntentDefinition,
+        /// The run that reserved it (its money budget holds the amount).
+        run_id: RunId,
+        /// The provider's declared capability, fixed for the intent's life.
+        capability: Capability,
+        /// Attempts allowed, the first one included.
+        attempts_max: u32,
+        /// Reconciliations allowed before escalation.
+        reconciliations_max: u32,
+        /// Whether a human must approve before the first attempt.
+        approval_required: bool,
+    },
+    /// The same key and fingerprint were proposed again; the stored outcome was returned.
+    IntentDeduplicated {
+        /// The intent.
+        key: IntentKey,
+        /// The run that proposed it again.
+        run_id: RunId,
+    },
+    /// A human approved the intent, bound to its fingerprint, until `expires_at`.
+    ApprovalGranted {
+        /// The intent.
+        key: IntentKey,
+        /// The fingerprint approved; dispatch checks it again.
+        fingerprint: String,
+        /// The approver.
+        by: String,
+        /// After this instant the approval releases nothing.
+        expires_at: DateTime<Utc>,
+    },
+    /// A human denied the intent: it ends rejected, money released.
+    ApprovalDenied {
+        /// The intent.
+        key: IntentKey,
+        /// The approver.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// Write-ahead: attempt `attempt` is about to be sent. Durable before the provider call.
+    AttemptStarted {
+        /// The intent.
+        key: IntentKey,
+        /// 1, 2, …
+        attempt: u32,
+        /// The run driving it.
+        run_id: RunId,
+    },
+    /// The attempt was proven never sent: no effect, the intent may try again.
+    AttemptNotSent {
+        /// The intent.
+        key: IntentKey,
+        /// Which attempt.
+        attempt: u32,
+        /// What stopped it.
+        detail: String,
+    },
+    /// The effect is proven.
+    IntentValidated {
+        /// The intent.
+        key: IntentKey,
+        /// The attempt that made it, when known.
+        attempt: u32,
+        /// How it was proven.
+        source: Source,
+        /// The proof.
+        evidence: Evidence,
+    },
+    /// The provider definitively refused: no effect, money released.
+    IntentDeclined {
+        /// The intent.
+        key: IntentKey,
+        /// Which attempt.
+        attempt: u32,
+        /// The provider's code.
+        code: String,
+    },
+    /// The attempt's outcome is unknown: reconcile before acting again.
+    OutcomeUnknown {
+        /// The intent.
+        key: IntentKey,
+        /// Which attempt.
+        attempt: u32,
+        /// Why the answer is missing.
+        reason: UnknownReason,
+        /// Human detail.
+        detail: String,
+        /// When the first reconciliation is due; `None` when the tier forbids any (escalation
+        /// follows in the same commit).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reconcile_after: Option<DateTime<Utc>>,
+    },
+    /// A reconciliation lookup is about to be made.
+    ReconciliationStarted {
+        /// The intent.
+        key: IntentKey,
+        /// 1, 2, …
+        reconciliation: u32,
+    },
+    /// A reconciliation lookup answered, and what Keel decided.
+    ReconciliationResolved {
+        /// The intent.
+        key: IntentKey,
+        /// Which reconciliation.
+        reconciliation: u32,
+        /// What the lookup said.
+        status: LookupStatus,
+        /// The evidence when found.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        evidence: Option<Evidence>,
+        /// Detail for the log.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        detail: String,
+        /// The decision.
+        after: AfterLookup,
+    },
+    /// No automatic step is left: an operator must resolve the intent.
+    IntentEscalated {
+        /// The intent.
+        key: IntentKey,
+        /// Why (reconciliations spent, key window over, provider without keys or lookup…).
+        reason: String,
+        /// Whether the effect is proven absent (then its money is released).
+        absence_proven: bool,
+    },
+    /// The approval expired before dispatch: the intent waits for a new one.
+    ApprovalExpired {
+        /// The intent.
+        key: IntentKey,
+    },
+    /// An operator cancelled the intent before any attempt was in flight or unknown.
+    IntentCancelled {
+        /// The intent.
+        key: IntentKey,
+        /// The operator.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// An operator resolved an unknown or escalated intent by hand.
+    IntentResolved {
+        /// The intent.
+        key: IntentKey,
+        /// The operator.
+        by: String,
+        /// Why.
+        reason: String,
+        /// The provider reference proving the effect, or `None` for "proven absent".
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        landed: Option<String>,
+    },
+}
+
+impl Event {
+    /// The stored `type` name of this event.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::RunStarted { .. } => "RunStarted",
+            Self::StepRecorded { .. } => "StepRecorded",
+            Self::TimerStarted { .. } => "TimerStarted",
+            Self::SignalDelivered { .. } => "SignalDelivered",
+            Self::RunFinished { .. } => "RunFinished",
+            Self::IntentReserved { .. } => "IntentReserved",
+            Self::IntentDeduplicated { .. } => "IntentDeduplicated",
+            Self::ApprovalGranted { .. } => "ApprovalGranted",
+            Self::ApprovalDenied { .. } => "ApprovalDenied",
+            Self::AttemptStarted { .. } => "AttemptStarted",
+            Self::AttemptNotSent { .. } => "AttemptNotSent",
+            Self::IntentValidated { .. } => "IntentValidated",
+            Self::IntentDeclined { .. } => "IntentDeclined",
+            Self::OutcomeUnknown { .. } => "OutcomeUnknown",
+            Self::ReconciliationStarted { .. } => "ReconciliationStarted",
+            Self::ReconciliationResolved { .. } => "ReconciliationResolved",
+            Self::IntentEscalated { .. } => "IntentEscalated",
+            Self::ApprovalExpired { .. } => "ApprovalExpired",
+            Self::IntentCancelled { .. } => "IntentCancelled",
+            Self::IntentResolved { .. } => "IntentResolved",
+        }
+    }
+
+    /// The stream this event belongs on.
+    pub fn stream(&self) -> StreamId {
+        match self {
+            Self::RunStarted { run_id, .. }
+            | Self::StepRecorded { run_id, .. }
+            | Self::TimerStarted { run_id, .. }
+            | Self::SignalDelivered { run_id, .. }
+            | Self::RunFinished { run_id, .. } => run_id.stream(),
+            Self::IntentReserved { intent, .. } => intent.key.stream(),
+            Self::IntentDeduplicated { key, .. }
+            | Self::ApprovalGranted { key, .. }
+            | Self::ApprovalDenied { key, .. }
+            | Self::AttemptStarted { key, .. }
+            | Self::AttemptNotSent { key, .. }
+            | Self::IntentValidated { key, .. }
+            | Self::IntentDeclined { key, .. }
+            | Self::OutcomeUnknown { key, .. }
+            | Self::ReconciliationStarted { key, .. }
+            | Self::ReconciliationResolved { key, .. }
+            | Self::IntentEscalated { key, .. }
+            | Self::ApprovalExpired { key, .. }
+            | Self::IntentCancelled { key, .. }
+            | Self::IntentResolved { key, .. } => key.stream(),
+        }
+    }
+
+    /// The JSON payload stored for this event (its fields, without the `type` tag).
+    pub fn payload(&self) -> Value {
+        let mut value = serde_json::to_value(self).expect("events serialize: every field is plain data");
+        if let Value::Object(map) = &mut value {
+            map.remove("type");
+        }
+        value
+    }
+
+    /// Rebuilds an event from its stored type and payload.
+    pub fn from_stored(type_name: &str, payload: &Value) -> Result<Self, serde_json::Error> {
+        let mut tagged = payload.clone();
+        if let Value::Object(map) = &mut tagged {
+            map.insert("type".to_owned(), Value::String(type_name.to_owned()));
+        }
+        serde_json::from_value(tagged)
+    }
+}
+
+/// An event as stored: position in the global log and in its stream, time, cause, hashes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StoredEvent {
+    /// Global sequence, from 1, gap-free.
+    pub seq: u64,
+    /// The stream.
+    pub stream: StreamId,
+    /// Sequence within the stream, from 1, gap-free.
+    pub stream_seq: u64,
+    /// When the store appended it (stamped from the injected clock).
+    pub at: DateTime<Utc>,
+    /// Who or what caused it.
+    pub cause: Cause,
+    /// The fact.
+    pub event: Event,
+    /// Hash of the previous event (64 zeros for the first).
+    pub prev_hash: String,
+    /// SHA-256 over `prev_hash` and this event's canonical content.
+    pub hash: String,
+}
+
+/// The hash of the chain before the first event.
+pub const GENESIS_HASH: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+/// The chained hash of one event: SHA-256 over the previous hash and the canonical JSON of
+/// (seq, stream, stream_seq, at, type, cause, payload). Both the store (on append) and
+/// `verify` (on replay) call this one function.
+pub fn chain_hash(
+    prev_hash: &str,
+    seq: u64,
+    stream: &StreamId,
+    stream_seq: u64,
+    at: DateTime<Utc>,
+    cause: &Cause,
+    event: &Event,
+) -> String {
+    let content = serde_json::json!({
+        "prev": prev_hash,
+        "seq": seq,
+        "stream": stream.as_str(),
+        "stream_seq": stream_seq,
+        "at": at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "type": event.type_name(),
+        "cause": cause,
+        "payload": event.payload(),
+    });
+    crate::canonical::fingerprint(&content)
+}

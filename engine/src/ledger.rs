@@ -1,0 +1,1539 @@
+//! The fold of the event log, and every decision taken against it.
+//!
+//! Owns [`Ledger`]: the state of every intent and run, rebuilt by [`Ledger::apply`] from
+//! stored events, and [`Ledger::decide`], the pure function that turns a [`Command`] into the
+//! events to append (or a [`Refusal`], in which case nothing is written). The store calls
+//! `decide` then `apply` for each command inside its write transaction, so a decision always
+//! sees every event committed before it — that is what makes reservation atomic.
+//!
+//! This module never reads a clock (time comes in as `now`), never does I/O, and never
+//! appends: it only says what to append.
+//!
+//! # Failure
+//!
+//! `apply` panics on an impossible transition, naming the stream and sequence: the log is
+//! durable, so a restart after the fix is safe; folding past a corrupt fact is not.
+
+use crate::clock::{ms_between, plus_ms};
+use crate::event::{
+    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LookupStatus, RunId, RunLimits, RunStatus, Source, StoredEvent,
+    StreamId,
+};
+use crate::limits;
+use crate::provider::{Capability, CallOutcome, EffectKind, Evidence, LookupOutcome, UnknownReason};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+
+/// Where an intent is in its lifecycle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntentStatus {
+    /// Key, fingerprint and money reserved; the next attempt may go.
+    Reserved,
+    /// Waiting for a human approval bound to the fingerprint.
+    AwaitingApproval,
+    /// An attempt is in flight (its `AttemptStarted` is durable, its outcome is not).
+    Attempting,
+    /// The effect is proven.
+    Validated,
+    /// The provider definitively refused: no effect.
+    Declined,
+    /// The effect may or may not have happened: reconcile before acting again.
+    OutcomeUnknown,
+    /// A reconciliation lookup is in flight.
+    Reconciling,
+    /// No automatic step is left: an operator must resolve it.
+    Escalated,
+    /// Cancelled (or resolved absent) by an operator: no effect.
+    Cancelled,
+    /// An approval was denied: no effect.
+    Rejected,
+}
+
+impl IntentStatus {
+    /// Stable snake_case name, as shown by the CLI and stored in projections.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Reserved => "reserved",
+            Self::AwaitingApproval => "awaiting_approval",
+            Self::Attempting => "attempting",
+            Self::Validated => "validated",
+            Self::Declined => "declined",
+            Self::OutcomeUnknown => "outcome_unknown",
+            Self::Reconciling => "reconciling",
+            Self::Escalated => "escalated",
+            Self::Cancelled => "cancelled",
+            Self::Rejected => "rejected",
+        }
+    }
+
+    /// Parses a name produced by [`IntentStatus::as_str`].
+    pub fn parse(text: &str) -> Option<Self> {
+        ALL_STATUSES.iter().copied().find(|s| s.as_str() == text)
+    }
+}
+
+/// Every status, for help texts and parsing.
+pub const ALL_STATUSES: [IntentStatus; 10] = [
+    IntentStatus::Reserved,
+    IntentStatus::AwaitingApproval,
+    IntentStatus::Attempting,
+    IntentStatus::Validated,
+    IntentStatus::Declined,
+    IntentStatus::OutcomeUnknown,
+    IntentStatus::Reconciling,
+    IntentStatus::Escalated,
+    IntentStatus::Cancelled,
+    IntentStatus::Rejected,
+];
+
+/// A human approval, bound to a fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Approval {
+    /// The fingerprint approved.
+    pub fingerprint: String,
+    /// The approver.
+    pub by: String,
+    /// After this instant it releases nothing.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The folded state of one intent.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Intent {
+    /// What it is.
+    #[serde(flatten)]
+    pub definition: IntentDefinition,
+    /// The run that reserved it; its money budget holds the amount.
+    pub run_id: RunId,
+    /// The provider's declared capability.
+    pub capability: Capability,
+    /// Where it is.
+    pub status: IntentStatus,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Attempts allowed.
+    pub attempts_max: u32,
+    /// Reconciliations started so far.
+    pub reconciliations: u32,
+    /// Reconciliations allowed before escalation.
+    pub reconciliations_max: u32,
+    /// When the key was first sent to the provider (the key window counts from here).
+    pub first_sent_at: Option<DateTime<Utc>>,
+    /// When the latest attempt was sent (the consistency window counts from here).
+    pub last_sent_at: Option<DateTime<Utc>>,
+    /// When the next reconciliation is due, while unknown.
+    pub reconcile_after: Option<DateTime<Utc>>,
+    /// Why the latest outcome is unknown.
+    pub unknown_reason: Option<UnknownReason>,
+    /// How it was validated.
+    pub source: Option<Source>,
+    /// The proof, once validated.
+    pub evidence: Option<Evidence>,
+    /// The provider's decline code.
+    pub decline_code: Option<String>,
+    /// Whether a human must approve before the first attempt.
+    pub approval_required: bool,
+    /// The latest approval.
+    pub approval: Option<Approval>,
+    /// Whether the effect is proven absent (for the latest attempt).
+    pub absence_proven: bool,
+    /// Why it escalated, or who cancelled / resolved it and why.
+    pub note: Option<String>,
+    /// Times the same key and fingerprint were proposed again after validation.
+    pub duplicates_suppressed: u32,
+    /// Global sequence of the latest event on its stream.
+    pub last_seq: u64,
+}
+
+impl Intent {
+    /// The intent key.
+    pub fn key(&self) -> &IntentKey {
+        &self.definition.key
+    }
+
+    /// Whether the amount counts against budgets and cumulative invariants: from
+    /// reservation on, while the effect may exist, and once it is proven.
+    pub fn money_committed(&self) -> bool {
+        match self.status {
+            IntentStatus::Reserved
+            | IntentStatus::AwaitingApproval
+            | IntentStatus::Attempting
+            | IntentStatus::OutcomeUnknown
+            | IntentStatus::Reconciling
+            | IntentStatus::Validated => true,
+            IntentStatus::Escalated => !self.absence_proven,
+            IntentStatus::Declined | IntentStatus::Cancelled | IntentStatus::Rejected => false,
+        }
+    }
+
+    /// Whether the intent is still open: a second key for its business reference is refused.
+    pub fn pending(&self) -> bool {
+        self.status != IntentStatus::Validated && self.money_committed()
+    }
+
+    /// Whether the intent has reached an end no automatic step will change.
+    pub fn settled(&self) -> bool {
+        matches!(
+            self.status,
+            IntentStatus::Validated
+                | IntentStatus::Declined
+                | IntentStatus::Cancelled
+                | IntentStatus::Rejected
+                | IntentStatus::Escalated
+        )
+    }
+
+    /// Whether a reconciliation is due at `now`.
+    pub fn reconcile_due(&self, now: DateTime<Utc>) -> bool {
+        self.status == IntentStatus::OutcomeUnknown && self.reconcile_after.is_some_and(|at| at <= now)
+    }
+
+    fn within_key_window(&self, now: DateTime<Utc>) -> bool {
+        self.first_sent_at
+            .is_none_or(|first| ms_between(first, now) < self.capability.key_window_ms)
+    }
+}
+
+/// One entry of a run's journal.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JournalEntry {
+    /// Position, from 0.
+    pub position: u32,
+    /// Step name (`intent:<key>` for intents, `timer` for timers, `signal:<name>` for waits).
+    pub name: String,
+    /// Recorded output (the timer's `fire_at` for timers).
+    pub output: Value,
+}
+
+/// The folded state of one run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Run {
+    /// The run.
+    pub run_id: RunId,
+    /// The workflow's name.
+    pub workflow: String,
+    /// Its input, secrets hashed.
+    pub input: Value,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// Its absolute deadline.
+    pub deadline_at: DateTime<Utc>,
+    /// Its limits.
+    pub limits: RunLimits,
+    /// `None` while running.
+    pub status: Option<RunStatus>,
+    /// Detail of its end.
+    pub detail: Option<String>,
+    /// What it recorded, in order.
+    pub journal: Vec<JournalEntry>,
+    /// Signals delivered, in order, by name.
+    pub signals: BTreeMap<String, Vec<Value>>,
+    /// Intents it reserved.
+    pub intents: Vec<IntentKey>,
+    /// Global sequence of its latest event.
+    pub last_seq: u64,
+}
+
+/// What a caller asks the ledger to decide.
+#[derive(Clone, Debug)]
+pub struct Command {
+    /// Who or what asks.
+    pub cause: Cause,
+    /// A run to start in the same commit, written only if the action is accepted: a
+    /// rejected first proposal leaves nothing behind, not even the run.
+    pub start_run: Option<RunStart>,
+    /// The action.
+    pub action: Action,
+}
+
+/// A run to start.
+#[derive(Clone, Debug)]
+pub struct RunStart {
+    /// The run's id.
+    pub run_id: RunId,
+    /// The workflow's name.
+    pub workflow: String,
+    /// Its input, secrets hashed.
+    pub input: Value,
+    /// Its absolute deadline.
+    pub deadline_at: DateTime<Utc>,
+    /// Its limits.
+    pub limits: RunLimits,
+}
+
+/// The definition of an intent to reserve.
+#[derive(Clone, Debug)]
+pub struct IntentSpec {
+    /// What it is.
+    pub definition: IntentDefinition,
+    /// The provider's capability.
+    pub capability: Capability,
+}
+
+/// Everything a command may ask.
+#[derive(Clone, Debug)]
+pub enum Action {
+    /// Nothing beyond starting the run.
+    StartRun,
+    /// Read one intent (answered from the writer's state, so it sees every commit).
+    Observe {
+        /// The intent.
+        key: IntentKey,
+    },
+    /// Read one run.
+    ObserveRun {
+        /// The run.
+        run_id: RunId,
+    },
+    /// Reserve key + fingerprint + money for `run_id`, journaled at `position`.
+    Reserve {
+        /// The reserving run.
+        run_id: RunId,
+        /// Journal position of the `intent` call.
+        position: u32,
+        /// The intent.
+        spec: IntentSpec,
+    },
+    /// Write-ahead the next attempt.
+    StartAttempt {
+        /// The intent.
+        key: IntentKey,
+        /// The run driving it.
+        run_id: RunId,
+    },
+    /// Record an attempt's outcome.
+    RecordOutcome {
+        /// The intent.
+        key: IntentKey,
+        /// Which attempt.
+        attempt: u32,
+        /// What happened.
+        outcome: CallOutcome,
+    },
+    /// Write-ahead the next reconciliation. `force` ignores `reconcile_after` (an operator's
+    /// explicit request; the consistency window still guards any resend).
+    StartReconciliation {
+        /// The intent.
+        key: IntentKey,
+        /// Reconcile even if not yet due.
+        force: bool,
+    },
+    /// Record a lookup's answer.
+    RecordLookup {
+        /// The intent.
+        key: IntentKey,
+        /// Which reconciliation.
+        reconciliation: u32,
+        /// What the provider said.
+        outcome: LookupOutcome,
+    },
+    /// Start-up recovery: every attempt without an outcome becomes unknown (crash), every
+    /// interrupted lookup is recorded as such. Exactly once: a second pass finds nothing.
+    Recover,
+    /// A human approves an intent, bound to its fingerprint.
+    Approve {
+        /// The intent.
+        key: IntentKey,
+        /// The approver.
+        by: String,
+        /// Validity.
+        ttl_ms: u64,
+        /// The fingerprint the approver saw; refused if it is not the intent's.
+        fingerprint: Option<String>,
+    },
+    /// A human denies an intent.
+    Deny {
+        /// The intent.
+        key: IntentKey,
+        /// The approver.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// An operator cancels an intent with nothing in flight or unknown.
+    Cancel {
+        /// The intent.
+        key: IntentKey,
+        /// The operator.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// An operator resolves an unknown or escalated intent by hand.
+    Resolve {
+        /// The intent.
+        key: IntentKey,
+        /// The operator.
+        by: String,
+        /// Why.
+        reason: String,
+        /// Provider reference proving the effect; `None` asserts it is absent.
+        landed: Option<String>,
+    },
+    /// Record a journaled step's output.
+    RecordStep {
+        /// The run.
+        run_id: RunId,
+        /// Its position.
+        position: u32,
+        /// Its name.
+        name: String,
+        /// Its output.
+        output: Value,
+    },
+    /// Start a durable timer.
+    StartTimer {
+        /// The run.
+        run_id: RunId,
+        /// Its position.
+        position: u32,
+        /// When it fires.
+        fire_at: DateTime<Utc>,
+    },
+    /// Deliver a signal to a run.
+    DeliverSignal {
+        /// The run.
+        run_id: RunId,
+        /// The signal's name.
+        name: String,
+        /// Its payload.
+        payload: Value,
+    },
+    /// End a run.
+    FinishRun {
+        /// The run.
+        run_id: RunId,
+        /// How it ended.
+        status: RunStatus,
+        /// Detail.
+        detail: Option<String>,
+    },
+}
+
+/// Why a proposal was rejected before any reservation. Nothing is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectCode {
+    /// The input does not satisfy the contract.
+    InvalidArguments,
+    /// A policy refuses it (e.g. amount above the per-charge maximum).
+    PolicyDenied,
+    /// The run's money budget (or deadline) cannot cover it.
+    BudgetExhausted,
+    /// The key was reserved with a different fingerprint.
+    IntentPayloadMismatch,
+    /// A cumulative invariant would break (refunds above the amount charged).
+    InvariantViolated,
+    /// Another key for the same business reference is still pending.
+    ReferencePending,
+}
+
+impl RejectCode {
+    /// Stable snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::InvalidArguments => "invalid_arguments",
+            Self::PolicyDenied => "policy_denied",
+            Self::BudgetExhausted => "budget_exhausted",
+            Self::IntentPayloadMismatch => "intent_payload_mismatch",
+            Self::InvariantViolated => "invariant_violated",
+            Self::ReferencePending => "reference_pending",
+        }
+    }
+}
+
+/// A command the ledger refused. Nothing was written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A proposal rejected before reservation.
+    #[error("rejected ({}): {detail}", code.as_str())]
+    Rejected {
+        /// Why.
+        code: RejectCode,
+        /// Details for the caller.
+        detail: String,
+    },
+    /// The command does not apply to the intent's current state.
+    #[error("{0}")]
+    NotAllowed(String),
+    /// No such intent.
+    #[error("no intent with key {0}")]
+    UnknownIntent(IntentKey),
+    /// No such run.
+    #[error("no run with id {0}")]
+    UnknownRun(RunId),
+    /// Replayed code asked for something else than what is recorded at this position.
+    #[error("nondeterministic replay at position {position}: recorded {recorded:?}, asked {asked:?}")]
+    Nondeterministic {
+        /// The journal position.
+        position: u32,
+        /// What the journal holds there.
+        recorded: String,
+        /// What the code asked.
+        asked: String,
+    },
+}
+
+/// The answer to an accepted command, read after its events were folded
+/// ([`Ledger::reply_after`]).
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// Nothing to say.
+    Done,
+    /// An intent's state. `fresh` is true when this command reserved it.
+    Intent {
+        /// The intent after the command.
+        intent: Box<Intent>,
+        /// Whether this command reserved it.
+        fresh: bool,
+    },
+    /// A run's state.
+    Run(Box<Run>),
+    /// Intents recovery turned unknown (or whose lookups it recorded as interrupted).
+    Recovered(Vec<IntentKey>),
+}
+
+/// What a reply refers to, resolved after the events are applied.
+#[derive(Clone, Debug)]
+pub enum ReplyTarget {
+    /// Nothing.
+    Done,
+    /// An intent, and whether the command reserved it.
+    Intent(IntentKey, bool),
+    /// A run.
+    Run(RunId),
+    /// Recovered intents.
+    Recovered(Vec<IntentKey>),
+}
+
+/// The fold of the whole log.
+#[derive(Clone, Debug, Default)]
+pub struct Ledger {
+    intents: HashMap<IntentKey, Intent>,
+    runs: HashMap<RunId, Run>,
+    /// (tenant, order id) → intents on that order, for cumulative invariants.
+    orders: HashMap<(String, String), Vec<IntentKey>>,
+    /// (tenant, operation, business reference) → intents, for the "new key while pending" rule.
+    references: HashMap<(String, EffectKind, String), Vec<IntentKey>>,
+    stream_lengths: HashMap<StreamId, u64>,
+    last_seq: u64,
+    last_hash: Option<String>,
+}
+
+impl Ledger {
+    /// An empty ledger: the state before the first event.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Global sequence of the last applied event (0 when empty).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Hash of the last applied event (the genesis hash when empty).
+    pub fn last_hash(&self) -> &str {
+        self.last_hash.as_deref().unwrap_or(crate::event::GENESIS_HASH)
+    }
+
+    /// Number of events on `stream` so far.
+    pub fn stream_length(&self, stream: &StreamId) -> u64 {
+        self.stream_lengths.get(stream).copied().unwrap_or(0)
+    }
+
+    /// One intent.
+    pub fn intent(&self, key: &IntentKey) -> Option<&Intent> {
+        self.intents.get(key)
+    }
+
+    /// Every intent, in key order.
+    pub fn intents(&self) -> Vec<&Intent> {
+        let mut all: Vec<&Intent> = self.intents.values().collect();
+        all.sort_by(|a, b| a.key().cmp(b.key()));
+        all
+    }
+
+    /// One run.
+    pub fn run(&self, run_id: &RunId) -> Option<&Run> {
+        self.runs.get(run_id)
+    }
+
+    /// Every run, in id order.
+    pub fn runs(&self) -> Vec<&Run> {
+        let mut all: Vec<&Run> = self.runs.values().collect();
+        all.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        all
+    }
+
+    /// Money the run has committed (reserved, held while unknown, or spent), in minor units.
+    pub fn run_cost_committed_minor(&self, run_id: &RunId) -> i64 {
+        self.runs.get(run_id).map_or(0, |run| {
+            run.intents
+                .iter()
+                .filter_map(|key| self.intents.get(key))
+                .filter(|intent| intent.money_committed())
+                .map(|intent| intent.definition.amount_minor)
+                .sum()
+        })
+    }
+
+    /// Money left in the run's budget, `None` when unbounded.
+    pub fn run_cost_remaining_minor(&self, run_id: &RunId) -> Option<i64> {
+        let run = self.runs.get(run_id)?;
+        let max = run.limits.cost_minor_max?;
+        Some(max - self.run_cost_committed_minor(run_id))
+    }
+
+    /// Validated charges on an order, in minor units.
+    pub fn order_charged_minor(&self, tenant: &str, order_id: &str) -> i64 {
+        self.order_sum(tenant, order_id, EffectKind::Charge, |i| i.status == IntentStatus::Validated)
+    }
+
+    /// Refunds on an order that are reserved, unknown or validated, in minor units.
+    pub fn order_refunds_committed_minor(&self, tenant: &str, order_id: &str) -> i64 {
+        self.order_sum(tenant, order_id, EffectKind::Refund, Intent::money_committed)
+    }
+
+    fn order_sum(&self, tenant: &str, order_id: &str, kind: EffectKind, counts: impl Fn(&Intent) -> bool) -> i64 {
+        self.orders
+            .get(&(tenant.to_owned(), order_id.to_owned()))
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.intents.get(key))
+            .filter(|intent| intent.definition.kind == kind && counts(intent))
+            .map(|intent| intent.definition.amount_minor)
+            .sum()
+    }
+
+    /// Intents whose reconciliation is due at `now`, oldest due first.
+    pub fn due_for_reconciliation(&self, now: DateTime<Utc>) -> Vec<IntentKey> {
+        let mut due: Vec<&Intent> = self.intents.values().filter(|i| i.reconcile_due(now)).collect();
+        due.sort_by_key(|i| (i.reconcile_after, i.key().clone()));
+        due.into_iter().map(|i| i.key().clone()).collect()
+    }
+
+    /// Runs that have not finished.
+    pub fn unfinished_runs(&self) -> Vec<RunId> {
+        let mut open: Vec<RunId> = self.runs.values().filter(|r| r.status.is_none()).map(|r| r.run_id.clone()).collect();
+        open.sort();
+        open
+    }
+
+    /// Turns a reply target into the reply, reading the state after the decision's events.
+    pub fn reply_after(&self, target: &ReplyTarget) -> Reply {
+        match target {
+            ReplyTarget::Done => Reply::Done,
+            ReplyTarget::Intent(key, fresh) => match self.intents.get(key) {
+                Some(intent) => Reply::Intent { intent: Box::new(intent.clone()), fresh: *fresh },
+                None => Reply::Done,
+            },
+            ReplyTarget::Run(run_id) => match self.runs.get(run_id) {
+                Some(run) => Reply::Run(Box::new(run.clone())),
+                None => Reply::Done,
+            },
+            ReplyTarget::Recovered(keys) => Reply::Recovered(keys.clone()),
+        }
+    }
+
+    /// Folds one stored event. Panics on an impossible transition, naming stream and seq.
+    pub fn apply(&mut self, stored: &StoredEvent) {
+        assert_eq!(stored.seq, self.last_seq + 1, "events fold in global order without gaps (stream {})", stored.stream);
+        let stream_length = self.stream_lengths.entry(stored.stream.clone()).or_insert(0);
+        assert_eq!(
+            stored.stream_seq,
+            *stream_length + 1,
+            "stream {} folds in order without gaps at seq {}",
+            stored.stream,
+            stored.seq
+        );
+        assert_eq!(stored.stream, stored.event.stream(), "event at seq {} is on its own stream", stored.seq);
+        *stream_length += 1;
+        self.last_seq = stored.seq;
+        self.last_hash = Some(stored.hash.clone());
+        let at = stored.at;
+        let seq = stored.seq;
+        let fail = |what: &str| -> ! { panic!("impossible transition at seq {seq} on stream {}: {what}", stored.stream) };
+
+        match &stored.event {
+            Event::RunStarted { run_id, workflow, input, deadline_at, limits } => {
+                if self.runs.contains_key(run_id) {
+                    fail("run started twice");
+                }
+                self.runs.insert(
+                    run_id.clone(),
+                    Run {
+                        run_id: run_id.clone(),
+                        workflow: workflow.clone(),
+                        input: input.clone(),
+                        started_at: at,
+                        deadline_at: *deadline_at,
+                        limits: limits.clone(),
+                        status: None,
+                        detail: None,
+                        journal: Vec::new(),
+                        signals: BTreeMap::new(),
+                        intents: Vec::new(),
+                        last_seq: seq,
+                    },
+                );
+            }
+            Event::StepRecorded { run_id, position, name, output } => {
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("step on an unknown run"));
+                if *position as usize != run.journal.len() {
+                    fail("journal position out of order");
+                }
+                run.journal.push(JournalEntry { position: *position, name: name.clone(), output: output.clone() });
+                run.last_seq = seq;
+            }
+            Event::TimerStarted { run_id, position, fire_at } => {
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("timer on an unknown run"));
+                if *position as usize != run.journal.len() {
+                    fail("journal position out of order");
+                }
+                run.journal.push(JournalEntry {
+                    position: *position,
+                    name: "timer".to_owned(),
+                    output: Value::String(fire_at.to_rfc3339()),
+                });
+                run.last_seq = seq;
+            }
+            Event::SignalDelivered { run_id, name, payload } => {
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("signal to an unknown run"));
+                run.signals.entry(name.clone()).or_default().push(payload.clone());
+                run.last_seq = seq;
+            }
+            Event::RunFinished { run_id, status, detail } => {
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("finish of an unknown run"));
+                if run.status.is_some() {
+                    fail("run finished twice");
+                }
+                run.status = Some(*status);
+                run.detail = detail.clone();
+                run.last_seq = seq;
+            }
+            Event::IntentReserved { intent, run_id, capability, attempts_max, reconciliations_max, approval_required } => {
+                if self.intents.contains_key(&intent.key) {
+                    fail("intent reserved twice");
+                }
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("intent reserved by an unknown run"));
+                run.intents.push(intent.key.clone());
+                run.last_seq = seq;
+                self.orders
+                    .entry((intent.tenant.clone(), intent.order_id.clone()))
+                    .or_default()
+                    .push(intent.key.clone());
+                self.references
+                    .entry((intent.tenant.clone(), intent.kind, intent.business_ref.clone()))
+                    .or_default()
+                    .push(intent.key.clone());
+                self.intents.insert(
+                    intent.key.clone(),
+                    Intent {
+                        definition: intent.clone(),
+                        run_id: run_id.clone(),
+                        capability: *capability,
+                        status: if *approval_required { IntentStatus::AwaitingApproval } else { IntentStatus::Reserved },
+                        attempts: 0,
+                        attempts_max: *attempts_max,
+                        reconciliations: 0,
+                        reconciliations_max: *reconciliations_max,
+                        first_sent_at: None,
+                        last_sent_at: None,
+                        reconcile_after: None,
+                        unknown_reason: None,
+                        source: None,
+                        evidence: None,
+                        decline_code: None,
+                        approval_required: *approval_required,
+                        approval: None,
+                        absence_proven: false,
+                        note: None,
+                        duplicates_suppressed: 0,
+                        last_seq: seq,
+                    },
+                );
+            }
+            other => {
+                let key = intent_key_of(other).unwrap_or_else(|| fail("event without an intent key"));
+                let intent = self.intents.get_mut(key).unwrap_or_else(|| fail("event on an unknown intent"));
+                apply_to_intent(intent, other, at).unwrap_or_else(|what| fail(what));
+                intent.last_seq = seq;
+            }
+        }
+    }
+
+    /// Decides what to append for `command` at `now`. Pure: the caller appends the events and
+    /// then folds them with [`Ledger::apply`].
+    pub fn decide(&self, command: &Command, now: DateTime<Utc>) -> Result<(Vec<Event>, ReplyTarget), Refusal> {
+        let mut events = Vec::new();
+        let run_start = command.start_run.as_ref();
+        if let Some(start) = run_start {
+            if self.runs.contains_key(&start.run_id) {
+                return Err(Refusal::NotAllowed(format!("run {} already exists", start.run_id)));
+            }
+            events.push(Event::RunStarted {
+                run_id: start.run_id.clone(),
+                workflow: start.workflow.clone(),
+                input: start.input.clone(),
+                deadline_at: start.deadline_at,
+                limits: start.limits.clone(),
+            });
+        }
+        let target = match &command.action {
+            Action::StartRun => match run_start {
+                Some(start) => ReplyTarget::Run(start.run_id.clone()),
+                None => return Err(Refusal::NotAllowed("StartRun without a run to start".to_owned())),
+            },
+            Action::Observe { key } => {
+                self.existing(key)?;
+                ReplyTarget::Intent(key.clone(), false)
+            }
+            Action::ObserveRun { run_id } => {
+                self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
+                ReplyTarget::Run(run_id.clone())
+            }
+            Action::Reserve { run_id, position, spec } => self.decide_reserve(run_start, run_id, *position, spec, now, &mut events)?,
+            Action::StartAttempt { key, run_id } => self.decide_start_attempt(key, run_id, run_start, now, &mut events)?,
+            Action::RecordOutcome { key, attempt, outcome } => self.decide_outcome(key, *attempt, outcome, now, &mut events)?,
+            Action::StartReconciliation { key, force } => self.decide_start_reconciliation(key, *force, now, &mut events)?,
+            Action::RecordLookup { key, reconciliation, outcome } => {
+                self.decide_lookup(key, *reconciliation, outcome, now, &mut events)?
+            }
+            Action::Recover => self.decide_recover(now, &mut events),
+            Action::Approve { key, by, ttl_ms, fingerprint } => {
+                let intent = self.existing(key)?;
+                if intent.status != IntentStatus::AwaitingApproval {
+                    return Err(Refusal::NotAllowed(format!(
+                        "intent {key} is {}, not awaiting approval",
+                        intent.status.as_str()
+                    )));
+                }
+                if let Some(seen) = fingerprint
+                    && seen != &intent.definition.fingerprint
+                {
+                    return Err(Refusal::NotAllowed(format!(
+                        "approval refused: fingerprint {seen} is not the intent's ({})",
+                        intent.definition.fingerprint
+                    )));
+                }
+                events.push(Event::ApprovalGranted {
+                    key: key.clone(),
+                    fingerprint: intent.definition.fingerprint.clone(),
+                    by: by.clone(),
+                    expires_at: plus_ms(now, *ttl_ms),
+                });
+                ReplyTarget::Intent(key.clone(), false)
+            }
+            Action::Deny { key, by, reason } => {
+                let intent = self.existing(key)?;
+                if intent.status != IntentStatus::AwaitingApproval {
+                    return Err(Refusal::NotAllowed(format!(
+                        "intent {key} is {}, not awaiting approval",
+                        intent.status.as_str()
+                    )));
+                }
+                events.push(Event::ApprovalDenied { key: key.clone(), by: by.clone(), reason: reason.clone() });
+                ReplyTarget::Intent(key.clone(), false)
+            }
+            Action::Cancel { key, by, reason } => {
+                let intent = self.existing(key)?;
+                if !matches!(intent.status, IntentStatus::Reserved | IntentStatus::AwaitingApproval) {
+                    return Err(Refusal::NotAllowed(format!(
+                        "intent {key} is {}: only a reserved or awaiting-approval intent can be cancelled \
+                         (an attempt in flight or unknown must be reconciled or resolved first)",
+                        intent.status.as_str()
+                    )));
+                }
+                events.push(Event::IntentCancelled { key: key.clone(), by: by.clone(), reason: reason.clone() });
+                ReplyTarget::Intent(key.clone(), false)
+            }
+            Action::Resolve { key, by, reason, landed } => {
+                let intent = self.existing(key)?;
+                if !matches!(intent.status, IntentStatus::OutcomeUnknown | IntentStatus::Escalated) {
+                    return Err(Refusal::NotAllowed(format!(
+                        "intent {key} is {}: only an outcome_unknown or escalated intent can be resolved by hand",
+                        intent.status.as_str()
+                    )));
+                }
+                if landed.as_deref().is_some_and(str::is_empty) {
+                    return Err(Refusal::NotAllowed("--landed needs the provider's reference as evidence".to_owned()));
+                }
+                events.push(Event::IntentResolved {
+                    key: key.clone(),
+                    by: by.clone(),
+                    reason: reason.clone(),
+                    landed: landed.clone(),
+                });
+                ReplyTarget::Intent(key.clone(), false)
+            }
+            Action::RecordStep { run_id, position, name, output } => {
+                self.check_journal_position(run_start, run_id, *position)?;
+                events.push(Event::StepRecorded {
+                    run_id: run_id.clone(),
+                    position: *position,
+                    name: name.clone(),
+                    output: output.clone(),
+                });
+                ReplyTarget::Run(run_id.clone())
+            }
+            Action::StartTimer { run_id, position, fire_at } => {
+                self.check_journal_position(run_start, run_id, *position)?;
+                events.push(Event::TimerStarted { run_id: run_id.clone(), position: *position, fire_at: *fire_at });
+                ReplyTarget::Run(run_id.clone())
+            }
+            Action::DeliverSignal { run_id, name, payload } => {
+                let run = self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
+                if run.status.is_some() {
+                    return Err(Refusal::NotAllowed(format!("run {run_id} has finished")));
+                }
+                events.push(Event::SignalDelivered { run_id: run_id.clone(), name: name.clone(), payload: payload.clone() });
+                ReplyTarget::Run(run_id.clone())
+            }
+            Action::FinishRun { run_id, status, detail } => {
+                let run = self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
+                if run.status.is_some() {
+                    return Err(Refusal::NotAllowed(format!("run {run_id} has already finished")));
+                }
+                events.push(Event::RunFinished { run_id: run_id.clone(), status: *status, detail: detail.clone() });
+                ReplyTarget::Run(run_id.clone())
+            }
+        };
+        Ok((events, target))
+    }
+
+    fn existing(&self, key: &IntentKey) -> Result<&Intent, Refusal> {
+        self.intents.get(key).ok_or_else(|| Refusal::UnknownIntent(key.clone()))
+    }
+
+    fn check_journal_position(&self, run_start: Option<&RunStart>, run_id: &RunId, position: u32) -> Result<(), Refusal> {
+        let recorded = match self.runs.get(run_id) {
+            Some(run) if run.status.is_some() => return Err(Refusal::NotAllowed(format!("run {run_id} has finished"))),
+            Some(run) => run.journal.len(),
+            None if run_start.is_some_and(|s| &s.run_id == run_id) => 0,
+            None => return Err(Refusal::UnknownRun(run_id.clone())),
+        };
+        if position as usize != recorded {
+            return Err(Refusal::NotAllowed(format!(
+                "run {run_id}: journal position {position} asked, next free is {recorded}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn decide_reserve(
+        &self,
+        run_start: Option<&RunStart>,
+        run_id: &RunId,
+        position: u32,
+        spec: &IntentSpec,
+        now: DateTime<Utc>,
+        events: &mut Vec<Event>,
+    ) -> Result<ReplyTarget, Refusal> {
+        let definition = &spec.definition;
+        let key = &definition.key;
+        let (limits, deadline_at) = match (self.runs.get(run_id), run_start) {
+            (Some(run), _) if run.status.is_some() => {
+                return Err(Refusal::NotAllowed(format!("run {run_id} has finished")));
+            }
+            (Some(run), _) => (run.limits.clone(), run.deadline_at),
+            (None, Some(start)) if &start.run_id == run_id => (start.limits.clone(), start.deadline_at),
+            (None, _) => return Err(Refusal::UnknownRun(run_id.clone())),
+        };
+        let journal_link = Event::StepRecorded {
+            run_id: run_id.clone(),
+            position,
+            name: format!("intent:{key}"),
+            output: Value::String(key.as_str().to_owned()),
+        };
+        self.check_journal_position(run_start, run_id, position)?;
+
+        if let Some(existing) = self.intents.get(key) {
+            if existing.definition.fingerprint != definition.fingerprint {
+                return Err(Refusal::Rejected {
+                    code: RejectCode::IntentPayloadMismatch,
+                    detail: format!(
+                        "intent {key} was reserved with another payload (fingerprint {}…, this one {}…)",
+                        &existing.definition.fingerprint[..12.min(existing.definition.fingerprint.len())],
+                        &definition.fingerprint[..12.min(definition.fingerprint.len())]
+                    ),
+                });
+            }
+            events.push(journal_link);
+            if existing.status == IntentStatus::Validated {
+                events.push(Event::IntentDeduplicated { key: key.clone(), run_id: run_id.clone() });
+            }
+            return Ok(ReplyTarget::Intent(key.clone(), false));
+        }
+
+        if definition.amount_minor <= 0 {
+            return Err(Refusal::Rejected {
+                code: RejectCode::InvalidArguments,
+                detail: "amount_minor must be a positive integer".to_owned(),
+            });
+        }
+        if now >= deadline_at {
+            return Err(Refusal::Rejected {
+                code: RejectCode::BudgetExhausted,
+                detail: format!("run {run_id} passed its deadline {deadline_at}"),
+            });
+        }
+        let reference = (definition.tenant.clone(), definition.kind, definition.business_ref.clone());
+        if let Some(pending) = self
+            .references
+            .get(&reference)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.intents.get(k))
+            .find(|i| i.pending())
+        {
+            return Err(Refusal::Rejected {
+                code: RejectCode::ReferencePending,
+                detail: format!(
+                    "intent {} for the same {} reference {:?} is still {}: a new key cannot step around it",
+                    pending.key(),
+                    definition.kind.as_str(),
+                    definition.business_ref,
+                    pending.status.as_str()
+                ),
+            });
+        }
+        if definition.kind == EffectKind::Refund {
+            let charged = self.order_charged_minor(&definition.tenant, &definition.order_id);
+            let refunded = self.order_refunds_committed_minor(&definition.tenant, &definition.order_id);
+            if refunded + definition.amount_minor > charged {
+                return Err(Refusal::Rejected {
+                    code: RejectCode::InvariantViolated,
+                    detail: format!(
+                        "refund of {} on order {} would bring refunds to {} (reserved, unknown or validated) \
+                         above the {} charged",
+                        definition.amount_minor,
+                        definition.order_id,
+                        refunded + definition.amount_minor,
+                        charged
+                    ),
+                });
+            }
+        }
+        if let Some(max) = limits.cost_minor_max {
+            let committed = if self.runs.contains_key(run_id) { self.run_cost_committed_minor(run_id) } else { 0 };
+            if committed + definition.amount_minor > max {
+                return Err(Refusal::Rejected {
+                    code: RejectCode::BudgetExhausted,
+                    detail: format!(
+                        "run {run_id} has {} of its {max} minor-unit budget left; {} asked",
+                        max - committed,
+                        definition.amount_minor
+                    ),
+                });
+            }
+        }
+        let approval_required = limits.approval_threshold_minor.is_some_and(|threshold| definition.amount_minor > threshold);
+        events.push(journal_link);
+        events.push(Event::IntentReserved {
+            intent: definition.clone(),
+            run_id: run_id.clone(),
+            capability: spec.capability,
+            attempts_max: limits.attempts_per_intent_max.max(1),
+            reconciliations_max: limits.reconciliations_per_intent_max,
+            approval_required,
+        });
+        Ok(ReplyTarget::Intent(key.clone(), true))
+    }
+
+    fn decide_start_attempt(
+        &self,
+        key: &IntentKey,
+        run_id: &RunId,
+        run_start: Option<&RunStart>,
+        now: DateTime<Utc>,
+        events: &mut Vec<Event>,
+    ) -> Result<ReplyTarget, Refusal> {
+        let intent = self.existing(key)?;
+        let deadline_at = match (self.runs.get(run_id), run_start) {
+            (Some(run), _) => run.deadline_at,
+            (None, Some(start)) if &start.run_id == run_id => start.deadline_at,
+            (None, _) => return Err(Refusal::UnknownRun(run_id.clone())),
+        };
+        let resend_by_key = intent.status == IntentStatus::OutcomeUnknown
+            && !intent.capability.lookup
+            && intent.capability.dedup_by_key
+            && intent.reconcile_due(now);
+        if intent.status != IntentStatus::Reserved && !resend_by_key {
+            return Err(Refusal::NotAllowed(format!(
+                "intent {key} is {}: no new attempt{}",
+                intent.status.as_str(),
+                match intent.status {
+                    IntentStatus::Attempting => " while one is in flight",
+                    IntentStatus::OutcomeUnknown | IntentStatus::Reconciling => " before reconciliation",
+                    IntentStatus::AwaitingApproval => " without an approval",
+                    _ => "",
+                }
+            )));
+        }
+        if intent.approval_required {
+            match &intent.approval {
+                Some(approval) if approval.fingerprint == intent.definition.fingerprint && approval.expires_at > now => {}
+                Some(approval) if approval.expires_at <= now => {
+                    events.push(Event::ApprovalExpired { key: key.clone() });
+                    return Ok(ReplyTarget::Intent(key.clone(), false));
+                }
+                _ => return Err(Refusal::NotAllowed(format!("intent {key} has no valid approval for its fingerprint"))),
+            }
+        }
+        if intent.attempts >= intent.attempts_max {
+            events.push(Event::IntentEscalated {
+                key: key.clone(),
+                reason: format!("all {} attempts spent", intent.attempts_max),
+                absence_proven: intent.absence_proven,
+            });
+            return Ok(ReplyTarget::Intent(key.clone(), false));
+        }
+        if intent.capability.dedup_by_key && !intent.within_key_window(now) {
+            events.push(Event::IntentEscalated {
+                key: key.clone(),
+                reason: "the provider's idempotency-key window has passed: a resend would not be deduplicated".to_owned(),
+                absence_proven: intent.absence_proven,
+            });
+            return Ok(ReplyTarget::Intent(key.clone(), false));
+        }
+        let left_ms = ms_between(now, deadline_at);
+        if left_ms < limits::RECONCILIATION_RESERVE_MS {
+            return Err(Refusal::NotAllowed(format!(
+                "deadline: {left_ms} ms left, fewer than the {} ms an effect needs to be reconciled",
+                limits::RECONCILIATION_RESERVE_MS
+            )));
+        }
+        events.push(Event::AttemptStarted { key: key.clone(), attempt: intent.attempts + 1, run_id: run_id.clone() });
+        Ok(ReplyTarget::Intent(key.clone(), false))
+    }
+
+    fn decide_outcome(
+        &self,
+        key: &IntentKey,
+        attempt: u32,
+        outcome: &CallOutcome,
+        now: DateTime<Utc>,
+        events: &mut Vec<Event>,
+    ) -> Result<ReplyTarget, Refusal> {
+        let intent = self.existing(key)?;
+        if attempt != intent.attempts {
+            return Err(Refusal::NotAllowed(format!(
+                "outcome for attempt {attempt} of {key}, but the latest attempt is {}",
+                intent.attempts
+            )));
+        }
+        // A late answer after recovery marked the attempt unknown (the worker was alive after
+        // all) is still evidence when it is definitive; an unknown one adds nothing.
+        let late = matches!(intent.status, IntentStatus::OutcomeUnknown | IntentStatus::Escalated);
+        if intent.status != IntentStatus::Attempting && !late {
+            return Err(Refusal::NotAllowed(format!(
+                "intent {key} is {}: no attempt awaits an outcome",
+                intent.status.as_str()
+            )));
+        }
+        match outcome {
+            CallOutcome::Succeeded(evidence) => match evidence_mismatch(intent, evidence) {
+                None => events.push(Event::IntentValidated {
+                    key: key.clone(),
+                    attempt,
+                    source: if late { Source::Reconciled } else { Source::Provider },
+                    evidence: evidence.clone(),
+                }),
+                Some(why) if !late => self.unknown(intent, attempt, UnknownReason::Protocol, why, now, events),
+                Some(_) => {}
+            },
+            CallOutcome::Declined { code } if !late => {
+                events.push(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() })
+            }
+            CallOutcome::NotSent { detail } if !late => {
+                events.push(Event::AttemptNotSent { key: key.clone(), attempt, detail: detail.clone() })
+            }
+            CallOutcome::Unknown { reason, detail } if !late => {
+                self.unknown(intent, attempt, *reason, detail.clone(), now, events)
+            }
+            CallOutcome::Declined { .. } | CallOutcome::NotSent { .. } | CallOutcome::Unknown { .. } => {}
+        }
+        Ok(ReplyTarget::Intent(key.clone(), false))
+    }
+
+    /// Records an unknown outcome, and escalates at once when the tier allows no
+    /// reconciliation at all.
+    fn unknown(&self, intent: &Intent, attempt: u32, reason: UnknownReason, detail: String, now: DateTime<Utc>, events: &mut Vec<Event>) {
+        let key = intent.key().clone();
+        let can_reconcile = intent.capability.lookup || intent.capability.dedup_by_key;
+        events.push(Event::OutcomeUnknown {
+            key: key.clone(),
+            attempt,
+            reason,
+            detail,
+            reconcile_after: can_reconcile.then(|| plus_ms(now, limits::reconcile_backoff_ms(intent.reconciliations + 1))),
+        });
+        if !can_reconcile {
+            events.push(Event::IntentEscalated {
+                key,
+                reason: "the provider has neither idempotency keys nor a lookup: Keel never resends after an unknown \
+                         outcome"
+                    .to_owned(),
+                absence_proven: false,
+            });
+        }
+    }
+
+    fn decide_start_reconciliation(
+        &self,
+        key: &IntentKey,
+        force: bool,
+        now: DateTime<Utc>,
+        events: &mut Vec<Event>,
+    ) -> Result<ReplyTarget, Refusal> {
+        let intent = self.existing(key)?;
+        let escalated_unproven = intent.status == IntentStatus::Escalated && !intent.absence_proven;
+        if intent.status != IntentStatus::OutcomeUnknown && !(force && escalated_unproven) {
+            return Err(Refusal::NotAllowed(format!(
+                "intent {key} is {}: nothing to reconcile",
+                intent.status.as_str()
+            )));
+        }
+        if !intent.capability.lookup {
+            return Err(Refusal::NotAllowed(format!(
+                "intent {key}: the provider (tier {}) offers no lookup",
+                intent.capability.tier()
+            )));
+        }
+        if !force && !intent.reconcile_due(now) {
+            return Err(Refusal::NotAllowed(format!(
+                "intent {key}: reconciliation not due before {}",
+                intent.reconcile_after.map_or_else(|| "never".to_owned(), |at| at.to_rfc3339())
+            )));
+        }
+        if intent.status == IntentStatus::OutcomeUnknown && intent.reconciliations >= intent.reconciliations_max {
+            events.push(Event::IntentEscalated {
+                key: key.clone(),
+                reason: format!("all {} reconciliations spent", intent.reconciliations_max),
+                absence_proven: false,
+            });
+            return Ok(ReplyTarget::Intent(key.clone(), false));
+        }
+        events.push(Event::ReconciliationStarted { key: key.clone(), reconciliation: intent.reconciliations + 1 });
+        Ok(ReplyTarget::Intent(key.clone(), false))
+    }
+
+    fn decide_lookup(
+        &self,
+        key: &IntentKey,
+        reconciliation: u32,
+        outcome: &LookupOutcome,
+        now: DateTime<Utc>,
+        events: &mut Vec<Event>,
+    ) -> Result<ReplyTarget, Refusal> {
+        let intent = self.existing(key)?;
+        if intent.status != IntentStatus::Reconciling || reconciliation != intent.reconciliations {
+            return Err(Refusal::NotAllowed(format!(
+                "intent {key} is {} (reconciliation {}): no lookup {reconciliation} awaits an answer",
+                intent.status.as_str(),
+                intent.reconciliations
+            )));
+        }
+        let (status, evidence, detail) = match outcome {
+            LookupOutcome::Found(evidence) => match evidence_mismatch(intent, evidence) {
+                None => (LookupStatus::Found, Some(evidence.clone()), String::new()),
+                Some(why) => (LookupStatus::Inconsistent, Some(evidence.clone()), why),
+            },
+            LookupOutcome::Absent => (LookupStatus::Absent, None, String::new()),
+            LookupOutcome::Unavailable { detail } => (LookupStatus::Unavailable, None, detail.clone()),
+        };
+        self.resolve_lookup(intent, reconciliation, status, evidence, detail, now, events);
+        Ok(ReplyTarget::Intent(key.clone(), false))
+    }
+
+    #[allow(clippy::too_many_arguments)] // One call site per lookup source; a struct would only rename them.
+    fn resolve_lookup(
+        &self,
+        intent: &Intent,
+        reconciliation: u32,
+        status: LookupStatus,
+        evidence: Option<Evidence>,
+        detail: String,
+        now: DateTime<Utc>,
+        events: &mut Vec<Event>,
+    ) {
+        let key = intent.key().clone();
+        let spent = reconciliation >= intent.reconciliations_max;
+        let retry_or_escalate = |reason: String| {
+            if spent {
+                (AfterLookup::Escalated, Some((reason, false)))
+            } else {
+                (
+                    AfterLookup::RetryAt { reconcile_after: plus_ms(now, limits::reconcile_backoff_ms(reconciliation + 1)) },
+                    None,
+                )
+            }
+        };
+        let (after, escalation) = match status {
+            LookupStatus::Found => (AfterLookup::Validated, None),
+            LookupStatus::Absent => {
+                let window_end = intent
+                    .last_sent_at
+                    .map(|sent| plus_ms(sent, intent.capability.consistency_window_ms))
+                    .unwrap_or(now);
+                if now < window_end {
+                    if spent {
+                        (AfterLookup::Escalated, Some(("absent, but only inside the consistency window".to_owned(), false)))
+                    } else {
+                        let backoff = plus_ms(now, limits::reconcile_backoff_ms(reconciliation + 1));
+                        (AfterLookup::RetryAt { reconcile_after: backoff.max(window_end) }, None)
+                    }
+                } else if intent.attempts >= intent.attempts_max {
+                    (AfterLookup::Escalated, Some((format!("proven absent, all {} attempts spent", intent.attempts_max), true)))
+                } else if intent.capability.dedup_by_key && !intent.within_key_window(now) {
+                    (
+                        AfterLookup::Escalated,
+                        Some(("proven absent, but the idempotency-key window has passed".to_owned(), true)),
+                    )
+                } else {
+                    (AfterLookup::ResendAllowed, None)
+                }
+            }
+            LookupStatus::Unavailable => retry_or_escalate(format!("lookup unavailable after {reconciliation} reconciliations")),
+            LookupStatus::Inconsistent => {
+                retry_or_escalate(format!("lookup inconsistent after {reconciliation} reconciliations: {detail}"))
+            }
+            LookupStatus::Interrupted => retry_or_escalate(format!("lookup interrupted after {reconciliation} reconciliations")),
+        };
+        events.push(Event::ReconciliationResolved {
+            key: key.clone(),
+            reconciliation,
+            status,
+            evidence: evidence.clone(),
+            detail,
+            after: after.clone(),
+        });
+        if after == AfterLookup::Validated
+            && let Some(evidence) = evidence
+        {
+            events.push(Event::IntentValidated { key: key.clone(), attempt: intent.attempts, source: Source::Reconciled, evidence });
+        }
+        if let Some((reason, absence_proven)) = escalation {
+            events.push(Event::IntentEscalated { key, reason, absence_proven });
+        }
+    }
+
+    fn decide_recover(&self, now: DateTime<Utc>, events: &mut Vec<Event>) -> ReplyTarget {
+        let mut touched: Vec<&Intent> = self
+            .intents
+            .values()
+            .filter(|i| matches!(i.status, IntentStatus::Attempting | IntentStatus::Reconciling))
+            .collect();
+        touched.sort_by(|a, b| a.key().cmp(b.key()));
+        for intent in &touched {
+            match intent.status {
+                IntentStatus::Attempting => {
+                    let can_reconcile = intent.capability.lookup || intent.capability.dedup_by_key;
+                    events.push(Event::OutcomeUnknown {
+                        key: intent.key().clone(),
+                        attempt: intent.attempts,
+                        reason: UnknownReason::Crash,
+                        detail: "the process died with this attempt in flight".to_owned(),
+                        reconcile_after: can_reconcile.then_some(now),
+                    });
+                    if !can_reconcile {
+                        events.push(Event::IntentEscalated {
+                            key: intent.key().clone(),
+                            reason: "crashed mid-attempt on a provider with neither idempotency keys nor a lookup".to_owned(),
+                            absence_proven: false,
+                        });
+                    }
+                }
+                _ => self.resolve_lookup(
+                    intent,
+                    intent.reconciliations,
+                    LookupStatus::Interrupted,
+                    None,
+                    "the process died during the lookup".to_owned(),
+                    now,
+                    events,
+                ),
+            }
+        }
+        ReplyTarget::Recovered(touched.into_iter().map(|i| i.key().clone()).collect())
+    }
+}
+
+fn evidence_mismatch(intent: &Intent, evidence: &Evidence) -> Option<String> {
+    let definition = &intent.definition;
+    (evidence.amount_minor != definition.amount_minor || evidence.currency != definition.currency).then(|| {
+        format!(
+            "provider reports {} {} for {}, the intent is {} {}",
+            evidence.amount_minor, evidence.currency, evidence.provider_ref, definition.amount_minor, definition.currency
+        )
+    })
+}
+
+fn intent_key_of(event: &Event) -> Option<&IntentKey> {
+    match event {
+        Event::IntentDeduplicated { key, .. }
+        | Event::ApprovalGranted { key, .. }
+        | Event::ApprovalDenied { key, .. }
+        | Event::ApprovalExpired { key }
+        | Event::AttemptStarted { key, .. }
+        | Event::AttemptNotSent { key, .. }
+        | Event::IntentValidated { key, .. }
+        | Event::IntentDeclined { key, .. }
+        | Event::OutcomeUnknown { key, .. }
+        | Event::ReconciliationStarted { key, .. }
+        | Event::ReconciliationResolved { key, .. }
+        | Event::IntentEscalated { key, .. }
+        | Event::IntentCancelled { key, .. }
+        | Event::IntentResolved { key, .. } => Some(key),
+        Event::IntentReserved { intent, .. } => Some(&intent.key),
+        Event::RunStarted { .. }
+        | Event::StepRecorded { .. }
+        | Event::TimerStarted { .. }
+        | Event::SignalDelivered { .. }
+        | Event::RunFinished { .. } => None,
+    }
+}
+
+/// Folds one intent event. `Err` names the impossible transition.
+fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Result<(), &'static str> {
+    use IntentStatus as S;
+    match event {
+        Event::IntentDeduplicated { .. } => {
+            intent.duplicates_suppressed += 1;
+        }
+        Event::ApprovalGranted { fingerprint, by, expires_at, .. } => {
+            if intent.status != S::AwaitingApproval {
+                return Err("approval of an intent not awaiting one");
+            }
+            intent.approval = Some(Approval { fingerprint: fingerprint.clone(), by: by.clone(), expires_at: *expires_at });
+            intent.status = S::Reserved;
+        }
+        Event::ApprovalExpired { .. } => {
+            intent.approval = None;
+            intent.status = S::AwaitingApproval;
+        }
+        Event::ApprovalDenied { by, reason, .. } => {
+            if intent.status != S::AwaitingApproval {
+                return Err("denial of an intent not awaiting approval");
+            }
+            intent.status = S::Rejected;
+            intent.note = Some(format!("denied by {by}: {reason}"));
+        }
+        Event::AttemptStarted { attempt, .. } => {
+            if *attempt != intent.attempts + 1 {
+                return Err("attempt numbers must follow each other");
+            }
+            if !matches!(intent.status, S::Reserved | S::OutcomeUnknown) {
+                return Err("attempt started while not ready");
+            }
+            intent.attempts = *attempt;
+            intent.status = S::Attempting;
+            intent.first_sent_at.get_or_insert(at);
+            intent.last_sent_at = Some(at);
+            intent.absence_proven = false;
+            intent.reconcile_after = None;
+        }
+        Event::AttemptNotSent { .. } => {
+            if intent.status != S::Attempting {
+                return Err("not-sent outcome without an attempt in flight");
+            }
+            intent.status = S::Reserved;
+            intent.absence_proven = true;
+        }
+        Event::IntentValidated { source, evidence, .. } => {
+            intent.status = S::Validated;
+            intent.source = Some(*source);
+            intent.evidence = Some(evidence.clone());
+            intent.reconcile_after = None;
+            intent.unknown_reason = None;
+        }
+        Event::IntentDeclined { code, .. } => {
+            if intent.status != S::Attempting {
+                return Err("decline without an attempt in flight");
+            }
+            intent.status = S::Declined;
+            intent.decline_code = Some(code.clone());
+        }
+        Event::OutcomeUnknown { reason, reconcile_after, .. } => {
+            if intent.status != S::Attempting {
+                return Err("unknown outcome without an attempt in flight");
+            }
+            intent.status = S::OutcomeUnknown;
+            intent.unknown_reason = Some(*reason);
+            intent.reconcile_after = *reconcile_after;
+        }
+        Event::ReconciliationStarted { reconciliation, .. } => {
+            if !matches!(intent.status, S::OutcomeUnknown | S::Escalated) {
+                return Err("reconciliation of an intent that is not unknown");
+            }
+            if *reconciliation != intent.reconciliations + 1 {
+                return Err("reconciliation numbers must follow each other");
+            }
+            intent.reconciliations = *reconciliation;
+            intent.status = S::Reconciling;
+        }
+        Event::ReconciliationResolved { after, .. } => {
+            if intent.status != S::Reconciling {
+                return Err("lookup answer without a reconciliation in flight");
+            }
+            match after {
+                AfterLookup::Validated | AfterLookup::Escalated => intent.status = S::OutcomeUnknown,
+                AfterLookup::ResendAllowed => {
+                    intent.status = S::Reserved;
+                    intent.absence_proven = true;
+                    intent.reconcile_after = None;
+                }
+                AfterLookup::RetryAt { reconcile_after } => {
+                    intent.status = S::OutcomeUnknown;
+                    intent.reconcile_after = Some(*reconcile_after);
+                }
+            }
+        }
+        Event::IntentEscalated { reason, absence_proven, .. } => {
+            intent.status = S::Escalated;
+            intent.absence_proven = *absence_proven;
+            intent.reconcile_after = None;
+            intent.note = Some(reason.clone());
+        }
+        Event::IntentCancelled { by, reason, .. } => {
+            if !matches!(intent.status, S::Reserved | S::AwaitingApproval) {
+                return Err("cancel with an attempt in flight or unknown");
+            }
+            intent.status = S::Cancelled;
+            intent.note = Some(format!("cancelled by {by}: {reason}"));
+        }
+        Event::IntentResolved { by, reason, landed, .. } => {
+            if !matches!(intent.status, S::OutcomeUnknown | S::Escalated) {
+                return Err("manual resolution of an intent that is not unknown or escalated");
+            }
+            match landed {
+                Some(provider_ref) => {
+                    intent.status = S::Validated;
+                    intent.source = Some(Source::Reconciled);
+                    intent.evidence = Some(Evidence {
+                        provider_ref: provider_ref.clone(),
+                        amount_minor: intent.definition.amount_minor,
+                        currency: intent.definition.currency.clone(),
+                    });
+                    intent.note = Some(format!("resolved landed by {by}: {reason}"));
+                }
+                None => {
+                    intent.status = S::Cancelled;
+                    intent.absence_proven = true;
+                    intent.note = Some(format!("resolved absent by {by}: {reason}"));
+                }
+            }
+            intent.reconcile_after = None;
+        }
+        Event::IntentReserved { .. }
+        | Event::RunStarted { .. }
+        | Event::StepRecorded { .. }
+        | Event::TimerStarted { .. }
+        | Event::SignalDelivered { .. }
+        | Event::RunFinished { .. } => return Err("not an intent event"),
+    }
+    Ok(())
+}
