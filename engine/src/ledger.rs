@@ -288,6 +288,8 @@ pub enum Action {
         /// The run.
         run_id: RunId,
     },
+    /// Read the intents due for reconciliation and the unfinished runs.
+    Snapshot,
     /// Reserve key + fingerprint + money for `run_id`, journaled at `position`.
     Reserve {
         /// The reserving run.
@@ -494,6 +496,13 @@ pub enum Reply {
     Run(Box<Run>),
     /// Intents recovery turned unknown (or whose lookups it recorded as interrupted).
     Recovered(Vec<IntentKey>),
+    /// Intents due for reconciliation and runs not yet finished.
+    Snapshot {
+        /// Due intents, oldest first.
+        due: Vec<IntentKey>,
+        /// Unfinished runs.
+        unfinished: Vec<Run>,
+    },
 }
 
 /// What a reply refers to, resolved after the events are applied.
@@ -507,6 +516,8 @@ pub enum ReplyTarget {
     Run(RunId),
     /// Recovered intents.
     Recovered(Vec<IntentKey>),
+    /// Due intents and unfinished runs as of `now`.
+    Snapshot(DateTime<Utc>),
 }
 
 /// The fold of the whole log.
@@ -635,6 +646,10 @@ impl Ledger {
                 None => Reply::Done,
             },
             ReplyTarget::Recovered(keys) => Reply::Recovered(keys.clone()),
+            ReplyTarget::Snapshot(now) => Reply::Snapshot {
+                due: self.due_for_reconciliation(*now),
+                unfinished: self.unfinished_runs().iter().filter_map(|id| self.runs.get(id)).cloned().collect(),
+            },
         }
     }
 
@@ -791,6 +806,7 @@ impl Ledger {
                 self.existing(key)?;
                 ReplyTarget::Intent(key.clone(), false)
             }
+            Action::Snapshot => ReplyTarget::Snapshot(now),
             Action::ObserveRun { run_id } => {
                 self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
                 ReplyTarget::Run(run_id.clone())

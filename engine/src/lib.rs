@@ -21,6 +21,7 @@
 pub mod canonical;
 pub mod clock;
 pub mod event;
+pub mod executor;
 pub mod ledger;
 pub mod limits;
 pub mod log;
