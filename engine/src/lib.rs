@@ -25,4 +25,5 @@ pub mod executor;
 pub mod ledger;
 pub mod limits;
 pub mod log;
+pub mod memory;
 pub mod provider;
