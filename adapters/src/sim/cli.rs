@@ -49,7 +49,16 @@ FAULTS:
   lookup_lies           a lookup answers 404 although the effect exists
   lookup_unavailable    a lookup answers 503
 
-An invalid plan is refused at start with the rule's index, exit code 64.";
+An invalid plan is refused at start with the rule's index, exit code 64.
+
+EXAMPLES:
+  keel-provider-sim serve --db sim.db
+  keel-provider-sim serve --db sim.db --faults fixtures/faults/timeout_after_effect.json
+  keel-provider-sim serve --db sim.db --no-idempotency --no-lookup --addr 127.0.0.1:4242
+  keel-provider-sim effects --db sim.db --json
+
+EXIT CODES: 0 success or a graceful stop (SIGTERM/SIGINT), 64 invalid fault plan,
+1 any other error (database, socket).";
 
 /// A Stripe-like payment provider simulator for testing Keel, with durable state and faults.
 #[derive(Debug, Parser)]
@@ -102,7 +111,7 @@ struct EffectsArgs {
     #[arg(long, value_name = "PATH")]
     db: PathBuf,
     /// One JSON object per line per effect (id, idempotency_key, kind, amount_minor, currency,
-    /// order_id, intent_id, tenant, created_at) instead of a table.
+    /// order_id, intent_id, tenant, created_at, created_at_ms) instead of a table.
     #[arg(long)]
     json: bool,
 }

@@ -35,6 +35,10 @@
 //! - Keys are kept forever: the simulator has no key window.
 //! - The payment method is hashed with the request for key comparison and otherwise never
 //!   stored, echoed or logged.
+//! - Request bodies are limited by axum's default body limit (2 MiB); a charge is a few
+//!   hundred bytes.
+//! - Held answers (`slow`, `timeout_after_effect`) are not limited in number: each holds one
+//!   connection and one task, which a test suite bounds by its own concurrency.
 //! - Faults: see [`faults`] for the plan format and the order in which rules fire.
 
 mod cli;

@@ -263,3 +263,92 @@ fn the_command_line_is_well_formed() {
     use clap::CommandFactory;
     adapters::sim::Cli::command().debug_assert();
 }
+
+/// The simulator's own answers, checked over raw HTTP: the client's checks must not be what
+/// makes the tests above pass.
+#[tokio::test]
+async fn the_simulator_answers_key_reuse_and_conflicts_itself() {
+    let sim = Sim::start(
+        r#"{"rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 400}]}"#,
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/charges", sim.server.base_url());
+    let body = |amount: i64| {
+        serde_json::json!({"amount": amount, "currency": "EUR", "payment_method": "pm_card_visa",
+            "metadata": {"order_id": "o", "intent_id": "i", "tenant": "t"}})
+    };
+    let post = |amount: i64| {
+        client
+            .post(&url)
+            .header("Idempotency-Key", "charge:t:i")
+            .json(&body(amount))
+            .send()
+    };
+    let read = |response: reqwest::Response| async move {
+        let status = response.status().as_u16();
+        let text = response
+            .text()
+            .await
+            .unwrap_or_else(|e| panic!("the answer is readable: {e}"));
+        let value: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("answers are JSON: {e}: {text}"));
+        (status, value)
+    };
+
+    let first = tokio::spawn(post(100));
+    sim.until_effect("charge:t:i").await;
+    let (status, conflict) = read(
+        post(100)
+            .await
+            .unwrap_or_else(|e| panic!("the simulator answers: {e}")),
+    )
+    .await;
+    assert_eq!(
+        (status, conflict["error"]["code"].as_str()),
+        (409, Some("request_in_progress")),
+        "{conflict}"
+    );
+    let first = first
+        .await
+        .unwrap_or_else(|e| panic!("the task completes: {e}"))
+        .unwrap_or_else(|e| panic!("answered: {e}"));
+    let (status, original) = read(first).await;
+    assert_eq!(status, 200, "{original}");
+
+    let (status, reused) = read(
+        post(101)
+            .await
+            .unwrap_or_else(|e| panic!("the simulator answers: {e}")),
+    )
+    .await;
+    assert_eq!(status, 400, "{reused}");
+    assert_eq!(reused["error"]["type"], "idempotency_error");
+    assert_eq!(reused["error"]["code"], "idempotency_key_reused");
+
+    let (status, replay) = read(
+        post(100)
+            .await
+            .unwrap_or_else(|e| panic!("the simulator answers: {e}")),
+    )
+    .await;
+    assert_eq!(
+        (status, &replay),
+        (200, &original),
+        "a replay is the stored answer"
+    );
+    assert_eq!(sim.effects().len(), 1);
+
+    let missing = client
+        .post(&url)
+        .json(&body(100))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("answered: {e}"));
+    let (status, missing) = read(missing).await;
+    assert_eq!(
+        (status, missing["error"]["code"].as_str()),
+        (400, Some("idempotency_key_missing"))
+    );
+    assert_eq!(sim.effects().len(), 1);
+}
