@@ -65,7 +65,7 @@ pub async fn run_effect(node: &Node, out: &Output, workflow: &str, input: &Value
         cause: Cause::command(workflow),
     };
     let outcome = node.executor.start(workflow, input, request).await?;
-    node.store.shutdown();
+    node.store.shutdown()?;
     let mut document = outcome.output.clone();
     if let Some(map) = document.as_object_mut() {
         map.insert("run_id".to_owned(), json!(outcome.run_id));
@@ -205,7 +205,7 @@ pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) 
             Err(other) => return Err(other.into()),
         }
     };
-    node.store.shutdown();
+    node.store.shutdown()?;
     out.emit(&outcomes, || {
         if outcomes.is_empty() {
             println!("nothing due for reconciliation");
@@ -219,7 +219,7 @@ pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) 
 /// `keel resume`.
 pub async fn resume(node: &Node, out: &Output) -> anyhow::Result<u8> {
     let report = node.executor.recover_and_resume(Cause::command("resume")).await?;
-    node.store.shutdown();
+    node.store.shutdown()?;
     out.emit(&report, || {
         println!(
             "recovered {} in-flight intent(s), resumed {} run(s), reconciled {} intent(s)",
@@ -256,7 +256,7 @@ pub async fn operator(
     }
     let store = open_store(db, durability)?;
     let result = store.execute(Command { cause: Cause::operator(by), start_run: None, action: action(key) }).await;
-    store.shutdown();
+    store.shutdown()?;
     match result {
         Ok(Reply::Intent { intent, .. }) => {
             out.emit(&*intent, || {
@@ -282,9 +282,12 @@ pub fn verify(db: &Path, out: &Output) -> anyhow::Result<u8> {
     }
     let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
     let report = reader.verify()?;
-    out.emit(&report, || match &report.first_mismatch {
-        None => println!("ok: {} events, hash chain intact, {} intents and {} runs match their replay", report.events, report.intents, report.runs),
-        Some(mismatch) => println!("FAILED: {mismatch}"),
+    out.emit(&report, || match report.first_mismatch() {
+        None => println!(
+            "ok: {} events, hash chain intact, {} intents and {} runs match their replay",
+            report.events, report.intents, report.runs
+        ),
+        Some(mismatch) => println!("FAILED ({} mismatches), first: {mismatch}", report.mismatch_count),
     });
-    Ok(if report.first_mismatch.is_none() { exit::OK } else { exit::INTERNAL })
+    Ok(if report.is_ok() { exit::OK } else { exit::INTERNAL })
 }

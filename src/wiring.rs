@@ -51,7 +51,7 @@ pub fn capability(args: &ProviderArgs) -> Capability {
 
 /// Opens the event log.
 pub fn open_store(db: &Path, durability: store::Durability) -> anyhow::Result<store::Store> {
-    store::Store::open(db, store::Options { durability }, Arc::new(SystemClock))
+    store::Store::open(db, store::Options { durability, ..Default::default() }, Arc::new(SystemClock))
         .with_context(|| format!("cannot open the event log {}", db.display()))
 }
 

@@ -118,7 +118,16 @@ struct EffectsArgs {
 
 /// Runs `keel-provider-sim` with the process's arguments and returns its exit code.
 pub fn cli_main() -> ExitCode {
-    let cli = Cli::parse();
+    run(Cli::parse())
+}
+
+/// Runs the simulator with explicit arguments (the first one is the program name); `keel
+/// provider-sim …` uses it so the demo works from the one `keel` binary too.
+pub fn cli_main_from(args: impl IntoIterator<Item = String>) -> ExitCode {
+    run(Cli::parse_from(args))
+}
+
+fn run(cli: Cli) -> ExitCode {
     init_tracing();
     match cli.command {
         Command::Serve(args) => serve(args),

@@ -15,6 +15,10 @@
 //!    concurrent request with the key gets 409) until the hold ends, then turns `done`. The hold
 //!    runs in its own task so the record is completed even if the client hangs up.
 
+// The simulator is a separate process standing in for a provider: it keeps its own time,
+// like a real provider does, so it reads the system clock directly.
+#![allow(clippy::disallowed_methods)]
+
 use super::db::{Answer, Claim, Db, Stored};
 use super::faults::{Fault, FaultState, Operation};
 use super::{Config, EffectKind, EffectRecord, Error};

@@ -46,7 +46,7 @@ mod db;
 pub mod faults;
 mod http;
 
-pub use cli::{Cli, cli_main};
+pub use cli::{Cli, cli_main, cli_main_from};
 pub use engine::provider::EffectKind;
 pub use faults::{FaultPlan, PlanError};
 
