@@ -6,9 +6,9 @@
 //! throughput, latency percentiles and commits (fsyncs) per intent. Nothing here is
 //! asserted as a timing; it only measures.
 
+use crate::exit;
 use crate::output::Output;
 use crate::wiring::Node;
-use crate::exit;
 use engine::event::{Cause, RunId, RunLimits};
 use engine::executor::RunRequest;
 use engine::memory::MemoryProvider;
@@ -40,7 +40,13 @@ struct Report {
 }
 
 /// Runs the benchmark in a fresh database next to `db` (never in it).
-pub async fn run(out: &Output, db: &Path, durability: store::Durability, intents: usize, concurrency: usize) -> anyhow::Result<u8> {
+pub async fn run(
+    out: &Output,
+    db: &Path,
+    durability: store::Durability,
+    intents: usize,
+    concurrency: usize,
+) -> anyhow::Result<u8> {
     if intents == 0 || concurrency == 0 {
         return Ok(out.usage_error("--intents and --concurrency must be at least 1"));
     }
@@ -75,7 +81,9 @@ pub async fn run(out: &Output, db: &Path, durability: store::Durability, intents
 
     let mut sorted = latencies;
     sorted.sort();
-    let percentile = |p: f64| sorted.get(((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)).map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+    let percentile = |p: f64| {
+        sorted.get(((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
     let report = Report {
         intents,
         concurrency,
@@ -96,9 +104,15 @@ pub async fn run(out: &Output, db: &Path, durability: store::Durability, intents
     let ok = first == intents && deduplicated == intents && effects_first == intents && effects_after == effects_first;
     out.emit(&report, || {
         println!("keel bench: {intents} charges, concurrency {concurrency}, durability {}", report.durability);
-        println!("  {:.0} intents/s, {:.0} events/s over {:.2} s", report.intents_per_s, report.events_per_s, report.seconds);
+        println!(
+            "  {:.0} intents/s, {:.0} events/s over {:.2} s",
+            report.intents_per_s, report.events_per_s, report.seconds
+        );
         println!("  latency p50 {:.2} ms, p99 {:.2} ms", report.p50_ms, report.p99_ms);
-        println!("  {} commits = {:.3} fsyncs per intent ({} events)", report.commits, report.fsyncs_per_intent, report.events);
+        println!(
+            "  {} commits = {:.3} fsyncs per intent ({} events)",
+            report.commits, report.fsyncs_per_intent, report.events
+        );
         println!(
             "  re-submission: {deduplicated}/{intents} deduplicated, effects {effects_first} → {effects_after} {}",
             if ok { "(no new effect)" } else { "(MISMATCH)" }

@@ -49,7 +49,11 @@ impl Sim {
             std::fs::write(&path, serde_json::to_vec_pretty(&plan)?)?;
             command.arg("--faults").arg(path);
         }
-        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().context("cannot start the provider simulator")?;
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start the provider simulator")?;
         let stdout = child.stdout.take().context("the simulator's stdout is piped")?;
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line)?;
@@ -126,13 +130,30 @@ impl Demo {
 
     /// Records a scene: `got` must equal `expected` and the provider must hold exactly
     /// `expected_effects` effects for `key`.
-    fn check(&mut self, scene: &'static str, key: &IntentKey, expected: &str, got: String, expected_effects: usize) -> anyhow::Result<()> {
+    fn check(
+        &mut self,
+        scene: &'static str,
+        key: &IntentKey,
+        expected: &str,
+        got: String,
+        expected_effects: usize,
+    ) -> anyhow::Result<()> {
         let effects = self.effects(key)?;
         let ok = got == expected && effects == expected_effects;
         if self.human {
-            println!("{} {scene}\n    {key}\n    expected {expected}, got {got}; effects at the provider: {effects}", if ok { "✔" } else { "✘" });
+            println!(
+                "{} {scene}\n    {key}\n    expected {expected}, got {got}; effects at the provider: {effects}",
+                if ok { "✔" } else { "✘" }
+            );
         }
-        self.scenes.push(Scene { scene, intent_key: key.to_string(), expected: expected.to_owned(), got, effects_at_provider: effects, ok });
+        self.scenes.push(Scene {
+            scene,
+            intent_key: key.to_string(),
+            expected: expected.to_owned(),
+            got,
+            effects_at_provider: effects,
+            ok,
+        });
         Ok(())
     }
 
@@ -176,7 +197,13 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     let got = demo.run_effect(&sim, "charge", &first, 5_000).await?;
     demo.check("a charge of 49.00 EUR", &key(EffectKind::Charge, "order_1842_charge"), "validated (provider)", got, 1)?;
     let got = demo.run_effect(&sim, "charge", &first, 5_000).await?;
-    demo.check("the same charge re-submitted", &key(EffectKind::Charge, "order_1842_charge"), "validated (deduplicated)", got, 1)?;
+    demo.check(
+        "the same charge re-submitted",
+        &key(EffectKind::Charge, "order_1842_charge"),
+        "validated (deduplicated)",
+        got,
+        1,
+    )?;
     let got = demo.run_effect(&sim, "charge", &charge_input("order_1842_charge", "order_1842", 9900), 5_000).await?;
     demo.check(
         "the same key with another amount (99.00) — nothing written",
@@ -188,7 +215,12 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     sim.stop();
 
     // 4: the provider takes the money but the answer is lost.
-    let sim = Sim::start(&dir, Some(json!({"seed": 4, "rules": [{"operation": "charge", "fault": "timeout_after_effect", "times": 1, "ms": 5000}]})))?;
+    let sim = Sim::start(
+        &dir,
+        Some(
+            json!({"seed": 4, "rules": [{"operation": "charge", "fault": "timeout_after_effect", "times": 1, "ms": 5000}]}),
+        ),
+    )?;
     let lost = key(EffectKind::Charge, "order_1900_charge");
     let got = demo.run_effect(&sim, "charge", &charge_input("order_1900_charge", "order_1900", 2500), 800).await?;
     demo.check("a charge whose answer is lost (timeout after effect)", &lost, "outcome_unknown", got, 1)?;
@@ -200,7 +232,10 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     sim.stop();
 
     // 5: a worker process killed with SIGKILL mid-attempt, recovered by `resume`.
-    let sim = Sim::start(&dir, Some(json!({"seed": 5, "rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 3000}]})))?;
+    let sim = Sim::start(
+        &dir,
+        Some(json!({"seed": 5, "rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 3000}]})),
+    )?;
     let killed = key(EffectKind::Charge, "order_2001_charge");
     kill_worker_mid_attempt(&demo.db, &sim.url, &killed).await?;
     if demo.human {
@@ -220,13 +255,25 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
         None => "no intent".to_owned(),
     };
     let got = if recovered { got } else { format!("{got} (not recovered as crash)") };
-    demo.check("… then `keel resume`: crash recorded as outcome_unknown, reconciled", &killed, "validated (reconciled)", got, 1)?;
+    demo.check(
+        "… then `keel resume`: crash recorded as outcome_unknown, reconciled",
+        &killed,
+        "validated (reconciled)",
+        got,
+        1,
+    )?;
     sim.stop();
 
     // 6: refunds, bounded by the amount charged.
     let sim = Sim::start(&dir, None)?;
     let got = demo.run_effect(&sim, "refund", &refund_input("order_1842_refund_1", "order_1842", 4000), 5_000).await?;
-    demo.check("a refund of 40.00 on the 49.00 order", &key(EffectKind::Refund, "order_1842_refund_1"), "validated (provider)", got, 1)?;
+    demo.check(
+        "a refund of 40.00 on the 49.00 order",
+        &key(EffectKind::Refund, "order_1842_refund_1"),
+        "validated (provider)",
+        got,
+        1,
+    )?;
     let got = demo.run_effect(&sim, "refund", &refund_input("order_1842_refund_2", "order_1842", 2000), 5_000).await?;
     demo.check(
         "a second refund of 20.00 (would exceed 49.00)",

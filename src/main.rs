@@ -269,7 +269,9 @@ fn main() -> ExitCode {
         }
     };
     if let Command::ProviderSim { args } = &cli.command {
-        return adapters::sim::cli_main_from(std::iter::once("keel-provider-sim".to_owned()).chain(args.iter().cloned()));
+        return adapters::sim::cli_main_from(
+            std::iter::once("keel-provider-sim".to_owned()).chain(args.iter().cloned()),
+        );
     }
     wiring::init_tracing();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -328,8 +330,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             ops::resume(&node, &out).await
         }
         Command::Cancel { key, by, reason } => {
-            ops::operator(&cli.db, durability, &out, &key, |key| engine::ledger::Action::Cancel { key, by: by.clone(), reason: reason.clone() }, &by)
-                .await
+            ops::operator(
+                &cli.db,
+                durability,
+                &out,
+                &key,
+                |key| engine::ledger::Action::Cancel { key, by: by.clone(), reason: reason.clone() },
+                &by,
+            )
+            .await
         }
         Command::Resolve { key, landed, absent: _, by, reason } => {
             ops::operator(
@@ -337,7 +346,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Resolve { key, by: by.clone(), reason: reason.clone(), landed: landed.clone() },
+                |key| engine::ledger::Action::Resolve {
+                    key,
+                    by: by.clone(),
+                    reason: reason.clone(),
+                    landed: landed.clone(),
+                },
                 &by,
             )
             .await
@@ -354,8 +368,15 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             .await
         }
         Command::Deny { key, by, reason } => {
-            ops::operator(&cli.db, durability, &out, &key, |key| engine::ledger::Action::Deny { key, by: by.clone(), reason: reason.clone() }, &by)
-                .await
+            ops::operator(
+                &cli.db,
+                durability,
+                &out,
+                &key,
+                |key| engine::ledger::Action::Deny { key, by: by.clone(), reason: reason.clone() },
+                &by,
+            )
+            .await
         }
         Command::Verify => ops::verify(&cli.db, &out),
         Command::Demo { dir } => demo::run(&out, dir).await,

@@ -52,7 +52,13 @@ pub fn effect_input(args: &EffectArgs, payment_method_token: Option<&str>) -> Re
 }
 
 /// Runs one charge or refund workflow and prints its outcome.
-pub async fn run_effect(node: &Node, out: &Output, workflow: &str, input: &Value, limits: &LimitArgs) -> anyhow::Result<u8> {
+pub async fn run_effect(
+    node: &Node,
+    out: &Output,
+    workflow: &str,
+    input: &Value,
+    limits: &LimitArgs,
+) -> anyhow::Result<u8> {
     let request = RunRequest {
         run_id: RunId::new(uuid::Uuid::new_v4().to_string()),
         limits: RunLimits {
@@ -78,7 +84,10 @@ pub async fn run_effect(node: &Node, out: &Output, workflow: &str, input: &Value
 fn print_effect(workflow: &str, document: &Value) {
     let text = |name: &str| document.get(name).and_then(Value::as_str).unwrap_or("");
     let status = text("status");
-    let mut line = format!("{workflow} {} → {status}", if text("intent_key").is_empty() { "(no key)" } else { text("intent_key") });
+    let mut line = format!(
+        "{workflow} {} → {status}",
+        if text("intent_key").is_empty() { "(no key)" } else { text("intent_key") }
+    );
     for (name, label) in [("source", "source"), ("code", "code"), ("provider_ref", "evidence")] {
         if !text(name).is_empty() {
             line.push_str(&format!(", {label} {}", text(name)));
@@ -102,7 +111,9 @@ fn print_outcome(outcome: &IntentOutcome) {
 }
 
 fn parse_key(key: &str) -> Result<IntentKey, String> {
-    IntentKey::parse(key).ok_or_else(|| format!("{key:?} is not an intent key (expected operation:tenant:intent_id, operation charge or refund)"))
+    IntentKey::parse(key).ok_or_else(|| {
+        format!("{key:?} is not an intent key (expected operation:tenant:intent_id, operation charge or refund)")
+    })
 }
 
 /// `keel intents [--state S]`.
@@ -174,7 +185,10 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
             intent.definition.order_id,
             intent.definition.fingerprint
         );
-        println!("  attempts {}/{}, reconciliations {}/{}", intent.attempts, intent.attempts_max, intent.reconciliations, intent.reconciliations_max);
+        println!(
+            "  attempts {}/{}, reconciliations {}/{}",
+            intent.attempts, intent.attempts_max, intent.reconciliations, intent.reconciliations_max
+        );
         if let Some(evidence) = &intent.evidence {
             println!("  evidence {} ({} {})", evidence.provider_ref, evidence.amount_minor, evidence.currency);
         }
@@ -183,7 +197,13 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         }
         println!("  history:");
         for e in &events {
-            println!("    #{:<6} {} {:<24} by {}", e.seq, e.at.format("%H:%M:%S%.3f"), e.event.type_name(), e.cause.actor);
+            println!(
+                "    #{:<6} {} {:<24} by {}",
+                e.seq,
+                e.at.format("%H:%M:%S%.3f"),
+                e.event.type_name(),
+                e.cause.actor
+            );
         }
     });
     Ok(exit::OK)
@@ -201,7 +221,9 @@ pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) 
         };
         match node.executor.reconcile(&key, cause).await {
             Ok(outcome) => vec![outcome],
-            Err(engine::executor::WorkflowError::Log(LogError::Refused(refusal))) => return Ok(out.refused(&refusal.to_string())),
+            Err(engine::executor::WorkflowError::Log(LogError::Refused(refusal))) => {
+                return Ok(out.refused(&refusal.to_string()));
+            }
             Err(other) => return Err(other.into()),
         }
     };
@@ -268,9 +290,9 @@ pub async fn operator(
             Ok(exit::OK)
         }
         Ok(_) => anyhow::bail!("an operator command did not return its intent"),
-        Err(LogError::Refused(refusal @ (Refusal::NotAllowed(_) | Refusal::UnknownIntent(_) | Refusal::Rejected { .. }))) => {
-            Ok(out.refused(&refusal.to_string()))
-        }
+        Err(LogError::Refused(
+            refusal @ (Refusal::NotAllowed(_) | Refusal::UnknownIntent(_) | Refusal::Rejected { .. }),
+        )) => Ok(out.refused(&refusal.to_string())),
         Err(other) => Err(other.into()),
     }
 }

@@ -65,7 +65,12 @@ pub struct Node {
 
 impl Node {
     /// Opens the log and connects to the provider (the provider URL is required).
-    pub fn open(db: &Path, durability: store::Durability, provider: &ProviderArgs, max_charge_minor: Option<i64>) -> anyhow::Result<Self> {
+    pub fn open(
+        db: &Path,
+        durability: store::Durability,
+        provider: &ProviderArgs,
+        max_charge_minor: Option<i64>,
+    ) -> anyhow::Result<Self> {
         let url = provider.url.clone().context(
             "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. a `keel-provider-sim serve` address)",
         )?;

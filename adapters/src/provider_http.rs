@@ -49,8 +49,8 @@
 //!   [`DEFAULT_REQUEST_TIMEOUT_MS`], both overridable and both required to be non-zero.
 
 use engine::provider::{
-    BoxFuture, CallOutcome, Capability, EffectKind, EffectRequest, Evidence, LookupOutcome,
-    PaymentProvider, UnknownReason,
+    BoxFuture, CallOutcome, Capability, EffectKind, EffectRequest, Evidence, LookupOutcome, PaymentProvider,
+    UnknownReason,
 };
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::{StatusCode, Url};
@@ -141,34 +141,21 @@ pub struct HttpProvider {
 
 /// Everything but unreserved characters is encoded, so `:` and `/` in keys stay inside one
 /// path segment whatever the server's router does with them.
-const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
+const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 impl HttpProvider {
     /// Builds the client. Fails only on a bad configuration, never on the network.
     pub fn new(config: HttpProviderConfig) -> Result<Self, Error> {
         if config.connect_timeout_ms == 0 {
-            return Err(Error::ZeroTimeout {
-                name: "connect_timeout_ms",
-            });
+            return Err(Error::ZeroTimeout { name: "connect_timeout_ms" });
         }
         if config.request_timeout_ms == 0 {
-            return Err(Error::ZeroTimeout {
-                name: "request_timeout_ms",
-            });
+            return Err(Error::ZeroTimeout { name: "request_timeout_ms" });
         }
-        let bad = |reason: String| Error::BaseUrl {
-            url: config.base_url.clone(),
-            reason,
-        };
+        let bad = |reason: String| Error::BaseUrl { url: config.base_url.clone(), reason };
         let mut base = Url::parse(&config.base_url).map_err(|e| bad(e.to_string()))?;
         if base.scheme() != "http" {
-            return Err(bad(
-                "only http:// is supported (no TLS is compiled in)".into()
-            ));
+            return Err(bad("only http:// is supported (no TLS is compiled in)".into()));
         }
         if base.query().is_some() || base.fragment().is_some() {
             return Err(bad("a base URL has no query or fragment".into()));
@@ -184,17 +171,11 @@ impl HttpProvider {
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .build()?;
-        Ok(Self {
-            client,
-            base,
-            capability: config.capability,
-        })
+        Ok(Self { client, base, capability: config.capability })
     }
 
     fn url(&self, path: &str) -> Result<Url, String> {
-        self.base
-            .join(path)
-            .map_err(|e| format!("cannot build the URL for {path}: {e}"))
+        self.base.join(path).map_err(|e| format!("cannot build the URL for {path}: {e}"))
     }
 
     async fn call(&self, request: &EffectRequest) -> CallOutcome {
@@ -219,13 +200,7 @@ impl HttpProvider {
             // The one place the secret is exposed: into the request body, never into a log.
             fields.insert("payment_method".into(), method.expose().into());
         }
-        let sent = self
-            .client
-            .post(url)
-            .header("Idempotency-Key", &request.idempotency_key)
-            .json(&body)
-            .send()
-            .await;
+        let sent = self.client.post(url).header("Idempotency-Key", &request.idempotency_key).json(&body).send().await;
         let response = match sent {
             Ok(response) => response,
             Err(e) => return classify_send_error(&e),
@@ -233,14 +208,10 @@ impl HttpProvider {
         let status = response.status();
         match response.bytes().await {
             Ok(bytes) => classify_effect_answer(request, status, &bytes),
-            Err(e) if e.is_timeout() => unknown(
-                UnknownReason::Timeout,
-                format!("HTTP {status}, answer timed out: {e}"),
-            ),
-            Err(e) => unknown(
-                UnknownReason::ConnectionLost,
-                format!("HTTP {status}, answer cut: {e}"),
-            ),
+            Err(e) if e.is_timeout() => {
+                unknown(UnknownReason::Timeout, format!("HTTP {status}, answer timed out: {e}"))
+            }
+            Err(e) => unknown(UnknownReason::ConnectionLost, format!("HTTP {status}, answer cut: {e}")),
         }
     }
 
@@ -253,17 +224,15 @@ impl HttpProvider {
         let response = match self.client.get(url).send().await {
             Ok(response) => response,
             Err(e) => {
-                return LookupOutcome::Unavailable {
-                    detail: transport_detail(&e),
-                };
+                return LookupOutcome::Unavailable { detail: transport_detail(&e) };
             }
         };
         let status = response.status();
         match response.bytes().await {
             Ok(bytes) => classify_lookup_answer(kind, status, &bytes),
-            Err(e) => LookupOutcome::Unavailable {
-                detail: format!("HTTP {status}, answer lost: {}", transport_detail(&e)),
-            },
+            Err(e) => {
+                LookupOutcome::Unavailable { detail: format!("HTTP {status}, answer lost: {}", transport_detail(&e)) }
+            }
         }
     }
 }
@@ -286,11 +255,7 @@ impl PaymentProvider for HttpProvider {
         })
     }
 
-    fn lookup<'a>(
-        &'a self,
-        kind: EffectKind,
-        idempotency_key: &'a str,
-    ) -> BoxFuture<'a, LookupOutcome> {
+    fn lookup<'a>(&'a self, kind: EffectKind, idempotency_key: &'a str) -> BoxFuture<'a, LookupOutcome> {
         Box::pin(async move {
             let outcome = self.find(kind, idempotency_key).await;
             tracing::debug!(
@@ -312,15 +277,11 @@ fn unknown(reason: UnknownReason, detail: String) -> CallOutcome {
 fn classify_send_error(e: &reqwest::Error) -> CallOutcome {
     if e.is_builder() {
         // The request was refused while being built, before any socket was touched.
-        CallOutcome::NotSent {
-            detail: format!("request could not be built: {e}"),
-        }
+        CallOutcome::NotSent { detail: format!("request could not be built: {e}") }
     } else if e.is_connect() {
         // Checked before `is_timeout`: a connect timeout is also a timeout, but with no
         // connection no request byte can have left.
-        CallOutcome::NotSent {
-            detail: transport_detail(e),
-        }
+        CallOutcome::NotSent { detail: transport_detail(e) }
     } else if e.is_timeout() {
         unknown(UnknownReason::Timeout, transport_detail(e))
     } else {
@@ -363,26 +324,17 @@ struct ErrorDetail {
 }
 
 fn error_body(bytes: &[u8]) -> Option<ErrorDetail> {
-    serde_json::from_slice::<ErrorBody>(bytes)
-        .ok()
-        .map(|b| b.error)
+    serde_json::from_slice::<ErrorBody>(bytes).ok().map(|b| b.error)
 }
 
 /// A short, printable excerpt of an answer for details: never the whole body.
 fn excerpt(bytes: &[u8]) -> String {
     /// Enough to recognise an error body in a log line.
     const EXCERPT_MAX_CHARS: usize = 200;
-    String::from_utf8_lossy(bytes)
-        .chars()
-        .take(EXCERPT_MAX_CHARS)
-        .collect()
+    String::from_utf8_lossy(bytes).chars().take(EXCERPT_MAX_CHARS).collect()
 }
 
-fn classify_effect_answer(
-    request: &EffectRequest,
-    status: StatusCode,
-    bytes: &[u8],
-) -> CallOutcome {
+fn classify_effect_answer(request: &EffectRequest, status: StatusCode, bytes: &[u8]) -> CallOutcome {
     let protocol = |detail: String| unknown(UnknownReason::Protocol, detail);
     let unavailable = |detail: String| unknown(UnknownReason::ProviderUnavailable, detail);
     match status.as_u16() {
@@ -390,25 +342,16 @@ fn classify_effect_answer(
             let object: ProviderObject = match serde_json::from_slice(bytes) {
                 Ok(object) => object,
                 Err(e) => {
-                    return protocol(format!(
-                        "HTTP 200 with an unreadable body ({e}): {}",
-                        excerpt(bytes)
-                    ));
+                    return protocol(format!("HTTP 200 with an unreadable body ({e}): {}", excerpt(bytes)));
                 }
             };
             if object.object != request.kind.as_str() {
-                return protocol(format!(
-                    "HTTP 200 with a {:?} object for a {}",
-                    object.object,
-                    request.kind.as_str()
-                ));
+                return protocol(format!("HTTP 200 with a {:?} object for a {}", object.object, request.kind.as_str()));
             }
             if object.status != "succeeded" {
                 return protocol(format!("HTTP 200 with status {:?}", object.status));
             }
-            if object.amount != request.amount_minor
-                || !object.currency.eq_ignore_ascii_case(&request.currency)
-            {
+            if object.amount != request.amount_minor || !object.currency.eq_ignore_ascii_case(&request.currency) {
                 return protocol(format!(
                     "HTTP 200 for {} {} but {} {} was asked",
                     object.amount, object.currency, request.amount_minor, request.currency
@@ -421,9 +364,9 @@ fn classify_effect_answer(
             })
         }
         402 => match error_body(bytes) {
-            Some(error) if error.kind == "card_error" => CallOutcome::Declined {
-                code: error.code.unwrap_or_else(|| "card_error".to_owned()),
-            },
+            Some(error) if error.kind == "card_error" => {
+                CallOutcome::Declined { code: error.code.unwrap_or_else(|| "card_error".to_owned()) }
+            }
             _ => protocol(format!("HTTP 402 without a card_error: {}", excerpt(bytes))),
         },
         400 => match error_body(bytes) {
@@ -433,10 +376,7 @@ fn classify_effect_answer(
             )),
             _ => protocol(format!("HTTP 400: {}", excerpt(bytes))),
         },
-        409 => unavailable(format!(
-            "HTTP 409, the key is in flight elsewhere: {}",
-            excerpt(bytes)
-        )),
+        409 => unavailable(format!("HTTP 409, the key is in flight elsewhere: {}", excerpt(bytes))),
         429 => unavailable(format!("HTTP 429: {}", excerpt(bytes))),
         500..=599 => unavailable(format!("HTTP {status}: {}", excerpt(bytes))),
         _ => protocol(format!("HTTP {status}: {}", excerpt(bytes))),
@@ -450,17 +390,11 @@ fn classify_lookup_answer(kind: EffectKind, status: StatusCode, bytes: &[u8]) ->
             let object: ProviderObject = match serde_json::from_slice(bytes) {
                 Ok(object) => object,
                 Err(e) => {
-                    return unavailable(format!(
-                        "protocol: HTTP 200 with an unreadable body ({e})"
-                    ));
+                    return unavailable(format!("protocol: HTTP 200 with an unreadable body ({e})"));
                 }
             };
             if object.object != kind.as_str() {
-                return unavailable(format!(
-                    "inconsistent: a {:?} object for a {} key",
-                    object.object,
-                    kind.as_str()
-                ));
+                return unavailable(format!("inconsistent: a {:?} object for a {} key", object.object, kind.as_str()));
             }
             if object.status != "succeeded" {
                 return unavailable(format!("inconsistent: status {:?}", object.status));
@@ -473,10 +407,7 @@ fn classify_lookup_answer(kind: EffectKind, status: StatusCode, bytes: &[u8]) ->
         }
         404 => match error_body(bytes) {
             Some(error) if error.kind == "not_found" => LookupOutcome::Absent,
-            _ => unavailable(format!(
-                "HTTP 404 without a not_found error: {}",
-                excerpt(bytes)
-            )),
+            _ => unavailable(format!("HTTP 404 without a not_found error: {}", excerpt(bytes))),
         },
         _ => unavailable(format!("HTTP {status}: {}", excerpt(bytes))),
     }
@@ -500,8 +431,7 @@ mod tests {
     }
 
     fn ok(status: u16) -> StatusCode {
-        StatusCode::from_u16(status)
-            .unwrap_or_else(|e| panic!("{status} is a valid status code: {e}"))
+        StatusCode::from_u16(status).unwrap_or_else(|e| panic!("{status} is a valid status code: {e}"))
     }
 
     #[test]
@@ -524,7 +454,10 @@ mod tests {
             b"not json",
         ] {
             assert!(
-                matches!(classify_effect_answer(&r, ok(200), bad), CallOutcome::Unknown { reason: UnknownReason::Protocol, .. }),
+                matches!(
+                    classify_effect_answer(&r, ok(200), bad),
+                    CallOutcome::Unknown { reason: UnknownReason::Protocol, .. }
+                ),
                 "{}",
                 String::from_utf8_lossy(bad)
             );
@@ -537,19 +470,14 @@ mod tests {
         let card = br#"{"error":{"type":"card_error","code":"insufficient_funds"}}"#;
         assert_eq!(
             classify_effect_answer(&r, ok(402), card),
-            CallOutcome::Declined {
-                code: "insufficient_funds".into()
-            }
+            CallOutcome::Declined { code: "insufficient_funds".into() }
         );
         let other = br#"{"error":{"type":"invalid_request_error","code":"parameter_invalid"}}"#;
         for status in [400, 401, 402, 403, 404, 422] {
             assert!(
                 matches!(
                     classify_effect_answer(&r, ok(status), other),
-                    CallOutcome::Unknown {
-                        reason: UnknownReason::Protocol,
-                        ..
-                    }
+                    CallOutcome::Unknown { reason: UnknownReason::Protocol, .. }
                 ),
                 "{status}"
             );
@@ -563,10 +491,7 @@ mod tests {
             assert!(
                 matches!(
                     classify_effect_answer(&r, ok(status), b""),
-                    CallOutcome::Unknown {
-                        reason: UnknownReason::ProviderUnavailable,
-                        ..
-                    }
+                    CallOutcome::Unknown { reason: UnknownReason::ProviderUnavailable, .. }
                 ),
                 "{status}"
             );
@@ -580,10 +505,7 @@ mod tests {
             assert!(
                 matches!(
                     classify_effect_answer(&r, ok(status), b""),
-                    CallOutcome::Unknown {
-                        reason: UnknownReason::Protocol,
-                        ..
-                    }
+                    CallOutcome::Unknown { reason: UnknownReason::Protocol, .. }
                 ),
                 "{status}"
             );
@@ -593,11 +515,7 @@ mod tests {
     #[test]
     fn a_bare_404_is_not_an_absence() {
         assert_eq!(
-            classify_lookup_answer(
-                EffectKind::Charge,
-                ok(404),
-                br#"{"error":{"type":"not_found"}}"#
-            ),
+            classify_lookup_answer(EffectKind::Charge, ok(404), br#"{"error":{"type":"not_found"}}"#),
             LookupOutcome::Absent
         );
         assert!(matches!(
@@ -608,8 +526,7 @@ mod tests {
 
     #[test]
     fn a_lookup_of_the_wrong_kind_is_inconsistent() {
-        let body =
-            br#"{"id":"re_1","object":"refund","amount":1,"currency":"EUR","status":"succeeded"}"#;
+        let body = br#"{"id":"re_1","object":"refund","amount":1,"currency":"EUR","status":"succeeded"}"#;
         match classify_lookup_answer(EffectKind::Charge, ok(200), body) {
             LookupOutcome::Unavailable { detail } => {
                 assert!(detail.starts_with("inconsistent"), "{detail}")
@@ -621,16 +538,10 @@ mod tests {
     #[test]
     fn config_is_validated() {
         let mut config = HttpProviderConfig::new("https://example.com");
-        assert!(matches!(
-            HttpProvider::new(config.clone()),
-            Err(Error::BaseUrl { .. })
-        ));
+        assert!(matches!(HttpProvider::new(config.clone()), Err(Error::BaseUrl { .. })));
         config.base_url = "http://127.0.0.1:1".into();
         config.request_timeout_ms = 0;
-        assert!(matches!(
-            HttpProvider::new(config),
-            Err(Error::ZeroTimeout { .. })
-        ));
+        assert!(matches!(HttpProvider::new(config), Err(Error::ZeroTimeout { .. })));
     }
 
     #[test]
@@ -638,13 +549,8 @@ mod tests {
         let provider = HttpProvider::new(HttpProviderConfig::new("http://127.0.0.1:9/base"))?;
         let key = "charge:t/1:order intent?#%";
         let path = format!("v1/effects/{}", utf8_percent_encode(key, KEY_SEGMENT));
-        let url = provider
-            .url(&path)
-            .unwrap_or_else(|e| panic!("a percent-encoded path joins: {e}"));
-        assert_eq!(
-            url.as_str(),
-            "http://127.0.0.1:9/base/v1/effects/charge%3At%2F1%3Aorder%20intent%3F%23%25"
-        );
+        let url = provider.url(&path).unwrap_or_else(|e| panic!("a percent-encoded path joins: {e}"));
+        assert_eq!(url.as_str(), "http://127.0.0.1:9/base/v1/effects/charge%3At%2F1%3Aorder%20intent%3F%23%25");
         Ok(())
     }
 }

@@ -298,11 +298,8 @@ impl Context {
     }
 
     async fn execute(&mut self, action: Action) -> Result<Reply, LogError> {
-        let command = Command {
-            cause: self.cause.clone().for_run(&self.run_id),
-            start_run: self.pending_start.clone(),
-            action,
-        };
+        let command =
+            Command { cause: self.cause.clone().for_run(&self.run_id), start_run: self.pending_start.clone(), action };
         let reply = self.runtime.log.execute(command).await?;
         self.pending_start = None;
         Ok(reply)
@@ -331,7 +328,8 @@ impl Context {
         self.check_deadline()?;
         let value = body().await;
         let output = serde_json::to_value(&value).map_err(|e| WorkflowError::Failed(format!("step {name}: {e}")))?;
-        self.execute(Action::RecordStep { run_id: self.run_id.clone(), position, name: name.to_owned(), output }).await?;
+        self.execute(Action::RecordStep { run_id: self.run_id.clone(), position, name: name.to_owned(), output })
+            .await?;
         Ok(value)
     }
 
@@ -446,11 +444,16 @@ impl Context {
             };
             tracing::Span::current().record("validation.outcome", "accepted");
             if deduplicated {
-                tracing::info!(retry.prevented = true, "same key and fingerprint already validated: stored result returned");
+                tracing::info!(
+                    retry.prevented = true,
+                    "same key and fingerprint already validated: stored result returned"
+                );
                 return Ok(IntentOutcome::of(&intent, true));
             }
             let driver = Driver { runtime: &self.runtime, cause: self.cause.clone().for_run(&self.run_id) };
-            let outcome = driver.drive(intent, &self.run_id, request.payment_method.as_ref(), request.needs_payment_method).await?;
+            let outcome = driver
+                .drive(intent, &self.run_id, request.payment_method.as_ref(), request.needs_payment_method)
+                .await?;
             Ok(outcome)
         }
         .instrument(span)
@@ -459,7 +462,10 @@ impl Context {
 }
 
 async fn observe(log: &dyn EventLog, key: &IntentKey, cause: &Cause) -> Result<Intent, LogError> {
-    match log.execute(Command { cause: cause.clone(), start_run: None, action: Action::Observe { key: key.clone() } }).await? {
+    match log
+        .execute(Command { cause: cause.clone(), start_run: None, action: Action::Observe { key: key.clone() } })
+        .await?
+    {
         Reply::Intent { intent, .. } => Ok(*intent),
         _ => Err(LogError::Refused(Refusal::UnknownIntent(key.clone()))),
     }
@@ -475,7 +481,10 @@ impl Driver<'_> {
     async fn execute_intent(&self, action: Action) -> Result<Intent, LogError> {
         match self.runtime.log.execute(Command { cause: self.cause.clone(), start_run: None, action }).await? {
             Reply::Intent { intent, .. } => Ok(*intent),
-            _ => Err(LogError::Unavailable { detail: "an intent command did not return its intent".to_owned(), maybe_committed: true }),
+            _ => Err(LogError::Unavailable {
+                detail: "an intent command did not return its intent".to_owned(),
+                maybe_committed: true,
+            }),
         }
     }
 
@@ -497,7 +506,9 @@ impl Driver<'_> {
                 | IntentStatus::AwaitingApproval
                 | IntentStatus::Attempting
                 | IntentStatus::Reconciling => return Ok(IntentOutcome::of(&intent, false)),
-                IntentStatus::OutcomeUnknown if !intent.reconcile_due(now) => return Ok(IntentOutcome::of(&intent, false)),
+                IntentStatus::OutcomeUnknown if !intent.reconcile_due(now) => {
+                    return Ok(IntentOutcome::of(&intent, false));
+                }
                 IntentStatus::OutcomeUnknown if intent.capability.lookup => self.reconcile_once(&intent, false).await?,
                 IntentStatus::OutcomeUnknown | IntentStatus::Reserved => {
                     if needs_payment_method && payment_method.is_none() {
@@ -519,7 +530,12 @@ impl Driver<'_> {
     }
 
     /// One write-ahead attempt: `AttemptStarted` durable, then the provider, then the outcome.
-    async fn attempt(&self, intent: &Intent, run_id: &RunId, payment_method: Option<&Secret>) -> Result<Intent, LogError> {
+    async fn attempt(
+        &self,
+        intent: &Intent,
+        run_id: &RunId,
+        payment_method: Option<&Secret>,
+    ) -> Result<Intent, LogError> {
         let key = intent.key().clone();
         let started = self.execute_intent(Action::StartAttempt { key: key.clone(), run_id: run_id.clone() }).await?;
         if started.status != IntentStatus::Attempting {
@@ -571,7 +587,8 @@ impl Driver<'_> {
             reconciliation.evidence_id = tracing::field::Empty,
             effect.idempotency_key_hash = %key.hash(),
         );
-        let outcome = self.runtime.provider.lookup(started.definition.kind, key.as_str()).instrument(span.clone()).await;
+        let outcome =
+            self.runtime.provider.lookup(started.definition.kind, key.as_str()).instrument(span.clone()).await;
         span.record(
             "reconciliation.status",
             match &outcome {
@@ -646,7 +663,12 @@ impl Executor {
     }
 
     /// Starts a new run of `workflow` with a raw input. A rejected input writes nothing.
-    pub async fn start(&self, workflow: &str, raw_input: &Value, request: RunRequest) -> Result<RunOutcome, WorkflowError> {
+    pub async fn start(
+        &self,
+        workflow: &str,
+        raw_input: &Value,
+        request: RunRequest,
+    ) -> Result<RunOutcome, WorkflowError> {
         let workflow_impl = self.workflow(workflow)?;
         let prepared = match workflow_impl.prepare(raw_input) {
             Ok(prepared) => prepared,
@@ -709,7 +731,12 @@ impl Executor {
             .ok_or_else(|| WorkflowError::Failed(format!("no workflow named {name:?} is registered")))
     }
 
-    async fn drive_run(&self, workflow: Arc<dyn Workflow>, mut ctx: Context, input: Value) -> Result<RunOutcome, WorkflowError> {
+    async fn drive_run(
+        &self,
+        workflow: Arc<dyn Workflow>,
+        mut ctx: Context,
+        input: Value,
+    ) -> Result<RunOutcome, WorkflowError> {
         let span = info_span!(
             "run",
             agent.run.id = %ctx.run_id,
@@ -730,9 +757,11 @@ impl Executor {
                         output: serde_json::json!({ "status": "suspended", "details": [why] }),
                     });
                 }
-                Err(WorkflowError::DeadlineExceeded(why)) => {
-                    (RunStatus::DeadlineExceeded, serde_json::json!({"status": "deadline_exceeded", "details": [why]}), true)
-                }
+                Err(WorkflowError::DeadlineExceeded(why)) => (
+                    RunStatus::DeadlineExceeded,
+                    serde_json::json!({"status": "deadline_exceeded", "details": [why]}),
+                    true,
+                ),
                 Err(WorkflowError::Nondeterministic(refusal)) => (
                     RunStatus::NondeterministicReplay,
                     serde_json::json!({"status": "nondeterministic_replay", "details": [refusal.to_string()]}),
@@ -762,7 +791,8 @@ impl Executor {
         let driver = Driver { runtime: &self.runtime, cause };
         let reconcilable = matches!(intent.status, IntentStatus::OutcomeUnknown)
             || (intent.status == IntentStatus::Escalated && !intent.absence_proven);
-        let intent = if reconcilable && intent.capability.lookup { driver.reconcile_once(&intent, true).await? } else { intent };
+        let intent =
+            if reconcilable && intent.capability.lookup { driver.reconcile_once(&intent, true).await? } else { intent };
         let run_id = intent.run_id.clone();
         let needs_payment_method = intent.definition.kind == EffectKind::Charge;
         driver.drive(intent, &run_id, None, needs_payment_method).await
@@ -772,7 +802,11 @@ impl Executor {
     /// exactly once; then unfinished runs are replayed and due reconciliations run.
     pub async fn recover_and_resume(&self, cause: Cause) -> Result<ResumeReport, WorkflowError> {
         let mut report = ResumeReport::default();
-        let recovered = self.runtime.log.execute(Command { cause: cause.clone(), start_run: None, action: Action::Recover }).await?;
+        let recovered = self
+            .runtime
+            .log
+            .execute(Command { cause: cause.clone(), start_run: None, action: Action::Recover })
+            .await?;
         if let Reply::Recovered(keys) = recovered {
             report.recovered = keys.iter().map(ToString::to_string).collect();
         }
@@ -810,7 +844,12 @@ impl Executor {
 
     /// Due intents and unfinished runs, read through the log so they include every commit.
     async fn snapshot(&self, cause: &Cause) -> Result<(Vec<IntentKey>, Vec<Run>), WorkflowError> {
-        match self.runtime.log.execute(Command { cause: cause.clone(), start_run: None, action: Action::Snapshot }).await? {
+        match self
+            .runtime
+            .log
+            .execute(Command { cause: cause.clone(), start_run: None, action: Action::Snapshot })
+            .await?
+        {
             Reply::Snapshot { due, unfinished } => Ok((due, unfinished)),
             _ => Err(WorkflowError::Failed("a snapshot did not return one".to_owned())),
         }

@@ -47,7 +47,8 @@ impl MemoryLog {
             let stream_seq = ledger.stream_length(&stream) + 1;
             let prev_hash = ledger.last_hash().to_owned();
             let hash = chain_hash(&prev_hash, seq, &stream, stream_seq, now, &command.cause, &event);
-            let stored = StoredEvent { seq, stream, stream_seq, at: now, cause: command.cause.clone(), event, prev_hash, hash };
+            let stored =
+                StoredEvent { seq, stream, stream_seq, at: now, cause: command.cause.clone(), event, prev_hash, hash };
             ledger.apply(&stored);
             events.push(stored);
         }
@@ -136,7 +137,10 @@ impl crate::provider::PaymentProvider for MemoryProvider {
         self.capability
     }
 
-    fn execute<'a>(&'a self, request: &'a crate::provider::EffectRequest) -> BoxFuture<'a, crate::provider::CallOutcome> {
+    fn execute<'a>(
+        &'a self,
+        request: &'a crate::provider::EffectRequest,
+    ) -> BoxFuture<'a, crate::provider::CallOutcome> {
         use crate::provider::{CallOutcome, Evidence, UnknownReason};
         Box::pin(async move {
             let mut state = self.lock();
@@ -145,7 +149,10 @@ impl crate::provider::PaymentProvider for MemoryProvider {
                 Scripted::Decline => return CallOutcome::Declined { code: "card_declined".to_owned() },
                 Scripted::Refuse => return CallOutcome::NotSent { detail: "connection refused".to_owned() },
                 Scripted::FailBeforeEffect => {
-                    return CallOutcome::Unknown { reason: UnknownReason::ProviderUnavailable, detail: "500".to_owned() };
+                    return CallOutcome::Unknown {
+                        reason: UnknownReason::ProviderUnavailable,
+                        detail: "500".to_owned(),
+                    };
                 }
                 Scripted::Succeed | Scripted::LoseAnswer => {}
             }
@@ -170,7 +177,11 @@ impl crate::provider::PaymentProvider for MemoryProvider {
         })
     }
 
-    fn lookup<'a>(&'a self, _kind: crate::provider::EffectKind, idempotency_key: &'a str) -> BoxFuture<'a, crate::provider::LookupOutcome> {
+    fn lookup<'a>(
+        &'a self,
+        _kind: crate::provider::EffectKind,
+        idempotency_key: &'a str,
+    ) -> BoxFuture<'a, crate::provider::LookupOutcome> {
         use crate::provider::LookupOutcome;
         Box::pin(async move {
             let mut state = self.lock();

@@ -16,7 +16,8 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 /// The fields a charge accepts.
-pub const FIELDS: [&str; 6] = ["tenant_id", "intent_id", "order_id", "amount_minor", "currency", "payment_method_token"];
+pub const FIELDS: [&str; 6] =
+    ["tenant_id", "intent_id", "order_id", "amount_minor", "currency", "payment_method_token"];
 
 /// The name of the secret holding the payment method token.
 const PAYMENT_METHOD: &str = "payment_method";

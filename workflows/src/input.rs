@@ -26,7 +26,9 @@ impl<'a> Fields<'a> {
             Some(map) => {
                 let mut unknown: Vec<&String> = map.keys().filter(|k| !allowed.contains(&k.as_str())).collect();
                 unknown.sort();
-                problems.extend(unknown.into_iter().map(|k| format!("{k}: unknown field (allowed: {})", allowed.join(", "))));
+                problems.extend(
+                    unknown.into_iter().map(|k| format!("{k}: unknown field (allowed: {})", allowed.join(", "))),
+                );
             }
         }
         Self { object, problems }
@@ -101,7 +103,8 @@ impl<'a> Fields<'a> {
         let value = self.string(name, 0, usize::MAX);
         let present = self.object.and_then(|o| o.get(name)).is_some_and(Value::is_string);
         if present && !CURRENCIES.contains(&value.as_str()) {
-            self.problems.push(format!("{name}: unsupported currency {value:?} (supported: {})", CURRENCIES.join(", ")));
+            self.problems
+                .push(format!("{name}: unsupported currency {value:?} (supported: {})", CURRENCIES.join(", ")));
         }
         value
     }
@@ -115,7 +118,10 @@ impl<'a> Fields<'a> {
 fn is_uuid(text: &str) -> bool {
     let groups: Vec<&str> = text.split('-').collect();
     groups.len() == 5
-        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(g, len)| g.len() == len && g.chars().all(|c| c.is_ascii_hexdigit()))
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]

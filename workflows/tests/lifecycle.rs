@@ -5,7 +5,9 @@
 use chrono::{TimeZone, Utc};
 use engine::clock::{Clock, ManualClock};
 use engine::event::{Cause, Event, IntentKey, RunId, RunLimits};
-use engine::executor::{Context, Executor, Prepared, Rejection, RunOutcome, RunRequest, Runtime, Workflow, WorkflowEnd, WorkflowError};
+use engine::executor::{
+    Context, Executor, Prepared, Rejection, RunOutcome, RunRequest, Runtime, Workflow, WorkflowEnd, WorkflowError,
+};
 use engine::ledger::{Action, Command, IntentStatus, Ledger, Refusal};
 use engine::log::{EventLog, LogError};
 use engine::memory::{MemoryLog, MemoryProvider, Scripted};
@@ -33,7 +35,8 @@ impl Harness {
     }
 
     fn with_workflows(capability: Capability, workflows: Vec<Arc<dyn Workflow>>) -> Self {
-        let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
+        let clock =
+            Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
         let log = Arc::new(MemoryLog::new(clock.clone()));
         let provider = Arc::new(MemoryProvider::new(capability));
         let runtime = Runtime { log: log.clone(), provider: provider.clone(), clock: clock.clone() };
@@ -78,7 +81,12 @@ impl Harness {
 }
 
 fn limits() -> RunLimits {
-    RunLimits { cost_minor_max: None, attempts_per_intent_max: 3, reconciliations_per_intent_max: 3, approval_threshold_minor: None }
+    RunLimits {
+        cost_minor_max: None,
+        attempts_per_intent_max: 3,
+        reconciliations_per_intent_max: 3,
+        approval_threshold_minor: None,
+    }
 }
 
 fn charge_input(intent_id: &str, order: &str, amount_minor: i64) -> Value {
@@ -123,13 +131,34 @@ async fn same_key_other_payload_is_rejected_and_writes_nothing() {
 async fn invalid_input_and_policy_denial_write_nothing_and_do_not_burn_the_key() {
     let h = Harness::new(stripe());
     for (bad, code) in [
-        (json!({"tenant_id": "not-a-uuid", "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}), "invalid_arguments"),
-        (json!({"tenant_id": TENANT, "intent_id": "short", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}), "invalid_arguments"),
-        (json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}), "invalid_arguments"),
-        (json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": -1, "currency": "EUR", "payment_method_token": TOKEN}), "invalid_arguments"),
-        (json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "GBP", "payment_method_token": TOKEN}), "invalid_arguments"),
-        (json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": "short"}), "invalid_arguments"),
-        (json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN, "extra": true}), "invalid_arguments"),
+        (
+            json!({"tenant_id": "not-a-uuid", "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "short", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": -1, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "GBP", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": "short"}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN, "extra": true}),
+            "invalid_arguments",
+        ),
         (charge_input("order_1842_charge", "o", 2_000_000), "policy_denied"),
     ] {
         let out = h.run("charge", &bad, limits()).await;
@@ -161,7 +190,8 @@ async fn a_lost_answer_is_unknown_never_resent_blindly_and_reconciled_by_lookup(
     let again = h.charge("order_1900_charge", "order_1900", 2500).await;
     assert_eq!(text(&again, "status"), "outcome_unknown");
     assert_eq!(h.ledger().intent(&charge_key("order_1900_charge")).expect("exists").attempts, 1);
-    let reconciled = h.executor.reconcile(&charge_key("order_1900_charge"), Cause::command("reconcile")).await.expect("reconciles");
+    let reconciled =
+        h.executor.reconcile(&charge_key("order_1900_charge"), Cause::command("reconcile")).await.expect("reconciles");
     assert_eq!(reconciled.status, "validated");
     assert_eq!(reconciled.source.as_deref(), Some("reconciled"));
     assert_eq!(h.provider.effect_count(), 1);
@@ -185,7 +215,13 @@ async fn absence_resends_with_the_same_key_only_past_the_consistency_window() {
     let intent = h.ledger().intent(&key).expect("exists").clone();
     assert_eq!(intent.attempts, 2);
     assert_eq!(h.provider.effect_count(), 1);
-    let keys: Vec<_> = h.log.events().iter().filter(|e| matches!(e.event, Event::AttemptStarted { .. })).map(|e| e.stream.clone()).collect();
+    let keys: Vec<_> = h
+        .log
+        .events()
+        .iter()
+        .filter(|e| matches!(e.event, Event::AttemptStarted { .. }))
+        .map(|e| e.stream.clone())
+        .collect();
     assert!(keys.iter().all(|s| s == &key.stream()), "every attempt uses the same key");
 }
 
@@ -238,7 +274,10 @@ async fn reconciliations_are_bounded_then_escalated() {
         h.executor.reconcile_due(Cause::command("reconcile")).await.expect("reconciles");
     }
     assert_eq!(h.status(&key), IntentStatus::Escalated);
-    assert!(h.executor.reconcile_due(Cause::command("reconcile")).await.expect("reconciles").is_empty(), "nothing left pending");
+    assert!(
+        h.executor.reconcile_due(Cause::command("reconcile")).await.expect("reconciles").is_empty(),
+        "nothing left pending"
+    );
     assert_eq!(h.ledger().intent(&key).expect("exists").reconciliations, 3);
 }
 
@@ -257,7 +296,13 @@ async fn a_decline_is_definitive_and_releases_the_money() {
 #[tokio::test]
 async fn a_run_cannot_reserve_beyond_its_money_budget() {
     let h = Harness::new(stripe());
-    let out = h.run("charge", &charge_input("order_3500_charge", "order_3500", 5000), RunLimits { cost_minor_max: Some(4000), ..limits() }).await;
+    let out = h
+        .run(
+            "charge",
+            &charge_input("order_3500_charge", "order_3500", 5000),
+            RunLimits { cost_minor_max: Some(4000), ..limits() },
+        )
+        .await;
     assert_eq!(out.output["code"], "budget_exhausted");
     assert!(h.log.events().is_empty());
 }
@@ -307,12 +352,21 @@ async fn cancel_is_refused_while_an_outcome_is_unknown() {
     h.provider.script([Scripted::LoseAnswer]);
     let key = charge_key("order_4300_charge");
     h.charge("order_4300_charge", "order_4300", 1000).await;
-    let refused = h.command(Action::Cancel { key: key.clone(), by: "ana".into(), reason: "customer asked".into() }).await;
+    let refused =
+        h.command(Action::Cancel { key: key.clone(), by: "ana".into(), reason: "customer asked".into() }).await;
     assert!(matches!(refused, Err(LogError::Refused(Refusal::NotAllowed(_)))));
     assert_eq!(h.status(&key), IntentStatus::OutcomeUnknown);
-    h.command_by("ana", Action::Resolve { key: key.clone(), by: "ana".into(), reason: "seen in dashboard".into(), landed: Some("ch_1".into()) })
-        .await
-        .expect("resolves");
+    h.command_by(
+        "ana",
+        Action::Resolve {
+            key: key.clone(),
+            by: "ana".into(),
+            reason: "seen in dashboard".into(),
+            landed: Some("ch_1".into()),
+        },
+    )
+    .await
+    .expect("resolves");
     assert_eq!(h.status(&key), IntentStatus::Validated);
     let resolved = h.log.events().into_iter().last().expect("an event");
     assert_eq!(resolved.cause.actor, "operator:ana", "the operator's name is recorded");
@@ -327,14 +381,28 @@ async fn approvals_are_bound_to_the_fingerprint_and_expire() {
     assert_eq!(out.status, "suspended");
     assert_eq!(h.status(&key), IntentStatus::AwaitingApproval);
     assert_eq!(h.provider.effect_count(), 0);
-    let wrong = h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: Some("0".repeat(64)) }).await;
-    assert!(matches!(wrong, Err(LogError::Refused(Refusal::NotAllowed(_)))), "an approval for another payload releases nothing");
-    h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: None }).await.expect("approves");
+    let wrong = h
+        .command(Action::Approve {
+            key: key.clone(),
+            by: "lead".into(),
+            ttl_ms: 60_000,
+            fingerprint: Some("0".repeat(64)),
+        })
+        .await;
+    assert!(
+        matches!(wrong, Err(LogError::Refused(Refusal::NotAllowed(_)))),
+        "an approval for another payload releases nothing"
+    );
+    h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: None })
+        .await
+        .expect("approves");
     h.clock.advance_ms(61_000);
     let stale = h.run("charge", &charge_input("order_4400_charge", "order_4400", 100_000), gated.clone()).await;
     assert_eq!(stale.status, "suspended", "a stale approval releases nothing");
     assert_eq!(h.provider.effect_count(), 0);
-    h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: None }).await.expect("approves");
+    h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: None })
+        .await
+        .expect("approves");
     let done = h.run("charge", &charge_input("order_4400_charge", "order_4400", 100_000), gated).await;
     assert_eq!(text(&done.output, "status"), "validated");
     assert_eq!(h.provider.effect_count(), 1);
@@ -369,7 +437,11 @@ async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
         limits: limits(),
     };
     h.log
-        .execute(Command { cause: Cause::command("test"), start_run: Some(start), action: Action::Reserve { run_id: run.clone(), position: 0, spec } })
+        .execute(Command {
+            cause: Cause::command("test"),
+            start_run: Some(start),
+            action: Action::Reserve { run_id: run.clone(), position: 0, spec },
+        })
         .await
         .expect("reserves");
     h.command(Action::StartAttempt { key: key.clone(), run_id: run }).await.expect("starts");
@@ -398,7 +470,10 @@ impl Workflow for Shifty {
             let first: u32 = ctx.step(name, || async { 7 }).await?;
             let approval = ctx.wait_signal("go").await?;
             ctx.sleep(10).await?;
-            Ok(WorkflowEnd { status: engine::event::RunStatus::Completed, output: json!({"first": first, "signal": approval}) })
+            Ok(WorkflowEnd {
+                status: engine::event::RunStatus::Completed,
+                output: json!({"first": first, "signal": approval}),
+            })
         })
     }
 }
@@ -410,7 +485,9 @@ async fn replay_returns_recorded_steps_and_a_different_step_stops_the_run() {
     let out = h.run("shifty", &json!({}), limits()).await;
     assert_eq!(out.status, "suspended", "waits for its signal");
     let run_id = RunId::new(out.run_id.clone());
-    h.command(Action::DeliverSignal { run_id: run_id.clone(), name: "go".into(), payload: json!("approved") }).await.expect("delivers");
+    h.command(Action::DeliverSignal { run_id: run_id.clone(), name: "go".into(), payload: json!("approved") })
+        .await
+        .expect("delivers");
     let run = h.ledger().run(&run_id).expect("exists").clone();
     let resumed = h.executor.resume(&run, Cause::command("resume")).await.expect("resumes");
     assert_eq!(resumed.status, "completed");

@@ -139,10 +139,7 @@ fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     // A second initialisation (a test calling cli_main twice) is harmless, so its error is ignored.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
@@ -163,10 +160,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         idempotency: !args.no_idempotency,
         lookup: !args.no_lookup,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("keel-provider-sim: cannot start the async runtime: {e}");
@@ -183,10 +177,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         };
         let mut stdout = std::io::stdout().lock();
         // The parent reads this line to learn the port; it must be out before we wait.
-        if writeln!(stdout, "listening on {}", server.base_url())
-            .and_then(|()| stdout.flush())
-            .is_err()
-        {
+        if writeln!(stdout, "listening on {}", server.base_url()).and_then(|()| stdout.flush()).is_err() {
             eprintln!("keel-provider-sim: cannot write the listening line to stdout");
             return ExitCode::FAILURE;
         }
@@ -244,10 +235,7 @@ fn effects(args: &EffectsArgs) -> ExitCode {
     }
 }
 
-fn write_table(
-    out: &mut impl std::io::Write,
-    effects: &[super::EffectRecord],
-) -> std::io::Result<()> {
+fn write_table(out: &mut impl std::io::Write, effects: &[super::EffectRecord]) -> std::io::Result<()> {
     writeln!(
         out,
         "{:<35} {:<6} {:>12} {:<4} {:<20} {:<24} IDEMPOTENCY_KEY",

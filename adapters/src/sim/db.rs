@@ -93,34 +93,17 @@ impl Db {
     /// Opens (creating if needed) the database, applies the schema and recovers records left
     /// in flight. Returns the database and how many records recovery completed.
     pub(crate) fn open(path: &Path) -> Result<(Self, usize), Error> {
-        let conn = Connection::open(path).map_err(|source| Error::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let conn = Connection::open(path).map_err(|source| Error::Open { path: path.display().to_string(), source })?;
         configure(&conn)?;
         conn.execute_batch(SCHEMA)?;
         // Recovery runs before the server accepts anything, so no request can see a
         // half-recovered state.
-        let deleted = conn.execute(
-            "DELETE FROM idempotency WHERE state = 'in_flight' AND effect_id IS NULL",
-            [],
-        )?;
-        let completed = conn.execute(
-            "UPDATE idempotency SET state = 'done' WHERE state = 'in_flight'",
-            [],
-        )?;
+        let deleted = conn.execute("DELETE FROM idempotency WHERE state = 'in_flight' AND effect_id IS NULL", [])?;
+        let completed = conn.execute("UPDATE idempotency SET state = 'done' WHERE state = 'in_flight'", [])?;
         if deleted > 0 {
-            tracing::warn!(
-                deleted,
-                "deleted in-flight idempotency records without an effect"
-            );
+            tracing::warn!(deleted, "deleted in-flight idempotency records without an effect");
         }
-        Ok((
-            Self {
-                conn: Mutex::new(conn),
-            },
-            completed,
-        ))
+        Ok((Self { conn: Mutex::new(conn) }, completed))
     }
 
     /// Opens an existing database for reading effects, without creating or recovering
@@ -128,26 +111,17 @@ impl Db {
     pub(crate) fn open_existing(path: &Path) -> Result<Self, Error> {
         let conn = Connection::open_with_flags(
             path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX
-                | OpenFlags::SQLITE_OPEN_URI,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
         )
-        .map_err(|source| Error::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
+        .map_err(|source| Error::Open { path: path.display().to_string(), source })?;
         configure(&conn)?;
-        Ok(Self {
-            conn: Mutex::new(conn),
-        })
+        Ok(Self { conn: Mutex::new(conn) })
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock leaves SQLite itself consistent (the transaction is
         // rolled back on drop), so a poisoned mutex is safe to keep using.
-        self.conn
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Claims `key` for a request whose canonical hash is `hash`, committing `answer` in the
@@ -180,10 +154,7 @@ impl Db {
                 } else if state == "in_flight" {
                     Claim::InProgress
                 } else {
-                    Claim::Replay(Stored {
-                        status: status_code(status)?,
-                        body,
-                    })
+                    Claim::Replay(Stored { status: status_code(status)?, body })
                 };
                 return Ok(claim);
             }
@@ -198,11 +169,7 @@ impl Db {
         };
         if idempotency {
             // A decline has nothing to wait for, so it is never in flight.
-            let state = if in_flight && effect_id.is_some() {
-                "in_flight"
-            } else {
-                "done"
-            };
+            let state = if in_flight && effect_id.is_some() { "in_flight" } else { "done" };
             tx.execute(
                 "INSERT INTO idempotency (key, request_hash, state, status_code, response_body, effect_id, created_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -215,10 +182,7 @@ impl Db {
 
     /// Marks `key`'s record done: its answer is being sent now.
     pub(crate) fn finish(&self, key: &str) -> Result<(), Error> {
-        self.lock().execute(
-            "UPDATE idempotency SET state = 'done' WHERE key = ?1",
-            params![key],
-        )?;
+        self.lock().execute("UPDATE idempotency SET state = 'done' WHERE key = ?1", params![key])?;
         Ok(())
     }
 

@@ -85,9 +85,7 @@ pub enum PlanError {
         name: String,
     },
     /// The `operation` name is not one the simulator knows.
-    #[error(
-        "fault plan rule {index}: unknown operation {name:?} (expected charge, refund, lookup or any)"
-    )]
+    #[error("fault plan rule {index}: unknown operation {name:?} (expected charge, refund, lookup or any)")]
     UnknownOperation {
         /// The rule's index.
         index: usize,
@@ -111,9 +109,7 @@ pub enum PlanError {
         index: usize,
     },
     /// Neither `times` nor `probability` was given for a fault that needs one.
-    #[error(
-        "fault plan rule {index}: fault {fault} needs \"times\" (>= 1) or \"probability\" (in [0, 1])"
-    )]
+    #[error("fault plan rule {index}: fault {fault} needs \"times\" (>= 1) or \"probability\" (in [0, 1])")]
     NeitherTimesNorProbability {
         /// The rule's index.
         index: usize,
@@ -240,10 +236,7 @@ impl Fault {
 
     /// Whether the fault concerns lookups (as opposed to charges and refunds).
     fn is_lookup_fault(&self) -> bool {
-        matches!(
-            self,
-            Self::LookupAbsentForMs { .. } | Self::LookupLies | Self::LookupUnavailable
-        )
+        matches!(self, Self::LookupAbsentForMs { .. } | Self::LookupLies | Self::LookupUnavailable)
     }
 
     fn applies_to(&self, operation: Operation) -> bool {
@@ -305,10 +298,8 @@ impl FaultPlan {
 
     /// Reads and validates a plan file.
     pub fn load(path: &Path) -> Result<Self, PlanError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PlanError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| PlanError::Io { path: path.display().to_string(), source })?;
         Self::from_json(&text)
     }
 
@@ -321,10 +312,7 @@ impl FaultPlan {
             .enumerate()
             .map(|(index, value)| validate_rule(index, value))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            seed: raw.seed,
-            rules,
-        })
+        Ok(Self { seed: raw.seed, rules })
     }
 
     /// The PRNG seed.
@@ -339,27 +327,20 @@ impl FaultPlan {
 }
 
 fn validate_rule(index: usize, value: serde_json::Value) -> Result<Rule, PlanError> {
-    let raw: RawRule = serde_json::from_value(value).map_err(|e| PlanError::RuleShape {
-        index,
-        message: e.to_string(),
-    })?;
+    let raw: RawRule =
+        serde_json::from_value(value).map_err(|e| PlanError::RuleShape { index, message: e.to_string() })?;
     let target = match raw.operation.as_str() {
         "charge" => Target::Only(Operation::Charge),
         "refund" => Target::Only(Operation::Refund),
         "lookup" => Target::Only(Operation::Lookup),
         "any" => Target::Any,
         other => {
-            return Err(PlanError::UnknownOperation {
-                index,
-                name: other.to_owned(),
-            });
+            return Err(PlanError::UnknownOperation { index, name: other.to_owned() });
         }
     };
     // `ms` is checked per fault so that a meaningless `ms` is an error, not ignored.
     let ms_or = |fault: &'static str, default: Option<u64>| -> Result<u64, PlanError> {
-        raw.ms
-            .or(default)
-            .ok_or(PlanError::MsRequired { index, fault })
+        raw.ms.or(default).ok_or(PlanError::MsRequired { index, fault })
     };
     let no_ms = |fault: &'static str| -> Result<(), PlanError> {
         match raw.ms {
@@ -369,37 +350,23 @@ fn validate_rule(index: usize, value: serde_json::Value) -> Result<Rule, PlanErr
     };
     let fault = match raw.fault.as_str() {
         "fail_before_effect" => no_ms("fail_before_effect").map(|()| Fault::FailBeforeEffect)?,
-        "timeout_after_effect" => Fault::TimeoutAfterEffect {
-            ms: ms_or(
-                "timeout_after_effect",
-                Some(TIMEOUT_AFTER_EFFECT_DEFAULT_MS),
-            )?,
-        },
+        "timeout_after_effect" => {
+            Fault::TimeoutAfterEffect { ms: ms_or("timeout_after_effect", Some(TIMEOUT_AFTER_EFFECT_DEFAULT_MS))? }
+        }
         "unavailable" => no_ms("unavailable").map(|()| Fault::Unavailable)?,
         "decline" => no_ms("decline").map(|()| Fault::Decline)?,
-        "slow" => Fault::Slow {
-            ms: ms_or("slow", Some(SLOW_DEFAULT_MS))?,
-        },
-        "lookup_absent_for_ms" => Fault::LookupAbsentForMs {
-            ms: ms_or("lookup_absent_for_ms", None)?,
-        },
+        "slow" => Fault::Slow { ms: ms_or("slow", Some(SLOW_DEFAULT_MS))? },
+        "lookup_absent_for_ms" => Fault::LookupAbsentForMs { ms: ms_or("lookup_absent_for_ms", None)? },
         "lookup_lies" => no_ms("lookup_lies").map(|()| Fault::LookupLies)?,
         "lookup_unavailable" => no_ms("lookup_unavailable").map(|()| Fault::LookupUnavailable)?,
         other => {
-            return Err(PlanError::UnknownFault {
-                index,
-                name: other.to_owned(),
-            });
+            return Err(PlanError::UnknownFault { index, name: other.to_owned() });
         }
     };
     if let Target::Only(operation) = target
         && !fault.applies_to(operation)
     {
-        return Err(PlanError::FaultNotForOperation {
-            index,
-            fault: fault.name(),
-            operation: target.name(),
-        });
+        return Err(PlanError::FaultNotForOperation { index, fault: fault.name(), operation: target.name() });
     }
     let firing = match (raw.times, raw.probability) {
         (Some(_), Some(_)) => return Err(PlanError::BothTimesAndProbability { index }),
@@ -411,17 +378,10 @@ fn validate_rule(index: usize, value: serde_json::Value) -> Result<Rule, PlanErr
         (None, Some(p)) => Firing::Probability(p),
         (None, None) if matches!(fault, Fault::LookupAbsentForMs { .. }) => Firing::Always,
         (None, None) => {
-            return Err(PlanError::NeitherTimesNorProbability {
-                index,
-                fault: fault.name(),
-            });
+            return Err(PlanError::NeitherTimesNorProbability { index, fault: fault.name() });
         }
     };
-    Ok(Rule {
-        target,
-        fault,
-        firing,
-    })
+    Ok(Rule { target, fault, firing })
 }
 
 /// splitmix64: tiny, well-distributed, and fully determined by its seed. Enough for picking
@@ -457,10 +417,7 @@ pub struct FaultState {
 impl FaultState {
     /// Starts playing `plan` from its first request.
     pub fn new(plan: &FaultPlan) -> Self {
-        Self {
-            rules: plan.rules.clone(),
-            prng: SplitMix64 { state: plan.seed },
-        }
+        Self { rules: plan.rules.clone(), prng: SplitMix64 { state: plan.seed } }
     }
 
     /// The fault for the next request of `operation`, if any; see the module doc for the
@@ -516,10 +473,8 @@ mod tests {
 
     #[test]
     fn unknown_fault_names_the_rule() {
-        let e = err(
-            r#"{"rules": [{"operation":"charge","fault":"slow","times":1},
-                          {"operation":"charge","fault":"explode","times":1}]}"#,
-        );
+        let e = err(r#"{"rules": [{"operation":"charge","fault":"slow","times":1},
+                          {"operation":"charge","fault":"explode","times":1}]}"#);
         assert!(e.contains("rule 1"), "{e}");
         assert!(e.contains("unknown fault \"explode\""), "{e}");
     }
@@ -540,19 +495,14 @@ mod tests {
     #[test]
     fn probability_outside_unit_interval_is_refused() {
         let e = err(r#"{"rules": [{"operation":"charge","fault":"decline","probability":1.5}]}"#);
-        assert!(
-            e.contains("rule 0: probability 1.5 is outside [0, 1]"),
-            "{e}"
-        );
+        assert!(e.contains("rule 0: probability 1.5 is outside [0, 1]"), "{e}");
         let e = err(r#"{"rules": [{"operation":"charge","fault":"decline","probability":-0.1}]}"#);
         assert!(e.contains("rule 0: probability -0.1"), "{e}");
     }
 
     #[test]
     fn both_times_and_probability_are_refused() {
-        let e = err(
-            r#"{"rules": [{"operation":"any","fault":"unavailable","times":1,"probability":0.5}]}"#,
-        );
+        let e = err(r#"{"rules": [{"operation":"any","fault":"unavailable","times":1,"probability":0.5}]}"#);
         assert!(e.contains("rule 0: give either"), "{e}");
     }
 
@@ -571,10 +521,7 @@ mod tests {
     #[test]
     fn fault_on_wrong_operation_is_refused() {
         let e = err(r#"{"rules": [{"operation":"lookup","fault":"decline","times":1}]}"#);
-        assert!(
-            e.contains("rule 0: fault decline never applies to operation lookup"),
-            "{e}"
-        );
+        assert!(e.contains("rule 0: fault decline never applies to operation lookup"), "{e}");
         let e = err(r#"{"rules": [{"operation":"refund","fault":"lookup_lies","times":1}]}"#);
         assert!(e.contains("never applies to operation refund"), "{e}");
     }
@@ -582,19 +529,13 @@ mod tests {
     #[test]
     fn ms_where_meaningless_is_refused() {
         let e = err(r#"{"rules": [{"operation":"charge","fault":"decline","times":1,"ms":5}]}"#);
-        assert!(
-            e.contains("rule 0: \"ms\" has no meaning for fault decline"),
-            "{e}"
-        );
+        assert!(e.contains("rule 0: \"ms\" has no meaning for fault decline"), "{e}");
     }
 
     #[test]
     fn consistency_window_needs_ms() {
         let e = err(r#"{"rules": [{"operation":"lookup","fault":"lookup_absent_for_ms"}]}"#);
-        assert!(
-            e.contains("rule 0: fault lookup_absent_for_ms needs \"ms\""),
-            "{e}"
-        );
+        assert!(e.contains("rule 0: fault lookup_absent_for_ms needs \"ms\""), "{e}");
     }
 
     #[test]
@@ -612,23 +553,11 @@ mod tests {
         )?;
         assert_eq!(plan.seed(), 0);
         let mut state = FaultState::new(&plan);
-        assert_eq!(
-            state.decide(Operation::Charge),
-            Some(Fault::TimeoutAfterEffect { ms: 30_000 })
-        );
-        assert_eq!(
-            state.decide(Operation::Charge),
-            Some(Fault::Slow { ms: 1_000 })
-        );
+        assert_eq!(state.decide(Operation::Charge), Some(Fault::TimeoutAfterEffect { ms: 30_000 }));
+        assert_eq!(state.decide(Operation::Charge), Some(Fault::Slow { ms: 1_000 }));
         assert_eq!(state.decide(Operation::Charge), None);
-        assert_eq!(
-            state.decide(Operation::Lookup),
-            Some(Fault::LookupAbsentForMs { ms: 10 })
-        );
-        assert_eq!(
-            state.decide(Operation::Lookup),
-            Some(Fault::LookupAbsentForMs { ms: 10 })
-        );
+        assert_eq!(state.decide(Operation::Lookup), Some(Fault::LookupAbsentForMs { ms: 10 }));
+        assert_eq!(state.decide(Operation::Lookup), Some(Fault::LookupAbsentForMs { ms: 10 }));
         Ok(())
     }
 
@@ -640,10 +569,7 @@ mod tests {
                           {"operation":"any","fault":"lookup_unavailable","times":1}]}"#,
         )?;
         let mut state = FaultState::new(&plan);
-        assert_eq!(
-            state.decide(Operation::Lookup),
-            Some(Fault::LookupUnavailable)
-        );
+        assert_eq!(state.decide(Operation::Lookup), Some(Fault::LookupUnavailable));
         assert_eq!(state.decide(Operation::Charge), Some(Fault::Unavailable));
         assert_eq!(state.decide(Operation::Refund), Some(Fault::Decline));
         assert_eq!(state.decide(Operation::Refund), Some(Fault::Unavailable));
@@ -655,24 +581,17 @@ mod tests {
     #[test]
     fn probability_rules_are_deterministic_for_a_seed() -> Result<(), PlanError> {
         let text = |seed: u64| {
-            format!(
-                r#"{{"seed": {seed}, "rules": [{{"operation":"any","fault":"unavailable","probability":0.5}}]}}"#
-            )
+            format!(r#"{{"seed": {seed}, "rules": [{{"operation":"any","fault":"unavailable","probability":0.5}}]}}"#)
         };
         let run = |seed: u64| -> Result<Vec<bool>, PlanError> {
             let mut state = FaultState::new(&FaultPlan::from_json(&text(seed))?);
-            Ok((0..64)
-                .map(|_| state.decide(Operation::Charge).is_some())
-                .collect())
+            Ok((0..64).map(|_| state.decide(Operation::Charge).is_some()).collect())
         };
         let a = run(42)?;
         assert_eq!(a, run(42)?, "same seed, same faults");
         assert_ne!(a, run(43)?, "another seed gives another sequence");
         let fired = a.iter().filter(|f| **f).count();
-        assert!(
-            (16..=48).contains(&fired),
-            "p=0.5 over 64 draws fired {fired} times"
-        );
+        assert!((16..=48).contains(&fired), "p=0.5 over 64 draws fired {fired} times");
         Ok(())
     }
 

@@ -105,21 +105,12 @@ fn stored(answer: Stored) -> Response {
 
 fn storage_error(e: &Error) -> Response {
     tracing::error!(error = %e, "simulator storage failed");
-    error(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "api_error",
-        "storage_error",
-        "the simulator's database failed",
-    )
+    error(StatusCode::INTERNAL_SERVER_ERROR, "api_error", "storage_error", "the simulator's database failed")
 }
 
 /// Runs a blocking database call on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
-) -> Result<T, Error> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|join| Error::Task(join.to_string()))?
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Error> + Send + 'static) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f).await.map_err(|join| Error::Task(join.to_string()))?
 }
 
 async fn charge(state: Extract<State>, headers: HeaderMap, body: Bytes) -> Response {
@@ -148,8 +139,7 @@ struct EffectBody {
 
 /// Parses and checks a charge or refund body; the error is the message for the client.
 fn validate(operation: Operation, body: &[u8]) -> Result<(Value, EffectBody), String> {
-    let value: Value =
-        serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
     let parsed: EffectBody =
         serde_json::from_value(value.clone()).map_err(|e| format!("the body is malformed: {e}"))?;
     if parsed.amount <= 0 {
@@ -158,8 +148,7 @@ fn validate(operation: Operation, body: &[u8]) -> Result<(Value, EffectBody), St
     if parsed.currency.is_empty() {
         return Err("currency must not be empty".into());
     }
-    if operation == Operation::Charge && parsed.payment_method.as_deref().is_none_or(str::is_empty)
-    {
+    if operation == Operation::Charge && parsed.payment_method.as_deref().is_none_or(str::is_empty) {
         return Err("a charge needs a payment_method".into());
     }
     Ok((value, parsed))
@@ -180,12 +169,7 @@ async fn effect(state: State, operation: Operation, headers: &HeaderMap, body: &
     let (value, parsed) = match validate(operation, body) {
         Ok(ok) => ok,
         Err(message) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "parameter_invalid",
-                &message,
-            );
+            return error(StatusCode::BAD_REQUEST, "invalid_request_error", "parameter_invalid", &message);
         }
     };
     let kind = match operation {
@@ -207,29 +191,17 @@ async fn effect(state: State, operation: Operation, headers: &HeaderMap, body: &
             );
         }
         Some(Fault::Unavailable) => {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "api_error",
-                "service_unavailable",
-                "injected: unavailable",
-            );
+            return error(StatusCode::SERVICE_UNAVAILABLE, "api_error", "service_unavailable", "injected: unavailable");
         }
         Some(Fault::TimeoutAfterEffect { ms } | Fault::Slow { ms }) => ms,
         _ => 0,
     };
     let answer = if fault == Some(Fault::Decline) {
         let body = json!({"error": {"type": "card_error", "code": "card_declined", "message": "injected: decline"}});
-        Answer::Decline(Stored {
-            status: 402,
-            body: body.to_string(),
-        })
+        Answer::Decline(Stored { status: 402, body: body.to_string() })
     } else {
         let now = Utc::now();
-        let prefix = if kind == EffectKind::Charge {
-            "ch"
-        } else {
-            "re"
-        };
+        let prefix = if kind == EffectKind::Charge { "ch" } else { "re" };
         Answer::Effect(EffectRecord {
             id: format!("{prefix}_{}", uuid::Uuid::new_v4().simple()),
             idempotency_key: key.clone(),
@@ -248,8 +220,7 @@ async fn effect(state: State, operation: Operation, headers: &HeaderMap, body: &
     let idempotency = state.inner.idempotency;
     let claim_key = key.clone();
     let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
-    let claim =
-        blocking(move || db.claim(&claim_key, &hash, answer, hold_ms > 0, idempotency, &now)).await;
+    let claim = blocking(move || db.claim(&claim_key, &hash, answer, hold_ms > 0, idempotency, &now)).await;
     let claim = match claim {
         Ok(claim) => claim,
         Err(e) => return storage_error(&e),
@@ -332,21 +303,14 @@ async fn lookup(state: Extract<State>, Path(key): Path<String>) -> Response {
     let visible = found.filter(|effect| match fault {
         Some(Fault::LookupLies) => false,
         Some(Fault::LookupAbsentForMs { ms }) => {
-            let age_ms = Utc::now()
-                .timestamp_millis()
-                .saturating_sub(effect.created_at_ms);
+            let age_ms = Utc::now().timestamp_millis().saturating_sub(effect.created_at_ms);
             age_ms >= i64::try_from(ms).unwrap_or(i64::MAX)
         }
         _ => true,
     });
     match visible {
         Some(effect) => Json(effect.api_object()).into_response(),
-        None => error(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            "resource_missing",
-            "no effect with this idempotency key",
-        ),
+        None => error(StatusCode::NOT_FOUND, "not_found", "resource_missing", "no effect with this idempotency key"),
     }
 }
 

@@ -187,21 +187,12 @@ impl Server {
     pub async fn start(config: Config) -> Result<Self, Error> {
         let (db, recovered) = db::Db::open(&config.db_path)?;
         if recovered > 0 {
-            tracing::info!(
-                recovered,
-                "completed idempotency records left in flight by a previous run"
-            );
+            tracing::info!(recovered, "completed idempotency records left in flight by a previous run");
         }
         let listener = tokio::net::TcpListener::bind(config.addr)
             .await
-            .map_err(|source| Error::Bind {
-                addr: config.addr,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| Error::Bind {
-            addr: config.addr,
-            source,
-        })?;
+            .map_err(|source| Error::Bind { addr: config.addr, source })?;
+        let addr = listener.local_addr().map_err(|source| Error::Bind { addr: config.addr, source })?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let state = http::State::new(Arc::new(db), &config, shutdown_rx.clone());
         let router = http::router(state);
@@ -215,11 +206,7 @@ impl Server {
                 .await
         });
         tracing::info!(%addr, "provider simulator listening");
-        Ok(Self {
-            addr,
-            shutdown,
-            task,
-        })
+        Ok(Self { addr, shutdown, task })
     }
 
     /// The address the server listens on.

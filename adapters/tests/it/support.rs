@@ -28,27 +28,20 @@ impl Sim {
     }
 
     pub async fn start_with(plan: &str, tweak: impl FnOnce(&mut Config)) -> Self {
-        let dir = tempfile::tempdir()
-            .unwrap_or_else(|e| panic!("a temporary directory can be made: {e}"));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("a temporary directory can be made: {e}"));
         let db = dir.path().join("sim.db");
         let mut config = Config::new(&db);
-        config.faults =
-            FaultPlan::from_json(plan).unwrap_or_else(|e| panic!("test plan must be valid: {e}"));
+        config.faults = FaultPlan::from_json(plan).unwrap_or_else(|e| panic!("test plan must be valid: {e}"));
         tweak(&mut config);
-        let server = Server::start(config)
-            .await
-            .unwrap_or_else(|e| panic!("simulator starts: {e}"));
+        let server = Server::start(config).await.unwrap_or_else(|e| panic!("simulator starts: {e}"));
         Self { server, db, dir }
     }
 
     /// Starts another simulator on the same database (after `shutdown`).
     pub async fn restart(dir: tempfile::TempDir, db: PathBuf, plan: &str) -> Self {
         let mut config = Config::new(&db);
-        config.faults =
-            FaultPlan::from_json(plan).unwrap_or_else(|e| panic!("test plan must be valid: {e}"));
-        let server = Server::start(config)
-            .await
-            .unwrap_or_else(|e| panic!("simulator restarts: {e}"));
+        config.faults = FaultPlan::from_json(plan).unwrap_or_else(|e| panic!("test plan must be valid: {e}"));
+        let server = Server::start(config).await.unwrap_or_else(|e| panic!("simulator restarts: {e}"));
         Self { server, db, dir }
     }
 
@@ -65,10 +58,7 @@ impl Sim {
     }
 
     pub fn effects_for(&self, key: &str) -> usize {
-        self.effects()
-            .iter()
-            .filter(|e| e.idempotency_key == key)
-            .count()
+        self.effects().iter().filter(|e| e.idempotency_key == key).count()
     }
 
     /// Waits until the simulator has committed an effect for `key`: the signal that a held
@@ -76,19 +66,13 @@ impl Sim {
     pub async fn until_effect(&self, key: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while self.effects_for(key) == 0 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no effect for {key} within 5 s"
-            );
+            assert!(tokio::time::Instant::now() < deadline, "no effect for {key} within 5 s");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
     pub async fn stop(self) -> (tempfile::TempDir, PathBuf) {
-        self.server
-            .shutdown()
-            .await
-            .unwrap_or_else(|e| panic!("simulator stops cleanly: {e}"));
+        self.server.shutdown().await.unwrap_or_else(|e| panic!("simulator stops cleanly: {e}"));
         (self.dir, self.db)
     }
 }
