@@ -222,7 +222,7 @@ impl Store {
     ///
     /// When called from inside a tokio runtime (tokio forbids blocking there): use
     /// `execute` from async code.
-    pub fn execute_blocking(&self, command: Command) -> Answer {
+    pub fn execute_blocking(&self, command: Command) -> Result<Reply, LogError> {
         let sender = self.sender().ok_or_else(closed)?;
         let (reply, answer) = oneshot::channel();
         sender.blocking_send(Job { command, reply }).map_err(|_| closed())?;
@@ -246,7 +246,7 @@ impl Store {
 }
 
 impl EventLog for Store {
-    fn execute(&self, command: Command) -> BoxFuture<'_, Answer> {
+    fn execute(&self, command: Command) -> BoxFuture<'_, Result<Reply, LogError>> {
         Box::pin(async move {
             let sender = self.sender().ok_or_else(closed)?;
             let (reply, answer) = oneshot::channel();
