@@ -360,24 +360,30 @@ fn show(value: &serde_json::Value) -> String {
 }
 
 /// Upserts the rows of `intents` and `runs` (and of the run of every intent) from `ledger`.
+///
+/// Runs are written first: an intent row then always finds its run, so the foreign key is
+/// checked by one primary-key lookup and no violation is ever outstanding (an outstanding
+/// one would make SQLite scan `intents` for every run inserted after it).
 pub(crate) fn write_rows<'a>(
     conn: &Connection,
-    ledger: &Ledger,
+    ledger: &'a Ledger,
     intents: impl IntoIterator<Item = &'a engine::event::IntentKey>,
     runs: impl IntoIterator<Item = &'a engine::event::RunId>,
 ) -> rusqlite::Result<()> {
-    let mut run_ids: Vec<&engine::event::RunId> = runs.into_iter().collect();
-    for key in intents {
-        let intent = ledger.intent(key).expect("a touched intent is in the ledger: its event was just folded");
-        IntentRow::from_intent(intent).upsert(conn)?;
-        // The run's committed money follows the intent's status.
-        run_ids.push(&intent.run_id);
-    }
+    let intents: Vec<&Intent> = intents
+        .into_iter()
+        .map(|key| ledger.intent(key).expect("a touched intent is in the ledger: its event was just folded"))
+        .collect();
+    // The run's committed money follows its intents' statuses.
+    let mut run_ids: Vec<&engine::event::RunId> = runs.into_iter().chain(intents.iter().map(|i| &i.run_id)).collect();
     run_ids.sort_unstable();
     run_ids.dedup();
     for run_id in run_ids {
         let run = ledger.run(run_id).expect("a touched run is in the ledger: its event was just folded");
         RunRow::from_run(run, ledger).upsert(conn)?;
+    }
+    for intent in intents {
+        IntentRow::from_intent(intent).upsert(conn)?;
     }
     Ok(())
 }

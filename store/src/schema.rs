@@ -122,7 +122,7 @@ CREATE TABLE intents (
     fingerprint           TEXT    NOT NULL,
     amount_minor          INTEGER NOT NULL,
     currency              TEXT    NOT NULL,
-    run_id                TEXT    NOT NULL REFERENCES runs (run_id) DEFERRABLE INITIALLY DEFERRED,
+    run_id                TEXT    NOT NULL REFERENCES runs (run_id),
     capability            TEXT    NOT NULL,
     attempts              INTEGER NOT NULL,
     attempts_max          INTEGER NOT NULL,

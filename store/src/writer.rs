@@ -222,7 +222,7 @@ impl Store {
     ///
     /// When called from inside a tokio runtime (tokio forbids blocking there): use
     /// `execute` from async code.
-    pub fn execute_blocking(&self, command: Command) -> Answer {
+    pub fn execute_blocking(&self, command: Command) -> Result<Reply, LogError> {
         let sender = self.sender().ok_or_else(closed)?;
         let (reply, answer) = oneshot::channel();
         sender.blocking_send(Job { command, reply }).map_err(|_| closed())?;
@@ -246,7 +246,7 @@ impl Store {
 }
 
 impl EventLog for Store {
-    fn execute(&self, command: Command) -> BoxFuture<'_, Answer> {
+    fn execute(&self, command: Command) -> BoxFuture<'_, Result<Reply, LogError>> {
         Box::pin(async move {
             let sender = self.sender().ok_or_else(closed)?;
             let (reply, answer) = oneshot::channel();
@@ -486,7 +486,21 @@ impl Writer {
             let stream = event.stream();
             let stream_seq = self.ledger.stream_length(&stream) + 1;
             let prev_hash = self.ledger.last_hash().to_owned();
-            let hash = chain_hash(&prev_hash, seq, &stream, stream_seq, now, &command.cause, &event);
+            let hash = chain_hash_encoded(
+                &prev_hash,
+                seq,
+                stream.as_str(),
+                stream_seq,
+                at,
+                event.type_name(),
+                &cause,
+                &payload,
+            );
+            debug_assert_eq!(
+                hash,
+                chain_hash(&prev_hash, seq, &stream, stream_seq, now, &command.cause, &event),
+                "the writer's chain hash is engine's, byte for byte"
+            );
             codec::insert_event(
                 &self.conn,
                 &NewEvent {
@@ -508,5 +522,75 @@ impl Writer {
             self.ledger.apply(&stored);
         }
         Ok(Ok(target))
+    }
+}
+
+/// [`chain_hash`] computed from the parts the writer has already encoded (`at` as stored, the
+/// canonical cause and payload), so an event is serialized once per append instead of twice.
+///
+/// It hashes the same bytes: the canonical JSON of the object `chain_hash` builds, whose keys
+/// in code-point order are `at, cause, payload, prev, seq, stream, stream_seq, type`, strings
+/// escaped by serde_json exactly as `engine::canonical` escapes them. Debug builds (every
+/// test) assert equality with `chain_hash` on each append; readers and `verify` only ever
+/// use `chain_hash` itself, so a divergence could never pass unnoticed.
+#[allow(clippy::too_many_arguments)] // One field per hashed column; a struct would only rename them.
+fn chain_hash_encoded(
+    prev_hash: &str,
+    seq: u64,
+    stream: &str,
+    stream_seq: u64,
+    at: &str,
+    type_name: &str,
+    cause: &str,
+    payload: &str,
+) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write as _;
+    let quoted = |text: &str| serde_json::to_string(text).expect("serializing a &str to JSON cannot fail");
+    let mut content = String::with_capacity(payload.len() + cause.len() + stream.len() + 192);
+    content.push_str("{\"at\":");
+    content.push_str(&quoted(at));
+    content.push_str(",\"cause\":");
+    content.push_str(cause);
+    content.push_str(",\"payload\":");
+    content.push_str(payload);
+    content.push_str(",\"prev\":");
+    content.push_str(&quoted(prev_hash));
+    let _ = write!(content, ",\"seq\":{seq},\"stream\":");
+    content.push_str(&quoted(stream));
+    let _ = write!(content, ",\"stream_seq\":{stream_seq},\"type\":");
+    content.push_str(&quoted(type_name));
+    content.push('}');
+    hex::encode(Sha256::digest(content.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::event::Cause;
+
+    #[test]
+    fn the_encoded_chain_hash_is_engines_byte_for_byte() {
+        let at = chrono::DateTime::parse_from_rfc3339("2025-03-01T12:00:00.123456Z").expect("a valid literal").to_utc();
+        let run_id = RunId::new("run \"quoted\" ～😀\n");
+        let event = Event::StepRecorded {
+            run_id: run_id.clone(),
+            position: 3,
+            name: "step é".to_owned(),
+            output: serde_json::json!({"b": 4.2e1, "a": [1.0, null, "x\u{7f}"]}),
+        };
+        let cause = Cause::operator("ann").for_run(&run_id);
+        let stream = event.stream();
+        let encoded = chain_hash_encoded(
+            engine::event::GENESIS_HASH,
+            17,
+            stream.as_str(),
+            2,
+            &format_time(at),
+            event.type_name(),
+            &canonical::to_string(&serde_json::to_value(&cause).expect("cause")),
+            &canonical::to_string(&event.payload()),
+        );
+        assert_eq!(encoded, chain_hash(engine::event::GENESIS_HASH, 17, &stream, 2, at, &cause, &event));
     }
 }
