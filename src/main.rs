@@ -1,1 +1,386 @@
-fn main() {}
+//! `keel`, the operator binary: argument parsing, wiring, output, exit codes.
+//!
+//! This is the only place that reads argv and the environment, reads the system clock
+//! ([`wiring::SystemClock`]), and uses `anyhow`. Every command prints a human rendering by
+//! default and one JSON document with `--json`.
+//!
+//! Exit codes: 0 validated / ok; 2 a controlled outcome (rejected, declined, unknown,
+//! escalated, cancelled, refused); 1 internal error; 64 usage error; 130 interrupted.
+
+mod bench;
+mod demo;
+mod ops;
+mod output;
+mod wiring;
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Keel: a durable execution engine for effectful operations.
+///
+/// Every proposal, decision, attempt and outcome is an event in an append-only SQLite log.
+/// A repeated intent never makes a second effect; an ambiguous outcome is reconciled with
+/// the provider before anything acts again.
+#[derive(Parser, Debug)]
+#[command(name = "keel", version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    /// The event log (SQLite, created if missing).
+    #[arg(long, global = true, env = "KEEL_DB", default_value = "./keel.db")]
+    db: PathBuf,
+
+    /// Print one JSON document instead of the human rendering.
+    #[arg(long, global = true)]
+    json: bool,
+
+    /// Durability of acknowledged appends: `full` survives power loss (fsync per commit),
+    /// `normal` survives a process crash but may lose the last commits on power loss.
+    #[arg(long, global = true, env = "KEEL_DURABILITY", default_value = "full", value_parser = ["full", "normal"])]
+    durability: String,
+
+    #[command(flatten)]
+    provider: ProviderArgs,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// How to reach the payment provider.
+#[derive(Args, Debug, Clone)]
+pub struct ProviderArgs {
+    /// Base URL of the Stripe-like payment provider (e.g. a `keel-provider-sim`).
+    #[arg(long = "provider", global = true, env = "KEEL_PROVIDER_URL")]
+    url: Option<String>,
+
+    /// What the provider can do for exactly-once: `dedup+lookup` (Stripe), `lookup`,
+    /// `dedup`, or `none`. Decides what Keel may do after an unknown outcome.
+    #[arg(long = "provider-tier", global = true, default_value = "dedup+lookup",
+          value_parser = ["dedup+lookup", "lookup", "dedup", "none"])]
+    tier: String,
+
+    /// How long a lookup may miss a fresh effect, in ms (resends wait at least this long).
+    #[arg(long = "provider-consistency-window-ms", global = true, default_value_t = 2_000)]
+    consistency_window_ms: u64,
+
+    /// Per-request timeout towards the provider, in ms. Past it the outcome is unknown.
+    #[arg(long = "provider-timeout-ms", global = true, default_value_t = 5_000)]
+    timeout_ms: u64,
+}
+
+/// Limits of a new run.
+#[derive(Args, Debug, Clone)]
+pub struct LimitArgs {
+    /// Largest amount a single charge may take, in minor units (policy; `policy_denied` above).
+    #[arg(long)]
+    max_charge_minor: Option<i64>,
+    /// Money the run may move, in minor units (`budget_exhausted` above).
+    #[arg(long)]
+    cost_budget_minor: Option<i64>,
+    /// Attempts per intent, the first included.
+    #[arg(long, default_value_t = engine::limits::ATTEMPTS_PER_INTENT_DEFAULT)]
+    max_attempts: u32,
+    /// Reconciliations per intent before it escalates.
+    #[arg(long, default_value_t = engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT)]
+    max_reconciliations: u32,
+    /// Amount above which a human must approve (`keel approve`), in minor units.
+    #[arg(long)]
+    approval_threshold_minor: Option<i64>,
+    /// Run deadline from start, in ms (an absolute instant is stored).
+    #[arg(long, default_value_t = engine::limits::RUN_DEADLINE_DEFAULT_MS)]
+    deadline_ms: u64,
+}
+
+/// The fields of a charge or refund, from flags or a JSON file.
+#[derive(Args, Debug, Clone)]
+pub struct EffectArgs {
+    /// Tenant id (a UUID).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Your stable id for this intent (12–120 chars). Re-use it to retry: never a new one.
+    #[arg(long)]
+    intent_id: Option<String>,
+    /// The order.
+    #[arg(long)]
+    order: Option<String>,
+    /// Amount in integer minor units (4900 = 49.00).
+    #[arg(long)]
+    amount_minor: Option<i64>,
+    /// Currency: EUR, USD or XOF.
+    #[arg(long)]
+    currency: Option<String>,
+    /// Read the whole request as JSON from FILE (`-` for stdin) instead of flags, e.g.
+    /// {"tenant_id": "…", "intent_id": "…", "order_id": "…", "amount_minor": 4900,
+    /// "currency": "EUR", "payment_method_token": "…"}.
+    #[arg(long, value_name = "FILE|-", conflicts_with_all = ["tenant", "intent_id", "order", "amount_minor", "currency"])]
+    input: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Charge a payment method for an order: reserve, attempt (write-ahead), classify.
+    ///
+    /// Exit 0 when validated (by the provider, deduplicated, or reconciled); 2 when
+    /// rejected, declined, unknown or escalated. Re-submitting the same request is safe: the
+    /// same key and payload return the stored result without calling the provider.
+    Charge {
+        #[command(flatten)]
+        effect: EffectArgs,
+        /// The payment method token (≥ 20 chars). Never stored or logged: only its hash.
+        #[arg(long, env = "KEEL_PAYMENT_METHOD_TOKEN", hide_env_values = true)]
+        payment_method_token: Option<String>,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Refund (part of) a charged order. Refunds reserved, unknown or validated on an order
+    /// never exceed what was charged on it.
+    Refund {
+        #[command(flatten)]
+        effect: EffectArgs,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// List intents, optionally only those in one state.
+    Intents {
+        /// reserved, awaiting_approval, attempting, validated, declined, outcome_unknown,
+        /// reconciling, escalated, cancelled, rejected.
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Show one intent: its state and its full ordered event history.
+    Show {
+        /// The intent key, `operation:tenant:intent_id`.
+        key: String,
+    },
+    /// Reconcile one intent now (lookup by its key), or every intent whose reconciliation is due.
+    Reconcile {
+        /// The intent key.
+        #[arg(required_unless_present = "due", conflicts_with = "due")]
+        key: Option<String>,
+        /// Reconcile every intent that is due.
+        #[arg(long)]
+        due: bool,
+    },
+    /// Recover after a crash: in-flight attempts become outcome_unknown (crash) exactly once,
+    /// unfinished runs are replayed, due reconciliations run.
+    Resume,
+    /// Cancel an intent that has nothing in flight or unknown.
+    Cancel {
+        /// The intent key.
+        key: String,
+        /// The operator's name (recorded).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Resolve an unknown or escalated intent by hand, with evidence.
+    Resolve {
+        /// The intent key.
+        key: String,
+        /// The provider's reference proving the effect landed.
+        #[arg(long, required_unless_present = "absent", conflicts_with = "absent")]
+        landed: Option<String>,
+        /// Assert, from your own check, that the effect did not happen.
+        #[arg(long)]
+        absent: bool,
+        /// The operator's name (recorded).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Approve an intent awaiting approval, bound to its payload fingerprint.
+    Approve {
+        /// The intent key.
+        key: String,
+        /// The approver's name (recorded).
+        #[arg(long)]
+        by: String,
+        /// The fingerprint you reviewed (from `keel show`); refused if it is not the intent's.
+        #[arg(long)]
+        fingerprint: Option<String>,
+        /// How long the approval stays valid, in ms.
+        #[arg(long, default_value_t = engine::limits::APPROVAL_TTL_DEFAULT_MS)]
+        ttl_ms: u64,
+    },
+    /// Deny an intent awaiting approval: it ends rejected, its money released.
+    Deny {
+        /// The intent key.
+        key: String,
+        /// The approver's name (recorded).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Check the hash chain, rebuild every projection by replay and compare. Exit 1 naming
+    /// the first mismatch.
+    Verify,
+    /// Run the demo: charges and refunds through a provider simulator child process, a lost
+    /// answer reconciled, a worker killed with SIGKILL and recovered.
+    Demo {
+        /// Keep the demo's files in DIR instead of a temporary directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Benchmark the charge workflow end to end against an in-process zero-latency provider
+    /// at the chosen durability, then re-submit everything and check no new effect.
+    Bench {
+        /// Intents to charge.
+        #[arg(long, default_value_t = 20_000)]
+        intents: usize,
+        /// Concurrent callers.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
+    /// Run the Stripe-like provider simulator (same as the `keel-provider-sim` binary).
+    #[command(name = "provider-sim", hide = true, disable_help_flag = true)]
+    ProviderSim {
+        /// Arguments for the simulator.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+/// Exit codes, as documented in `--help` and the README.
+pub mod exit {
+    /// Validated / ok.
+    pub const OK: u8 = 0;
+    /// Internal error.
+    pub const INTERNAL: u8 = 1;
+    /// A controlled outcome: rejected, declined, unknown, escalated, cancelled, refused.
+    pub const CONTROLLED: u8 = 2;
+    /// Bad invocation.
+    pub const USAGE: u8 = 64;
+    /// Interrupted by the caller (SIGINT).
+    pub const INTERRUPTED: u8 = 130;
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = if error.use_stderr() { exit::USAGE } else { exit::OK };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    if let Command::ProviderSim { args } = &cli.command {
+        return adapters::sim::cli_main_from(
+            std::iter::once("keel-provider-sim".to_owned()).chain(args.iter().cloned()),
+        );
+    }
+    wiring::init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("keel: cannot start the async runtime: {error}");
+            return ExitCode::from(exit::INTERNAL);
+        }
+    };
+    let code = runtime.block_on(async {
+        tokio::select! {
+            result = dispatch(cli) => match result {
+                Ok(code) => code,
+                Err(error) => {
+                    eprintln!("keel: error: {error:#}");
+                    exit::INTERNAL
+                }
+            },
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("keel: interrupted; whatever was acknowledged is durable, `keel resume` continues it");
+                exit::INTERRUPTED
+            }
+        }
+    });
+    ExitCode::from(code)
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
+    let out = output::Output { json: cli.json };
+    let durability = wiring::durability(&cli.durability);
+    match cli.command {
+        Command::Charge { effect, payment_method_token, limits } => {
+            let input = match ops::effect_input(&effect, payment_method_token.as_deref()) {
+                Ok(input) => input,
+                Err(message) => return Ok(out.usage_error(&message)),
+            };
+            let node = wiring::Node::open(&cli.db, durability, &cli.provider, limits.max_charge_minor)?;
+            ops::run_effect(&node, &out, "charge", &input, &limits).await
+        }
+        Command::Refund { effect, limits } => {
+            let input = match ops::effect_input(&effect, None) {
+                Ok(input) => input,
+                Err(message) => return Ok(out.usage_error(&message)),
+            };
+            let node = wiring::Node::open(&cli.db, durability, &cli.provider, limits.max_charge_minor)?;
+            ops::run_effect(&node, &out, "refund", &input, &limits).await
+        }
+        Command::Intents { state } => ops::list_intents(&cli.db, &out, state.as_deref()),
+        Command::Show { key } => ops::show(&cli.db, &out, &key),
+        Command::Reconcile { key, due } => {
+            let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
+            ops::reconcile(&node, &out, key.as_deref(), due).await
+        }
+        Command::Resume => {
+            let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
+            ops::resume(&node, &out).await
+        }
+        Command::Cancel { key, by, reason } => {
+            ops::operator(
+                &cli.db,
+                durability,
+                &out,
+                &key,
+                |key| engine::ledger::Action::Cancel { key, by: by.clone(), reason: reason.clone() },
+                &by,
+            )
+            .await
+        }
+        Command::Resolve { key, landed, absent: _, by, reason } => {
+            ops::operator(
+                &cli.db,
+                durability,
+                &out,
+                &key,
+                |key| engine::ledger::Action::Resolve {
+                    key,
+                    by: by.clone(),
+                    reason: reason.clone(),
+                    landed: landed.clone(),
+                },
+                &by,
+            )
+            .await
+        }
+        Command::Approve { key, by, fingerprint, ttl_ms } => {
+            ops::operator(
+                &cli.db,
+                durability,
+                &out,
+                &key,
+                |key| engine::ledger::Action::Approve { key, by: by.clone(), ttl_ms, fingerprint: fingerprint.clone() },
+                &by,
+            )
+            .await
+        }
+        Command::Deny { key, by, reason } => {
+            ops::operator(
+                &cli.db,
+                durability,
+                &out,
+                &key,
+                |key| engine::ledger::Action::Deny { key, by: by.clone(), reason: reason.clone() },
+                &by,
+            )
+            .await
+        }
+        Command::Verify => ops::verify(&cli.db, &out),
+        Command::Demo { dir } => demo::run(&out, dir).await,
+        Command::Bench { intents, concurrency } => bench::run(&out, &cli.db, durability, intents, concurrency).await,
+        Command::ProviderSim { .. } => unreachable!("handled before the runtime starts"),
+    }
+}

@@ -1,1 +1,40 @@
-//! placeholder
+//! Everything in Keel that crosses a process boundary.
+//!
+//! - [`provider_http`]: [`provider_http::HttpProvider`], the engine's
+//!   [`engine::provider::PaymentProvider`] over a Stripe-like HTTP API, with the exact mapping
+//!   from HTTP answers and transport failures to outcomes.
+//! - [`sim`]: the provider simulator behind `keel-provider-sim` — a Stripe-like server with
+//!   durable SQLite state, idempotency keys, a lookup endpoint and a seeded fault plan.
+//!
+//! This crate must never make a decision the engine owns (retrying, reconciling, releasing
+//! money): adapters report what happened, as data.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use adapters::provider_http::{HttpProvider, HttpProviderConfig};
+//! use adapters::sim::{Config, Server};
+//! use engine::provider::{CallOutcome, EffectKind, EffectRequest, PaymentProvider, Secret};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let server = Server::start(Config::new("/tmp/sim.db")).await?;
+//! let provider = HttpProvider::new(HttpProviderConfig::new(server.base_url()))?;
+//! let request = EffectRequest {
+//!     kind: EffectKind::Charge,
+//!     idempotency_key: "charge:acme:intent_1".into(),
+//!     tenant: "acme".into(),
+//!     intent_id: "intent_1".into(),
+//!     order_id: "order_1842".into(),
+//!     amount_minor: 4900,
+//!     currency: "EUR".into(),
+//!     payment_method: Some(Secret::new("pm_card_visa")),
+//! };
+//! let outcome = provider.execute(&request).await;
+//! assert!(matches!(outcome, CallOutcome::Succeeded(_)));
+//! server.shutdown().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod provider_http;
+pub mod sim;

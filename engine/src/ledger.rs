@@ -16,11 +16,11 @@
 
 use crate::clock::{ms_between, plus_ms};
 use crate::event::{
-    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LookupStatus, RunId, RunLimits, RunStatus, Source, StoredEvent,
-    StreamId,
+    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LookupStatus, RunId, RunLimits, RunStatus, Source,
+    StoredEvent, StreamId,
 };
 use crate::limits;
-use crate::provider::{Capability, CallOutcome, EffectKind, Evidence, LookupOutcome, UnknownReason};
+use crate::provider::{CallOutcome, Capability, EffectKind, Evidence, LookupOutcome, UnknownReason};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -192,8 +192,7 @@ impl Intent {
     }
 
     fn within_key_window(&self, now: DateTime<Utc>) -> bool {
-        self.first_sent_at
-            .is_none_or(|first| ms_between(first, now) < self.capability.key_window_ms)
+        self.first_sent_at.is_none_or(|first| ms_between(first, now) < self.capability.key_window_ms)
     }
 }
 
@@ -288,6 +287,8 @@ pub enum Action {
         /// The run.
         run_id: RunId,
     },
+    /// Read the intents due for reconciliation and the unfinished runs.
+    Snapshot,
     /// Reserve key + fingerprint + money for `run_id`, journaled at `position`.
     Reserve {
         /// The reserving run.
@@ -494,6 +495,13 @@ pub enum Reply {
     Run(Box<Run>),
     /// Intents recovery turned unknown (or whose lookups it recorded as interrupted).
     Recovered(Vec<IntentKey>),
+    /// Intents due for reconciliation and runs not yet finished.
+    Snapshot {
+        /// Due intents, oldest first.
+        due: Vec<IntentKey>,
+        /// Unfinished runs.
+        unfinished: Vec<Run>,
+    },
 }
 
 /// What a reply refers to, resolved after the events are applied.
@@ -507,6 +515,8 @@ pub enum ReplyTarget {
     Run(RunId),
     /// Recovered intents.
     Recovered(Vec<IntentKey>),
+    /// Due intents and unfinished runs as of `now`.
+    Snapshot(DateTime<Utc>),
 }
 
 /// The fold of the whole log.
@@ -617,7 +627,8 @@ impl Ledger {
 
     /// Runs that have not finished.
     pub fn unfinished_runs(&self) -> Vec<RunId> {
-        let mut open: Vec<RunId> = self.runs.values().filter(|r| r.status.is_none()).map(|r| r.run_id.clone()).collect();
+        let mut open: Vec<RunId> =
+            self.runs.values().filter(|r| r.status.is_none()).map(|r| r.run_id.clone()).collect();
         open.sort();
         open
     }
@@ -635,12 +646,21 @@ impl Ledger {
                 None => Reply::Done,
             },
             ReplyTarget::Recovered(keys) => Reply::Recovered(keys.clone()),
+            ReplyTarget::Snapshot(now) => Reply::Snapshot {
+                due: self.due_for_reconciliation(*now),
+                unfinished: self.unfinished_runs().iter().filter_map(|id| self.runs.get(id)).cloned().collect(),
+            },
         }
     }
 
     /// Folds one stored event. Panics on an impossible transition, naming stream and seq.
     pub fn apply(&mut self, stored: &StoredEvent) {
-        assert_eq!(stored.seq, self.last_seq + 1, "events fold in global order without gaps (stream {})", stored.stream);
+        assert_eq!(
+            stored.seq,
+            self.last_seq + 1,
+            "events fold in global order without gaps (stream {})",
+            stored.stream
+        );
         let stream_length = self.stream_lengths.entry(stored.stream.clone()).or_insert(0);
         assert_eq!(
             stored.stream_seq,
@@ -655,7 +675,8 @@ impl Ledger {
         self.last_hash = Some(stored.hash.clone());
         let at = stored.at;
         let seq = stored.seq;
-        let fail = |what: &str| -> ! { panic!("impossible transition at seq {seq} on stream {}: {what}", stored.stream) };
+        let fail =
+            |what: &str| -> ! { panic!("impossible transition at seq {seq} on stream {}: {what}", stored.stream) };
 
         match &stored.event {
             Event::RunStarted { run_id, workflow, input, deadline_at, limits } => {
@@ -714,7 +735,14 @@ impl Ledger {
                 run.detail = detail.clone();
                 run.last_seq = seq;
             }
-            Event::IntentReserved { intent, run_id, capability, attempts_max, reconciliations_max, approval_required } => {
+            Event::IntentReserved {
+                intent,
+                run_id,
+                capability,
+                attempts_max,
+                reconciliations_max,
+                approval_required,
+            } => {
                 if self.intents.contains_key(&intent.key) {
                     fail("intent reserved twice");
                 }
@@ -735,7 +763,11 @@ impl Ledger {
                         definition: intent.clone(),
                         run_id: run_id.clone(),
                         capability: *capability,
-                        status: if *approval_required { IntentStatus::AwaitingApproval } else { IntentStatus::Reserved },
+                        status: if *approval_required {
+                            IntentStatus::AwaitingApproval
+                        } else {
+                            IntentStatus::Reserved
+                        },
                         attempts: 0,
                         attempts_max: *attempts_max,
                         reconciliations: 0,
@@ -791,14 +823,23 @@ impl Ledger {
                 self.existing(key)?;
                 ReplyTarget::Intent(key.clone(), false)
             }
+            Action::Snapshot => ReplyTarget::Snapshot(now),
             Action::ObserveRun { run_id } => {
                 self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
                 ReplyTarget::Run(run_id.clone())
             }
-            Action::Reserve { run_id, position, spec } => self.decide_reserve(run_start, run_id, *position, spec, now, &mut events)?,
-            Action::StartAttempt { key, run_id } => self.decide_start_attempt(key, run_id, run_start, now, &mut events)?,
-            Action::RecordOutcome { key, attempt, outcome } => self.decide_outcome(key, *attempt, outcome, now, &mut events)?,
-            Action::StartReconciliation { key, force } => self.decide_start_reconciliation(key, *force, now, &mut events)?,
+            Action::Reserve { run_id, position, spec } => {
+                self.decide_reserve(run_start, run_id, *position, spec, now, &mut events)?
+            }
+            Action::StartAttempt { key, run_id } => {
+                self.decide_start_attempt(key, run_id, run_start, now, &mut events)?
+            }
+            Action::RecordOutcome { key, attempt, outcome } => {
+                self.decide_outcome(key, *attempt, outcome, now, &mut events)?
+            }
+            Action::StartReconciliation { key, force } => {
+                self.decide_start_reconciliation(key, *force, now, &mut events)?
+            }
             Action::RecordLookup { key, reconciliation, outcome } => {
                 self.decide_lookup(key, *reconciliation, outcome, now, &mut events)?
             }
@@ -889,7 +930,11 @@ impl Ledger {
                 if run.status.is_some() {
                     return Err(Refusal::NotAllowed(format!("run {run_id} has finished")));
                 }
-                events.push(Event::SignalDelivered { run_id: run_id.clone(), name: name.clone(), payload: payload.clone() });
+                events.push(Event::SignalDelivered {
+                    run_id: run_id.clone(),
+                    name: name.clone(),
+                    payload: payload.clone(),
+                });
                 ReplyTarget::Run(run_id.clone())
             }
             Action::FinishRun { run_id, status, detail } => {
@@ -908,7 +953,12 @@ impl Ledger {
         self.intents.get(key).ok_or_else(|| Refusal::UnknownIntent(key.clone()))
     }
 
-    fn check_journal_position(&self, run_start: Option<&RunStart>, run_id: &RunId, position: u32) -> Result<(), Refusal> {
+    fn check_journal_position(
+        &self,
+        run_start: Option<&RunStart>,
+        run_id: &RunId,
+        position: u32,
+    ) -> Result<(), Refusal> {
         let recorded = match self.runs.get(run_id) {
             Some(run) if run.status.is_some() => return Err(Refusal::NotAllowed(format!("run {run_id} has finished"))),
             Some(run) => run.journal.len(),
@@ -1030,7 +1080,8 @@ impl Ledger {
                 });
             }
         }
-        let approval_required = limits.approval_threshold_minor.is_some_and(|threshold| definition.amount_minor > threshold);
+        let approval_required =
+            limits.approval_threshold_minor.is_some_and(|threshold| definition.amount_minor > threshold);
         events.push(journal_link);
         events.push(Event::IntentReserved {
             intent: definition.clone(),
@@ -1075,12 +1126,15 @@ impl Ledger {
         }
         if intent.approval_required {
             match &intent.approval {
-                Some(approval) if approval.fingerprint == intent.definition.fingerprint && approval.expires_at > now => {}
+                Some(approval)
+                    if approval.fingerprint == intent.definition.fingerprint && approval.expires_at > now => {}
                 Some(approval) if approval.expires_at <= now => {
                     events.push(Event::ApprovalExpired { key: key.clone() });
                     return Ok(ReplyTarget::Intent(key.clone(), false));
                 }
-                _ => return Err(Refusal::NotAllowed(format!("intent {key} has no valid approval for its fingerprint"))),
+                _ => {
+                    return Err(Refusal::NotAllowed(format!("intent {key} has no valid approval for its fingerprint")));
+                }
             }
         }
         if intent.attempts >= intent.attempts_max {
@@ -1094,7 +1148,8 @@ impl Ledger {
         if intent.capability.dedup_by_key && !intent.within_key_window(now) {
             events.push(Event::IntentEscalated {
                 key: key.clone(),
-                reason: "the provider's idempotency-key window has passed: a resend would not be deduplicated".to_owned(),
+                reason: "the provider's idempotency-key window has passed: a resend would not be deduplicated"
+                    .to_owned(),
                 absence_proven: intent.absence_proven,
             });
             return Ok(ReplyTarget::Intent(key.clone(), false));
@@ -1161,7 +1216,15 @@ impl Ledger {
 
     /// Records an unknown outcome, and escalates at once when the tier allows no
     /// reconciliation at all.
-    fn unknown(&self, intent: &Intent, attempt: u32, reason: UnknownReason, detail: String, now: DateTime<Utc>, events: &mut Vec<Event>) {
+    fn unknown(
+        &self,
+        intent: &Intent,
+        attempt: u32,
+        reason: UnknownReason,
+        detail: String,
+        now: DateTime<Utc>,
+        events: &mut Vec<Event>,
+    ) {
         let key = intent.key().clone();
         let can_reconcile = intent.capability.lookup || intent.capability.dedup_by_key;
         events.push(Event::OutcomeUnknown {
@@ -1169,7 +1232,8 @@ impl Ledger {
             attempt,
             reason,
             detail,
-            reconcile_after: can_reconcile.then(|| plus_ms(now, limits::reconcile_backoff_ms(intent.reconciliations + 1))),
+            reconcile_after: can_reconcile
+                .then(|| plus_ms(now, limits::reconcile_backoff_ms(intent.reconciliations + 1))),
         });
         if !can_reconcile {
             events.push(Event::IntentEscalated {
@@ -1267,7 +1331,9 @@ impl Ledger {
                 (AfterLookup::Escalated, Some((reason, false)))
             } else {
                 (
-                    AfterLookup::RetryAt { reconcile_after: plus_ms(now, limits::reconcile_backoff_ms(reconciliation + 1)) },
+                    AfterLookup::RetryAt {
+                        reconcile_after: plus_ms(now, limits::reconcile_backoff_ms(reconciliation + 1)),
+                    },
                     None,
                 )
             }
@@ -1281,13 +1347,19 @@ impl Ledger {
                     .unwrap_or(now);
                 if now < window_end {
                     if spent {
-                        (AfterLookup::Escalated, Some(("absent, but only inside the consistency window".to_owned(), false)))
+                        (
+                            AfterLookup::Escalated,
+                            Some(("absent, but only inside the consistency window".to_owned(), false)),
+                        )
                     } else {
                         let backoff = plus_ms(now, limits::reconcile_backoff_ms(reconciliation + 1));
                         (AfterLookup::RetryAt { reconcile_after: backoff.max(window_end) }, None)
                     }
                 } else if intent.attempts >= intent.attempts_max {
-                    (AfterLookup::Escalated, Some((format!("proven absent, all {} attempts spent", intent.attempts_max), true)))
+                    (
+                        AfterLookup::Escalated,
+                        Some((format!("proven absent, all {} attempts spent", intent.attempts_max), true)),
+                    )
                 } else if intent.capability.dedup_by_key && !intent.within_key_window(now) {
                     (
                         AfterLookup::Escalated,
@@ -1297,11 +1369,15 @@ impl Ledger {
                     (AfterLookup::ResendAllowed, None)
                 }
             }
-            LookupStatus::Unavailable => retry_or_escalate(format!("lookup unavailable after {reconciliation} reconciliations")),
+            LookupStatus::Unavailable => {
+                retry_or_escalate(format!("lookup unavailable after {reconciliation} reconciliations"))
+            }
             LookupStatus::Inconsistent => {
                 retry_or_escalate(format!("lookup inconsistent after {reconciliation} reconciliations: {detail}"))
             }
-            LookupStatus::Interrupted => retry_or_escalate(format!("lookup interrupted after {reconciliation} reconciliations")),
+            LookupStatus::Interrupted => {
+                retry_or_escalate(format!("lookup interrupted after {reconciliation} reconciliations"))
+            }
         };
         events.push(Event::ReconciliationResolved {
             key: key.clone(),
@@ -1314,7 +1390,12 @@ impl Ledger {
         if after == AfterLookup::Validated
             && let Some(evidence) = evidence
         {
-            events.push(Event::IntentValidated { key: key.clone(), attempt: intent.attempts, source: Source::Reconciled, evidence });
+            events.push(Event::IntentValidated {
+                key: key.clone(),
+                attempt: intent.attempts,
+                source: Source::Reconciled,
+                evidence,
+            });
         }
         if let Some((reason, absence_proven)) = escalation {
             events.push(Event::IntentEscalated { key, reason, absence_proven });
@@ -1342,7 +1423,8 @@ impl Ledger {
                     if !can_reconcile {
                         events.push(Event::IntentEscalated {
                             key: intent.key().clone(),
-                            reason: "crashed mid-attempt on a provider with neither idempotency keys nor a lookup".to_owned(),
+                            reason: "crashed mid-attempt on a provider with neither idempotency keys nor a lookup"
+                                .to_owned(),
                             absence_proven: false,
                         });
                     }
@@ -1367,7 +1449,11 @@ fn evidence_mismatch(intent: &Intent, evidence: &Evidence) -> Option<String> {
     (evidence.amount_minor != definition.amount_minor || evidence.currency != definition.currency).then(|| {
         format!(
             "provider reports {} {} for {}, the intent is {} {}",
-            evidence.amount_minor, evidence.currency, evidence.provider_ref, definition.amount_minor, definition.currency
+            evidence.amount_minor,
+            evidence.currency,
+            evidence.provider_ref,
+            definition.amount_minor,
+            definition.currency
         )
     })
 }
@@ -1408,7 +1494,8 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             if intent.status != S::AwaitingApproval {
                 return Err("approval of an intent not awaiting one");
             }
-            intent.approval = Some(Approval { fingerprint: fingerprint.clone(), by: by.clone(), expires_at: *expires_at });
+            intent.approval =
+                Some(Approval { fingerprint: fingerprint.clone(), by: by.clone(), expires_at: *expires_at });
             intent.status = S::Reserved;
         }
         Event::ApprovalExpired { .. } => {

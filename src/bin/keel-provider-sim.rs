@@ -1,1 +1,5 @@
-fn main() {}
+//! `keel-provider-sim`: the Stripe-like payment provider simulator (see `adapters::sim`).
+
+fn main() -> std::process::ExitCode {
+    adapters::sim::cli_main()
+}

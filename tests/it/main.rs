@@ -1,1 +1,5 @@
-//! it
+//! Keel's integration suite: one test binary (link time matters on two cores).
+//!
+//! These tests run the real `keel` and `keel-provider-sim` binaries as child processes.
+
+mod cli;

@@ -1,1 +1,27 @@
-//! placeholder
+//! Keel's built-in workflows, written against the engine's API only.
+//!
+//! - [`charge::Charge`] — take a payment for an order (seed 004's input contract, a policy
+//!   maximum, the token never stored in clear).
+//! - [`refund::Refund`] — give money back on a charged order, never beyond what was charged.
+//!
+//! A workflow validates and splits its input in `prepare` (a rejection writes nothing), then
+//! runs in a journaled [`engine::executor::Context`]:
+//!
+//! ```
+//! use engine::executor::Workflow;
+//! use serde_json::json;
+//! let charge = workflows::charge::Charge { max_amount_minor: Some(100_000) };
+//! let rejected = charge.prepare(&json!({"amount_minor": -1})).unwrap_err();
+//! assert_eq!(rejected.code.as_str(), "invalid_arguments");
+//! ```
+pub mod charge;
+pub mod input;
+pub mod refund;
+
+use engine::executor::Workflow;
+use std::sync::Arc;
+
+/// Every built-in workflow, configured with the given per-charge maximum.
+pub fn builtin(max_charge_minor: Option<i64>) -> Vec<Arc<dyn Workflow>> {
+    vec![Arc::new(charge::Charge { max_amount_minor: max_charge_minor }), Arc::new(refund::Refund)]
+}

@@ -1,0 +1,866 @@
+//! Journaled workflows and the replaying executor.
+//!
+//! Owns [`Workflow`] (an async function over a [`Context`]), the context's journaled
+//! operations — [`Context::step`], [`Context::intent`], [`Context::sleep`],
+//! [`Context::wait_signal`] — and [`Executor`], which starts runs, resumes them after a crash
+//! by re-running the function against its journal, and drives intents through their
+//! lifecycle ([`Executor::reconcile`], [`Executor::recover_and_resume`]).
+//!
+//! # Replay
+//!
+//! Every journaled operation takes the next position in the run's journal. On resume the
+//! function runs again from the top: a position already recorded returns its recorded
+//! output without doing anything; the first unrecorded one proceeds. If the code asks for a
+//! different step than the one recorded at a position, the run stops
+//! `nondeterministic_replay` — never silently.
+//!
+//! # Order of effects
+//!
+//! Decide, persist, then act: `AttemptStarted` is durable before the provider is called; the
+//! outcome is recorded after. A transport failure is recorded as `OutcomeUnknown`, never as a
+//! failure, and the next step is a lookup, never a blind resend.
+//!
+//! # Secrets
+//!
+//! Secrets (payment method tokens) live in the [`Context`] of the invocation that received
+//! them and nowhere else: the run's stored input holds their hashes. A resumed run without
+//! the secret can reconcile but not resend; the caller re-presents the same request (same
+//! key, same fingerprint) and that invocation drives the next attempt.
+//!
+//! This module does no I/O of its own: it talks to the log through [`EventLog`] and to the
+//! provider through [`PaymentProvider`].
+
+use crate::clock::{Clock, ms_between, plus_ms};
+use crate::event::{Cause, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, Source};
+use crate::ledger::{Action, Command, Intent, IntentSpec, IntentStatus, Refusal, RejectCode, Reply, Run, RunStart};
+use crate::log::{EventLog, LogError};
+use crate::provider::{BoxFuture, CallOutcome, EffectKind, EffectRequest, LookupOutcome, PaymentProvider, Secret};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use tracing::{Instrument, info_span};
+
+/// What a workflow run needs from the outside world.
+#[derive(Clone)]
+pub struct Runtime {
+    /// The durable log.
+    pub log: Arc<dyn EventLog>,
+    /// The payment provider.
+    pub provider: Arc<dyn PaymentProvider>,
+    /// The clock.
+    pub clock: Arc<dyn Clock>,
+}
+
+/// Why a workflow stopped without an outcome of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkflowError {
+    /// Replayed code asked for another step than the one recorded.
+    #[error(transparent)]
+    Nondeterministic(Refusal),
+    /// The run cannot go on now (waiting for a signal, an approval, a resubmission); it stays
+    /// open and `keel resume` continues it.
+    #[error("suspended: {0}")]
+    Suspended(String),
+    /// The run's deadline passed.
+    #[error("deadline exceeded: {0}")]
+    DeadlineExceeded(String),
+    /// A recorded output no longer decodes into the type the code asks for.
+    #[error("recorded output at position {position} does not decode: {detail}")]
+    Undecodable {
+        /// The position.
+        position: u32,
+        /// The decoder's message.
+        detail: String,
+    },
+    /// The log failed.
+    #[error(transparent)]
+    Log(LogError),
+    /// The workflow's own logic failed.
+    #[error("workflow failed: {0}")]
+    Failed(String),
+}
+
+impl From<LogError> for WorkflowError {
+    fn from(error: LogError) -> Self {
+        match error {
+            LogError::Refused(refusal @ Refusal::Nondeterministic { .. }) => Self::Nondeterministic(refusal),
+            other => Self::Log(other),
+        }
+    }
+}
+
+/// How a workflow ended, in its own words.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkflowEnd {
+    /// The run's final status.
+    pub status: RunStatus,
+    /// What the workflow returns to its caller.
+    pub output: Value,
+}
+
+/// A prepared workflow input: what is stored, and the secrets kept in memory.
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    /// The input as stored in `RunStarted` (secrets replaced by their hashes).
+    pub stored_input: Value,
+    /// Secrets for this invocation only, by name.
+    pub secrets: BTreeMap<String, Secret>,
+}
+
+/// A proposal refused before anything was written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Rejection {
+    /// Why.
+    pub code: RejectCode,
+    /// Details, one per problem.
+    pub details: Vec<String>,
+}
+
+/// A journaled workflow: an async function over a [`Context`].
+pub trait Workflow: Send + Sync {
+    /// The registered name (stored in `RunStarted`).
+    fn name(&self) -> &'static str;
+
+    /// Validates a raw input and splits off its secrets. A rejection writes nothing.
+    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection>;
+
+    /// Runs (or replays) the workflow. `input` is the stored input.
+    fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>>;
+}
+
+/// What the caller asks of an intent.
+#[derive(Clone, Debug)]
+pub struct IntentRequest {
+    /// Charge or refund.
+    pub kind: EffectKind,
+    /// Tenant.
+    pub tenant: String,
+    /// The caller's intent id.
+    pub intent_id: String,
+    /// The order.
+    pub order_id: String,
+    /// The business reference a second key may not use while this one is pending.
+    pub business_ref: String,
+    /// Amount, minor units.
+    pub amount_minor: i64,
+    /// Currency.
+    pub currency: String,
+    /// The effect-defining payload (secrets hashed); its canonical hash is the fingerprint.
+    pub payload: Value,
+    /// The payment method, when the effect needs one.
+    pub payment_method: Option<Secret>,
+    /// Whether the provider needs `payment_method` to act (charges).
+    pub needs_payment_method: bool,
+}
+
+/// Where an intent stands after Keel did everything it may do now.
+#[derive(Clone, Debug, Serialize)]
+pub struct IntentOutcome {
+    /// The intent key.
+    pub intent_key: String,
+    /// `validated`, `rejected`, `declined`, `outcome_unknown`, `escalated`, `cancelled`,
+    /// `awaiting_approval`, `pending`… (the intent's status, or `rejected` when refused).
+    pub status: String,
+    /// How it was validated: `provider`, `deduplicated` or `reconciled`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The rejection code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Reconciliations made.
+    pub reconciliations: u32,
+    /// The provider's reference, once proven.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_ref: Option<String>,
+    /// When the next reconciliation is due.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconcile_after: Option<DateTime<Utc>>,
+    /// Human detail.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
+}
+
+impl IntentOutcome {
+    fn of(intent: &Intent, deduplicated: bool) -> Self {
+        let source = intent.source.map(|s| {
+            if deduplicated {
+                "deduplicated".to_owned()
+            } else {
+                match s {
+                    Source::Provider => "provider".to_owned(),
+                    Source::Reconciled => "reconciled".to_owned(),
+                }
+            }
+        });
+        Self {
+            intent_key: intent.key().to_string(),
+            status: intent.status.as_str().to_owned(),
+            source,
+            code: intent.decline_code.clone(),
+            attempts: intent.attempts,
+            reconciliations: intent.reconciliations,
+            provider_ref: intent.evidence.as_ref().map(|e| e.provider_ref.clone()),
+            reconcile_after: intent.reconcile_after,
+            details: intent.note.iter().cloned().collect(),
+        }
+    }
+
+    fn rejected(key: &IntentKey, code: RejectCode, detail: String) -> Self {
+        Self {
+            intent_key: key.to_string(),
+            status: "rejected".to_owned(),
+            source: None,
+            code: Some(code.as_str().to_owned()),
+            attempts: 0,
+            reconciliations: 0,
+            provider_ref: None,
+            reconcile_after: None,
+            details: vec![detail],
+        }
+    }
+
+    fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.details.push(detail.into());
+        self
+    }
+
+    /// The run status this outcome implies when it is the run's last word.
+    pub fn run_status(&self) -> RunStatus {
+        match self.status.as_str() {
+            "validated" => RunStatus::Completed,
+            "rejected" => RunStatus::Rejected,
+            "declined" => RunStatus::Declined,
+            "escalated" => RunStatus::Escalated,
+            "cancelled" => RunStatus::Cancelled,
+            _ => RunStatus::OutcomeUnknown,
+        }
+    }
+}
+
+/// The journaled context a workflow runs in.
+pub struct Context {
+    runtime: Runtime,
+    run_id: RunId,
+    workflow: String,
+    /// The run to start with the first durable command (so a rejected first proposal leaves
+    /// nothing behind). `None` once started.
+    pending_start: Option<RunStart>,
+    journal: Vec<crate::ledger::JournalEntry>,
+    position: u32,
+    deadline_at: DateTime<Utc>,
+    secrets: BTreeMap<String, Secret>,
+    cause: Cause,
+}
+
+impl Context {
+    /// The run's id.
+    pub fn run_id(&self) -> &RunId {
+        &self.run_id
+    }
+
+    /// A secret handed to this invocation, if any.
+    pub fn secret(&self, name: &str) -> Option<Secret> {
+        self.secrets.get(name).cloned()
+    }
+
+    /// The run's absolute deadline.
+    pub fn deadline_at(&self) -> DateTime<Utc> {
+        self.deadline_at
+    }
+
+    /// Whether the run has written anything yet.
+    pub fn started(&self) -> bool {
+        self.pending_start.is_none()
+    }
+
+    fn next_position(&mut self) -> u32 {
+        let position = self.position;
+        self.position += 1;
+        position
+    }
+
+    fn recorded(&self, position: u32, asked: &str) -> Result<Option<&Value>, WorkflowError> {
+        match self.journal.get(position as usize) {
+            None => Ok(None),
+            Some(entry) if entry.name == asked => Ok(Some(&entry.output)),
+            Some(entry) => Err(WorkflowError::Nondeterministic(Refusal::Nondeterministic {
+                position,
+                recorded: entry.name.clone(),
+                asked: asked.to_owned(),
+            })),
+        }
+    }
+
+    async fn execute(&mut self, action: Action) -> Result<Reply, LogError> {
+        let command =
+            Command { cause: self.cause.clone().for_run(&self.run_id), start_run: self.pending_start.clone(), action };
+        let reply = self.runtime.log.execute(command).await?;
+        self.pending_start = None;
+        Ok(reply)
+    }
+
+    fn check_deadline(&self) -> Result<(), WorkflowError> {
+        let now = self.runtime.clock.now();
+        if now >= self.deadline_at {
+            return Err(WorkflowError::DeadlineExceeded(format!("deadline {} passed", self.deadline_at)));
+        }
+        Ok(())
+    }
+
+    /// Runs `body` once and records its output; on replay returns the recorded output.
+    pub async fn step<T, F, Fut>(&mut self, name: &str, body: F) -> Result<T, WorkflowError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let position = self.next_position();
+        if let Some(output) = self.recorded(position, name)? {
+            return serde_json::from_value(output.clone())
+                .map_err(|e| WorkflowError::Undecodable { position, detail: e.to_string() });
+        }
+        self.check_deadline()?;
+        let value = body().await;
+        let output = serde_json::to_value(&value).map_err(|e| WorkflowError::Failed(format!("step {name}: {e}")))?;
+        self.execute(Action::RecordStep { run_id: self.run_id.clone(), position, name: name.to_owned(), output })
+            .await?;
+        Ok(value)
+    }
+
+    /// A durable timer: waits `ms` from the first time this position ran, across restarts.
+    pub async fn sleep(&mut self, ms: u64) -> Result<(), WorkflowError> {
+        let position = self.next_position();
+        let fire_at = match self.recorded(position, "timer")? {
+            Some(Value::String(text)) => DateTime::parse_from_rfc3339(text)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| WorkflowError::Undecodable { position, detail: e.to_string() })?,
+            Some(other) => {
+                return Err(WorkflowError::Undecodable { position, detail: format!("timer output {other}") });
+            }
+            None => {
+                let fire_at = plus_ms(self.runtime.clock.now(), ms);
+                self.execute(Action::StartTimer { run_id: self.run_id.clone(), position, fire_at }).await?;
+                fire_at
+            }
+        };
+        if fire_at > self.deadline_at {
+            return Err(WorkflowError::DeadlineExceeded(format!("timer fires at {fire_at}, after the deadline")));
+        }
+        let wait_ms = ms_between(self.runtime.clock.now(), fire_at);
+        if wait_ms > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+        }
+        Ok(())
+    }
+
+    /// Waits for a signal named `name`. Returns its payload once delivered (recorded, so
+    /// replay returns the same one); suspends the run while none is there.
+    pub async fn wait_signal(&mut self, name: &str) -> Result<Value, WorkflowError> {
+        let position = self.next_position();
+        let step_name = format!("signal:{name}");
+        if let Some(output) = self.recorded(position, &step_name)? {
+            return Ok(output.clone());
+        }
+        if self.pending_start.is_some() {
+            // A signal can only be delivered to a run that exists: start it now.
+            self.execute(Action::StartRun).await?;
+        }
+        let run = match self.execute(Action::ObserveRun { run_id: self.run_id.clone() }).await? {
+            Reply::Run(run) => run,
+            _ => return Err(WorkflowError::Failed("observing a run did not return it".to_owned())),
+        };
+        let consumed = run.journal.iter().filter(|entry| entry.name == step_name).count();
+        match run.signals.get(name).and_then(|delivered| delivered.get(consumed)) {
+            Some(payload) => {
+                let payload = payload.clone();
+                self.execute(Action::RecordStep {
+                    run_id: self.run_id.clone(),
+                    position,
+                    name: step_name,
+                    output: payload.clone(),
+                })
+                .await?;
+                Ok(payload)
+            }
+            None => Err(WorkflowError::Suspended(format!("waiting for signal {name:?}"))),
+        }
+    }
+
+    /// Runs an intent through its lifecycle as far as Keel may take it now: reservation
+    /// (atomic with the journal entry), deduplication, write-ahead attempts, outcome
+    /// classification, reconciliation when due.
+    pub async fn intent(&mut self, request: IntentRequest) -> Result<IntentOutcome, WorkflowError> {
+        let key = IntentKey::new(request.kind, &request.tenant, &request.intent_id);
+        let span = info_span!(
+            "intent",
+            agent.intent.id = %request.intent_id,
+            agent.run.id = %self.run_id,
+            effect.idempotency_key_hash = %key.hash(),
+            tool.name = request.kind.as_str(),
+            validation.outcome = tracing::field::Empty,
+            validation.error_code = tracing::field::Empty,
+        );
+        async {
+            let position = self.next_position();
+            let step_name = format!("intent:{key}");
+            let replayed = self.recorded(position, &step_name)?.is_some();
+            let (intent, deduplicated) = if replayed {
+                (observe(&*self.runtime.log, &key, &self.cause).await?, false)
+            } else {
+                self.check_deadline()?;
+                let definition = IntentDefinition {
+                    key: key.clone(),
+                    kind: request.kind,
+                    tenant: request.tenant.clone(),
+                    intent_id: request.intent_id.clone(),
+                    order_id: request.order_id.clone(),
+                    business_ref: request.business_ref.clone(),
+                    fingerprint: crate::canonical::fingerprint(&request.payload),
+                    amount_minor: request.amount_minor,
+                    currency: request.currency.clone(),
+                    payload: request.payload.clone(),
+                };
+                let spec = IntentSpec { definition, capability: self.runtime.provider.capability() };
+                match self.execute(Action::Reserve { run_id: self.run_id.clone(), position, spec }).await {
+                    Ok(Reply::Intent { intent, fresh }) => {
+                        let deduplicated = !fresh && intent.status == IntentStatus::Validated;
+                        (*intent, deduplicated)
+                    }
+                    Ok(_) => return Err(WorkflowError::Failed("a reservation did not return its intent".to_owned())),
+                    Err(LogError::Refused(Refusal::Rejected { code, detail })) => {
+                        tracing::Span::current().record("validation.outcome", "rejected");
+                        tracing::Span::current().record("validation.error_code", code.as_str());
+                        tracing::info!(code = code.as_str(), "proposal rejected; nothing written");
+                        return Ok(IntentOutcome::rejected(&key, code, detail));
+                    }
+                    Err(other) => return Err(other.into()),
+                }
+            };
+            tracing::Span::current().record("validation.outcome", "accepted");
+            if deduplicated {
+                tracing::info!(
+                    retry.prevented = true,
+                    "same key and fingerprint already validated: stored result returned"
+                );
+                return Ok(IntentOutcome::of(&intent, true));
+            }
+            let driver = Driver { runtime: &self.runtime, cause: self.cause.clone().for_run(&self.run_id) };
+            let outcome = driver
+                .drive(intent, &self.run_id, request.payment_method.as_ref(), request.needs_payment_method)
+                .await?;
+            Ok(outcome)
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+async fn observe(log: &dyn EventLog, key: &IntentKey, cause: &Cause) -> Result<Intent, LogError> {
+    match log
+        .execute(Command { cause: cause.clone(), start_run: None, action: Action::Observe { key: key.clone() } })
+        .await?
+    {
+        Reply::Intent { intent, .. } => Ok(*intent),
+        _ => Err(LogError::Refused(Refusal::UnknownIntent(key.clone()))),
+    }
+}
+
+/// Drives one intent through the lifecycle, as far as allowed now.
+struct Driver<'a> {
+    runtime: &'a Runtime,
+    cause: Cause,
+}
+
+impl Driver<'_> {
+    async fn execute_intent(&self, action: Action) -> Result<Intent, LogError> {
+        match self.runtime.log.execute(Command { cause: self.cause.clone(), start_run: None, action }).await? {
+            Reply::Intent { intent, .. } => Ok(*intent),
+            _ => Err(LogError::Unavailable {
+                detail: "an intent command did not return its intent".to_owned(),
+                maybe_committed: true,
+            }),
+        }
+    }
+
+    async fn drive(
+        &self,
+        mut intent: Intent,
+        run_id: &RunId,
+        payment_method: Option<&Secret>,
+        needs_payment_method: bool,
+    ) -> Result<IntentOutcome, WorkflowError> {
+        loop {
+            let now = self.runtime.clock.now();
+            intent = match intent.status {
+                IntentStatus::Validated
+                | IntentStatus::Declined
+                | IntentStatus::Cancelled
+                | IntentStatus::Rejected
+                | IntentStatus::Escalated
+                | IntentStatus::AwaitingApproval
+                | IntentStatus::Attempting
+                | IntentStatus::Reconciling => return Ok(IntentOutcome::of(&intent, false)),
+                IntentStatus::OutcomeUnknown if !intent.reconcile_due(now) => {
+                    return Ok(IntentOutcome::of(&intent, false));
+                }
+                IntentStatus::OutcomeUnknown if intent.capability.lookup => self.reconcile_once(&intent, false).await?,
+                IntentStatus::OutcomeUnknown | IntentStatus::Reserved => {
+                    if needs_payment_method && payment_method.is_none() {
+                        return Ok(IntentOutcome::of(&intent, false).with_detail(
+                            "ready for the next attempt, but the payment method is never stored: re-submit the same \
+                             request (same key, same payload) to send it",
+                        ));
+                    }
+                    match self.attempt(&intent, run_id, payment_method).await {
+                        Ok(next) => next,
+                        Err(LogError::Refused(Refusal::NotAllowed(why))) if why.starts_with("deadline") => {
+                            return Err(WorkflowError::DeadlineExceeded(why));
+                        }
+                        Err(other) => return Err(other.into()),
+                    }
+                }
+            };
+        }
+    }
+
+    /// One write-ahead attempt: `AttemptStarted` durable, then the provider, then the outcome.
+    async fn attempt(
+        &self,
+        intent: &Intent,
+        run_id: &RunId,
+        payment_method: Option<&Secret>,
+    ) -> Result<Intent, LogError> {
+        let key = intent.key().clone();
+        let started = self.execute_intent(Action::StartAttempt { key: key.clone(), run_id: run_id.clone() }).await?;
+        if started.status != IntentStatus::Attempting {
+            // Escalated (attempts or key window spent) or approval expired: nothing was sent.
+            return Ok(started);
+        }
+        let attempt = started.attempts;
+        let span = info_span!(
+            "attempt",
+            retry.attempt = attempt,
+            retry.reason = if attempt == 1 { "first" } else if intent.absence_proven { "proven_absent" } else { "unknown_outcome" },
+            retry.prevented = false,
+            effect.idempotency_key_hash = %key.hash(),
+        );
+        let request = EffectRequest {
+            kind: started.definition.kind,
+            idempotency_key: key.as_str().to_owned(),
+            tenant: started.definition.tenant.clone(),
+            intent_id: started.definition.intent_id.clone(),
+            order_id: started.definition.order_id.clone(),
+            amount_minor: started.definition.amount_minor,
+            currency: started.definition.currency.clone(),
+            payment_method: payment_method.cloned(),
+        };
+        let outcome = self.runtime.provider.execute(&request).instrument(span.clone()).await;
+        span.in_scope(|| match &outcome {
+            CallOutcome::Succeeded(e) => tracing::info!(provider_ref = %e.provider_ref, "attempt validated"),
+            CallOutcome::Declined { code } => tracing::info!(code = %code, "attempt declined"),
+            CallOutcome::NotSent { detail } => tracing::warn!(detail = %detail, "attempt never sent"),
+            CallOutcome::Unknown { reason, detail } => {
+                tracing::warn!(reason = reason.as_str(), detail = %detail, "outcome unknown: reconcile before acting again")
+            }
+        });
+        self.execute_intent(Action::RecordOutcome { key, attempt, outcome }).await
+    }
+
+    /// One reconciliation: `ReconciliationStarted` durable, then the lookup, then its answer.
+    async fn reconcile_once(&self, intent: &Intent, force: bool) -> Result<Intent, LogError> {
+        let key = intent.key().clone();
+        let started = self.execute_intent(Action::StartReconciliation { key: key.clone(), force }).await?;
+        if started.status != IntentStatus::Reconciling {
+            return Ok(started); // Escalated: reconciliations spent.
+        }
+        let reconciliation = started.reconciliations;
+        let span = info_span!(
+            "reconciliation",
+            reconciliation.number = reconciliation,
+            reconciliation.status = tracing::field::Empty,
+            reconciliation.evidence_id = tracing::field::Empty,
+            effect.idempotency_key_hash = %key.hash(),
+        );
+        let outcome =
+            self.runtime.provider.lookup(started.definition.kind, key.as_str()).instrument(span.clone()).await;
+        span.record(
+            "reconciliation.status",
+            match &outcome {
+                LookupOutcome::Found(_) => "found",
+                LookupOutcome::Absent => "absent",
+                LookupOutcome::Unavailable { .. } => "unavailable",
+            },
+        );
+        if let LookupOutcome::Found(evidence) = &outcome {
+            span.record("reconciliation.evidence_id", evidence.provider_ref.as_str());
+        }
+        let after = self.execute_intent(Action::RecordLookup { key, reconciliation, outcome }).await?;
+        span.in_scope(|| tracing::info!(status = after.status.as_str(), "reconciliation recorded"));
+        Ok(after)
+    }
+}
+
+/// A workflow run's result as the caller sees it.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunOutcome {
+    /// The run.
+    pub run_id: String,
+    /// Its status: a [`RunStatus`] name, or `suspended` while it waits.
+    pub status: String,
+    /// Whether anything was written (a run rejected at its first proposal writes nothing).
+    pub written: bool,
+    /// The workflow's output.
+    pub output: Value,
+}
+
+/// Limits and identity for a new run.
+#[derive(Clone, Debug)]
+pub struct RunRequest {
+    /// The new run's id.
+    pub run_id: RunId,
+    /// Its limits.
+    pub limits: RunLimits,
+    /// Its deadline, counted from now.
+    pub deadline_ms: u64,
+    /// What caused it (`command:charge`, …).
+    pub cause: Cause,
+}
+
+/// Starts, resumes and reconciles.
+#[derive(Clone)]
+pub struct Executor {
+    runtime: Runtime,
+    workflows: BTreeMap<&'static str, Arc<dyn Workflow>>,
+}
+
+/// What `recover_and_resume` did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ResumeReport {
+    /// Intents whose in-flight attempt or lookup recovery recorded as interrupted.
+    pub recovered: Vec<String>,
+    /// Runs resumed, with their new status.
+    pub resumed: Vec<RunOutcome>,
+    /// Reconciliations performed, with the intents' new status.
+    pub reconciled: Vec<IntentOutcome>,
+}
+
+impl Executor {
+    /// An executor over `runtime` with the given workflows.
+    pub fn new(runtime: Runtime, workflows: Vec<Arc<dyn Workflow>>) -> Self {
+        let workflows = workflows.into_iter().map(|w| (w.name(), w)).collect();
+        Self { runtime, workflows }
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Starts a new run of `workflow` with a raw input. A rejected input writes nothing.
+    pub async fn start(
+        &self,
+        workflow: &str,
+        raw_input: &Value,
+        request: RunRequest,
+    ) -> Result<RunOutcome, WorkflowError> {
+        let workflow_impl = self.workflow(workflow)?;
+        let prepared = match workflow_impl.prepare(raw_input) {
+            Ok(prepared) => prepared,
+            Err(rejection) => {
+                return Ok(RunOutcome {
+                    run_id: request.run_id.to_string(),
+                    status: RunStatus::Rejected.as_str().to_owned(),
+                    written: false,
+                    output: serde_json::json!({
+                        "status": "rejected",
+                        "code": rejection.code.as_str(),
+                        "details": rejection.details,
+                    }),
+                });
+            }
+        };
+        let deadline_at = plus_ms(self.runtime.clock.now(), request.deadline_ms);
+        let ctx = Context {
+            runtime: self.runtime.clone(),
+            run_id: request.run_id.clone(),
+            workflow: workflow.to_owned(),
+            pending_start: Some(RunStart {
+                run_id: request.run_id.clone(),
+                workflow: workflow.to_owned(),
+                input: prepared.stored_input.clone(),
+                deadline_at,
+                limits: request.limits.clone(),
+            }),
+            journal: Vec::new(),
+            position: 0,
+            deadline_at,
+            secrets: prepared.secrets,
+            cause: request.cause,
+        };
+        self.drive_run(workflow_impl, ctx, prepared.stored_input).await
+    }
+
+    /// Resumes one unfinished run by replaying its journal. `secrets` may re-present what a
+    /// caller still holds.
+    pub async fn resume(&self, run: &Run, cause: Cause) -> Result<RunOutcome, WorkflowError> {
+        let workflow_impl = self.workflow(&run.workflow)?;
+        let ctx = Context {
+            runtime: self.runtime.clone(),
+            run_id: run.run_id.clone(),
+            workflow: run.workflow.clone(),
+            pending_start: None,
+            journal: run.journal.clone(),
+            position: 0,
+            deadline_at: run.deadline_at,
+            secrets: BTreeMap::new(),
+            cause,
+        };
+        self.drive_run(workflow_impl, ctx, run.input.clone()).await
+    }
+
+    fn workflow(&self, name: &str) -> Result<Arc<dyn Workflow>, WorkflowError> {
+        self.workflows
+            .get(name)
+            .cloned()
+            .ok_or_else(|| WorkflowError::Failed(format!("no workflow named {name:?} is registered")))
+    }
+
+    async fn drive_run(
+        &self,
+        workflow: Arc<dyn Workflow>,
+        mut ctx: Context,
+        input: Value,
+    ) -> Result<RunOutcome, WorkflowError> {
+        let span = info_span!(
+            "run",
+            agent.run.id = %ctx.run_id,
+            workflow = %ctx.workflow,
+            budget.remaining_ms = ms_between(self.runtime.clock.now(), ctx.deadline_at),
+            release.version = env!("CARGO_PKG_VERSION"),
+        );
+        async {
+            let result = workflow.run(&mut ctx, input).await;
+            let (status, output, finish) = match result {
+                Ok(end) => (end.status, end.output, true),
+                Err(WorkflowError::Suspended(why)) => {
+                    let run_id = ctx.run_id.to_string();
+                    return Ok(RunOutcome {
+                        run_id,
+                        status: "suspended".to_owned(),
+                        written: ctx.started(),
+                        output: serde_json::json!({ "status": "suspended", "details": [why] }),
+                    });
+                }
+                Err(WorkflowError::DeadlineExceeded(why)) => (
+                    RunStatus::DeadlineExceeded,
+                    serde_json::json!({"status": "deadline_exceeded", "details": [why]}),
+                    true,
+                ),
+                Err(WorkflowError::Nondeterministic(refusal)) => (
+                    RunStatus::NondeterministicReplay,
+                    serde_json::json!({"status": "nondeterministic_replay", "details": [refusal.to_string()]}),
+                    true,
+                ),
+                Err(other @ (WorkflowError::Log(_) | WorkflowError::Undecodable { .. } | WorkflowError::Failed(_))) => {
+                    return Err(other);
+                }
+            };
+            let written = ctx.started();
+            if finish && written {
+                let detail = output.get("details").and_then(|d| d.get(0)).and_then(Value::as_str).map(str::to_owned);
+                ctx.execute(Action::FinishRun { run_id: ctx.run_id.clone(), status, detail }).await?;
+            }
+            tracing::info!(status = status.as_str(), written, "run ended");
+            Ok(RunOutcome { run_id: ctx.run_id.to_string(), status: status.as_str().to_owned(), written, output })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Reconciles one intent now (an operator's explicit request: even if not yet due), then
+    /// takes it as far as allowed (a proven absence past the window resends with the same key
+    /// when no secret is needed).
+    pub async fn reconcile(&self, key: &IntentKey, cause: Cause) -> Result<IntentOutcome, WorkflowError> {
+        let intent = observe(&*self.runtime.log, key, &cause).await?;
+        let driver = Driver { runtime: &self.runtime, cause };
+        let reconcilable = matches!(intent.status, IntentStatus::OutcomeUnknown)
+            || (intent.status == IntentStatus::Escalated && !intent.absence_proven);
+        let intent =
+            if reconcilable && intent.capability.lookup { driver.reconcile_once(&intent, true).await? } else { intent };
+        let run_id = intent.run_id.clone();
+        let needs_payment_method = intent.definition.kind == EffectKind::Charge;
+        driver.drive(intent, &run_id, None, needs_payment_method).await
+    }
+
+    /// Start-up recovery: every attempt without an outcome becomes `outcome_unknown (crash)`
+    /// exactly once; then unfinished runs are replayed and due reconciliations run.
+    pub async fn recover_and_resume(&self, cause: Cause) -> Result<ResumeReport, WorkflowError> {
+        let mut report = ResumeReport::default();
+        let recovered = self
+            .runtime
+            .log
+            .execute(Command { cause: cause.clone(), start_run: None, action: Action::Recover })
+            .await?;
+        if let Reply::Recovered(keys) = recovered {
+            report.recovered = keys.iter().map(ToString::to_string).collect();
+        }
+        for run in self.unfinished_runs(&cause).await? {
+            report.resumed.push(self.resume(&run, cause.clone()).await?);
+        }
+        report.reconciled = self.reconcile_due(cause).await?;
+        Ok(report)
+    }
+
+    /// Reconciles every intent whose reconciliation is due, at most
+    /// [`crate::limits::RECONCILE_PASS_MAX`] per pass.
+    pub async fn reconcile_due(&self, cause: Cause) -> Result<Vec<IntentOutcome>, WorkflowError> {
+        let mut outcomes = Vec::new();
+        for key in self.due(&cause).await?.into_iter().take(crate::limits::RECONCILE_PASS_MAX) {
+            let intent = observe(&*self.runtime.log, &key, &cause).await?;
+            if !intent.reconcile_due(self.runtime.clock.now()) {
+                continue; // Someone else got to it first.
+            }
+            let driver = Driver { runtime: &self.runtime, cause: cause.clone() };
+            let run_id = intent.run_id.clone();
+            let needs_payment_method = intent.definition.kind == EffectKind::Charge;
+            outcomes.push(driver.drive(intent, &run_id, None, needs_payment_method).await?);
+        }
+        Ok(outcomes)
+    }
+
+    async fn unfinished_runs(&self, cause: &Cause) -> Result<Vec<Run>, WorkflowError> {
+        Ok(self.snapshot(cause).await?.1)
+    }
+
+    async fn due(&self, cause: &Cause) -> Result<Vec<IntentKey>, WorkflowError> {
+        Ok(self.snapshot(cause).await?.0)
+    }
+
+    /// Due intents and unfinished runs, read through the log so they include every commit.
+    async fn snapshot(&self, cause: &Cause) -> Result<(Vec<IntentKey>, Vec<Run>), WorkflowError> {
+        match self
+            .runtime
+            .log
+            .execute(Command { cause: cause.clone(), start_run: None, action: Action::Snapshot })
+            .await?
+        {
+            Reply::Snapshot { due, unfinished } => Ok((due, unfinished)),
+            _ => Err(WorkflowError::Failed("a snapshot did not return one".to_owned())),
+        }
+    }
+}
+
+/// Maps an intent's outcome to the end of a single-intent workflow.
+pub fn end_with(outcome: &IntentOutcome) -> Result<WorkflowEnd, WorkflowError> {
+    if outcome.status == "awaiting_approval" {
+        return Err(WorkflowError::Suspended(format!("intent {} awaits approval", outcome.intent_key)));
+    }
+    let output = serde_json::to_value(outcome).map_err(|e| WorkflowError::Failed(e.to_string()))?;
+    Ok(WorkflowEnd { status: outcome.run_status(), output })
+}

@@ -1,0 +1,315 @@
+//! The operator commands: run an effect, list, show, reconcile, resume, operator decisions,
+//! verify.
+//!
+//! Owns the translation between flags and engine commands, and each command's rendering
+//! and exit code. It never touches SQL (the store does) nor decides a transition (the
+//! ledger does).
+
+use crate::output::Output;
+use crate::wiring::{Node, open_store};
+use crate::{EffectArgs, LimitArgs, exit};
+use anyhow::Context as _;
+use engine::event::{Cause, IntentKey, RunId, RunLimits};
+use engine::executor::{IntentOutcome, RunRequest};
+use engine::ledger::{Action, Command, IntentStatus, Refusal, Reply};
+use engine::log::{EventLog, LogError};
+use serde_json::{Map, Value, json};
+use std::io::Read as _;
+use std::path::Path;
+
+/// Builds a workflow input from flags or `--input FILE|-`.
+pub fn effect_input(args: &EffectArgs, payment_method_token: Option<&str>) -> Result<Value, String> {
+    let mut input = match &args.input {
+        Some(path) => {
+            let text = if path == "-" {
+                let mut text = String::new();
+                std::io::stdin().read_to_string(&mut text).map_err(|e| format!("cannot read stdin: {e}"))?;
+                text
+            } else {
+                std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?
+            };
+            serde_json::from_str::<Value>(&text).map_err(|e| format!("--input {path} is not valid JSON: {e}"))?
+        }
+        None => {
+            let mut map = Map::new();
+            let mut put = |name: &str, value: Option<Value>| {
+                if let Some(value) = value {
+                    map.insert(name.to_owned(), value);
+                }
+            };
+            put("tenant_id", args.tenant.clone().map(Value::String));
+            put("intent_id", args.intent_id.clone().map(Value::String));
+            put("order_id", args.order.clone().map(Value::String));
+            put("amount_minor", args.amount_minor.map(Value::from));
+            put("currency", args.currency.clone().map(Value::String));
+            Value::Object(map)
+        }
+    };
+    if let (Some(token), Some(map)) = (payment_method_token, input.as_object_mut()) {
+        map.entry("payment_method_token").or_insert_with(|| Value::String(token.to_owned()));
+    }
+    Ok(input)
+}
+
+/// Runs one charge or refund workflow and prints its outcome.
+pub async fn run_effect(
+    node: &Node,
+    out: &Output,
+    workflow: &str,
+    input: &Value,
+    limits: &LimitArgs,
+) -> anyhow::Result<u8> {
+    let request = RunRequest {
+        run_id: RunId::new(uuid::Uuid::new_v4().to_string()),
+        limits: RunLimits {
+            cost_minor_max: limits.cost_budget_minor,
+            attempts_per_intent_max: limits.max_attempts,
+            reconciliations_per_intent_max: limits.max_reconciliations,
+            approval_threshold_minor: limits.approval_threshold_minor,
+        },
+        deadline_ms: limits.deadline_ms,
+        cause: Cause::command(workflow),
+    };
+    let outcome = node.executor.start(workflow, input, request).await?;
+    node.store.shutdown()?;
+    let mut document = outcome.output.clone();
+    if let Some(map) = document.as_object_mut() {
+        map.insert("run_id".to_owned(), json!(outcome.run_id));
+        map.insert("run_status".to_owned(), json!(outcome.status));
+    }
+    out.emit(&document, || print_effect(workflow, &document));
+    Ok(if document.get("status").and_then(Value::as_str) == Some("validated") { exit::OK } else { exit::CONTROLLED })
+}
+
+fn print_effect(workflow: &str, document: &Value) {
+    let text = |name: &str| document.get(name).and_then(Value::as_str).unwrap_or("");
+    let status = text("status");
+    let mut line = format!(
+        "{workflow} {} → {status}",
+        if text("intent_key").is_empty() { "(no key)" } else { text("intent_key") }
+    );
+    for (name, label) in [("source", "source"), ("code", "code"), ("provider_ref", "evidence")] {
+        if !text(name).is_empty() {
+            line.push_str(&format!(", {label} {}", text(name)));
+        }
+    }
+    if let Some(attempts) = document.get("attempts").and_then(Value::as_u64) {
+        line.push_str(&format!(", {attempts} attempt(s)"));
+    }
+    if !text("reconcile_after").is_empty() {
+        line.push_str(&format!(", reconcile after {}", text("reconcile_after")));
+    }
+    println!("{line}");
+    for detail in document.get("details").and_then(Value::as_array).into_iter().flatten() {
+        println!("  - {}", detail.as_str().unwrap_or_default());
+    }
+}
+
+fn print_outcome(outcome: &IntentOutcome) {
+    let document = serde_json::to_value(outcome).unwrap_or(Value::Null);
+    print_effect(outcome.intent_key.split(':').next().unwrap_or("intent"), &document);
+}
+
+fn parse_key(key: &str) -> Result<IntentKey, String> {
+    IntentKey::parse(key).ok_or_else(|| {
+        format!("{key:?} is not an intent key (expected operation:tenant:intent_id, operation charge or refund)")
+    })
+}
+
+/// `keel intents [--state S]`.
+pub fn list_intents(db: &Path, out: &Output, state: Option<&str>) -> anyhow::Result<u8> {
+    if let Some(state) = state
+        && IntentStatus::parse(state).is_none()
+    {
+        let known: Vec<&str> = engine::ledger::ALL_STATUSES.iter().map(|s| s.as_str()).collect();
+        return Ok(out.usage_error(&format!("unknown state {state:?} (known: {})", known.join(", "))));
+    }
+    let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
+    let rows = reader.intents(state)?;
+    out.emit(&rows, || {
+        if rows.is_empty() {
+            println!("no intents{}", state.map(|s| format!(" in state {s}")).unwrap_or_default());
+        }
+        for row in &rows {
+            println!(
+                "{:<18} {:<60} {:>10} {} attempts={} reconciliations={}",
+                row.status, row.key, row.amount_minor, row.currency, row.attempts, row.reconciliations
+            );
+        }
+    });
+    Ok(exit::OK)
+}
+
+/// `keel show KEY`.
+pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
+    let key = match parse_key(key) {
+        Ok(key) => key,
+        Err(message) => return Ok(out.usage_error(&message)),
+    };
+    let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
+    let ledger = reader.ledger()?;
+    let Some(intent) = ledger.intent(&key) else {
+        return Ok(out.refused(&format!("no intent with key {key}")));
+    };
+    let events = reader.stream(&key.stream())?;
+    let history: Vec<Value> = events
+        .iter()
+        .map(|e| {
+            json!({
+                "seq": e.seq,
+                "stream_seq": e.stream_seq,
+                "at": e.at,
+                "type": e.event.type_name(),
+                "cause": e.cause,
+                "payload": e.event.payload(),
+            })
+        })
+        .collect();
+    let document = json!({
+        "intent_key": key.as_str(),
+        "status": intent.status.as_str(),
+        "source": intent.source,
+        "code": intent.decline_code,
+        "attempts": intent.attempts,
+        "reconciliations": intent.reconciliations,
+        "intent": intent,
+        "events": history,
+    });
+    out.emit(&document, || {
+        println!("{key}: {}", intent.status.as_str());
+        println!(
+            "  {} {} {} for order {}, fingerprint {}",
+            intent.definition.kind.as_str(),
+            intent.definition.amount_minor,
+            intent.definition.currency,
+            intent.definition.order_id,
+            intent.definition.fingerprint
+        );
+        println!(
+            "  attempts {}/{}, reconciliations {}/{}",
+            intent.attempts, intent.attempts_max, intent.reconciliations, intent.reconciliations_max
+        );
+        if let Some(evidence) = &intent.evidence {
+            println!("  evidence {} ({} {})", evidence.provider_ref, evidence.amount_minor, evidence.currency);
+        }
+        if let Some(note) = &intent.note {
+            println!("  note: {note}");
+        }
+        println!("  history:");
+        for e in &events {
+            println!(
+                "    #{:<6} {} {:<24} by {}",
+                e.seq,
+                e.at.format("%H:%M:%S%.3f"),
+                e.event.type_name(),
+                e.cause.actor
+            );
+        }
+    });
+    Ok(exit::OK)
+}
+
+/// `keel reconcile KEY|--due`.
+pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) -> anyhow::Result<u8> {
+    let cause = Cause::command("reconcile");
+    let outcomes = if due {
+        node.executor.reconcile_due(cause).await?
+    } else {
+        let key = match parse_key(key.unwrap_or_default()) {
+            Ok(key) => key,
+            Err(message) => return Ok(out.usage_error(&message)),
+        };
+        match node.executor.reconcile(&key, cause).await {
+            Ok(outcome) => vec![outcome],
+            Err(engine::executor::WorkflowError::Log(LogError::Refused(refusal))) => {
+                return Ok(out.refused(&refusal.to_string()));
+            }
+            Err(other) => return Err(other.into()),
+        }
+    };
+    node.store.shutdown()?;
+    out.emit(&outcomes, || {
+        if outcomes.is_empty() {
+            println!("nothing due for reconciliation");
+        }
+        outcomes.iter().for_each(print_outcome);
+    });
+    let all_validated = outcomes.iter().all(|o| o.status == "validated");
+    Ok(if due || all_validated { exit::OK } else { exit::CONTROLLED })
+}
+
+/// `keel resume`.
+pub async fn resume(node: &Node, out: &Output) -> anyhow::Result<u8> {
+    let report = node.executor.recover_and_resume(Cause::command("resume")).await?;
+    node.store.shutdown()?;
+    out.emit(&report, || {
+        println!(
+            "recovered {} in-flight intent(s), resumed {} run(s), reconciled {} intent(s)",
+            report.recovered.len(),
+            report.resumed.len(),
+            report.reconciled.len()
+        );
+        for key in &report.recovered {
+            println!("  recovered {key}: outcome_unknown (crash)");
+        }
+        for run in &report.resumed {
+            println!("  run {}: {}", run.run_id, run.status);
+        }
+        report.reconciled.iter().for_each(print_outcome);
+    });
+    Ok(exit::OK)
+}
+
+/// `keel cancel|resolve|approve|deny`: one operator decision, recorded with the name.
+pub async fn operator(
+    db: &Path,
+    durability: store::Durability,
+    out: &Output,
+    key: &str,
+    action: impl FnOnce(IntentKey) -> Action,
+    by: &str,
+) -> anyhow::Result<u8> {
+    let key = match parse_key(key) {
+        Ok(key) => key,
+        Err(message) => return Ok(out.usage_error(&message)),
+    };
+    if by.trim().is_empty() {
+        return Ok(out.usage_error("--by needs the operator's name"));
+    }
+    let store = open_store(db, durability)?;
+    let result = store.execute(Command { cause: Cause::operator(by), start_run: None, action: action(key) }).await;
+    store.shutdown()?;
+    match result {
+        Ok(Reply::Intent { intent, .. }) => {
+            out.emit(&*intent, || {
+                println!("{}: {}", intent.key(), intent.status.as_str());
+                if let Some(note) = &intent.note {
+                    println!("  note: {note}");
+                }
+            });
+            Ok(exit::OK)
+        }
+        Ok(_) => anyhow::bail!("an operator command did not return its intent"),
+        Err(LogError::Refused(
+            refusal @ (Refusal::NotAllowed(_) | Refusal::UnknownIntent(_) | Refusal::Rejected { .. }),
+        )) => Ok(out.refused(&refusal.to_string())),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// `keel verify`.
+pub fn verify(db: &Path, out: &Output) -> anyhow::Result<u8> {
+    if !db.exists() {
+        return Ok(out.usage_error(&format!("{} does not exist", db.display())));
+    }
+    let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
+    let report = reader.verify()?;
+    out.emit(&report, || match report.first_mismatch() {
+        None => println!(
+            "ok: {} events, hash chain intact, {} intents and {} runs match their replay",
+            report.events, report.intents, report.runs
+        ),
+        Some(mismatch) => println!("FAILED ({} mismatches), first: {mismatch}", report.mismatch_count),
+    });
+    Ok(if report.is_ok() { exit::OK } else { exit::INTERNAL })
+}

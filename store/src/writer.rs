@@ -1,0 +1,511 @@
+//! The writer: one thread, one write connection, group commit.
+//!
+//! [`Store`] is the handle; the service behind it is a dedicated thread that owns the only
+//! write `rusqlite::Connection` and the [`Ledger`] folded from every committed event.
+//!
+//! # Ordering
+//!
+//! Every command goes through one bounded channel ([`WRITER_CHANNEL_CAPACITY`]) to the one
+//! thread, which decides and appends them in arrival order. Inside a batch, a command is
+//! decided against a ledger that already holds the events of the commands before it, so two
+//! reservations of one key in one batch see each other exactly as if they had been committed
+//! apart. Before deciding anything the writer takes SQLite's write lock (`BEGIN IMMEDIATE`)
+//! and folds any event another process appended since its last batch (*catch-up*): a
+//! decision always sees every event committed before it, by anyone.
+//!
+//! # Group commit
+//!
+//! The thread blocks for one command, then takes up to `WRITER_BATCH_MAX - 1` more that are
+//! already queued, without waiting for more to arrive. The whole batch is one transaction,
+//! hence one WAL fsync at `synchronous=FULL`. While it commits, new commands queue up and
+//! form the next batch, so the batch size follows the load: one command alone commits at
+//! once, 64 concurrent callers share fsyncs. Every batch is stamped with one `now` from the
+//! clock, truncated to microseconds so that the stored `at` round-trips exactly.
+//!
+//! # Acknowledgement
+//!
+//! Callers are answered only after `COMMIT` returned: an `Ok` reply means the command's
+//! events are durable (at [`crate::Durability::Full`]) and visible to every reader. A refused
+//! command wrote nothing and is answered with [`LogError::Refused`] after the same commit.
+//!
+//! # Failure
+//!
+//! If any statement of a batch fails, the batch is rolled back, the ledger is re-folded from
+//! the database (it had already applied the batch's events), and every caller of the batch
+//! gets [`LogError::Unavailable`] with `maybe_committed: false`. If `COMMIT` itself fails the
+//! answer says `maybe_committed: true`: the caller cannot know. A refusal never stops the
+//! writer; an impossible transition in `Ledger::apply` panics it (a bug: the log up to the
+//! last commit is intact, and callers waiting on that batch see `maybe_committed: true`).
+//!
+//! # Shutdown
+//!
+//! [`Store::shutdown`], or dropping the last handle, closes the channel; the thread finishes
+//! every command already queued (or being sent), then exits, and the call joins it. Later
+//! calls to `execute` answer `Unavailable` ("the store is closed").
+
+use crate::codec::{self, NewEvent, format_time};
+use crate::error::{Error, Result};
+use crate::projection;
+use crate::reader::Reader;
+use crate::schema::{self, Options};
+use chrono::{DateTime, SubsecRound, Utc};
+use engine::canonical;
+use engine::clock::Clock;
+use engine::event::{Event, IntentKey, RunId, StoredEvent, chain_hash};
+use engine::ledger::{Command, Ledger, Refusal, Reply, ReplyTarget};
+use engine::limits::{EVENT_PAYLOAD_MAX_BYTES, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
+use engine::log::{EventLog, LogError};
+use engine::provider::BoxFuture;
+use rusqlite::Connection;
+use serde::Serialize;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use tokio::sync::{mpsc, oneshot};
+
+/// A handle on the event log: cheap to clone, shared by every caller of a process.
+///
+/// Implements [`EventLog`]. See the [module docs](self) for ordering, group commit,
+/// acknowledgement, failure and shutdown.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.inner.path).field("stats", &self.stats()).finish()
+    }
+}
+
+/// What the writer thread has done so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WriterStats {
+    /// Commands received (accepted, refused or failed).
+    pub commands: u64,
+    /// Batches processed: one `BEGIN IMMEDIATE` each.
+    pub batches: u64,
+    /// Commits that appended at least one event: each is one WAL fsync at
+    /// `synchronous=FULL`. (A batch of refusals and reads commits nothing to disk.)
+    pub commits: u64,
+    /// Events appended and committed.
+    pub events: u64,
+    /// Commands the ledger refused (nothing written for them).
+    pub refused: u64,
+    /// Batches rolled back or whose commit failed.
+    pub failed_batches: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    commands: AtomicU64,
+    batches: AtomicU64,
+    commits: AtomicU64,
+    events: AtomicU64,
+    refused: AtomicU64,
+    failed_batches: AtomicU64,
+}
+
+type Answer = Result<Reply, LogError>;
+
+struct Job {
+    command: Command,
+    reply: oneshot::Sender<Answer>,
+}
+
+struct Inner {
+    path: PathBuf,
+    /// The only long-lived sender; `None` once shut down. Callers clone it per command, so
+    /// taking it out closes the channel as soon as in-flight sends finish.
+    sender: RwLock<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    counters: Arc<Counters>,
+}
+
+impl Inner {
+    fn close(&self) -> Result<()> {
+        drop(self.sender.write().expect("the sender lock is never poisoned: nothing panics while holding it").take());
+        let handle =
+            self.thread.lock().expect("the thread lock is never poisoned: nothing panics while holding it").take();
+        match handle.map(JoinHandle::join) {
+            None | Some(Ok(())) => Ok(()),
+            Some(Err(panic)) => Err(Error::WriterPanicked { detail: panic_message(panic.as_ref()) }),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Err(error) = self.close() {
+            tracing::error!(%error, "store writer stopped abnormally");
+        }
+    }
+}
+
+/// The text of a panic payload (`panic!` with a literal or with a format).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
+fn closed() -> LogError {
+    LogError::Unavailable { detail: Error::Closed.to_string(), maybe_committed: false }
+}
+
+fn writer_gone() -> LogError {
+    LogError::Unavailable {
+        detail: "the writer stopped before answering (it panicked or was shut down mid-batch)".to_owned(),
+        maybe_committed: true,
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the log at `path`, migrates it, folds it into a ledger (checking
+    /// the hash chain), and starts the writer thread.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::SchemaTooNew`] for a file from a newer Keel, [`Error::Corrupt`] for a log
+    /// whose chain or payloads do not check, [`Error::Busy`] if another process holds the
+    /// write lock past the busy timeout, [`Error::Sqlite`] / [`Error::Io`] otherwise.
+    pub fn open(path: &Path, options: Options, clock: Arc<dyn Clock>) -> Result<Store> {
+        let conn = schema::open_writer(path, &options)?;
+        let mut ledger = Ledger::new();
+        let folded = codec::fold_new_events(&conn, &mut ledger)?;
+        tracing::info!(path = %path.display(), events = folded, "store opened");
+        let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
+        let counters = Arc::new(Counters::default());
+        let writer = Writer { conn, ledger, clock, counters: Arc::clone(&counters), broken: None };
+        let thread =
+            std::thread::Builder::new().name("keel-store-writer".to_owned()).spawn(move || writer.run(receiver))?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                sender: RwLock::new(Some(sender)),
+                thread: Mutex::new(Some(thread)),
+                counters,
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// A new reader on the same file, with its own read-only connection.
+    pub fn reader(&self) -> Result<Reader> {
+        Reader::open(&self.inner.path)
+    }
+
+    /// What the writer has done so far.
+    pub fn stats(&self) -> WriterStats {
+        let c = &self.inner.counters;
+        WriterStats {
+            commands: c.commands.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
+            commits: c.commits.load(Ordering::Relaxed),
+            events: c.events.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            failed_batches: c.failed_batches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Like [`EventLog::execute`], for callers outside an async runtime.
+    ///
+    /// # Panics
+    ///
+    /// When called from inside a tokio runtime (tokio forbids blocking there): use
+    /// `execute` from async code.
+    pub fn execute_blocking(&self, command: Command) -> Answer {
+        let sender = self.sender().ok_or_else(closed)?;
+        let (reply, answer) = oneshot::channel();
+        sender.blocking_send(Job { command, reply }).map_err(|_| closed())?;
+        drop(sender);
+        answer.blocking_recv().map_err(|_| writer_gone())?
+    }
+
+    /// Closes the channel, lets the writer finish every queued command, and joins it.
+    /// Every handle sees the store closed afterwards. Calling it twice is harmless.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WriterPanicked`] if the writer thread had panicked (a bug).
+    pub fn shutdown(&self) -> Result<()> {
+        self.inner.close()
+    }
+
+    fn sender(&self) -> Option<mpsc::Sender<Job>> {
+        self.inner.sender.read().expect("the sender lock is never poisoned: nothing panics while holding it").clone()
+    }
+}
+
+impl EventLog for Store {
+    fn execute(&self, command: Command) -> BoxFuture<'_, Answer> {
+        Box::pin(async move {
+            let sender = self.sender().ok_or_else(closed)?;
+            let (reply, answer) = oneshot::channel();
+            sender.send(Job { command, reply }).await.map_err(|_| closed())?;
+            drop(sender);
+            answer.await.map_err(|_| writer_gone())?
+        })
+    }
+}
+
+/// What a command came to inside a batch, before the commit.
+type Decision = std::result::Result<ReplyTarget, Refusal>;
+
+/// A batch that did not commit (or may not have).
+struct BatchFailure {
+    error: Error,
+    maybe_committed: bool,
+}
+
+/// The intents and runs a batch's events touched: their projection rows are rewritten once
+/// per batch, after all its commands, in the same transaction.
+#[derive(Default)]
+struct Touched {
+    intents: HashSet<IntentKey>,
+    runs: HashSet<RunId>,
+}
+
+impl Touched {
+    fn note(&mut self, event: &Event) {
+        match event {
+            Event::RunStarted { run_id, .. }
+            | Event::StepRecorded { run_id, .. }
+            | Event::TimerStarted { run_id, .. }
+            | Event::SignalDelivered { run_id, .. }
+            | Event::RunFinished { run_id, .. } => {
+                if !self.runs.contains(run_id) {
+                    self.runs.insert(run_id.clone());
+                }
+            }
+            Event::IntentReserved { intent, .. } => {
+                self.intents.insert(intent.key.clone());
+            }
+            Event::IntentDeduplicated { key, .. }
+            | Event::ApprovalGranted { key, .. }
+            | Event::ApprovalDenied { key, .. }
+            | Event::AttemptStarted { key, .. }
+            | Event::AttemptNotSent { key, .. }
+            | Event::IntentValidated { key, .. }
+            | Event::IntentDeclined { key, .. }
+            | Event::OutcomeUnknown { key, .. }
+            | Event::ReconciliationStarted { key, .. }
+            | Event::ReconciliationResolved { key, .. }
+            | Event::IntentEscalated { key, .. }
+            | Event::ApprovalExpired { key }
+            | Event::IntentCancelled { key, .. }
+            | Event::IntentResolved { key, .. } => {
+                if !self.intents.contains(key) {
+                    self.intents.insert(key.clone());
+                }
+            }
+        }
+    }
+}
+
+/// The service: owned by the writer thread alone.
+struct Writer {
+    conn: Connection,
+    ledger: Ledger,
+    clock: Arc<dyn Clock>,
+    counters: Arc<Counters>,
+    /// Set when re-folding after a failure failed too: the ledger cannot be trusted until a
+    /// later re-fold succeeds, so no command is decided meanwhile.
+    broken: Option<String>,
+}
+
+impl Writer {
+    fn run(mut self, mut receiver: mpsc::Receiver<Job>) {
+        let mut batch = Vec::with_capacity(WRITER_BATCH_MAX);
+        // `None` once every sender is gone and the queue is empty: that is shutdown.
+        while let Some(first) = receiver.blocking_recv() {
+            batch.push(first);
+            while batch.len() < WRITER_BATCH_MAX {
+                match receiver.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            self.run_batch(&mut batch);
+            debug_assert!(batch.is_empty(), "every job of a batch is answered");
+        }
+        tracing::debug!("store writer drained and stopped");
+    }
+
+    fn run_batch(&mut self, jobs: &mut Vec<Job>) {
+        let now = self.clock.now().trunc_subsecs(6);
+        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+        self.counters.commands.fetch_add(jobs.len() as u64, Ordering::Relaxed);
+        match self.write_batch(jobs, now) {
+            Ok(decisions) => {
+                assert_eq!(decisions.len(), jobs.len(), "one decision per command");
+                for (job, decision) in jobs.drain(..).zip(decisions) {
+                    let answer = match decision {
+                        Ok(target) => Ok(self.ledger.reply_after(&target)),
+                        Err(refusal) => Err(LogError::Refused(refusal)),
+                    };
+                    // A caller that stopped waiting (its future was dropped) needs no answer.
+                    let _ = job.reply.send(answer);
+                }
+            }
+            Err(BatchFailure { error, maybe_committed }) => {
+                self.counters.failed_batches.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%error, maybe_committed, commands = jobs.len(), "store batch failed");
+                self.reload();
+                let detail = error.to_string();
+                for job in jobs.drain(..) {
+                    let _ = job.reply.send(Err(LogError::Unavailable { detail: detail.clone(), maybe_committed }));
+                }
+            }
+        }
+    }
+
+    /// Rolls back whatever is open and re-folds the ledger from the database, which is the
+    /// truth after a failed batch (the ledger had applied events that may not be there).
+    fn reload(&mut self) {
+        if !self.conn.is_autocommit()
+            && let Err(error) = self.conn.execute_batch("ROLLBACK")
+        {
+            tracing::error!(%error, "rollback after a failed batch failed");
+        }
+        let mut ledger = Ledger::new();
+        match codec::fold_new_events(&self.conn, &mut ledger) {
+            Ok(_) => {
+                self.ledger = ledger;
+                self.broken = None;
+            }
+            Err(error) => {
+                tracing::error!(%error, "re-folding the log failed: commands are refused until it succeeds");
+                self.broken = Some(error.to_string());
+            }
+        }
+    }
+
+    fn write_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> std::result::Result<Vec<Decision>, BatchFailure> {
+        if self.broken.is_some() {
+            self.reload();
+            if let Some(detail) = &self.broken {
+                return Err(BatchFailure {
+                    error: Error::corrupt(0, format!("the writer cannot fold the log: {detail}")),
+                    maybe_committed: false,
+                });
+            }
+        }
+        let not_committed = |error: Error| BatchFailure { error, maybe_committed: false };
+        // IMMEDIATE takes the write lock now, so the catch-up below and every decision
+        // after it see a log no other process can extend until we commit.
+        self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| not_committed(e.into()))?;
+        let events_before = self.ledger.last_seq();
+        let decisions = self.append_batch(jobs, now).map_err(not_committed)?;
+        let appended = self.ledger.last_seq() - events_before;
+        self.conn.execute_batch("COMMIT").map_err(|e| BatchFailure { error: e.into(), maybe_committed: true })?;
+        if appended > 0 {
+            self.counters.commits.fetch_add(1, Ordering::Relaxed);
+            self.counters.events.fetch_add(appended, Ordering::Relaxed);
+        }
+        Ok(decisions)
+    }
+
+    fn append_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> Result<Vec<Decision>> {
+        self.catch_up()?;
+        let at = format_time(now);
+        let mut touched = Touched::default();
+        let mut decisions = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let decision = self.append_command(&job.command, now, &at, &mut touched)?;
+            if decision.is_err() {
+                self.counters.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            decisions.push(decision);
+        }
+        projection::write_rows(&self.conn, &self.ledger, &touched.intents, &touched.runs)?;
+        Ok(decisions)
+    }
+
+    /// Folds the events another process appended since our last batch. Their projection
+    /// rows were written by that process, in their own transaction.
+    fn catch_up(&mut self) -> Result<()> {
+        let stored = codec::max_seq(&self.conn)?;
+        let known = self.ledger.last_seq();
+        if stored < known {
+            return Err(Error::corrupt(
+                stored,
+                format!("the log ends at seq {stored} but this writer has folded up to {known}"),
+            ));
+        }
+        if stored > known {
+            let folded = codec::fold_new_events(&self.conn, &mut self.ledger)?;
+            tracing::debug!(folded, "store writer caught up with another process");
+        }
+        Ok(())
+    }
+
+    /// Decides one command and appends its events. `Ok(Err(refusal))`: nothing written.
+    fn append_command(
+        &mut self,
+        command: &Command,
+        now: DateTime<Utc>,
+        at: &str,
+        touched: &mut Touched,
+    ) -> Result<Decision> {
+        let (events, target) = match self.ledger.decide(command, now) {
+            Ok(decided) => decided,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        // Encode every payload before writing any, so a too-large one refuses the whole
+        // command with nothing written (and nothing folded).
+        let mut payloads = Vec::with_capacity(events.len());
+        for event in &events {
+            let payload = canonical::to_string(&event.payload());
+            if payload.len() > EVENT_PAYLOAD_MAX_BYTES {
+                let error = Error::PayloadTooLarge {
+                    event_type: event.type_name(),
+                    bytes: payload.len(),
+                    max: EVENT_PAYLOAD_MAX_BYTES,
+                };
+                return Ok(Err(Refusal::NotAllowed(error.to_string())));
+            }
+            payloads.push(payload);
+        }
+        if events.is_empty() {
+            return Ok(Ok(target));
+        }
+        let cause =
+            canonical::to_string(&serde_json::to_value(&command.cause).expect("a cause serializes: plain fields"));
+        for (event, payload) in events.into_iter().zip(payloads) {
+            let seq = self.ledger.last_seq() + 1;
+            let stream = event.stream();
+            let stream_seq = self.ledger.stream_length(&stream) + 1;
+            let prev_hash = self.ledger.last_hash().to_owned();
+            let hash = chain_hash(&prev_hash, seq, &stream, stream_seq, now, &command.cause, &event);
+            codec::insert_event(
+                &self.conn,
+                &NewEvent {
+                    seq,
+                    stream: stream.as_str(),
+                    stream_seq,
+                    type_name: event.type_name(),
+                    at,
+                    cause: &cause,
+                    payload: &payload,
+                    prev_hash: &prev_hash,
+                    hash: &hash,
+                },
+            )?;
+            touched.note(&event);
+            let stored =
+                StoredEvent { seq, stream, stream_seq, at: now, cause: command.cause.clone(), event, prev_hash, hash };
+            // Folded at once, so the next command of the batch is decided against it.
+            self.ledger.apply(&stored);
+        }
+        Ok(Ok(target))
+    }
+}

@@ -1,0 +1,91 @@
+//! The `charge` workflow: one payment intent, seed 004's contract.
+//!
+//! Owns input validation (tenant UUID, intent id 12–120 chars, order id, positive integer
+//! `amount_minor`, EUR/USD/XOF, payment method token ≥ 20 chars, unknown fields refused), the
+//! per-charge policy maximum, and the fingerprint payload. The payment method token never
+//! reaches the log: the stored input and the fingerprint carry its SHA-256 only, and the
+//! clear token lives in the invocation's secrets.
+
+use crate::input::Fields;
+use engine::canonical::sha256_hex;
+use engine::executor::{Context, IntentRequest, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
+use engine::ledger::RejectCode;
+use engine::limits::PAYMENT_METHOD_TOKEN_MIN_CHARS;
+use engine::provider::{BoxFuture, EffectKind, Secret};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// The fields a charge accepts.
+pub const FIELDS: [&str; 6] =
+    ["tenant_id", "intent_id", "order_id", "amount_minor", "currency", "payment_method_token"];
+
+/// The name of the secret holding the payment method token.
+const PAYMENT_METHOD: &str = "payment_method";
+
+/// The charge workflow, with its policy.
+#[derive(Clone, Debug, Default)]
+pub struct Charge {
+    /// Largest amount one charge may take, in minor units (`None`: no policy maximum).
+    pub max_amount_minor: Option<i64>,
+}
+
+impl Workflow for Charge {
+    fn name(&self) -> &'static str {
+        "charge"
+    }
+
+    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+        let mut fields = Fields::new(raw, &FIELDS);
+        let tenant_id = fields.uuid("tenant_id");
+        let intent_id = fields.intent_id("intent_id");
+        let order_id = fields.string("order_id", 1, 256);
+        let amount_minor = fields.amount_minor("amount_minor");
+        let currency = fields.currency("currency");
+        let token = fields.string("payment_method_token", PAYMENT_METHOD_TOKEN_MIN_CHARS, 4096);
+        fields.finish().map_err(|details| Rejection { code: RejectCode::InvalidArguments, details })?;
+        if let Some(max) = self.max_amount_minor
+            && amount_minor > max
+        {
+            return Err(Rejection {
+                code: RejectCode::PolicyDenied,
+                details: vec![format!("amount_minor {amount_minor} is above the per-charge maximum of {max}")],
+            });
+        }
+        Ok(Prepared {
+            stored_input: json!({
+                "tenant_id": tenant_id,
+                "intent_id": intent_id,
+                "order_id": order_id,
+                "amount_minor": amount_minor,
+                "currency": currency,
+                "payment_method_sha256": sha256_hex(token.as_bytes()),
+            }),
+            secrets: BTreeMap::from([(PAYMENT_METHOD.to_owned(), Secret::new(token))]),
+        })
+    }
+
+    fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+        Box::pin(async move {
+            let text = |name: &str| input.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let request = IntentRequest {
+                kind: EffectKind::Charge,
+                tenant: text("tenant_id"),
+                intent_id: text("intent_id"),
+                order_id: text("order_id"),
+                business_ref: text("order_id"),
+                amount_minor: input.get("amount_minor").and_then(Value::as_i64).unwrap_or_default(),
+                currency: text("currency"),
+                payload: json!({
+                    "order_id": input.get("order_id"),
+                    "amount_minor": input.get("amount_minor"),
+                    "currency": input.get("currency"),
+                    "payment_method_sha256": input.get("payment_method_sha256"),
+                }),
+                payment_method: ctx.secret(PAYMENT_METHOD),
+                needs_payment_method: true,
+            };
+            let outcome = ctx.intent(request).await?;
+            end_with(&outcome)
+        })
+    }
+}

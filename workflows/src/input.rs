@@ -1,0 +1,163 @@
+//! Strict validation of workflow inputs (seed 004's contract).
+//!
+//! Owns [`Fields`], a reader over a JSON object that collects every problem as
+//! `field: message` instead of stopping at the first, and refuses unknown fields. It never
+//! coerces: a string is not a number, `49.5` is not an amount in minor units.
+
+use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS};
+use serde_json::{Map, Value};
+
+/// Currencies the provider accepts.
+pub const CURRENCIES: [&str; 3] = ["EUR", "USD", "XOF"];
+
+/// A strict reader over one JSON object.
+pub struct Fields<'a> {
+    object: Option<&'a Map<String, Value>>,
+    problems: Vec<String>,
+}
+
+impl<'a> Fields<'a> {
+    /// Starts reading `raw`, which must be an object whose keys are all in `allowed`.
+    pub fn new(raw: &'a Value, allowed: &[&str]) -> Self {
+        let mut problems = Vec::new();
+        let object = raw.as_object();
+        match object {
+            None => problems.push("input: must be a JSON object".to_owned()),
+            Some(map) => {
+                let mut unknown: Vec<&String> = map.keys().filter(|k| !allowed.contains(&k.as_str())).collect();
+                unknown.sort();
+                problems.extend(
+                    unknown.into_iter().map(|k| format!("{k}: unknown field (allowed: {})", allowed.join(", "))),
+                );
+            }
+        }
+        Self { object, problems }
+    }
+
+    fn get(&mut self, name: &str) -> Option<&'a Value> {
+        let value = self.object?.get(name);
+        if value.is_none() {
+            self.problems.push(format!("{name}: required"));
+        }
+        value
+    }
+
+    /// A string between `min` and `max` characters.
+    pub fn string(&mut self, name: &str, min: usize, max: usize) -> String {
+        match self.get(name) {
+            Some(Value::String(s)) => {
+                let chars = s.chars().count();
+                if chars < min {
+                    self.problems.push(format!("{name}: must be at least {min} characters (got {chars})"));
+                } else if chars > max {
+                    self.problems.push(format!("{name}: must be at most {max} characters (got {chars})"));
+                }
+                s.clone()
+            }
+            Some(_) => {
+                self.problems.push(format!("{name}: must be a string"));
+                String::new()
+            }
+            None => String::new(),
+        }
+    }
+
+    /// A tenant id: a UUID in its 8-4-4-4-12 hex form.
+    pub fn uuid(&mut self, name: &str) -> String {
+        let value = self.string(name, 0, usize::MAX);
+        if self.object.and_then(|o| o.get(name)).is_some_and(Value::is_string) && !is_uuid(&value) {
+            self.problems.push(format!("{name}: must be a UUID (8-4-4-4-12 hex digits)"));
+        }
+        value.to_ascii_lowercase()
+    }
+
+    /// An intent id of 12 to 120 characters.
+    pub fn intent_id(&mut self, name: &str) -> String {
+        self.string(name, INTENT_ID_MIN_CHARS, INTENT_ID_MAX_CHARS)
+    }
+
+    /// A positive amount in integer minor units.
+    pub fn amount_minor(&mut self, name: &str) -> i64 {
+        match self.get(name) {
+            Some(Value::Number(n)) => match n.as_i64() {
+                Some(amount) if amount > 0 => amount,
+                Some(_) => {
+                    self.problems.push(format!("{name}: must be a positive integer (minor units)"));
+                    0
+                }
+                None => {
+                    self.problems.push(format!("{name}: must be an integer number of minor units (got {n})"));
+                    0
+                }
+            },
+            Some(_) => {
+                self.problems.push(format!("{name}: must be a positive integer (minor units)"));
+                0
+            }
+            None => 0,
+        }
+    }
+
+    /// One of [`CURRENCIES`].
+    pub fn currency(&mut self, name: &str) -> String {
+        let value = self.string(name, 0, usize::MAX);
+        let present = self.object.and_then(|o| o.get(name)).is_some_and(Value::is_string);
+        if present && !CURRENCIES.contains(&value.as_str()) {
+            self.problems
+                .push(format!("{name}: unsupported currency {value:?} (supported: {})", CURRENCIES.join(", ")));
+        }
+        value
+    }
+
+    /// Every problem found, or `Ok` when there are none.
+    pub fn finish(self) -> Result<(), Vec<String>> {
+        if self.problems.is_empty() { Ok(()) } else { Err(self.problems) }
+    }
+}
+
+fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn collects_every_problem_and_refuses_unknown_fields() {
+        let raw = json!({"tenant_id": "nope", "amount_minor": -5, "currency": "GBP", "extra": 1});
+        let mut fields = Fields::new(&raw, &["tenant_id", "amount_minor", "currency", "intent_id"]);
+        fields.uuid("tenant_id");
+        fields.amount_minor("amount_minor");
+        fields.currency("currency");
+        fields.intent_id("intent_id");
+        let problems = fields.finish().expect_err("the input is bad in four ways");
+        assert!(problems.iter().any(|p| p.starts_with("extra: unknown field")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.starts_with("tenant_id: must be a UUID")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.starts_with("amount_minor: must be a positive integer")), "{problems:?}");
+        assert!(problems.iter().any(|p| p.starts_with("currency: unsupported currency")), "{problems:?}");
+        assert!(problems.iter().any(|p| p == "intent_id: required"), "{problems:?}");
+    }
+
+    #[test]
+    fn fractional_amounts_and_numeric_strings_are_not_minor_units() {
+        for bad in [json!({"a": 49.5}), json!({"a": "4900"}), json!({"a": 0})] {
+            let mut fields = Fields::new(&bad, &["a"]);
+            fields.amount_minor("a");
+            assert!(fields.finish().is_err(), "{bad} must be refused");
+        }
+    }
+
+    #[test]
+    fn uuid_shape_is_checked() {
+        assert!(is_uuid("3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10"));
+        assert!(!is_uuid("3f1c2a9e7b1d4c1e9a510f8e2b6c4d10"));
+        assert!(!is_uuid("3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d1z"));
+    }
+}

@@ -1,0 +1,69 @@
+//! The `refund` workflow: give money back on a charged order.
+//!
+//! Owns the refund input contract (the charge's fields without a payment method) and its
+//! fingerprint payload. The cumulative invariant — refunds reserved, unknown or validated on
+//! an order never exceed what was charged on it — is checked by the ledger in the
+//! reservation's own transaction, not here: a check here would race.
+
+use crate::input::Fields;
+use engine::executor::{Context, IntentRequest, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
+use engine::ledger::RejectCode;
+use engine::provider::{BoxFuture, EffectKind};
+use serde_json::{Value, json};
+
+/// The fields a refund accepts.
+pub const FIELDS: [&str; 5] = ["tenant_id", "intent_id", "order_id", "amount_minor", "currency"];
+
+/// The refund workflow.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Refund;
+
+impl Workflow for Refund {
+    fn name(&self) -> &'static str {
+        "refund"
+    }
+
+    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+        let mut fields = Fields::new(raw, &FIELDS);
+        let tenant_id = fields.uuid("tenant_id");
+        let intent_id = fields.intent_id("intent_id");
+        let order_id = fields.string("order_id", 1, 256);
+        let amount_minor = fields.amount_minor("amount_minor");
+        let currency = fields.currency("currency");
+        fields.finish().map_err(|details| Rejection { code: RejectCode::InvalidArguments, details })?;
+        Ok(Prepared {
+            stored_input: json!({
+                "tenant_id": tenant_id,
+                "intent_id": intent_id,
+                "order_id": order_id,
+                "amount_minor": amount_minor,
+                "currency": currency,
+            }),
+            secrets: Default::default(),
+        })
+    }
+
+    fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+        Box::pin(async move {
+            let text = |name: &str| input.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let request = IntentRequest {
+                kind: EffectKind::Refund,
+                tenant: text("tenant_id"),
+                intent_id: text("intent_id"),
+                order_id: text("order_id"),
+                business_ref: text("order_id"),
+                amount_minor: input.get("amount_minor").and_then(Value::as_i64).unwrap_or_default(),
+                currency: text("currency"),
+                payload: json!({
+                    "order_id": input.get("order_id"),
+                    "amount_minor": input.get("amount_minor"),
+                    "currency": input.get("currency"),
+                }),
+                payment_method: None,
+                needs_payment_method: false,
+            };
+            let outcome = ctx.intent(request).await?;
+            end_with(&outcome)
+        })
+    }
+}

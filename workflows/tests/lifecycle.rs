@@ -1,0 +1,522 @@
+//! The intent lifecycle's rules, driven through the executor and the built-in workflows
+//! against the in-memory log and provider (the same decide/apply code the SQLite store runs).
+//! Each test names the rule it proves.
+
+use chrono::{TimeZone, Utc};
+use engine::clock::{Clock, ManualClock};
+use engine::event::{Cause, Event, IntentKey, RunId, RunLimits};
+use engine::executor::{
+    Context, Executor, Prepared, Rejection, RunOutcome, RunRequest, Runtime, Workflow, WorkflowEnd, WorkflowError,
+};
+use engine::ledger::{Action, Command, IntentStatus, Ledger, Refusal};
+use engine::log::{EventLog, LogError};
+use engine::memory::{MemoryLog, MemoryProvider, Scripted};
+use engine::provider::{BoxFuture, Capability, EffectKind};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+const TOKEN: &str = "pm_card_visa_4242424242";
+
+fn stripe() -> Capability {
+    Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 2_000 }
+}
+
+struct Harness {
+    clock: Arc<ManualClock>,
+    log: Arc<MemoryLog>,
+    provider: Arc<MemoryProvider>,
+    executor: Executor,
+}
+
+impl Harness {
+    fn new(capability: Capability) -> Self {
+        Self::with_workflows(capability, workflows::builtin(Some(1_000_000)))
+    }
+
+    fn with_workflows(capability: Capability, workflows: Vec<Arc<dyn Workflow>>) -> Self {
+        let clock =
+            Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
+        let log = Arc::new(MemoryLog::new(clock.clone()));
+        let provider = Arc::new(MemoryProvider::new(capability));
+        let runtime = Runtime { log: log.clone(), provider: provider.clone(), clock: clock.clone() };
+        Self { executor: Executor::new(runtime, workflows), clock, log, provider }
+    }
+
+    async fn run(&self, workflow: &str, input: &Value, limits: RunLimits) -> RunOutcome {
+        let request = RunRequest {
+            run_id: RunId::new(format!("run-{}", self.log.events().len())),
+            limits,
+            deadline_ms: 120_000,
+            cause: Cause::command(workflow),
+        };
+        self.executor.start(workflow, input, request).await.expect("the run ends with an outcome")
+    }
+
+    async fn charge(&self, intent_id: &str, order: &str, amount_minor: i64) -> Value {
+        self.run("charge", &charge_input(intent_id, order, amount_minor), limits()).await.output
+    }
+
+    async fn refund(&self, intent_id: &str, order: &str, amount_minor: i64) -> Value {
+        self.run("refund", &json!({"tenant_id": TENANT, "intent_id": intent_id, "order_id": order, "amount_minor": amount_minor, "currency": "EUR"}), limits())
+            .await
+            .output
+    }
+
+    fn ledger(&self) -> Ledger {
+        self.log.ledger()
+    }
+
+    fn status(&self, key: &IntentKey) -> IntentStatus {
+        self.ledger().intent(key).expect("the intent exists").status
+    }
+
+    async fn command(&self, action: Action) -> Result<engine::ledger::Reply, LogError> {
+        self.command_by("ops", action).await
+    }
+
+    async fn command_by(&self, operator: &str, action: Action) -> Result<engine::ledger::Reply, LogError> {
+        self.log.execute(Command { cause: Cause::operator(operator), start_run: None, action }).await
+    }
+}
+
+fn limits() -> RunLimits {
+    RunLimits {
+        cost_minor_max: None,
+        attempts_per_intent_max: 3,
+        reconciliations_per_intent_max: 3,
+        approval_threshold_minor: None,
+    }
+}
+
+fn charge_input(intent_id: &str, order: &str, amount_minor: i64) -> Value {
+    json!({"tenant_id": TENANT, "intent_id": intent_id, "order_id": order, "amount_minor": amount_minor, "currency": "EUR", "payment_method_token": TOKEN})
+}
+
+fn charge_key(intent_id: &str) -> IntentKey {
+    IntentKey::new(EffectKind::Charge, TENANT, intent_id)
+}
+
+fn text<'a>(value: &'a Value, name: &str) -> &'a str {
+    value.get(name).and_then(Value::as_str).unwrap_or("")
+}
+
+#[tokio::test]
+async fn same_key_same_payload_returns_the_stored_result_without_a_provider_call() {
+    let h = Harness::new(stripe());
+    let first = h.charge("order_1842_charge", "order_1842", 4900).await;
+    assert_eq!(text(&first, "status"), "validated");
+    assert_eq!(text(&first, "source"), "provider");
+    let again = h.charge("order_1842_charge", "order_1842", 4900).await;
+    assert_eq!(text(&again, "status"), "validated");
+    assert_eq!(text(&again, "source"), "deduplicated");
+    assert_eq!(text(&again, "provider_ref"), text(&first, "provider_ref"));
+    assert_eq!(h.provider.effect_count(), 1);
+    assert_eq!(h.ledger().intent(&charge_key("order_1842_charge")).expect("exists").attempts, 1);
+}
+
+#[tokio::test]
+async fn same_key_other_payload_is_rejected_and_writes_nothing() {
+    let h = Harness::new(stripe());
+    h.charge("order_1842_charge", "order_1842", 4900).await;
+    let before = h.log.events().len();
+    let other = h.charge("order_1842_charge", "order_1842", 9900).await;
+    assert_eq!(text(&other, "status"), "rejected");
+    assert_eq!(text(&other, "code"), "intent_payload_mismatch");
+    assert_eq!(h.log.events().len(), before, "a mismatch writes nothing, not even a run");
+    assert_eq!(h.provider.effect_count(), 1);
+}
+
+#[tokio::test]
+async fn invalid_input_and_policy_denial_write_nothing_and_do_not_burn_the_key() {
+    let h = Harness::new(stripe());
+    for (bad, code) in [
+        (
+            json!({"tenant_id": "not-a-uuid", "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "short", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": -1, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "GBP", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": "short"}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN, "extra": true}),
+            "invalid_arguments",
+        ),
+        (charge_input("order_1842_charge", "o", 2_000_000), "policy_denied"),
+    ] {
+        let out = h.run("charge", &bad, limits()).await;
+        assert_eq!(out.output["code"], code, "{bad}");
+        assert!(!out.written);
+    }
+    assert!(h.log.events().is_empty(), "rejections write nothing");
+    let ok = h.charge("order_1842_charge", "o", 4900).await;
+    assert_eq!(text(&ok, "status"), "validated", "the key was not burned by the rejections");
+}
+
+#[tokio::test]
+async fn the_token_never_reaches_the_log() {
+    let h = Harness::new(stripe());
+    h.charge("order_1842_charge", "order_1842", 4900).await;
+    let log = serde_json::to_string(&h.log.events()).expect("events serialize");
+    assert!(!log.contains(TOKEN), "the payment method token is stored only as a hash");
+    assert!(log.contains(&engine::canonical::sha256_hex(TOKEN.as_bytes())));
+}
+
+#[tokio::test]
+async fn a_lost_answer_is_unknown_never_resent_blindly_and_reconciled_by_lookup() {
+    let h = Harness::new(stripe());
+    h.provider.script([Scripted::LoseAnswer]);
+    let out = h.charge("order_1900_charge", "order_1900", 2500).await;
+    assert_eq!(text(&out, "status"), "outcome_unknown");
+    assert_eq!(h.provider.effect_count(), 1);
+    // A resubmission before the reconciliation is due makes no new attempt.
+    let again = h.charge("order_1900_charge", "order_1900", 2500).await;
+    assert_eq!(text(&again, "status"), "outcome_unknown");
+    assert_eq!(h.ledger().intent(&charge_key("order_1900_charge")).expect("exists").attempts, 1);
+    let reconciled =
+        h.executor.reconcile(&charge_key("order_1900_charge"), Cause::command("reconcile")).await.expect("reconciles");
+    assert_eq!(reconciled.status, "validated");
+    assert_eq!(reconciled.source.as_deref(), Some("reconciled"));
+    assert_eq!(h.provider.effect_count(), 1);
+}
+
+#[tokio::test]
+async fn absence_resends_with_the_same_key_only_past_the_consistency_window() {
+    let h = Harness::new(stripe());
+    h.provider.script([Scripted::FailBeforeEffect]);
+    let key = charge_key("order_2000_charge");
+    let out = h.charge("order_2000_charge", "order_2000", 1000).await;
+    assert_eq!(text(&out, "status"), "outcome_unknown");
+    // Reconciled inside the window: absent is not yet proof.
+    let early = h.executor.reconcile(&key, Cause::command("reconcile")).await.expect("reconciles");
+    assert_eq!(early.status, "outcome_unknown");
+    assert_eq!(h.provider.effect_count(), 0);
+    h.clock.advance_ms(2_500);
+    // Past the window, the resubmitting caller (who holds the token) drives the resend.
+    let resent = h.charge("order_2000_charge", "order_2000", 1000).await;
+    assert_eq!(text(&resent, "status"), "validated", "{resent}");
+    let intent = h.ledger().intent(&key).expect("exists").clone();
+    assert_eq!(intent.attempts, 2);
+    assert_eq!(h.provider.effect_count(), 1);
+    let keys: Vec<_> = h
+        .log
+        .events()
+        .iter()
+        .filter(|e| matches!(e.event, Event::AttemptStarted { .. }))
+        .map(|e| e.stream.clone())
+        .collect();
+    assert!(keys.iter().all(|s| s == &key.stream()), "every attempt uses the same key");
+}
+
+#[tokio::test]
+async fn a_provider_without_keys_or_lookup_escalates_instead_of_resending() {
+    let h = Harness::new(Capability { dedup_by_key: false, lookup: false, ..stripe() });
+    h.provider.script([Scripted::LoseAnswer]);
+    let out = h.charge("order_3000_charge", "order_3000", 1000).await;
+    assert_eq!(text(&out, "status"), "escalated");
+    h.clock.advance_ms(600_000);
+    let again = h.charge("order_3000_charge", "order_3000", 1000).await;
+    assert_eq!(text(&again, "status"), "escalated");
+    assert_eq!(h.provider.effect_count(), 1, "no automatic resend");
+}
+
+#[tokio::test]
+async fn a_dedup_only_provider_is_reconciled_by_resending_the_same_key() {
+    let h = Harness::new(Capability { lookup: false, ..stripe() });
+    h.provider.script([Scripted::LoseAnswer]);
+    let out = h.charge("order_3100_charge", "order_3100", 1000).await;
+    assert_eq!(text(&out, "status"), "outcome_unknown");
+    h.clock.advance_ms(1_500);
+    let again = h.charge("order_3100_charge", "order_3100", 1000).await;
+    assert_eq!(text(&again, "status"), "validated");
+    assert_eq!(h.provider.effect_count(), 1, "the provider deduplicated the resend");
+}
+
+#[tokio::test]
+async fn past_the_key_window_no_resend_happens() {
+    let h = Harness::new(Capability { key_window_ms: 10_000, ..stripe() });
+    h.provider.script([Scripted::FailBeforeEffect]);
+    let key = charge_key("order_3200_charge");
+    h.charge("order_3200_charge", "order_3200", 1000).await;
+    h.clock.advance_ms(11_000);
+    let out = h.executor.reconcile(&key, Cause::command("reconcile")).await.expect("reconciles");
+    assert_eq!(out.status, "escalated");
+    assert_eq!(h.provider.effect_count(), 0);
+    assert!(h.ledger().intent(&key).expect("exists").absence_proven, "absence proven: its money is released");
+}
+
+#[tokio::test]
+async fn reconciliations_are_bounded_then_escalated() {
+    let h = Harness::new(stripe());
+    h.provider.script([Scripted::LoseAnswer]);
+    h.provider.lookups_unavailable(100);
+    let key = charge_key("order_3300_charge");
+    h.charge("order_3300_charge", "order_3300", 1000).await;
+    for _ in 0..4 {
+        h.clock.advance_ms(120_000);
+        h.executor.reconcile_due(Cause::command("reconcile")).await.expect("reconciles");
+    }
+    assert_eq!(h.status(&key), IntentStatus::Escalated);
+    assert!(
+        h.executor.reconcile_due(Cause::command("reconcile")).await.expect("reconciles").is_empty(),
+        "nothing left pending"
+    );
+    assert_eq!(h.ledger().intent(&key).expect("exists").reconciliations, 3);
+}
+
+#[tokio::test]
+async fn a_decline_is_definitive_and_releases_the_money() {
+    let h = Harness::new(stripe());
+    h.provider.script([Scripted::Decline]);
+    let run_limits = RunLimits { cost_minor_max: Some(1000), ..limits() };
+    let out = h.run("charge", &charge_input("order_3400_charge", "order_3400", 1000), run_limits.clone()).await;
+    assert_eq!(text(&out.output, "status"), "declined");
+    let run = RunId::new(out.run_id);
+    assert_eq!(h.ledger().run_cost_committed_minor(&run), 0);
+    assert_eq!(h.provider.effect_count(), 0);
+}
+
+#[tokio::test]
+async fn a_run_cannot_reserve_beyond_its_money_budget() {
+    let h = Harness::new(stripe());
+    let out = h
+        .run(
+            "charge",
+            &charge_input("order_3500_charge", "order_3500", 5000),
+            RunLimits { cost_minor_max: Some(4000), ..limits() },
+        )
+        .await;
+    assert_eq!(out.output["code"], "budget_exhausted");
+    assert!(h.log.events().is_empty());
+}
+
+#[tokio::test]
+async fn three_refunds_of_the_whole_amount_give_one_success_and_two_rejections() {
+    let h = Arc::new(Harness::new(stripe()));
+    h.charge("order_4000_charge", "order_4000", 8990).await;
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let h = h.clone();
+        tasks.push(tokio::spawn(async move { h.refund(&format!("order_4000_refund_{i}"), "order_4000", 8990).await }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(text(&task.await.expect("the task ends"), "status").to_owned());
+    }
+    statuses.sort();
+    assert_eq!(statuses, ["rejected", "rejected", "validated"]);
+    assert_eq!(h.ledger().order_refunds_committed_minor(TENANT, "order_4000"), 8990);
+}
+
+#[tokio::test]
+async fn an_unknown_refund_still_counts_against_the_charged_amount() {
+    let h = Harness::new(stripe());
+    h.charge("order_4100_charge", "order_4100", 5000).await;
+    h.provider.script([Scripted::LoseAnswer]);
+    let unknown = h.refund("order_4100_refund_1", "order_4100", 4000).await;
+    assert_eq!(text(&unknown, "status"), "outcome_unknown");
+    let next = h.refund("order_4100_refund_2", "order_4100", 2000).await;
+    assert_eq!(text(&next, "status"), "rejected");
+}
+
+#[tokio::test]
+async fn a_new_key_cannot_step_around_a_pending_intent() {
+    let h = Harness::new(stripe());
+    h.provider.script([Scripted::LoseAnswer]);
+    h.charge("order_4200_charge", "order_4200", 1000).await;
+    let other = h.charge("order_4200_charge_bis", "order_4200", 1000).await;
+    assert_eq!(text(&other, "code"), "reference_pending");
+    assert_eq!(h.provider.effect_count(), 1);
+}
+
+#[tokio::test]
+async fn cancel_is_refused_while_an_outcome_is_unknown() {
+    let h = Harness::new(stripe());
+    h.provider.script([Scripted::LoseAnswer]);
+    let key = charge_key("order_4300_charge");
+    h.charge("order_4300_charge", "order_4300", 1000).await;
+    let refused =
+        h.command(Action::Cancel { key: key.clone(), by: "ana".into(), reason: "customer asked".into() }).await;
+    assert!(matches!(refused, Err(LogError::Refused(Refusal::NotAllowed(_)))));
+    assert_eq!(h.status(&key), IntentStatus::OutcomeUnknown);
+    h.command_by(
+        "ana",
+        Action::Resolve {
+            key: key.clone(),
+            by: "ana".into(),
+            reason: "seen in dashboard".into(),
+            landed: Some("ch_1".into()),
+        },
+    )
+    .await
+    .expect("resolves");
+    assert_eq!(h.status(&key), IntentStatus::Validated);
+    let resolved = h.log.events().into_iter().last().expect("an event");
+    assert_eq!(resolved.cause.actor, "operator:ana", "the operator's name is recorded");
+}
+
+#[tokio::test]
+async fn approvals_are_bound_to_the_fingerprint_and_expire() {
+    let h = Harness::new(stripe());
+    let gated = RunLimits { approval_threshold_minor: Some(5_000), ..limits() };
+    let key = charge_key("order_4400_charge");
+    let out = h.run("charge", &charge_input("order_4400_charge", "order_4400", 100_000), gated.clone()).await;
+    assert_eq!(out.status, "suspended");
+    assert_eq!(h.status(&key), IntentStatus::AwaitingApproval);
+    assert_eq!(h.provider.effect_count(), 0);
+    let wrong = h
+        .command(Action::Approve {
+            key: key.clone(),
+            by: "lead".into(),
+            ttl_ms: 60_000,
+            fingerprint: Some("0".repeat(64)),
+        })
+        .await;
+    assert!(
+        matches!(wrong, Err(LogError::Refused(Refusal::NotAllowed(_)))),
+        "an approval for another payload releases nothing"
+    );
+    h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: None })
+        .await
+        .expect("approves");
+    h.clock.advance_ms(61_000);
+    let stale = h.run("charge", &charge_input("order_4400_charge", "order_4400", 100_000), gated.clone()).await;
+    assert_eq!(stale.status, "suspended", "a stale approval releases nothing");
+    assert_eq!(h.provider.effect_count(), 0);
+    h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: None })
+        .await
+        .expect("approves");
+    let done = h.run("charge", &charge_input("order_4400_charge", "order_4400", 100_000), gated).await;
+    assert_eq!(text(&done.output, "status"), "validated");
+    assert_eq!(h.provider.effect_count(), 1);
+}
+
+#[tokio::test]
+async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
+    let h = Harness::new(stripe());
+    // Reserve and start an attempt by hand, as a worker would before dying.
+    let key = charge_key("order_5000_charge");
+    let run = RunId::new("crashed");
+    let spec = engine::ledger::IntentSpec {
+        definition: engine::event::IntentDefinition {
+            key: key.clone(),
+            kind: EffectKind::Charge,
+            tenant: TENANT.into(),
+            intent_id: "order_5000_charge".into(),
+            order_id: "order_5000".into(),
+            business_ref: "order_5000".into(),
+            fingerprint: "f".repeat(64),
+            amount_minor: 1000,
+            currency: "EUR".into(),
+            payload: json!({}),
+        },
+        capability: stripe(),
+    };
+    let start = engine::ledger::RunStart {
+        run_id: run.clone(),
+        workflow: "charge".into(),
+        input: json!({}),
+        deadline_at: engine::clock::plus_ms(h.clock.now(), 120_000),
+        limits: limits(),
+    };
+    h.log
+        .execute(Command {
+            cause: Cause::command("test"),
+            start_run: Some(start),
+            action: Action::Reserve { run_id: run.clone(), position: 0, spec },
+        })
+        .await
+        .expect("reserves");
+    h.command(Action::StartAttempt { key: key.clone(), run_id: run }).await.expect("starts");
+    let first = h.command(Action::Recover).await.expect("recovers");
+    let second = h.command(Action::Recover).await.expect("recovers");
+    assert!(matches!(first, engine::ledger::Reply::Recovered(ref keys) if keys == &vec![key.clone()]));
+    assert!(matches!(second, engine::ledger::Reply::Recovered(ref keys) if keys.is_empty()));
+    let unknowns = h.log.events().iter().filter(|e| matches!(e.event, Event::OutcomeUnknown { .. })).count();
+    assert_eq!(unknowns, 1);
+    assert_eq!(h.provider.effect_count(), 0, "recovery never resends");
+}
+
+/// A workflow whose step names depend on a flag, to change the code between runs.
+struct Shifty(std::sync::atomic::AtomicBool);
+
+impl Workflow for Shifty {
+    fn name(&self) -> &'static str {
+        "shifty"
+    }
+    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+        Ok(Prepared { stored_input: raw.clone(), secrets: Default::default() })
+    }
+    fn run<'a>(&'a self, ctx: &'a mut Context, _input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+        Box::pin(async move {
+            let name = if self.0.load(std::sync::atomic::Ordering::SeqCst) { "renamed" } else { "original" };
+            let first: u32 = ctx.step(name, || async { 7 }).await?;
+            let approval = ctx.wait_signal("go").await?;
+            ctx.sleep(10).await?;
+            Ok(WorkflowEnd {
+                status: engine::event::RunStatus::Completed,
+                output: json!({"first": first, "signal": approval}),
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn replay_returns_recorded_steps_and_a_different_step_stops_the_run() {
+    let shifty = Arc::new(Shifty(std::sync::atomic::AtomicBool::new(false)));
+    let h = Harness::with_workflows(stripe(), vec![shifty.clone()]);
+    let out = h.run("shifty", &json!({}), limits()).await;
+    assert_eq!(out.status, "suspended", "waits for its signal");
+    let run_id = RunId::new(out.run_id.clone());
+    h.command(Action::DeliverSignal { run_id: run_id.clone(), name: "go".into(), payload: json!("approved") })
+        .await
+        .expect("delivers");
+    let run = h.ledger().run(&run_id).expect("exists").clone();
+    let resumed = h.executor.resume(&run, Cause::command("resume")).await.expect("resumes");
+    assert_eq!(resumed.status, "completed");
+    assert_eq!(resumed.output["signal"], "approved");
+    assert_eq!(resumed.output["first"], 7);
+
+    // Same journal, changed code: the run stops nondeterministic_replay.
+    let h2 = Harness::with_workflows(stripe(), vec![shifty.clone()]);
+    let out = h2.run("shifty", &json!({}), limits()).await;
+    shifty.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    let run = h2.ledger().run(&RunId::new(out.run_id)).expect("exists").clone();
+    let replayed = h2.executor.resume(&run, Cause::command("resume")).await.expect("resumes");
+    assert_eq!(replayed.status, "nondeterministic_replay");
+}
+
+#[tokio::test]
+async fn replaying_the_log_gives_the_same_state() {
+    let h = Harness::new(stripe());
+    h.provider.script([Scripted::LoseAnswer, Scripted::Decline]);
+    h.charge("order_6000_charge", "order_6000", 1000).await;
+    h.charge("order_6001_charge", "order_6001", 1000).await;
+    h.charge("order_6002_charge", "order_6002", 1000).await;
+    let mut replayed = Ledger::new();
+    for event in h.log.events() {
+        replayed.apply(&event);
+    }
+    let live = h.ledger();
+    for intent in live.intents() {
+        assert_eq!(replayed.intent(intent.key()), Some(intent));
+    }
+    assert_eq!(replayed.runs().len(), live.runs().len());
+}
