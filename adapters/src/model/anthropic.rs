@@ -8,7 +8,9 @@
 
 use super::http::{HttpConfig, HttpTransport};
 use super::{protocol, str_field, u64_field};
-use engine::agent::{Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, TransportError, Usage};
+use engine::agent::{
+    Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, TransportError, Usage,
+};
 use engine::provider::BoxFuture;
 use serde_json::{Value, json};
 
@@ -22,14 +24,20 @@ pub fn parse_response(value: &Value) -> Result<ModelResponse, TransportError> {
     {
         return Err(protocol(format!("Anthropic response of type {kind:?}, expected \"message\"")));
     }
-    let blocks = value.get("content").and_then(Value::as_array).ok_or_else(|| protocol("Anthropic response without a content array"))?;
+    let blocks = value
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| protocol("Anthropic response without a content array"))?;
     let mut content = Vec::with_capacity(blocks.len());
     for (i, block) in blocks.iter().enumerate() {
         match str_field(block, "type") {
-            Some("text") => content.push(ResponseBlock::Text { text: str_field(block, "text").unwrap_or_default().to_owned() }),
+            Some("text") => {
+                content.push(ResponseBlock::Text { text: str_field(block, "text").unwrap_or_default().to_owned() })
+            }
             Some("tool_use") => {
                 let id = str_field(block, "id").ok_or_else(|| protocol(format!("tool_use block {i} without an id")))?;
-                let name = str_field(block, "name").ok_or_else(|| protocol(format!("tool_use block {i} without a name")))?;
+                let name =
+                    str_field(block, "name").ok_or_else(|| protocol(format!("tool_use block {i} without a name")))?;
                 let arguments = match block.get("input") {
                     Some(Value::String(raw)) => raw.clone(),
                     Some(input) => input.to_string(),

@@ -96,7 +96,8 @@ impl HttpTransport {
                 TransportError::Rejected { status: code, detail }
             });
         }
-        serde_json::from_str(&text).map_err(|e| TransportError::Protocol { detail: format!("the body is not JSON: {e}") })
+        serde_json::from_str(&text)
+            .map_err(|e| TransportError::Protocol { detail: format!("the body is not JSON: {e}") })
     }
 }
 

@@ -8,7 +8,9 @@
 
 use super::http::{HttpConfig, HttpTransport};
 use super::{protocol, str_field, u64_field};
-use engine::agent::{Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, TransportError, Usage};
+use engine::agent::{
+    Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, TransportError, Usage,
+};
 use engine::provider::BoxFuture;
 use serde_json::{Value, json};
 
@@ -65,7 +67,8 @@ pub fn parse_response(value: &Value) -> Result<ModelResponse, TransportError> {
         },
         Some(other) => return Err(protocol(format!("finish_reason is not a string: {other}"))),
     };
-    let stop_reason = if refusal.is_some() && stop_reason == StopReason::EndTurn { StopReason::Refusal } else { stop_reason };
+    let stop_reason =
+        if refusal.is_some() && stop_reason == StopReason::EndTurn { StopReason::Refusal } else { stop_reason };
     let usage = value.get("usage").map_or(Usage::default(), |u| Usage {
         input_tokens: u64_field(u, "prompt_tokens"),
         output_tokens: u64_field(u, "completion_tokens"),
@@ -97,9 +100,9 @@ pub fn request_body(model: &str, request: &ModelRequest) -> Value {
                 let calls: Vec<Value> = content
                     .iter()
                     .filter_map(|b| match b {
-                        ResponseBlock::ToolUse { id, name, arguments } => {
-                            Some(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}))
-                        }
+                        ResponseBlock::ToolUse { id, name, arguments } => Some(
+                            json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}}),
+                        ),
                         ResponseBlock::Text { .. } => None,
                     })
                     .collect();

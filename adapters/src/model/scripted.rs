@@ -83,10 +83,9 @@ impl Transcript {
                     .map(serde_json::from_value::<WireFormat>)
                     .transpose()
                     .map_err(|e| TranscriptError::Shape { detail: format!("format: {e}") })?;
-                let entries = map
-                    .get("responses")
-                    .and_then(Value::as_array)
-                    .ok_or_else(|| TranscriptError::Shape { detail: "an object transcript needs a \"responses\" array".into() })?;
+                let entries = map.get("responses").and_then(Value::as_array).ok_or_else(|| TranscriptError::Shape {
+                    detail: "an object transcript needs a \"responses\" array".into(),
+                })?;
                 (format, entries)
             }
             _ => return Err(TranscriptError::Shape { detail: "expected an array".into() }),
@@ -94,7 +93,9 @@ impl Transcript {
         let steps = entries
             .iter()
             .enumerate()
-            .map(|(index, entry)| parse_step(entry, declared).map_err(|source| TranscriptError::Entry { index, source }))
+            .map(|(index, entry)| {
+                parse_step(entry, declared).map_err(|source| TranscriptError::Entry { index, source })
+            })
             .collect::<Result<_, _>>()?;
         Ok(Self { steps })
     }
@@ -102,7 +103,8 @@ impl Transcript {
     /// Reads and parses a transcript file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TranscriptError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| TranscriptError::Io { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| TranscriptError::Io { path: path.display().to_string(), source })?;
         Self::parse(&text)
     }
 

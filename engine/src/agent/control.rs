@@ -30,6 +30,9 @@ pub trait Timer: Send + Sync {
 
 /// A timer for tests over a [`ManualClock`]: waiting until `at` moves the clock to `at` and
 /// resolves at once, so a hanging transport meets its deadline without real waiting.
+/// Fits work that is ready on its first poll or never (scripted transports, in-memory
+/// tools); work that takes real time (HTTP) needs a real timer, or it meets the deadline
+/// on its first `Pending`.
 #[derive(Clone, Debug)]
 pub struct ManualTimer {
     clock: Arc<ManualClock>,
