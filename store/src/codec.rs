@@ -268,3 +268,60 @@ fn classify_conflict(conn: &Connection, row: &NewEvent<'_>) -> Option<Error> {
     let found = max_seq(conn).ok()?;
     (found >= row.seq).then(|| Error::Conflict { stream: "*".to_owned(), expected: row.seq, found })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{Options, open_writer};
+
+    fn row<'a>(seq: u64, stream: &'a str, stream_seq: u64, hash: &'a str) -> NewEvent<'a> {
+        NewEvent {
+            seq,
+            stream,
+            stream_seq,
+            type_name: "RunStarted",
+            at: "2025-03-01T12:00:00.000000Z",
+            cause: r#"{"actor":"test"}"#,
+            payload: "{}",
+            prev_hash: engine::event::GENESIS_HASH,
+            hash,
+        }
+    }
+
+    #[test]
+    fn a_writer_appending_from_a_stale_view_gets_a_conflict_not_a_fork() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let conn = open_writer(&dir.path().join("keel.db"), &Options::default()).expect("open");
+        let hash = "a".repeat(64);
+        insert_event(&conn, &row(1, "run:a", 1, &hash)).expect("first");
+        insert_event(&conn, &row(2, "run:a", 2, &hash)).expect("second");
+
+        // Fresh global position, stale stream position: the UNIQUE(stream, stream_seq) guard.
+        match insert_event(&conn, &row(3, "run:a", 2, &hash)) {
+            Err(Error::Conflict { stream, expected, found }) => {
+                assert_eq!((stream.as_str(), expected, found), ("run:a", 2, 2));
+            }
+            other => panic!("expected a stream conflict, got {other:?}"),
+        }
+        // Stale global position on another stream: the seq primary key.
+        match insert_event(&conn, &row(2, "run:b", 1, &hash)) {
+            Err(error @ Error::Conflict { .. }) => {
+                assert!(error.is_retryable());
+                assert!(matches!(error, Error::Conflict { ref stream, expected: 2, found: 2 } if stream == "*"));
+            }
+            other => panic!("expected a sequence conflict, got {other:?}"),
+        }
+        assert_eq!(max_seq(&conn).expect("max"), 2);
+        let count: i64 = conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0)).expect("count");
+        assert_eq!(count, 2, "nothing was written by the stale writer");
+    }
+
+    #[test]
+    fn another_constraint_stays_a_sqlite_error() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let conn = open_writer(&dir.path().join("keel.db"), &Options::default()).expect("open");
+        let error = insert_event(&conn, &row(1, "run:a", 1, "short")).expect_err("CHECK(length(hash) = 64)");
+        assert!(matches!(error, Error::Sqlite(_)), "{error:?}");
+        assert!(!error.is_retryable());
+    }
+}

@@ -169,7 +169,7 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
     // the last commits on power loss for fewer fsyncs. See `Durability`.
     conn.pragma_update(None, "synchronous", options.durability.pragma_value())?;
     // Enforce `intents.run_id → runs`: a projection row never names a run the projection
-    // lacks. Off by default in SQLite, per connection.
+    // lacks. The default depends on how SQLite was compiled (off in stock builds), so say it.
     conn.pragma_update(None, "foreign_keys", "ON")?;
     // The writer reuses a handful of statements per event; keep them all prepared.
     conn.set_prepared_statement_cache_capacity(32);

@@ -403,6 +403,8 @@ impl Writer {
         // IMMEDIATE takes the write lock now, so the catch-up below and every decision
         // after it see a log no other process can extend until we commit.
         self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| not_committed(e.into()))?;
+        self.catch_up().map_err(not_committed)?;
+        // Counted after the catch-up: events another process appended are not ours.
         let events_before = self.ledger.last_seq();
         let decisions = self.append_batch(jobs, now).map_err(not_committed)?;
         let appended = self.ledger.last_seq() - events_before;
@@ -415,7 +417,6 @@ impl Writer {
     }
 
     fn append_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> Result<Vec<Decision>> {
-        self.catch_up()?;
         let at = format_time(now);
         let mut touched = Touched::default();
         let mut decisions = Vec::with_capacity(jobs.len());

@@ -1,0 +1,216 @@
+//! The writer's contract, one caller at a time: refusals write nothing, time is stamped from
+//! the clock, state survives a restart, failures roll back, shutdown closes.
+
+use crate::support::{Fixture, charge, intent_of, key, outcome, start, start_and_reserve, start_attempt, succeed};
+use chrono::SubsecRound;
+use engine::event::{Cause, RunId};
+use engine::ledger::{Action, Command, IntentStatus, Refusal, RejectCode, Reply};
+use engine::log::{EventLog, LogError};
+use engine::provider::{CallOutcome, UnknownReason};
+use serde_json::json;
+
+#[test]
+fn a_refused_command_writes_nothing_not_even_its_run() {
+    let fixture = Fixture::new();
+    let store = &fixture.store;
+    store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))).expect("reserved");
+    let before = fixture.event_count();
+
+    // Same key, another payload, in a run the command would start.
+    let mismatch = store.execute_blocking(start_and_reserve("run-2", charge("intent-000001", 999)));
+    match mismatch {
+        Err(LogError::Refused(Refusal::Rejected { code, .. })) => assert_eq!(code, RejectCode::IntentPayloadMismatch),
+        other => panic!("expected a payload mismatch, got {other:?}"),
+    }
+    let unknown = store.execute_blocking(start_attempt("run-1", "intent-nobody"));
+    assert!(matches!(unknown, Err(LogError::Refused(Refusal::UnknownIntent(_)))), "{unknown:?}");
+
+    assert_eq!(fixture.event_count(), before);
+    let reader = store.reader().expect("reader");
+    assert_eq!(reader.run(&RunId::new("run-2")).expect("read"), None);
+    assert_eq!(reader.intent(&key("intent-000001")).expect("read").expect("row").amount_minor, 100);
+    let stats = store.stats();
+    assert_eq!(stats.refused, 2);
+    assert_eq!(stats.commits, 1, "a batch of refusals commits nothing to disk");
+}
+
+#[test]
+fn a_payload_above_the_limit_refuses_the_whole_command() {
+    let fixture = Fixture::new();
+    let mut spec = charge("intent-000001", 100);
+    // RunStarted and StepRecorded are small; only IntentReserved, the third event, is too big.
+    spec.definition.payload = json!({"note": "x".repeat(engine::limits::EVENT_PAYLOAD_MAX_BYTES)});
+    let refused = fixture.store.execute_blocking(start_and_reserve("run-1", spec));
+    match refused {
+        Err(LogError::Refused(Refusal::NotAllowed(message))) => {
+            assert!(message.starts_with("IntentReserved payload is "), "{message}");
+            assert!(message.contains("limit"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(fixture.event_count(), 0);
+    // The writer's ledger did not fold the first two events either: the run can still start.
+    let reply = fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100)));
+    assert!(intent_of(reply).1);
+    assert!(fixture.store.reader().expect("reader").verify().expect("verify").is_ok());
+}
+
+#[test]
+fn events_are_stamped_with_the_clock_truncated_to_microseconds() {
+    let fixture = Fixture::new();
+    fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))).expect("reserved");
+    fixture.clock.advance_ms(1_500);
+    let (intent, _) = intent_of(fixture.store.execute_blocking(start_attempt("run-1", "intent-000001")));
+
+    let first = start().trunc_subsecs(6);
+    let later = (start() + chrono::TimeDelta::milliseconds(1_500)).trunc_subsecs(6);
+    assert_ne!(first, start(), "the test clock has nanoseconds to drop");
+    let events = fixture.store.reader().expect("reader").events_since(0).expect("events");
+    let times: Vec<_> = events.iter().map(|e| e.at).collect();
+    assert_eq!(times, vec![first, first, first, later]);
+    assert_eq!(intent.last_sent_at, Some(later));
+    // The writer's state and a fold of what it stored agree to the microsecond.
+    let refolded = fixture.store.reader().expect("reader").ledger().expect("fold");
+    assert_eq!(refolded.intent(&key("intent-000001")), Some(&intent));
+}
+
+/// Drives intents into several statuses and returns the replies' view of them.
+fn varied_workload(fixture: &Fixture) {
+    let store = &fixture.store;
+    for (n, id) in
+        ["intent-000001", "intent-000002", "intent-000003", "intent-000004", "intent-000005"].iter().enumerate()
+    {
+        let run = format!("run-{n}");
+        store.execute_blocking(start_and_reserve(&run, charge(id, 100 * (n as i64 + 1)))).expect("reserved");
+        if n == 4 {
+            continue; // stays reserved
+        }
+        store.execute_blocking(start_attempt(&run, id)).expect("attempt");
+        let result = match n {
+            0 => succeed(id, 1, 100),
+            1 => outcome(id, 1, CallOutcome::Declined { code: "card_declined".to_owned() }),
+            2 => {
+                outcome(id, 1, CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer".to_owned() })
+            }
+            _ => outcome(id, 1, CallOutcome::NotSent { detail: "connection refused".to_owned() }),
+        };
+        store.execute_blocking(result).expect("outcome");
+    }
+    let finish = Command {
+        cause: Cause::command("test"),
+        start_run: None,
+        action: Action::FinishRun {
+            run_id: RunId::new("run-0"),
+            status: engine::event::RunStatus::Completed,
+            detail: None,
+        },
+    };
+    store.execute_blocking(finish).expect("finished");
+}
+
+#[test]
+fn state_after_a_restart_equals_state_before() {
+    let mut fixture = Fixture::new();
+    varied_workload(&fixture);
+    let reader = fixture.store.reader().expect("reader");
+    let ledger_before = reader.ledger().expect("fold");
+    let (intents_before, runs_before) = (reader.intents(None).expect("intents"), reader.runs().expect("runs"));
+    let statuses: Vec<&str> = intents_before.iter().map(|row| row.status.as_str()).collect();
+    assert_eq!(statuses, ["validated", "declined", "outcome_unknown", "reserved", "reserved"]);
+    assert_eq!(runs_before[0].status, "completed");
+    drop(reader);
+
+    fixture.reopen();
+    let reader = fixture.store.reader().expect("reader");
+    let ledger_after = reader.ledger().expect("fold");
+    assert_eq!(ledger_after.intents(), ledger_before.intents());
+    assert_eq!(ledger_after.runs(), ledger_before.runs());
+    assert_eq!(ledger_after.last_hash(), ledger_before.last_hash());
+    assert_eq!(reader.intents(None).expect("intents"), intents_before);
+    assert_eq!(reader.runs().expect("runs"), runs_before);
+    assert_eq!(reader.intents(Some("declined")).expect("intents").len(), 1);
+
+    // The reopened writer continues the same chain.
+    fixture.store.execute_blocking(start_attempt("run-4", "intent-000005")).expect("attempt after restart");
+    let events = reader.events_since(ledger_before.last_seq()).expect("new events");
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].prev_hash, ledger_before.last_hash());
+    assert!(reader.verify().expect("verify").is_ok());
+}
+
+#[test]
+fn a_failed_batch_rolls_back_answers_unavailable_and_the_writer_goes_on() {
+    let fixture = Fixture::new();
+    fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))).expect("reserved");
+    // A projection write that fails after the batch's events were inserted and folded.
+    fixture
+        .raw()
+        .execute_batch(
+            "CREATE TRIGGER boom BEFORE INSERT ON intents WHEN NEW.amount_minor = 666 \
+             BEGIN SELECT RAISE(ABORT, 'boom'); END",
+        )
+        .expect("install the fault");
+    let failed = fixture.store.execute_blocking(start_and_reserve("run-2", charge("intent-000002", 666)));
+    match failed {
+        Err(LogError::Unavailable { detail, maybe_committed }) => {
+            assert!(!maybe_committed);
+            assert!(detail.contains("boom"), "{detail}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(fixture.event_count(), 3);
+    assert_eq!(fixture.store.stats().failed_batches, 1);
+
+    // The ledger was re-folded: the same seqs are reused, and the run can start for real.
+    let (intent, fresh) =
+        intent_of(fixture.store.execute_blocking(start_and_reserve("run-2", charge("intent-000002", 667))));
+    assert!(fresh);
+    assert_eq!(intent.last_seq, 6);
+    assert_eq!(intent.status, IntentStatus::Reserved);
+    assert!(fixture.store.reader().expect("reader").verify().expect("verify").is_ok());
+}
+
+#[test]
+fn after_shutdown_every_handle_sees_the_store_closed() {
+    let fixture = Fixture::new();
+    let clone = fixture.store.clone();
+    fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))).expect("reserved");
+    fixture.store.shutdown().expect("shutdown");
+    fixture.store.shutdown().expect("a second shutdown is harmless");
+    let answer = clone.execute_blocking(start_attempt("run-1", "intent-000001"));
+    assert!(matches!(answer, Err(LogError::Unavailable { maybe_committed: false, .. })), "{answer:?}");
+    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let answer = runtime.block_on(clone.execute(start_attempt("run-1", "intent-000001")));
+    assert!(matches!(answer, Err(LogError::Unavailable { maybe_committed: false, .. })), "{answer:?}");
+    assert_eq!(fixture.event_count(), 3);
+}
+
+#[test]
+fn dropping_every_handle_drains_the_queue_before_the_thread_stops() {
+    let fixture = Fixture::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).build().expect("runtime");
+    let store = fixture.store.clone();
+    let answers = runtime.block_on(async move {
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let id = format!("intent-{i:06}");
+                    store.execute(start_and_reserve(&format!("run-{i}"), charge(&id, 100))).await
+                })
+            })
+            .collect();
+        drop(store);
+        let mut answers = Vec::new();
+        for task in tasks {
+            answers.push(task.await.expect("task"));
+        }
+        answers
+    });
+    let Fixture { path, store, .. } = fixture;
+    drop(store);
+    assert!(answers.iter().all(|a| matches!(a, Ok(Reply::Intent { fresh: true, .. }))));
+    // The thread was joined: every answered command is in the file.
+    let reader = store::Reader::open(&path).expect("reader");
+    assert_eq!(reader.intents(None).expect("intents").len(), 32);
+}
