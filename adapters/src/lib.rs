@@ -36,5 +36,6 @@
 //! # }
 //! ```
 
+pub mod model;
 pub mod provider_http;
 pub mod sim;

@@ -18,6 +18,7 @@
 //! assert_eq!(fingerprint(&json!({"amount_minor": 4900, "currency": "EUR"})),
 //!            fingerprint(&json!({"currency": "EUR", "amount_minor": 4.9e3})));
 //! ```
+pub mod agent;
 pub mod canonical;
 pub mod clock;
 pub mod event;

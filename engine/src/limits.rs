@@ -64,3 +64,69 @@ pub fn reconcile_backoff_ms(n: u32) -> u64 {
     let shift = n.saturating_sub(1).min(16);
     (RECONCILE_BACKOFF_BASE_MS << shift).min(RECONCILE_BACKOFF_MAX_MS)
 }
+
+// ---------------------------------------------------------------------------------------------
+// Agent harness (`engine::agent`). Defaults are seed 003's acceptance table; a run records the
+// limits it starts with in `AgentRunStarted`, so a restart never refills them.
+// ---------------------------------------------------------------------------------------------
+
+/// Default model calls per agent run (seed 003: six transport calls). Enforced by the loop
+/// before each call reservation (`model_budget`).
+pub const AGENT_MODEL_CALLS_DEFAULT: u32 = 6;
+
+/// Default tool attempts per agent run, failed attempts included (seed 003: four). Enforced
+/// by the guard, step 6 (`tool_budget`).
+pub const AGENT_TOOL_CALLS_DEFAULT: u32 = 4;
+
+/// Default admitted attempts per canonical signature (tool name + canonical arguments;
+/// seed 003: one). Enforced by the guard, step 7 (`repeated_call`).
+pub const AGENT_REPEATS_PER_SIGNATURE_DEFAULT: u32 = 1;
+
+/// Default agent run deadline, from run start (seed 003: 120 s). The absolute instant is
+/// fixed in `AgentRunStarted`; the loop races every model call and tool body against it.
+pub const AGENT_DEADLINE_DEFAULT_MS: u64 = 120_000;
+
+/// Default schema corrections per run: unknown tools, malformed and schema-invalid arguments
+/// the model may correct. Three gives a model room to fix a typo twice without letting it
+/// loop. Enforced by the guard, steps 2 and 4 (`schema_budget`).
+pub const AGENT_SCHEMA_CORRECTIONS_DEFAULT: u32 = 3;
+
+/// Default consecutive turns whose tool calls produced no progress (no new evidence, no
+/// state change). Larger than [`AGENT_TOOL_CALLS_DEFAULT`] so seed 003's `changing`
+/// scenario stops on the tool budget, as the seed says. Enforced by the loop before each
+/// model call (`no_progress`).
+pub const AGENT_NO_PROGRESS_ITERATIONS_DEFAULT: u32 = 5;
+
+/// Default output-token cap sent with each model call (seed 003: `MaxOutputTokens = 800`).
+/// A per-call option, not a budget: the budgets are the token and cost totals.
+pub const AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT: u32 = 800;
+
+/// Longest tool-call argument text the guard parses. Larger arguments are refused as a
+/// schema correction before parsing, so a runaway model cannot make the guard allocate.
+pub const AGENT_TOOL_ARGUMENTS_MAX_BYTES: usize = 16 * 1024;
+
+/// Longest tool result kept in the journal and sent back to the model; longer results are
+/// cut and say so. Keeps one event well under [`EVENT_PAYLOAD_MAX_BYTES`].
+pub const AGENT_TOOL_RESULT_MAX_BYTES: usize = 16 * 1024;
+
+/// Longest tool name recorded for an unknown tool, so a model cannot write prose into the
+/// control events. Enforced by the guard, step 2.
+pub const AGENT_TOOL_NAME_MAX_CHARS: usize = 64;
+
+/// Schema violations listed in one error result. The first few are enough for a model to
+/// correct its arguments; the rest would only fill its context.
+pub const AGENT_SCHEMA_ERRORS_SHOWN_MAX: usize = 3;
+
+/// Default whole-request timeout of the HTTP model transports. Shorter than the default
+/// deadline so one stuck call cannot eat a run; the deadline still races every call.
+pub const MODEL_HTTP_TIMEOUT_DEFAULT_MS: u64 = 60_000;
+
+/// Default connect timeout of the HTTP model transports.
+pub const MODEL_HTTP_CONNECT_TIMEOUT_DEFAULT_MS: u64 = 5_000;
+
+const _: () = assert!(AGENT_NO_PROGRESS_ITERATIONS_DEFAULT > AGENT_TOOL_CALLS_DEFAULT);
+const _: () = assert!(AGENT_REPEATS_PER_SIGNATURE_DEFAULT >= 1);
+const _: () = assert!(AGENT_TOOL_RESULT_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
+const _: () = assert!(AGENT_TOOL_ARGUMENTS_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
+const _: () = assert!(MODEL_HTTP_TIMEOUT_DEFAULT_MS < AGENT_DEADLINE_DEFAULT_MS);
+const _: () = assert!(MODEL_HTTP_CONNECT_TIMEOUT_DEFAULT_MS < MODEL_HTTP_TIMEOUT_DEFAULT_MS);

@@ -17,6 +17,7 @@
 pub mod charge;
 pub mod input;
 pub mod refund;
+pub mod ticket_review;
 
 use engine::executor::Workflow;
 use std::sync::Arc;

@@ -1,0 +1,591 @@
+//! The agent harness's durable facts and their fold.
+//!
+//! Owns [`AgentEvent`] — every fact an agent run appends to its journal, past tense — and
+//! [`AgentState`], the pure fold of those facts (`AgentState::apply`). Every counter the
+//! guard and the loop read (model calls, tool calls in total / per tool / per signature,
+//! tokens, cost, schema corrections, turns without progress) and the conversation replayed
+//! to the model are derived from the journal alone, so folding it after a crash restores
+//! them exactly.
+//!
+//! # Ordering (reserve before spend)
+//!
+//! - `ModelCallReserved` is appended before the transport is called; `ModelAnswerRecorded`
+//!   after. A reservation without an answer was consumed (the call may have been billed);
+//!   a recorded answer is never requested again.
+//! - `ToolCallReserved` is appended before the intent gate and the tool body run; exactly one
+//!   result event follows for each call id (`ToolResultRecorded`, `ToolCallRefused`,
+//!   `SchemaCorrectionCounted` or `UnknownToolCounted`). A reservation found without a result
+//!   on resume is recorded as `interrupted`: it still consumed its budget.
+//! - `RunStopped` is the last event of a run.
+//!
+//! An event variant is never edited once released; add a new one.
+
+use super::budget::AgentLimits;
+use super::model::{Message, ModelResponse, ResponseBlock, ToolResultBlock};
+use super::outcome::{AgentStatus, ControlEvent, RunOutcome};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The version of a tool a run was started with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolStamp {
+    /// Tool name.
+    pub name: String,
+    /// Tool version.
+    pub version: String,
+    /// Fingerprint of its schema's canonical JSON.
+    pub schema_fingerprint: String,
+}
+
+/// Why arguments were refused at the schema step (a correction the model may make).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CorrectionCode {
+    /// Not JSON at all: a protocol error, never guessed at.
+    MalformedArguments,
+    /// JSON cut before its end: a protocol error, never completed by guessing.
+    TruncatedArguments,
+    /// JSON that does not bind to the strict schema (unknown property, wrong type, missing field).
+    InvalidArguments,
+}
+
+impl CorrectionCode {
+    /// Stable snake_case name.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::MalformedArguments => "malformed_arguments",
+            Self::TruncatedArguments => "truncated_arguments",
+            Self::InvalidArguments => "invalid_arguments",
+        }
+    }
+}
+
+/// How an admitted tool call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolOutcome {
+    /// The body returned a result.
+    Succeeded,
+    /// The body returned an error result.
+    Failed,
+    /// The body reported an effect whose outcome is ambiguous.
+    Unknown,
+    /// The body was interrupted (deadline, cancellation, crash) after its reservation.
+    Interrupted,
+    /// The call never reached the body (unknown tool, schema, invariant, gate, approval).
+    Refused,
+}
+
+/// One durable fact of an agent run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum AgentEvent {
+    /// The run started: its limits, absolute deadline, grants and tools are fixed here.
+    AgentRunStarted {
+        /// Run id.
+        run_id: String,
+        /// Workflow name (e.g. `ticket-review`).
+        workflow: String,
+        /// When it started.
+        started_at: DateTime<Utc>,
+        /// Absolute deadline, fixed once.
+        deadline: DateTime<Utc>,
+        /// Every bound of the run.
+        limits: AgentLimits,
+        /// Capabilities granted to this run.
+        capabilities: BTreeSet<String>,
+        /// The tools visible to the model, with their versions.
+        tools: Vec<ToolStamp>,
+        /// System instructions.
+        system: String,
+        /// The user's request.
+        prompt: String,
+    },
+    /// A model call was reserved; the transport is called after this is durable.
+    ModelCallReserved {
+        /// 1-based call number.
+        call: u32,
+    },
+    /// A model answer was received and recorded; it is never requested again.
+    ModelAnswerRecorded {
+        /// The call it answers.
+        call: u32,
+        /// The normalised answer.
+        response: ModelResponse,
+        /// Its cost in minor units, `None` when the model has no price.
+        cost_minor: Option<i64>,
+    },
+    /// The reserved model call failed (the reservation stays consumed).
+    ModelCallFailed {
+        /// The call that failed.
+        call: u32,
+        /// Human detail (never a key).
+        detail: String,
+    },
+    /// The model named a tool that is not in the run's registry (error result, counted).
+    UnknownToolCounted {
+        /// Call id.
+        call_id: String,
+        /// The name it used, cut to `AGENT_TOOL_NAME_MAX_CHARS`.
+        name: String,
+        /// Unknown tools so far.
+        count: u32,
+        /// The error result the model reads.
+        message: String,
+    },
+    /// Arguments were refused at the schema step (error result, counted as a correction).
+    SchemaCorrectionCounted {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// Why.
+        code: CorrectionCode,
+        /// Schema corrections so far (unknown tools included).
+        count: u32,
+        /// The error result the model reads.
+        message: String,
+    },
+    /// The call was refused after binding (invariant, intent gate, approval): an error result.
+    ToolCallRefused {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// Stable code, e.g. `invariant_violated`, `intent_payload_mismatch`, `approval_denied`.
+        code: String,
+        /// The error result the model reads.
+        message: String,
+    },
+    /// A tool attempt was admitted and its counters reserved, before the body runs.
+    ToolCallReserved {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// SHA-256 of the canonical signature (tool name + canonical bound arguments).
+        signature: String,
+        /// Tool attempts in the run, this one included.
+        total: u32,
+        /// Attempts of this tool, this one included.
+        per_tool: u32,
+        /// Attempts of this signature, this one included.
+        per_signature: u32,
+    },
+    /// An admitted tool call ended; its result is what the model reads.
+    ToolResultRecorded {
+        /// Call id.
+        call_id: String,
+        /// Tool name.
+        tool: String,
+        /// How it ended.
+        outcome: ToolOutcome,
+        /// What the model reads (wrapped as untrusted data when it came from a third party).
+        content: String,
+        /// Where third-party text came from, when it did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        provenance: Option<String>,
+        /// The result is new evidence or a state change.
+        progress: bool,
+    },
+    /// Every tool call of a turn got its result.
+    TurnEnded {
+        /// The model call whose answer the turn answered.
+        call: u32,
+        /// Some result of the turn made progress.
+        progress: bool,
+        /// Consecutive turns without progress, this one included.
+        without_progress: u32,
+    },
+    /// The run ended. Always the last event.
+    RunStopped {
+        /// How.
+        status: AgentStatus,
+        /// `model`, a tool name, or `run`.
+        subject: String,
+        /// The count of the dimension that stopped it.
+        count: u64,
+        /// Why, for humans (never arguments or secrets).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+        /// The model's final text (completed / incomplete).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+    },
+}
+
+impl AgentEvent {
+    /// The event's type name, as stored.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Self::AgentRunStarted { .. } => "AgentRunStarted",
+            Self::ModelCallReserved { .. } => "ModelCallReserved",
+            Self::ModelAnswerRecorded { .. } => "ModelAnswerRecorded",
+            Self::ModelCallFailed { .. } => "ModelCallFailed",
+            Self::UnknownToolCounted { .. } => "UnknownToolCounted",
+            Self::SchemaCorrectionCounted { .. } => "SchemaCorrectionCounted",
+            Self::ToolCallRefused { .. } => "ToolCallRefused",
+            Self::ToolCallReserved { .. } => "ToolCallReserved",
+            Self::ToolResultRecorded { .. } => "ToolResultRecorded",
+            Self::TurnEnded { .. } => "TurnEnded",
+            Self::RunStopped { .. } => "RunStopped",
+        }
+    }
+}
+
+/// The fixed part of a run, from `AgentRunStarted`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunHeader {
+    /// Run id.
+    pub run_id: String,
+    /// Workflow name.
+    pub workflow: String,
+    /// Start instant.
+    pub started_at: DateTime<Utc>,
+    /// Absolute deadline.
+    pub deadline: DateTime<Utc>,
+    /// Limits.
+    pub limits: AgentLimits,
+    /// Granted capabilities.
+    pub capabilities: BTreeSet<String>,
+    /// Tools and versions.
+    pub tools: Vec<ToolStamp>,
+    /// System instructions.
+    pub system: String,
+    /// User request.
+    pub prompt: String,
+}
+
+/// One recorded tool result.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedResult {
+    /// Call id.
+    pub call_id: String,
+    /// Tool name (as the model wrote it, for unknown tools).
+    pub tool: String,
+    /// How it ended.
+    pub outcome: ToolOutcome,
+    /// What the model reads.
+    pub content: String,
+    /// The result is new evidence or a state change.
+    pub progress: bool,
+}
+
+/// One model answer and the results of its tool calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Turn {
+    /// The model call it answers.
+    pub call: u32,
+    /// The recorded answer.
+    pub response: ModelResponse,
+    /// Results, in the order they were recorded.
+    pub results: Vec<RecordedResult>,
+    /// Call ids reserved by the guard.
+    pub reserved: BTreeSet<String>,
+    /// `TurnEnded` was recorded.
+    pub ended: bool,
+}
+
+impl Turn {
+    /// True when `call_id` already has a result.
+    pub fn has_result(&self, call_id: &str) -> bool {
+        self.results.iter().any(|r| r.call_id == call_id)
+    }
+}
+
+/// How the run stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StopRecord {
+    /// Status.
+    pub status: AgentStatus,
+    /// Detail.
+    pub detail: Option<String>,
+    /// Final text.
+    pub text: Option<String>,
+}
+
+/// The fold of an agent run's journal. Pure: `apply` is the only way it changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentState {
+    /// The fixed part, once started.
+    pub header: Option<RunHeader>,
+    /// Model calls reserved.
+    pub model_calls: u32,
+    /// Model answers recorded.
+    pub answers: u32,
+    /// Tool attempts admitted.
+    pub tool_calls: u32,
+    /// Tool attempts admitted, per tool.
+    pub tool_calls_by_tool: BTreeMap<String, u32>,
+    /// Admitted attempts per signature hash.
+    pub signatures: BTreeMap<String, u32>,
+    /// Unknown tools proposed.
+    pub unknown_tools: u32,
+    /// Schema corrections (unknown tools included).
+    pub schema_corrections: u32,
+    /// Calls refused after binding.
+    pub refusals: u32,
+    /// Input tokens reported.
+    pub input_tokens: u64,
+    /// Output tokens reported.
+    pub output_tokens: u64,
+    /// Model cost, minor units.
+    pub cost_minor: i64,
+    /// Answers from models without a price.
+    pub unpriced_answers: u32,
+    /// Consecutive turns without progress.
+    pub without_progress: u32,
+    /// Every recorded answer with its results.
+    pub turns: Vec<Turn>,
+    /// Ordered control events.
+    pub control: Vec<ControlEvent>,
+    /// Set once `RunStopped` is recorded.
+    pub stop: Option<StopRecord>,
+    events: u64,
+}
+
+impl AgentState {
+    /// Folds a whole journal.
+    pub fn from_events(events: &[AgentEvent]) -> Self {
+        let mut state = Self::default();
+        for event in events {
+            state.apply(event);
+        }
+        state
+    }
+
+    /// The run header.
+    ///
+    /// # Panics
+    /// Before `AgentRunStarted` was applied: callers only ask a started run.
+    pub fn header(&self) -> &RunHeader {
+        self.header.as_ref().expect("the run header exists: every caller folds AgentRunStarted first")
+    }
+
+    /// Applies one event. An impossible transition is a bug in the writer (or a corrupt
+    /// journal): it panics with the event's position, since durable state makes restart safe.
+    pub fn apply(&mut self, event: &AgentEvent) {
+        let position = self.events;
+        self.events += 1;
+        let name = event.type_name();
+        assert!(self.stop.is_none(), "agent journal position {position}: {name} after RunStopped");
+        if !matches!(event, AgentEvent::AgentRunStarted { .. }) {
+            assert!(self.header.is_some(), "agent journal position {position}: {name} before AgentRunStarted");
+        }
+        match event {
+            AgentEvent::AgentRunStarted {
+                run_id,
+                workflow,
+                started_at,
+                deadline,
+                limits,
+                capabilities,
+                tools,
+                system,
+                prompt,
+            } => {
+                assert!(self.header.is_none(), "agent journal position {position}: a second AgentRunStarted");
+                self.header = Some(RunHeader {
+                    run_id: run_id.clone(),
+                    workflow: workflow.clone(),
+                    started_at: *started_at,
+                    deadline: *deadline,
+                    limits: limits.clone(),
+                    capabilities: capabilities.clone(),
+                    tools: tools.clone(),
+                    system: system.clone(),
+                    prompt: prompt.clone(),
+                });
+            }
+            AgentEvent::ModelCallReserved { call } => {
+                assert_eq!(*call, self.model_calls + 1, "agent journal position {position}: model call out of order");
+                assert!(
+                    self.turns.last().is_none_or(|t| t.ended || t.response.tool_calls().is_empty()),
+                    "agent journal position {position}: model call reserved while a turn is open"
+                );
+                self.model_calls = *call;
+                self.push_control("model_call", "model", u64::from(*call));
+            }
+            AgentEvent::ModelAnswerRecorded { call, response, cost_minor } => {
+                assert_eq!(*call, self.model_calls, "agent journal position {position}: answer to an unreserved call");
+                assert!(
+                    self.turns.last().is_none_or(|t| t.call < *call),
+                    "agent journal position {position}: second answer to call {call}"
+                );
+                self.answers += 1;
+                self.input_tokens = self.input_tokens.saturating_add(response.usage.input_tokens);
+                self.output_tokens = self.output_tokens.saturating_add(response.usage.output_tokens);
+                match cost_minor {
+                    Some(cost) => self.cost_minor = self.cost_minor.saturating_add(*cost),
+                    None => self.unpriced_answers += 1,
+                }
+                self.turns.push(Turn {
+                    call: *call,
+                    response: response.clone(),
+                    results: Vec::new(),
+                    reserved: BTreeSet::new(),
+                    ended: false,
+                });
+            }
+            AgentEvent::ModelCallFailed { call, .. } => {
+                assert_eq!(*call, self.model_calls, "agent journal position {position}: failure of an unreserved call");
+            }
+            AgentEvent::UnknownToolCounted { call_id, name, count, message } => {
+                assert_eq!(*count, self.unknown_tools + 1, "agent journal position {position}: unknown-tool count");
+                self.unknown_tools = *count;
+                self.schema_corrections += 1;
+                self.push_control("unknown_tool", name, u64::from(*count));
+                self.push_result(position, call_id, name, ToolOutcome::Refused, message, false);
+            }
+            AgentEvent::SchemaCorrectionCounted { call_id, tool, count, message, .. } => {
+                assert_eq!(*count, self.schema_corrections + 1, "agent journal position {position}: correction count");
+                self.schema_corrections = *count;
+                self.push_control("schema_correction", tool, u64::from(*count));
+                self.push_result(position, call_id, tool, ToolOutcome::Refused, message, false);
+            }
+            AgentEvent::ToolCallRefused { call_id, tool, code, message } => {
+                self.refusals += 1;
+                self.push_control(code, tool, u64::from(self.refusals));
+                self.push_result(position, call_id, tool, ToolOutcome::Refused, message, false);
+            }
+            AgentEvent::ToolCallReserved { call_id, tool, signature, total, per_tool, per_signature } => {
+                assert_eq!(*total, self.tool_calls + 1, "agent journal position {position}: tool count");
+                let tool_count = self.tool_calls_by_tool.entry(tool.clone()).or_default();
+                assert_eq!(*per_tool, *tool_count + 1, "agent journal position {position}: per-tool count");
+                *tool_count = *per_tool;
+                let signature_count = self.signatures.entry(signature.clone()).or_default();
+                assert_eq!(*per_signature, *signature_count + 1, "agent journal position {position}: signature count");
+                *signature_count = *per_signature;
+                self.tool_calls = *total;
+                let turn = self.open_turn(position, call_id);
+                assert!(
+                    turn.reserved.insert(call_id.clone()),
+                    "agent journal position {position}: call reserved twice"
+                );
+                self.push_control("tool_call", tool, u64::from(*total));
+            }
+            AgentEvent::ToolResultRecorded { call_id, tool, outcome, content, progress, .. } => {
+                let turn = self.open_turn(position, call_id);
+                assert!(
+                    turn.reserved.contains(call_id),
+                    "agent journal position {position}: result of a call the guard never admitted"
+                );
+                self.push_result(position, call_id, tool, *outcome, content, *progress);
+            }
+            AgentEvent::TurnEnded { call, progress, without_progress } => {
+                let expected = if *progress { 0 } else { self.without_progress + 1 };
+                assert_eq!(*without_progress, expected, "agent journal position {position}: progress count");
+                self.without_progress = *without_progress;
+                let turn = self.turns.last_mut().expect("TurnEnded follows an answer: asserted by the writer");
+                assert_eq!(turn.call, *call, "agent journal position {position}: TurnEnded for another call");
+                let answered = turn.response.tool_calls().iter().all(|c| turn.has_result(&c.id));
+                assert!(answered, "agent journal position {position}: turn ended with a call unanswered");
+                turn.ended = true;
+            }
+            AgentEvent::RunStopped { status, subject, count, detail, text } => {
+                if status.is_controlled_stop() {
+                    self.push_control(status.as_str(), subject, *count);
+                }
+                self.stop = Some(StopRecord { status: *status, detail: detail.clone(), text: text.clone() });
+            }
+        }
+    }
+
+    fn push_control(&mut self, kind: &str, name: &str, count: u64) {
+        self.control.push(ControlEvent { kind: kind.to_owned(), name: name.to_owned(), count });
+    }
+
+    fn open_turn(&mut self, position: u64, call_id: &str) -> &mut Turn {
+        let turn = self
+            .turns
+            .last_mut()
+            .unwrap_or_else(|| panic!("agent journal position {position}: tool event before any answer"));
+        assert!(!turn.ended, "agent journal position {position}: tool event after its turn ended");
+        assert!(
+            turn.response.tool_calls().iter().any(|c| c.id == call_id),
+            "agent journal position {position}: tool event for a call id the answer does not hold"
+        );
+        turn
+    }
+
+    fn push_result(
+        &mut self,
+        position: u64,
+        call_id: &str,
+        tool: &str,
+        outcome: ToolOutcome,
+        content: &str,
+        progress: bool,
+    ) {
+        let turn = self.open_turn(position, call_id);
+        assert!(!turn.has_result(call_id), "agent journal position {position}: second result for one call id");
+        turn.results.push(RecordedResult {
+            call_id: call_id.to_owned(),
+            tool: tool.to_owned(),
+            outcome,
+            content: content.to_owned(),
+            progress,
+        });
+    }
+
+    /// The last turn, when it still has tool calls to answer or has not been closed.
+    pub fn open_turn_ref(&self) -> Option<&Turn> {
+        self.turns.last().filter(|t| !t.ended && !t.response.tool_calls().is_empty())
+    }
+
+    /// True when some recorded result of `tool` succeeded.
+    pub fn tool_succeeded(&self, tool: &str) -> bool {
+        self.results().any(|r| r.tool == tool && r.outcome == ToolOutcome::Succeeded)
+    }
+
+    /// Every recorded result, in order.
+    pub fn results(&self) -> impl Iterator<Item = &RecordedResult> {
+        self.turns.iter().flat_map(|t| t.results.iter())
+    }
+
+    /// The conversation to send to the model: the request, then each answer followed by the
+    /// results of its tool calls in call order (one per call id).
+    pub fn messages(&self) -> Vec<Message> {
+        let mut messages = vec![Message::User { text: self.header().prompt.clone() }];
+        for turn in &self.turns {
+            messages.push(Message::Assistant { content: turn.response.content.clone() });
+            let calls = turn.response.tool_calls();
+            if calls.is_empty() {
+                continue;
+            }
+            let results = calls
+                .iter()
+                .filter_map(|call| {
+                    turn.results.iter().find(|r| r.call_id == call.id).map(|r| ToolResultBlock {
+                        call_id: r.call_id.clone(),
+                        content: r.content.clone(),
+                        is_error: r.outcome != ToolOutcome::Succeeded,
+                    })
+                })
+                .collect();
+            messages.push(Message::ToolResults { results });
+        }
+        messages
+    }
+
+    /// The outcome, once stopped.
+    pub fn outcome(&self) -> Option<RunOutcome> {
+        let stop = self.stop.as_ref()?;
+        Some(RunOutcome {
+            status: stop.status,
+            model_calls: self.model_calls,
+            tool_calls: self.tool_calls,
+            events: self.control.clone(),
+            text: stop.text.clone(),
+            detail: stop.detail.clone(),
+        })
+    }
+
+    /// The last answer's text blocks, if the last answer is a final one.
+    pub fn final_text(&self) -> Option<String> {
+        let turn = self.turns.last()?;
+        let has_text = turn.response.content.iter().any(|b| matches!(b, ResponseBlock::Text { .. }));
+        has_text.then(|| turn.response.text())
+    }
+}

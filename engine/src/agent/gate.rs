@@ -1,0 +1,117 @@
+//! Hooks the spine implements for tools with effects: intent reservation and approval.
+//!
+//! Owns [`EffectGate`] (guard steps 8 and 9) and its plain-data requests and answers. A tool
+//! whose effect class is `mutation` or `irreversible` declares how its bound arguments map
+//! to an [`EffectIntent`]; the guard asks the gate to reserve it (key + fingerprint, with the
+//! cumulative invariants checked in the same transaction), asks for approval when the tool's
+//! policy requires it (bound to the fingerprint, expiring), runs the body with the
+//! [`EffectTicket`], and reports the body's [`EffectOutcome`] to the gate. The spine's intent
+//! lifecycle is the real implementation; tests use an in-memory fake.
+
+use crate::provider::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// What an effect tool call asks for, derived from its bound arguments by the tool itself
+/// (so no argument can name an order the tool was not bound to).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EffectIntent {
+    /// Operation, e.g. `refund`.
+    pub operation: String,
+    /// Tenant.
+    pub tenant: String,
+    /// The caller-stable intent id (e.g. derived from the ticket and the order).
+    pub intent_id: String,
+    /// The fields that define the effect; fingerprinted by canonical JSON.
+    pub payload: Value,
+    /// Money moved, minor units, when the effect moves money.
+    pub amount_minor: Option<i64>,
+    /// ISO 4217 code, when the effect moves money.
+    pub currency: Option<String>,
+}
+
+impl EffectIntent {
+    /// The intent key `operation:tenant:intent_id`.
+    pub fn key(&self) -> String {
+        format!("{}:{}:{}", self.operation, self.tenant, self.intent_id)
+    }
+
+    /// The payload fingerprint.
+    pub fn fingerprint(&self) -> String {
+        crate::canonical::fingerprint(&self.payload)
+    }
+}
+
+/// What the gate hands the body when the intent is reserved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EffectTicket {
+    /// The intent key, sent as the provider's idempotency key.
+    pub key: String,
+    /// The payload fingerprint the reservation (and any approval) is bound to.
+    pub fingerprint: String,
+}
+
+/// The gate's answer to a reservation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GateDecision {
+    /// Reserved: the body may run with this ticket.
+    Proceed(EffectTicket),
+    /// Same key, same fingerprint, already validated: this result, no effect, no body.
+    Deduplicated {
+        /// The stored result the model reads.
+        content: String,
+    },
+    /// Refused before any effect (`intent_payload_mismatch`, `intent_pending`,
+    /// `budget_exhausted`, `policy_denied`…): an error result the model reads.
+    Refused {
+        /// Stable code.
+        code: String,
+        /// What the model reads.
+        message: String,
+    },
+}
+
+/// The gate's answer to an approval check, re-checked at dispatch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ApprovalDecision {
+    /// A valid approval bound to this fingerprint exists.
+    Approved,
+    /// A human denied it (or the approval is for another fingerprint, or expired).
+    Denied {
+        /// What the model reads.
+        reason: String,
+    },
+    /// No decision yet: the spine will wait durably; for now the call gets an error result.
+    Pending,
+}
+
+/// What the body reports about its effect.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum EffectOutcome {
+    /// Confirmed, with the provider's evidence id.
+    Validated {
+        /// Provider receipt id.
+        evidence: String,
+    },
+    /// The provider's definitive "no effect".
+    Declined {
+        /// Decline code.
+        code: String,
+    },
+    /// The effect may or may not have happened: the run stops `outcome_unknown`.
+    Unknown {
+        /// Why.
+        detail: String,
+    },
+}
+
+/// Guard steps 8 (intent reservation) and 9 (approval), implemented by the spine.
+pub trait EffectGate: Send + Sync {
+    /// Reserves key + fingerprint (+ money, + cumulative invariants) for `run_id`.
+    fn reserve<'a>(&'a self, run_id: &'a str, intent: &'a EffectIntent) -> BoxFuture<'a, GateDecision>;
+    /// Checks for a valid approval bound to `ticket.fingerprint`.
+    fn approval<'a>(&'a self, ticket: &'a EffectTicket, intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision>;
+    /// Records how the body's effect ended (validated / declined / unknown).
+    fn settle<'a>(&'a self, ticket: &'a EffectTicket, outcome: &'a EffectOutcome) -> BoxFuture<'a, ()>;
+}

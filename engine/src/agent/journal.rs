@@ -1,0 +1,105 @@
+//! Where an agent run's facts are made durable.
+//!
+//! Owns [`AgentJournal`], the one door the harness writes through, and [`MemoryJournal`], the
+//! in-memory implementation tests use. The spine will implement `AgentJournal` over its
+//! SQLite log (one stream per run); nothing else in the harness changes.
+//!
+//! # Contract
+//!
+//! - `append` is atomic: the whole batch is durable when it returns `Ok`, or none of it is.
+//! - `load` returns every appended event, in append order.
+//! - The harness appends a reservation before it spends (model call, tool body), so an `Ok`
+//!   from `append` is the permission to spend.
+
+use super::event::AgentEvent;
+use crate::provider::BoxFuture;
+use std::sync::Mutex;
+
+/// Why the journal could not append or load.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    /// The store is unavailable or refused the write; nothing of the batch is durable.
+    #[error("agent journal unavailable: {detail}")]
+    Unavailable {
+        /// Human detail.
+        detail: String,
+    },
+    /// A test journal simulated a process death at this length.
+    #[error("simulated crash: the journal holds {length} events")]
+    Crashed {
+        /// Events durable when the "process" died.
+        length: usize,
+    },
+}
+
+/// The durable journal of one agent run.
+pub trait AgentJournal: Send + Sync {
+    /// Appends a batch atomically.
+    fn append(&self, events: Vec<AgentEvent>) -> BoxFuture<'_, Result<(), JournalError>>;
+    /// Every event appended so far, in order.
+    fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>>;
+}
+
+/// An in-memory journal. `crash_after(n)` makes it die like a killed process: the first
+/// batch that would take it past `n` events is refused whole, and so is every later one.
+#[derive(Debug, Default)]
+pub struct MemoryJournal {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    events: Vec<AgentEvent>,
+    crash_after: Option<usize>,
+    crashed: bool,
+}
+
+impl MemoryJournal {
+    /// An empty journal.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A journal holding `events` (what a restarted process finds).
+    pub fn with_events(events: Vec<AgentEvent>) -> Self {
+        Self { inner: Mutex::new(Inner { events, crash_after: None, crashed: false }) }
+    }
+
+    /// A journal that "crashes" once it would hold more than `length` events.
+    pub fn crash_after(length: usize) -> Self {
+        Self { inner: Mutex::new(Inner { events: Vec::new(), crash_after: Some(length), crashed: false }) }
+    }
+
+    /// A copy of the events durable so far.
+    pub fn events(&self) -> Vec<AgentEvent> {
+        self.lock().events.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // No code panics while holding this lock (it only pushes to a Vec), so it is never poisoned.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl AgentJournal for MemoryJournal {
+    fn append(&self, events: Vec<AgentEvent>) -> BoxFuture<'_, Result<(), JournalError>> {
+        let result = {
+            let mut inner = self.lock();
+            let over = inner.crash_after.is_some_and(|max| inner.events.len() + events.len() > max);
+            if inner.crashed || over {
+                inner.crashed = true;
+                Err(JournalError::Crashed { length: inner.events.len() })
+            } else {
+                inner.events.extend(events);
+                Ok(())
+            }
+        };
+        Box::pin(async move { result })
+    }
+
+    fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>> {
+        let events = self.events();
+        Box::pin(async move { Ok(events) })
+    }
+}
