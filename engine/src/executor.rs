@@ -427,10 +427,21 @@ impl Context {
                     payload: request.payload.clone(),
                 };
                 let spec = IntentSpec { definition, capability: self.runtime.provider.capability() };
-                match self.execute(Action::Reserve { run_id: self.run_id.clone(), position, spec }).await {
+                // With everything needed to send at hand, the first attempt is written ahead in
+                // the reservation's own commit.
+                let start_attempt = !request.needs_payment_method || request.payment_method.is_some();
+                let reserve = Action::Reserve { run_id: self.run_id.clone(), position, spec, start_attempt };
+                match self.execute(reserve).await {
                     Ok(Reply::Intent { intent, fresh }) => {
                         let deduplicated = !fresh && intent.status == IntentStatus::Validated;
-                        (*intent, deduplicated)
+                        let intent = if fresh && intent.status == IntentStatus::Attempting {
+                            let driver =
+                                Driver { runtime: &self.runtime, cause: self.cause.clone().for_run(&self.run_id) };
+                            driver.send(&intent, false, request.payment_method.as_ref()).await?
+                        } else {
+                            *intent
+                        };
+                        (intent, deduplicated)
                     }
                     Ok(_) => return Err(WorkflowError::Failed("a reservation did not return its intent".to_owned())),
                     Err(LogError::Refused(Refusal::Rejected { code, detail })) => {
@@ -542,11 +553,22 @@ impl Driver<'_> {
             // Escalated (attempts or key window spent) or approval expired: nothing was sent.
             return Ok(started);
         }
+        self.send(&started, intent.absence_proven, payment_method).await
+    }
+
+    /// Sends an attempt whose `AttemptStarted` is durable, then records its outcome.
+    async fn send(
+        &self,
+        started: &Intent,
+        after_absence: bool,
+        payment_method: Option<&Secret>,
+    ) -> Result<Intent, LogError> {
+        let key = started.key().clone();
         let attempt = started.attempts;
         let span = info_span!(
             "attempt",
             retry.attempt = attempt,
-            retry.reason = if attempt == 1 { "first" } else if intent.absence_proven { "proven_absent" } else { "unknown_outcome" },
+            retry.reason = if attempt == 1 { "first" } else if after_absence { "proven_absent" } else { "unknown_outcome" },
             retry.prevented = false,
             effect.idempotency_key_hash = %key.hash(),
         );

@@ -297,6 +297,9 @@ pub enum Action {
         position: u32,
         /// The intent.
         spec: IntentSpec,
+        /// Also write-ahead the first attempt in the same commit when the fresh intent may
+        /// go at once (no approval needed, enough time left): one commit instead of two.
+        start_attempt: bool,
     },
     /// Write-ahead the next attempt.
     StartAttempt {
@@ -828,8 +831,8 @@ impl Ledger {
                 self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
                 ReplyTarget::Run(run_id.clone())
             }
-            Action::Reserve { run_id, position, spec } => {
-                self.decide_reserve(run_start, run_id, *position, spec, now, &mut events)?
+            Action::Reserve { run_id, position, spec, start_attempt } => {
+                self.decide_reserve(run_start, run_id, *position, spec, *start_attempt, now, &mut events)?
             }
             Action::StartAttempt { key, run_id } => {
                 self.decide_start_attempt(key, run_id, run_start, now, &mut events)?
@@ -973,12 +976,14 @@ impl Ledger {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)] // One call site; the arguments are the command's fields.
     fn decide_reserve(
         &self,
         run_start: Option<&RunStart>,
         run_id: &RunId,
         position: u32,
         spec: &IntentSpec,
+        start_attempt: bool,
         now: DateTime<Utc>,
         events: &mut Vec<Event>,
     ) -> Result<ReplyTarget, Refusal> {
@@ -1091,6 +1096,11 @@ impl Ledger {
             reconciliations_max: limits.reconciliations_per_intent_max,
             approval_required,
         });
+        // The same checks `StartAttempt` makes, for an intent never sent: attempts left (at
+        // least one), key window unused, no approval pending, time left to reconcile.
+        if start_attempt && !approval_required && ms_between(now, deadline_at) >= limits::RECONCILIATION_RESERVE_MS {
+            events.push(Event::AttemptStarted { key: key.clone(), attempt: 1, run_id: run_id.clone() });
+        }
         Ok(ReplyTarget::Intent(key.clone(), true))
     }
 

@@ -61,7 +61,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
                     approval_threshold_minor: None,
                 },
             }),
-            action: Action::Reserve { run_id: run_id.clone(), position: 0, spec },
+            action: Action::Reserve { run_id: run_id.clone(), position: 0, spec, start_attempt: false },
         },
         Command {
             cause: cause.clone(),

@@ -440,7 +440,7 @@ async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
         .execute(Command {
             cause: Cause::command("test"),
             start_run: Some(start),
-            action: Action::Reserve { run_id: run.clone(), position: 0, spec },
+            action: Action::Reserve { run_id: run.clone(), position: 0, spec, start_attempt: false },
         })
         .await
         .expect("reserves");

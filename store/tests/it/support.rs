@@ -113,7 +113,7 @@ pub fn start_and_reserve(run_id: &str, spec: IntentSpec) -> Command {
     Command {
         cause: Cause::command("test").for_run(&RunId::new(run_id)),
         start_run: Some(run_start(run_id)),
-        action: Action::Reserve { run_id: RunId::new(run_id), position: 0, spec },
+        action: Action::Reserve { run_id: RunId::new(run_id), position: 0, spec, start_attempt: false },
     }
 }
 
