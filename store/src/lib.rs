@@ -80,6 +80,7 @@
 //! **Only this crate knows SQL.** Everything it writes is derived from
 //! `engine::ledger::Ledger::decide`; it never decides anything itself.
 
+mod checkpoint;
 mod codec;
 mod error;
 mod projection;
@@ -90,5 +91,5 @@ pub mod writer;
 pub use error::{Error, Result};
 pub use projection::{IntentRow, RunRow};
 pub use reader::{Mismatch, Reader, VERIFY_MISMATCHES_MAX, VerifyReport};
-pub use schema::{BUSY_TIMEOUT_DEFAULT_MS, Durability, MIGRATIONS, Options, SCHEMA_VERSION};
+pub use schema::{BUSY_TIMEOUT_DEFAULT_MS, Durability, MIGRATIONS, Options, SCHEMA_VERSION, WAL_AUTOCHECKPOINT_PAGES};
 pub use writer::{Store, WriterStats};

@@ -43,6 +43,7 @@
 //! every command already queued (or being sent), then exits, and the call joins it. Later
 //! calls to `execute` answer `Unavailable` ("the store is closed").
 
+use crate::checkpoint::Checkpointer;
 use crate::codec::{self, NewEvent, format_time};
 use crate::error::{Error, Result};
 use crate::projection;
@@ -180,7 +181,8 @@ impl Store {
         tracing::info!(path = %path.display(), events = folded, "store opened");
         let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
         let counters = Arc::new(Counters::default());
-        let writer = Writer { conn, ledger, clock, counters: Arc::clone(&counters), broken: None };
+        let checkpointer = Checkpointer::start(path, options.busy_timeout_ms)?;
+        let writer = Writer { conn, checkpointer, ledger, clock, counters: Arc::clone(&counters), broken: None };
         let thread =
             std::thread::Builder::new().name("keel-store-writer".to_owned()).spawn(move || writer.run(receiver))?;
         Ok(Store {
@@ -314,6 +316,7 @@ impl Touched {
 /// The service: owned by the writer thread alone.
 struct Writer {
     conn: Connection,
+    checkpointer: Checkpointer,
     ledger: Ledger,
     clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
@@ -410,6 +413,7 @@ impl Writer {
         let appended = self.ledger.last_seq() - events_before;
         self.conn.execute_batch("COMMIT").map_err(|e| BatchFailure { error: e.into(), maybe_committed: true })?;
         if appended > 0 {
+            self.checkpointer.nudge();
             self.counters.commits.fetch_add(1, Ordering::Relaxed);
             self.counters.events.fetch_add(appended, Ordering::Relaxed);
         }

@@ -214,3 +214,23 @@ fn dropping_every_handle_drains_the_queue_before_the_thread_stops() {
     let reader = store::Reader::open(&path).expect("reader");
     assert_eq!(reader.intents(None).expect("intents").len(), 32);
 }
+
+#[test]
+fn the_wal_is_checkpointed_off_the_writer_so_it_stays_bounded() {
+    let fixture = Fixture::new();
+    // 1 200 commits, one reservation each: about 9 pages each, so without checkpoints the
+    // WAL would hold some 40 MiB. The inline bound is 4 000 pages (16 MiB).
+    for i in 0..1200 {
+        fixture
+            .store
+            .execute_blocking(start_and_reserve(&format!("run-{i}"), charge(&format!("intent-{i:06}"), 100)))
+            .expect("reserved");
+    }
+    // Measured while the store is open: closing the last connection checkpoints anyway.
+    let wal = fixture.path.with_file_name("keel.db-wal");
+    let wal_bytes = std::fs::metadata(&wal).map(|m| m.len()).expect("the WAL exists while the store is open");
+    let bound = u64::from(store::WAL_AUTOCHECKPOINT_PAGES) * 4096 + 1024 * 1024;
+    assert!(wal_bytes < bound, "the WAL grew to {wal_bytes} bytes, past the {bound}-byte bound");
+    // And everything committed is in the database file or the WAL: nothing was lost.
+    assert_eq!(fixture.event_count(), 1200 * 3);
+}
