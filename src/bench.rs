@@ -142,12 +142,7 @@ async fn pass(
                 let Some(input) = inputs.get(i) else { break };
                 let request = RunRequest {
                     run_id: RunId::new(uuid::Uuid::new_v4().to_string()),
-                    limits: RunLimits {
-                        cost_minor_max: None,
-                        attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
-                        reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
-                        approval_threshold_minor: None,
-                    },
+                    limits: RunLimits::default(),
                     deadline_ms: engine::limits::RUN_DEADLINE_DEFAULT_MS,
                     cause: Cause::command("bench"),
                 };

@@ -217,6 +217,19 @@ pub struct RunLimits {
     pub approval_threshold_minor: Option<i64>,
 }
 
+impl Default for RunLimits {
+    /// Unbounded money, no approval threshold, and the default attempts and reconciliations
+    /// of [`crate::limits`].
+    fn default() -> Self {
+        Self {
+            cost_minor_max: None,
+            attempts_per_intent_max: crate::limits::ATTEMPTS_PER_INTENT_DEFAULT,
+            reconciliations_per_intent_max: crate::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
+            approval_threshold_minor: None,
+        }
+    }
+}
+
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -6,9 +6,9 @@
 //! reaches the log: the stored input and the fingerprint carry its SHA-256 only, and the
 //! clear token lives in the invocation's secrets.
 
-use crate::input::Fields;
+use crate::input::{Fields, intent_request};
 use engine::canonical::sha256_hex;
-use engine::executor::{Context, IntentRequest, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
+use engine::executor::{Context, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
 use engine::ledger::RejectCode;
 use engine::limits::PAYMENT_METHOD_TOKEN_MIN_CHARS;
 use engine::provider::{BoxFuture, EffectKind, Secret};
@@ -66,24 +66,8 @@ impl Workflow for Charge {
 
     fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
         Box::pin(async move {
-            let text = |name: &str| input.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
-            let request = IntentRequest {
-                kind: EffectKind::Charge,
-                tenant: text("tenant_id"),
-                intent_id: text("intent_id"),
-                order_id: text("order_id"),
-                business_ref: text("order_id"),
-                amount_minor: input.get("amount_minor").and_then(Value::as_i64).unwrap_or_default(),
-                currency: text("currency"),
-                payload: json!({
-                    "order_id": input.get("order_id"),
-                    "amount_minor": input.get("amount_minor"),
-                    "currency": input.get("currency"),
-                    "payment_method_sha256": input.get("payment_method_sha256"),
-                }),
-                payment_method: ctx.secret(PAYMENT_METHOD),
-                needs_payment_method: true,
-            };
+            let request =
+                intent_request(EffectKind::Charge, &input, &["payment_method_sha256"], ctx.secret(PAYMENT_METHOD));
             let outcome = ctx.intent(request).await?;
             end_with(&outcome)
         })

@@ -4,7 +4,9 @@
 //! `field: message` instead of stopping at the first, and refuses unknown fields. It never
 //! coerces: a string is not a number, `49.5` is not an amount in minor units.
 
+use engine::executor::IntentRequest;
 use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS};
+use engine::provider::{EffectKind, Secret};
 use serde_json::{Map, Value};
 
 /// Currencies the provider accepts.
@@ -112,6 +114,35 @@ impl<'a> Fields<'a> {
     /// Every problem found, or `Ok` when there are none.
     pub fn finish(self) -> Result<(), Vec<String>> {
         if self.problems.is_empty() { Ok(()) } else { Err(self.problems) }
+    }
+}
+
+/// The intent a single-effect workflow asks for, from its stored (already validated) input:
+/// the business reference is the order, and the fingerprint covers `order_id`,
+/// `amount_minor`, `currency` and the `extra_fingerprinted` fields.
+pub fn intent_request(
+    kind: EffectKind,
+    input: &Value,
+    extra_fingerprinted: &[&str],
+    payment_method: Option<Secret>,
+) -> IntentRequest {
+    let text = |name: &str| input.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
+    let payload: Map<String, Value> = ["order_id", "amount_minor", "currency"]
+        .iter()
+        .chain(extra_fingerprinted)
+        .map(|name| ((*name).to_owned(), input.get(*name).cloned().unwrap_or(Value::Null)))
+        .collect();
+    IntentRequest {
+        kind,
+        tenant: text("tenant_id"),
+        intent_id: text("intent_id"),
+        order_id: text("order_id"),
+        business_ref: text("order_id"),
+        amount_minor: input.get("amount_minor").and_then(Value::as_i64).unwrap_or_default(),
+        currency: text("currency"),
+        payload: Value::Object(payload),
+        needs_payment_method: kind == EffectKind::Charge,
+        payment_method,
     }
 }
 

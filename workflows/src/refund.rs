@@ -5,8 +5,8 @@
 //! an order never exceed what was charged on it — is checked by the ledger in the
 //! reservation's own transaction, not here: a check here would race.
 
-use crate::input::Fields;
-use engine::executor::{Context, IntentRequest, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
+use crate::input::{Fields, intent_request};
+use engine::executor::{Context, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
 use engine::ledger::RejectCode;
 use engine::provider::{BoxFuture, EffectKind};
 use serde_json::{Value, json};
@@ -45,23 +45,7 @@ impl Workflow for Refund {
 
     fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
         Box::pin(async move {
-            let text = |name: &str| input.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
-            let request = IntentRequest {
-                kind: EffectKind::Refund,
-                tenant: text("tenant_id"),
-                intent_id: text("intent_id"),
-                order_id: text("order_id"),
-                business_ref: text("order_id"),
-                amount_minor: input.get("amount_minor").and_then(Value::as_i64).unwrap_or_default(),
-                currency: text("currency"),
-                payload: json!({
-                    "order_id": input.get("order_id"),
-                    "amount_minor": input.get("amount_minor"),
-                    "currency": input.get("currency"),
-                }),
-                payment_method: None,
-                needs_payment_method: false,
-            };
+            let request = intent_request(EffectKind::Refund, &input, &[], None);
             let outcome = ctx.intent(request).await?;
             end_with(&outcome)
         })
