@@ -152,3 +152,68 @@ impl AgentJournal for MemoryJournal {
         Box::pin(async move { Ok(events) })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::AgentStatus;
+    use crate::clock::ManualClock;
+    use crate::event::Event;
+    use crate::memory::MemoryLog;
+
+    fn started(run_id: &str) -> AgentEvent {
+        AgentEvent::AgentRunStarted {
+            run_id: run_id.into(),
+            workflow: "ticket-review".into(),
+            started_at: chrono::DateTime::UNIX_EPOCH,
+            deadline: chrono::DateTime::UNIX_EPOCH + chrono::Duration::seconds(120),
+            limits: Default::default(),
+            capabilities: Default::default(),
+            tools: Vec::new(),
+            system: String::new(),
+            prompt: "p".into(),
+        }
+    }
+
+    fn journal(log: &Arc<MemoryLog>, start: bool) -> LogJournal {
+        let start = start.then(|| AgentRunStart {
+            input: serde_json::json!({}),
+            limits: crate::event::RunLimits {
+                cost_minor_max: None,
+                attempts_per_intent_max: 1,
+                reconciliations_per_intent_max: 1,
+                approval_threshold_minor: None,
+            },
+        });
+        LogJournal::new(Arc::clone(log) as Arc<dyn EventLog>, RunId::new("r1"), Cause::command("test"), start)
+    }
+
+    #[tokio::test]
+    async fn batches_are_checked_by_folding_and_a_stop_finishes_the_run() {
+        let log = Arc::new(MemoryLog::new(Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH))));
+        assert_eq!(journal(&log, false).load().await, Ok(Vec::new()), "an unknown run has no facts");
+        let refused = journal(&log, false).append(vec![started("r1")]).await;
+        assert!(refused.is_err(), "a new run needs its RunStarted input and limits");
+        let journal = journal(&log, true);
+        let impossible = journal.append(vec![AgentEvent::ModelCallReserved { call: 1 }]).await;
+        assert!(impossible.is_err(), "a new run starts with AgentRunStarted");
+        journal.append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1 }]).await.expect("appends");
+        let out_of_order = journal.append(vec![AgentEvent::ModelCallReserved { call: 3 }]).await;
+        assert!(out_of_order.is_err(), "an impossible fact is refused, nothing written");
+        assert_eq!(journal.load().await.expect("loads").len(), 2);
+        let stop = AgentEvent::RunStopped {
+            status: AgentStatus::ModelBudget,
+            subject: "model".into(),
+            count: 1,
+            detail: None,
+            text: None,
+        };
+        journal.append(vec![stop]).await.expect("appends");
+        let types: Vec<&str> = log.events().iter().map(|e| e.event.type_name()).collect();
+        assert_eq!(types, ["RunStarted", "AgentRecorded", "AgentRecorded", "AgentRecorded", "RunFinished"]);
+        let finished = log.events().into_iter().last().map(|e| e.event);
+        assert!(matches!(finished, Some(Event::RunFinished { status: crate::event::RunStatus::ModelBudget, .. })));
+        let late = journal.append(vec![AgentEvent::ModelCallReserved { call: 2 }]).await;
+        assert!(late.is_err(), "nothing is appended to a finished run");
+    }
+}
