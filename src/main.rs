@@ -7,6 +7,7 @@
 //! Exit codes: 0 validated / ok; 2 a controlled outcome (rejected, declined, unknown,
 //! escalated, cancelled, refused); 1 internal error; 64 usage error; 130 interrupted.
 
+mod agent;
 mod bench;
 mod demo;
 mod ops;
@@ -115,8 +116,45 @@ pub struct EffectArgs {
     input: Option<String>,
 }
 
+/// `keel agent …`: bounded agent runs on the event log.
+#[derive(Subcommand, Debug)]
+pub enum AgentCommand {
+    /// Run an agent workflow on a scripted transcript. Exit 0 completed; 2 incomplete or any
+    /// controlled stop (permission_denied, repeated_call, tool_budget, model_budget,
+    /// deadline_exceeded, provider_unavailable, awaiting approval…); 130 on ctrl-c.
+    Run {
+        /// The agent workflow: ticket-review.
+        workflow: String,
+        /// A named scenario (ticket-review: complete, incomplete, forbidden, repeat, changing,
+        /// budget, deadline, unavailable), its transcript embedded in the binary.
+        #[arg(long, conflicts_with = "transcript", required_unless_present = "transcript")]
+        scenario: Option<String>,
+        /// A JSON array of model responses, each a complete Anthropic Messages or OpenAI Chat
+        /// Completions response object (a captured transcript replays as is).
+        #[arg(long, value_name = "FILE")]
+        transcript: Option<PathBuf>,
+        /// JSON object overriding the default limits, e.g. {"model_calls_max": 1}.
+        #[arg(long, value_name = "JSON")]
+        limits: Option<String>,
+        /// Capabilities granted, comma-separated (default: all the workflow's).
+        #[arg(long, value_name = "a,b")]
+        capabilities: Option<String>,
+    },
+    /// Resume an agent run from the log: recorded model answers are never requested again,
+    /// every counter continues where it was.
+    Resume {
+        /// The run id (printed by `keel agent run`).
+        run_id: String,
+    },
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Bounded agent runs: `keel agent run WORKFLOW --scenario S`, `keel agent resume RUN_ID`.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
     /// Charge a payment method for an order: reserve, attempt (write-ahead), classify.
     ///
     /// Exit 0 when validated (by the provider, deduplicated, or reconciled); 2 when
@@ -281,6 +319,14 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::INTERNAL);
         }
     };
+    // An agent run handles ctrl-c itself (it records its `cancelled` stop, then exits 130).
+    if matches!(cli.command, Command::Agent { .. }) {
+        let code = runtime.block_on(dispatch(cli)).unwrap_or_else(|error| {
+            eprintln!("keel: error: {error:#}");
+            exit::INTERNAL
+        });
+        return ExitCode::from(code);
+    }
     let code = runtime.block_on(async {
         tokio::select! {
             result = dispatch(cli) => match result {
@@ -303,6 +349,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let out = output::Output { json: cli.json };
     let durability = wiring::durability(&cli.durability);
     match cli.command {
+        Command::Agent { command } => agent::dispatch(&cli.db, durability, &out, command).await,
         Command::Charge { effect, payment_method_token, limits } => {
             let input = match ops::effect_input(&effect, payment_method_token.as_deref()) {
                 Ok(input) => input,

@@ -12,6 +12,7 @@
 //! variants; new optional fields must default when absent. `fixtures/golden/` holds logs
 //! that must keep decoding and folding to the same state.
 
+use crate::agent::AgentEvent;
 use crate::provider::{Capability, EffectKind, Evidence, UnknownReason};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -254,6 +255,26 @@ pub enum RunStatus {
     NondeterministicReplay,
     /// The workflow failed with an internal error.
     Failed,
+    /// An agent stopped and the host's completion condition does not hold.
+    Incomplete,
+    /// An agent proposed a tool whose capability the run was not granted.
+    PermissionDenied,
+    /// An agent repeated a call past its repetition budget.
+    RepeatedCall,
+    /// An agent spent its tool-call budget.
+    ToolBudget,
+    /// An agent spent its model-call budget.
+    ModelBudget,
+    /// An agent spent its input or output token budget.
+    TokenBudget,
+    /// An agent spent its schema-correction budget.
+    SchemaBudget,
+    /// An agent made too many turns without progress.
+    NoProgress,
+    /// An agent's output was cut by the token limit.
+    Truncated,
+    /// An agent's model provider could not answer.
+    ProviderUnavailable,
 }
 
 impl RunStatus {
@@ -270,6 +291,16 @@ impl RunStatus {
             Self::CostBudget => "cost_budget",
             Self::NondeterministicReplay => "nondeterministic_replay",
             Self::Failed => "failed",
+            Self::Incomplete => "incomplete",
+            Self::PermissionDenied => "permission_denied",
+            Self::RepeatedCall => "repeated_call",
+            Self::ToolBudget => "tool_budget",
+            Self::ModelBudget => "model_budget",
+            Self::TokenBudget => "token_budget",
+            Self::SchemaBudget => "schema_budget",
+            Self::NoProgress => "no_progress",
+            Self::Truncated => "truncated",
+            Self::ProviderUnavailable => "provider_unavailable",
         }
     }
 }
@@ -497,6 +528,15 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// One fact of an agent run's journal (`engine::agent`), on the run's stream. The
+    /// ledger folds it onto the run; a `RunStopped` fact is followed, in the same commit, by
+    /// the run's `RunFinished`.
+    AgentRecorded {
+        /// The run.
+        run_id: RunId,
+        /// The agent fact.
+        event: AgentEvent,
+    },
     /// An operator resolved an unknown or escalated intent by hand.
     IntentResolved {
         /// The intent.
@@ -535,6 +575,7 @@ impl Event {
             Self::ApprovalExpired { .. } => "ApprovalExpired",
             Self::IntentCancelled { .. } => "IntentCancelled",
             Self::IntentResolved { .. } => "IntentResolved",
+            Self::AgentRecorded { .. } => "AgentRecorded",
         }
     }
 
@@ -545,7 +586,8 @@ impl Event {
             | Self::StepRecorded { run_id, .. }
             | Self::TimerStarted { run_id, .. }
             | Self::SignalDelivered { run_id, .. }
-            | Self::RunFinished { run_id, .. } => run_id.stream(),
+            | Self::RunFinished { run_id, .. }
+            | Self::AgentRecorded { run_id, .. } => run_id.stream(),
             Self::IntentReserved { intent, .. } => intent.key.stream(),
             Self::IntentDeduplicated { key, .. }
             | Self::ApprovalGranted { key, .. }

@@ -832,7 +832,8 @@ impl Executor {
         if let Reply::Recovered(keys) = recovered {
             report.recovered = keys.iter().map(ToString::to_string).collect();
         }
-        for run in self.unfinished_runs(&cause).await? {
+        // Agent runs need their transport and tools: `keel agent resume` continues them.
+        for run in self.unfinished_runs(&cause).await?.into_iter().filter(|run| !run.is_agent()) {
             report.resumed.push(self.resume(&run, cause.clone()).await?);
         }
         report.reconciled = self.reconcile_due(cause).await?;

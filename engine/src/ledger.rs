@@ -14,6 +14,7 @@
 //! `apply` panics on an impossible transition, naming the stream and sequence: the log is
 //! durable, so a restart after the fix is safe; folding past a corrupt fact is not.
 
+use crate::agent::{AgentEvent, AgentState};
 use crate::clock::{ms_between, plus_ms};
 use crate::event::{
     AfterLookup, Cause, Event, IntentDefinition, IntentKey, LookupStatus, RunId, RunLimits, RunStatus, Source,
@@ -232,8 +233,33 @@ pub struct Run {
     pub signals: BTreeMap<String, Vec<Value>>,
     /// Intents it reserved.
     pub intents: Vec<IntentKey>,
+    /// An agent run's journal (`AgentRecorded` facts), in order; empty for a workflow run.
+    pub agent_events: Vec<AgentEvent>,
+    /// The fold of `agent_events` (derived, so not part of the rendering).
+    #[serde(skip)]
+    pub agent: AgentState,
     /// Global sequence of its latest event.
     pub last_seq: u64,
+}
+
+impl Run {
+    /// Whether this is an agent run (resumed by `keel agent resume`, not by the workflow
+    /// executor).
+    pub fn is_agent(&self) -> bool {
+        self.workflow.starts_with(AGENT_WORKFLOW_PREFIX)
+    }
+}
+
+/// The prefix of an agent run's workflow name in `RunStarted` (`agent:ticket-review`).
+pub const AGENT_WORKFLOW_PREFIX: &str = "agent:";
+
+/// What the spine records in `RunStarted` when an agent run's first facts are appended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentRunStart {
+    /// The run's input as stored (how to resume it: transport, transcript, never a secret).
+    pub input: Value,
+    /// The spine's limits for the intents the agent's effect tools reserve.
+    pub limits: RunLimits,
 }
 
 /// What a caller asks the ledger to decide.
@@ -405,6 +431,17 @@ pub enum Action {
         name: String,
         /// Its payload.
         payload: Value,
+    },
+    /// Append a batch of an agent run's facts atomically. The batch must fold onto the run's
+    /// agent state; a new run starts with `AgentRunStarted` and needs `start`. A batch that
+    /// stops the run also finishes it (`RunFinished`, same commit).
+    RecordAgent {
+        /// The run.
+        run_id: RunId,
+        /// The facts, in order.
+        events: Vec<AgentEvent>,
+        /// Used when the run does not exist yet.
+        start: Option<AgentRunStart>,
     },
     /// End a run.
     FinishRun {
@@ -700,6 +737,8 @@ impl Ledger {
                         journal: Vec::new(),
                         signals: BTreeMap::new(),
                         intents: Vec::new(),
+                        agent_events: Vec::new(),
+                        agent: AgentState::default(),
                         last_seq: seq,
                     },
                 );
@@ -727,6 +766,17 @@ impl Ledger {
             Event::SignalDelivered { run_id, name, payload } => {
                 let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("signal to an unknown run"));
                 run.signals.entry(name.clone()).or_default().push(payload.clone());
+                run.last_seq = seq;
+            }
+            Event::AgentRecorded { run_id, event } => {
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("agent fact on an unknown run"));
+                if run.status.is_some() {
+                    fail("agent fact on a finished run");
+                }
+                if let Err(why) = run.agent.try_apply(event) {
+                    fail(&why);
+                }
+                run.agent_events.push(event.clone());
                 run.last_seq = seq;
             }
             Event::RunFinished { run_id, status, detail } => {
@@ -940,6 +990,12 @@ impl Ledger {
                 });
                 ReplyTarget::Run(run_id.clone())
             }
+            Action::RecordAgent { run_id, events: batch, start } => {
+                if run_start.is_some() {
+                    return Err(Refusal::NotAllowed("an agent run starts with its first facts, not start_run".into()));
+                }
+                self.decide_record_agent(run_id, batch, start.as_ref(), &mut events)?
+            }
             Action::FinishRun { run_id, status, detail } => {
                 let run = self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
                 if run.status.is_some() {
@@ -950,6 +1006,56 @@ impl Ledger {
             }
         };
         Ok((events, target))
+    }
+
+    /// Checks an agent batch by folding it onto a copy of the run's agent state: an
+    /// impossible fact is refused and nothing is written.
+    fn decide_record_agent(
+        &self,
+        run_id: &RunId,
+        batch: &[AgentEvent],
+        start: Option<&AgentRunStart>,
+        events: &mut Vec<Event>,
+    ) -> Result<ReplyTarget, Refusal> {
+        let refuse = |why: String| Refusal::NotAllowed(format!("run {run_id}: {why}"));
+        if batch.is_empty() {
+            return Err(refuse("an empty agent batch".into()));
+        }
+        let mut state = match self.runs.get(run_id) {
+            Some(run) if run.status.is_some() => return Err(refuse("has finished".into())),
+            Some(run) if run.agent.header.is_none() => return Err(refuse("is not an agent run".into())),
+            Some(run) => run.agent.clone(),
+            None => {
+                let start = start.ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
+                let Some(AgentEvent::AgentRunStarted { run_id: agent_run, workflow, deadline, .. }) = batch.first()
+                else {
+                    return Err(refuse("a new agent run must start with AgentRunStarted".into()));
+                };
+                if agent_run != run_id.as_str() {
+                    return Err(refuse(format!("AgentRunStarted names run {agent_run}")));
+                }
+                events.push(Event::RunStarted {
+                    run_id: run_id.clone(),
+                    workflow: format!("{AGENT_WORKFLOW_PREFIX}{workflow}"),
+                    input: start.input.clone(),
+                    deadline_at: *deadline,
+                    limits: start.limits.clone(),
+                });
+                AgentState::default()
+            }
+        };
+        for event in batch {
+            state.try_apply(event).map_err(refuse)?;
+            events.push(Event::AgentRecorded { run_id: run_id.clone(), event: event.clone() });
+        }
+        if let Some(stop) = &state.stop {
+            events.push(Event::RunFinished {
+                run_id: run_id.clone(),
+                status: stop.status.run_status(),
+                detail: stop.detail.clone(),
+            });
+        }
+        Ok(ReplyTarget::Done)
     }
 
     fn existing(&self, key: &IntentKey) -> Result<&Intent, Refusal> {
@@ -1489,6 +1595,7 @@ fn intent_key_of(event: &Event) -> Option<&IntentKey> {
         | Event::StepRecorded { .. }
         | Event::TimerStarted { .. }
         | Event::SignalDelivered { .. }
+        | Event::AgentRecorded { .. }
         | Event::RunFinished { .. } => None,
     }
 }
@@ -1630,6 +1737,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
         | Event::StepRecorded { .. }
         | Event::TimerStarted { .. }
         | Event::SignalDelivered { .. }
+        | Event::AgentRecorded { .. }
         | Event::RunFinished { .. } => return Err("not an intent event"),
     }
     Ok(())

@@ -283,7 +283,8 @@ impl Touched {
             | Event::StepRecorded { run_id, .. }
             | Event::TimerStarted { run_id, .. }
             | Event::SignalDelivered { run_id, .. }
-            | Event::RunFinished { run_id, .. } => {
+            | Event::RunFinished { run_id, .. }
+            | Event::AgentRecorded { run_id, .. } => {
                 if !self.runs.contains(run_id) {
                     self.runs.insert(run_id.clone());
                 }

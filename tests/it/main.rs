@@ -2,4 +2,5 @@
 //!
 //! These tests run the real `keel` and `keel-provider-sim` binaries as child processes.
 
+mod agent;
 mod cli;

@@ -366,12 +366,28 @@ impl AgentState {
     /// Applies one event. An impossible transition is a bug in the writer (or a corrupt
     /// journal): it panics with the event's position, since durable state makes restart safe.
     pub fn apply(&mut self, event: &AgentEvent) {
+        if let Err(why) = self.try_apply(event) {
+            panic!("{why}");
+        }
+    }
+
+    /// Applies one event, or says why it is impossible after the events applied so far
+    /// (naming its position). On `Err` the state is unusable: callers that check a batch
+    /// before writing it (the ledger's `decide`) fold a copy and drop it.
+    pub fn try_apply(&mut self, event: &AgentEvent) -> Result<(), String> {
         let position = self.events;
         self.events += 1;
         let name = event.type_name();
-        assert!(self.stop.is_none(), "agent journal position {position}: {name} after RunStopped");
+        macro_rules! ensure {
+            ($cond:expr, $($why:tt)+) => {
+                if !($cond) {
+                    return Err(format!($($why)+));
+                }
+            };
+        }
+        ensure!(self.stop.is_none(), "agent journal position {position}: {name} after RunStopped");
         if !matches!(event, AgentEvent::AgentRunStarted { .. }) {
-            assert!(self.header.is_some(), "agent journal position {position}: {name} before AgentRunStarted");
+            ensure!(self.header.is_some(), "agent journal position {position}: {name} before AgentRunStarted");
         }
         match event {
             AgentEvent::AgentRunStarted {
@@ -385,7 +401,7 @@ impl AgentState {
                 system,
                 prompt,
             } => {
-                assert!(self.header.is_none(), "agent journal position {position}: a second AgentRunStarted");
+                ensure!(self.header.is_none(), "agent journal position {position}: a second AgentRunStarted");
                 self.header = Some(RunHeader {
                     run_id: run_id.clone(),
                     workflow: workflow.clone(),
@@ -399,8 +415,8 @@ impl AgentState {
                 });
             }
             AgentEvent::ModelCallReserved { call } => {
-                assert_eq!(*call, self.model_calls + 1, "agent journal position {position}: model call out of order");
-                assert!(
+                ensure!(*call == self.model_calls + 1, "agent journal position {position}: model call out of order");
+                ensure!(
                     self.turns.last().is_none_or(|t| t.ended || t.response.tool_calls().is_empty()),
                     "agent journal position {position}: model call reserved while a turn is open"
                 );
@@ -408,8 +424,8 @@ impl AgentState {
                 self.push_control("model_call", "model", u64::from(*call));
             }
             AgentEvent::ModelAnswerRecorded { call, response, cost_minor } => {
-                assert_eq!(*call, self.model_calls, "agent journal position {position}: answer to an unreserved call");
-                assert!(
+                ensure!(*call == self.model_calls, "agent journal position {position}: answer to an unreserved call");
+                ensure!(
                     self.turns.last().is_none_or(|t| t.call < *call),
                     "agent journal position {position}: second answer to call {call}"
                 );
@@ -429,58 +445,60 @@ impl AgentState {
                 });
             }
             AgentEvent::ModelCallFailed { call, .. } => {
-                assert_eq!(*call, self.model_calls, "agent journal position {position}: failure of an unreserved call");
+                ensure!(*call == self.model_calls, "agent journal position {position}: failure of an unreserved call");
             }
             AgentEvent::UnknownToolCounted { call_id, name, count, message } => {
-                assert_eq!(*count, self.unknown_tools + 1, "agent journal position {position}: unknown-tool count");
+                ensure!(*count == self.unknown_tools + 1, "agent journal position {position}: unknown-tool count");
                 self.unknown_tools = *count;
                 self.schema_corrections += 1;
                 self.push_control("unknown_tool", name, u64::from(*count));
-                self.push_result(position, call_id, name, ToolOutcome::Refused, message, false);
+                self.push_result(position, call_id, name, ToolOutcome::Refused, message, false)?;
             }
             AgentEvent::SchemaCorrectionCounted { call_id, tool, count, message, .. } => {
-                assert_eq!(*count, self.schema_corrections + 1, "agent journal position {position}: correction count");
+                ensure!(*count == self.schema_corrections + 1, "agent journal position {position}: correction count");
                 self.schema_corrections = *count;
                 self.push_control("schema_correction", tool, u64::from(*count));
-                self.push_result(position, call_id, tool, ToolOutcome::Refused, message, false);
+                self.push_result(position, call_id, tool, ToolOutcome::Refused, message, false)?;
             }
             AgentEvent::ToolCallRefused { call_id, tool, code, message } => {
                 self.refusals += 1;
                 self.push_control(code, tool, u64::from(self.refusals));
-                self.push_result(position, call_id, tool, ToolOutcome::Refused, message, false);
+                self.push_result(position, call_id, tool, ToolOutcome::Refused, message, false)?;
             }
             AgentEvent::ToolCallReserved { call_id, tool, signature, total, per_tool, per_signature } => {
-                assert_eq!(*total, self.tool_calls + 1, "agent journal position {position}: tool count");
+                ensure!(*total == self.tool_calls + 1, "agent journal position {position}: tool count");
                 let tool_count = self.tool_calls_by_tool.entry(tool.clone()).or_default();
-                assert_eq!(*per_tool, *tool_count + 1, "agent journal position {position}: per-tool count");
+                ensure!(*per_tool == *tool_count + 1, "agent journal position {position}: per-tool count");
                 *tool_count = *per_tool;
                 let signature_count = self.signatures.entry(signature.clone()).or_default();
-                assert_eq!(*per_signature, *signature_count + 1, "agent journal position {position}: signature count");
+                ensure!(*per_signature == *signature_count + 1, "agent journal position {position}: signature count");
                 *signature_count = *per_signature;
                 self.tool_calls = *total;
-                let turn = self.open_turn(position, call_id);
-                assert!(
+                let turn = self.open_turn(position, call_id)?;
+                ensure!(
                     turn.reserved.insert(call_id.clone()),
                     "agent journal position {position}: call reserved twice"
                 );
                 self.push_control("tool_call", tool, u64::from(*total));
             }
             AgentEvent::ToolResultRecorded { call_id, tool, outcome, content, progress, .. } => {
-                let turn = self.open_turn(position, call_id);
-                assert!(
+                let turn = self.open_turn(position, call_id)?;
+                ensure!(
                     turn.reserved.contains(call_id),
                     "agent journal position {position}: result of a call the guard never admitted"
                 );
-                self.push_result(position, call_id, tool, *outcome, content, *progress);
+                self.push_result(position, call_id, tool, *outcome, content, *progress)?;
             }
             AgentEvent::TurnEnded { call, progress, without_progress } => {
                 let expected = if *progress { 0 } else { self.without_progress + 1 };
-                assert_eq!(*without_progress, expected, "agent journal position {position}: progress count");
+                ensure!(*without_progress == expected, "agent journal position {position}: progress count");
                 self.without_progress = *without_progress;
-                let turn = self.turns.last_mut().expect("TurnEnded follows an answer: asserted by the writer");
-                assert_eq!(turn.call, *call, "agent journal position {position}: TurnEnded for another call");
+                let Some(turn) = self.turns.last_mut() else {
+                    return Err(format!("agent journal position {position}: TurnEnded before any answer"));
+                };
+                ensure!(turn.call == *call, "agent journal position {position}: TurnEnded for another call");
                 let answered = turn.response.tool_calls().iter().all(|c| turn.has_result(&c.id));
-                assert!(answered, "agent journal position {position}: turn ended with a call unanswered");
+                ensure!(answered, "agent journal position {position}: turn ended with a call unanswered");
                 turn.ended = true;
             }
             AgentEvent::RunStopped { status, subject, count, detail, text } => {
@@ -490,23 +508,26 @@ impl AgentState {
                 self.stop = Some(StopRecord { status: *status, detail: detail.clone(), text: text.clone() });
             }
         }
+        Ok(())
     }
 
     fn push_control(&mut self, kind: &str, name: &str, count: u64) {
         self.control.push(ControlEvent { kind: kind.to_owned(), name: name.to_owned(), count });
     }
 
-    fn open_turn(&mut self, position: u64, call_id: &str) -> &mut Turn {
-        let turn = self
-            .turns
-            .last_mut()
-            .unwrap_or_else(|| panic!("agent journal position {position}: tool event before any answer"));
-        assert!(!turn.ended, "agent journal position {position}: tool event after its turn ended");
-        assert!(
-            turn.response.tool_calls().iter().any(|c| c.id == call_id),
-            "agent journal position {position}: tool event for a call id the answer does not hold"
-        );
-        turn
+    fn open_turn(&mut self, position: u64, call_id: &str) -> Result<&mut Turn, String> {
+        let Some(turn) = self.turns.last_mut() else {
+            return Err(format!("agent journal position {position}: tool event before any answer"));
+        };
+        if turn.ended {
+            return Err(format!("agent journal position {position}: tool event after its turn ended"));
+        }
+        if !turn.response.tool_calls().iter().any(|c| c.id == call_id) {
+            return Err(format!(
+                "agent journal position {position}: tool event for a call id the answer does not hold"
+            ));
+        }
+        Ok(turn)
     }
 
     fn push_result(
@@ -517,9 +538,11 @@ impl AgentState {
         outcome: ToolOutcome,
         content: &str,
         progress: bool,
-    ) {
-        let turn = self.open_turn(position, call_id);
-        assert!(!turn.has_result(call_id), "agent journal position {position}: second result for one call id");
+    ) -> Result<(), String> {
+        let turn = self.open_turn(position, call_id)?;
+        if turn.has_result(call_id) {
+            return Err(format!("agent journal position {position}: second result for one call id"));
+        }
         turn.results.push(RecordedResult {
             call_id: call_id.to_owned(),
             tool: tool.to_owned(),
@@ -527,6 +550,7 @@ impl AgentState {
             content: content.to_owned(),
             progress,
         });
+        Ok(())
     }
 
     /// The last turn, when it still has tool calls to answer or has not been closed.

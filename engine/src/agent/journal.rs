@@ -1,8 +1,9 @@
 //! Where an agent run's facts are made durable.
 //!
-//! Owns [`AgentJournal`], the one door the harness writes through, and [`MemoryJournal`], the
-//! in-memory implementation tests use. The spine will implement `AgentJournal` over its
-//! SQLite log (one stream per run); nothing else in the harness changes.
+//! Owns [`AgentJournal`], the one door the harness writes through; [`LogJournal`], the
+//! durable implementation over the spine's [`EventLog`] (one `AgentRecorded` event per fact
+//! on the run's stream `run:<id>`, one commit per batch, checked by the ledger); and
+//! [`MemoryJournal`], the in-memory implementation tests use. Neither does I/O of its own.
 //!
 //! # Contract
 //!
@@ -12,8 +13,11 @@
 //!   from `append` is the permission to spend.
 
 use super::event::AgentEvent;
+use crate::event::{Cause, RunId};
+use crate::ledger::{Action, AgentRunStart, Command, Refusal, Reply};
+use crate::log::{EventLog, LogError};
 use crate::provider::BoxFuture;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Why the journal could not append or load.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +43,51 @@ pub trait AgentJournal: Send + Sync {
     fn append(&self, events: Vec<AgentEvent>) -> BoxFuture<'_, Result<(), JournalError>>;
     /// Every event appended so far, in order.
     fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>>;
+}
+
+/// The journal of one run in the spine's event log.
+#[derive(Clone)]
+pub struct LogJournal {
+    log: Arc<dyn EventLog>,
+    run_id: RunId,
+    cause: Cause,
+    start: Option<AgentRunStart>,
+}
+
+impl LogJournal {
+    /// The journal of `run_id`. `start` is what `RunStarted` records if the run does not
+    /// exist yet (`None` to only resume an existing run).
+    pub fn new(log: Arc<dyn EventLog>, run_id: RunId, cause: Cause, start: Option<AgentRunStart>) -> Self {
+        let cause = cause.for_run(&run_id);
+        Self { log, run_id, cause, start }
+    }
+
+    fn command(&self, action: Action) -> Command {
+        Command { cause: self.cause.clone(), start_run: None, action }
+    }
+}
+
+fn unavailable(error: &LogError) -> JournalError {
+    JournalError::Unavailable { detail: error.to_string() }
+}
+
+impl AgentJournal for LogJournal {
+    fn append(&self, events: Vec<AgentEvent>) -> BoxFuture<'_, Result<(), JournalError>> {
+        let action = Action::RecordAgent { run_id: self.run_id.clone(), events, start: self.start.clone() };
+        Box::pin(async move { self.log.execute(self.command(action)).await.map(drop).map_err(|e| unavailable(&e)) })
+    }
+
+    fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>> {
+        let action = Action::ObserveRun { run_id: self.run_id.clone() };
+        Box::pin(async move {
+            match self.log.execute(self.command(action)).await {
+                Ok(Reply::Run(run)) => Ok(run.agent_events),
+                Ok(_) => Err(JournalError::Unavailable { detail: "observing a run did not return it".into() }),
+                Err(LogError::Refused(Refusal::UnknownRun(_))) => Ok(Vec::new()),
+                Err(error) => Err(unavailable(&error)),
+            }
+        })
+    }
 }
 
 /// An in-memory journal. `crash_after(n)` makes it die like a killed process: the first
@@ -101,5 +150,70 @@ impl AgentJournal for MemoryJournal {
     fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>> {
         let events = self.events();
         Box::pin(async move { Ok(events) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::AgentStatus;
+    use crate::clock::ManualClock;
+    use crate::event::Event;
+    use crate::memory::MemoryLog;
+
+    fn started(run_id: &str) -> AgentEvent {
+        AgentEvent::AgentRunStarted {
+            run_id: run_id.into(),
+            workflow: "ticket-review".into(),
+            started_at: chrono::DateTime::UNIX_EPOCH,
+            deadline: chrono::DateTime::UNIX_EPOCH + chrono::Duration::seconds(120),
+            limits: Default::default(),
+            capabilities: Default::default(),
+            tools: Vec::new(),
+            system: String::new(),
+            prompt: "p".into(),
+        }
+    }
+
+    fn journal(log: &Arc<MemoryLog>, start: bool) -> LogJournal {
+        let start = start.then(|| AgentRunStart {
+            input: serde_json::json!({}),
+            limits: crate::event::RunLimits {
+                cost_minor_max: None,
+                attempts_per_intent_max: 1,
+                reconciliations_per_intent_max: 1,
+                approval_threshold_minor: None,
+            },
+        });
+        LogJournal::new(Arc::clone(log) as Arc<dyn EventLog>, RunId::new("r1"), Cause::command("test"), start)
+    }
+
+    #[tokio::test]
+    async fn batches_are_checked_by_folding_and_a_stop_finishes_the_run() {
+        let log = Arc::new(MemoryLog::new(Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH))));
+        assert_eq!(journal(&log, false).load().await, Ok(Vec::new()), "an unknown run has no facts");
+        let refused = journal(&log, false).append(vec![started("r1")]).await;
+        assert!(refused.is_err(), "a new run needs its RunStarted input and limits");
+        let journal = journal(&log, true);
+        let impossible = journal.append(vec![AgentEvent::ModelCallReserved { call: 1 }]).await;
+        assert!(impossible.is_err(), "a new run starts with AgentRunStarted");
+        journal.append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1 }]).await.expect("appends");
+        let out_of_order = journal.append(vec![AgentEvent::ModelCallReserved { call: 3 }]).await;
+        assert!(out_of_order.is_err(), "an impossible fact is refused, nothing written");
+        assert_eq!(journal.load().await.expect("loads").len(), 2);
+        let stop = AgentEvent::RunStopped {
+            status: AgentStatus::ModelBudget,
+            subject: "model".into(),
+            count: 1,
+            detail: None,
+            text: None,
+        };
+        journal.append(vec![stop]).await.expect("appends");
+        let types: Vec<&str> = log.events().iter().map(|e| e.event.type_name()).collect();
+        assert_eq!(types, ["RunStarted", "AgentRecorded", "AgentRecorded", "AgentRecorded", "RunFinished"]);
+        let finished = log.events().into_iter().last().map(|e| e.event);
+        assert!(matches!(finished, Some(Event::RunFinished { status: crate::event::RunStatus::ModelBudget, .. })));
+        let late = journal.append(vec![AgentEvent::ModelCallReserved { call: 2 }]).await;
+        assert!(late.is_err(), "nothing is appended to a finished run");
     }
 }

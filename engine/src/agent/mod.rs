@@ -31,7 +31,7 @@ pub use control::{Cancellation, ManualTimer, Timer};
 pub use event::{AgentEvent, AgentState, CorrectionCode, ToolOutcome};
 pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
 pub use guard::{AgentEnv, GuardedScope, Verdict, decide};
-pub use journal::{AgentJournal, JournalError, MemoryJournal};
+pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal};
 pub use model::{
     Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, ToolCall, ToolDescriptor,
     ToolResultBlock, TransportError, Usage,

@@ -64,6 +64,28 @@ impl AgentStatus {
         }
     }
 
+    /// The run status the spine records in `RunFinished` for this agent status.
+    pub fn run_status(&self) -> crate::event::RunStatus {
+        use crate::event::RunStatus as R;
+        match self {
+            Self::Completed => R::Completed,
+            Self::Incomplete => R::Incomplete,
+            Self::PermissionDenied => R::PermissionDenied,
+            Self::RepeatedCall => R::RepeatedCall,
+            Self::ToolBudget => R::ToolBudget,
+            Self::ModelBudget => R::ModelBudget,
+            Self::TokenBudget => R::TokenBudget,
+            Self::CostBudget => R::CostBudget,
+            Self::SchemaBudget => R::SchemaBudget,
+            Self::DeadlineExceeded => R::DeadlineExceeded,
+            Self::NoProgress => R::NoProgress,
+            Self::Truncated => R::Truncated,
+            Self::ProviderUnavailable => R::ProviderUnavailable,
+            Self::OutcomeUnknown => R::OutcomeUnknown,
+            Self::Cancelled => R::Cancelled,
+        }
+    }
+
     /// True for every controlled stop (everything but `completed` and `incomplete`).
     pub fn is_controlled_stop(&self) -> bool {
         !matches!(self, Self::Completed | Self::Incomplete)

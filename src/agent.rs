@@ -1,0 +1,282 @@
+//! `keel agent run` and `keel agent resume`: the bounded agent harness on the event log.
+//!
+//! Owns the translation between flags and an agent run: which workflow, which transcript
+//! (a named scenario, embedded in the binary, or a file), which limits and grants; the
+//! journal (`engine::agent::LogJournal` over the store, so every fact is on `run:<id>`); the
+//! real timer; ctrl-c wired to `Cancellation::cancel`; the rendering and the exit code. It
+//! never decides a guard step or a budget (the engine does) and never touches SQL.
+//!
+//! # Transcripts
+//!
+//! Scenario transcripts are embedded with `include_str!` from `fixtures/agent/…`, so an
+//! installed binary runs them without the repository. The run's stored input names the
+//! scenario or the transcript file, which is how `keel agent resume` finds the same script.
+//!
+//! # Test facility
+//!
+//! `KEEL_TEST_ABORT_AT_MODEL_CALL=N` makes this process call `std::process::abort()` when
+//! the transport is asked for its Nth answer in this process (after the call's reservation
+//! is durable): the crash tests kill a run at a precise point with a real process death.
+
+use crate::output::Output;
+use crate::wiring::{SystemClock, open_store};
+use crate::{AgentCommand, exit};
+use adapters::model::TokioTimer;
+use adapters::model::scripted::{ScriptedTransport, Transcript};
+use anyhow::Context as _;
+use engine::agent::{
+    AgentEnv, AgentJournal, AgentLimits, AgentState, Cancellation, LogJournal, ModelRequest, ModelResponse,
+    ModelTransport, RunOutcome, TransportError,
+};
+use engine::clock::Clock;
+use engine::event::{Cause, RunId, RunLimits};
+use engine::ledger::AgentRunStart;
+use engine::log::EventLog;
+use engine::provider::BoxFuture;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use workflows::ticket_review::{self, Scenario};
+
+/// The env var of the crash test facility (see the module docs).
+pub const ABORT_AT_MODEL_CALL: &str = "KEEL_TEST_ABORT_AT_MODEL_CALL";
+
+/// The embedded transcript of a ticket-review scenario.
+fn scenario_transcript(scenario: Scenario) -> &'static str {
+    match scenario {
+        Scenario::Complete => include_str!("../fixtures/agent/ticket-review/complete.json"),
+        Scenario::Incomplete => include_str!("../fixtures/agent/ticket-review/incomplete.json"),
+        Scenario::Forbidden => include_str!("../fixtures/agent/ticket-review/forbidden.json"),
+        Scenario::Repeat => include_str!("../fixtures/agent/ticket-review/repeat.json"),
+        Scenario::Changing => include_str!("../fixtures/agent/ticket-review/changing.json"),
+        Scenario::Budget => include_str!("../fixtures/agent/ticket-review/budget.json"),
+        Scenario::Deadline => include_str!("../fixtures/agent/ticket-review/deadline.json"),
+        Scenario::Unavailable => include_str!("../fixtures/agent/ticket-review/unavailable.json"),
+    }
+}
+
+/// Where a run's model answers come from, as stored in its `RunStarted` input.
+#[derive(Clone, Debug)]
+enum Script {
+    Scenario(Scenario),
+    File(PathBuf),
+}
+
+impl Script {
+    fn input(&self) -> Value {
+        match self {
+            Self::Scenario(s) => json!({"transport": "scripted", "scenario": s.name()}),
+            Self::File(path) => json!({"transport": "scripted", "transcript": path.display().to_string()}),
+        }
+    }
+
+    fn from_input(input: &Value) -> Result<Self, String> {
+        if let Some(name) = input.get("scenario").and_then(Value::as_str) {
+            return Scenario::parse(name).map(Self::Scenario).ok_or_else(|| format!("unknown scenario {name:?}"));
+        }
+        match input.get("transcript").and_then(Value::as_str) {
+            Some(path) => Ok(Self::File(PathBuf::from(path))),
+            None => Err("the run's input names neither a scenario nor a transcript".into()),
+        }
+    }
+
+    fn load(&self) -> Result<Transcript, String> {
+        match self {
+            Self::Scenario(s) => Transcript::parse(scenario_transcript(*s)).map_err(|e| e.to_string()),
+            Self::File(path) => Transcript::from_file(path).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Scenario(s) => format!("scripted (scenario {}, embedded transcript)", s.name()),
+            Self::File(path) => format!("scripted (transcript {})", path.display()),
+        }
+    }
+}
+
+/// A transport that aborts the process at its Nth call (the crash-test facility).
+struct AbortAt {
+    inner: ScriptedTransport,
+    at: Option<u32>,
+    calls: AtomicU32,
+}
+
+impl ModelTransport for AbortAt {
+    fn complete<'a>(&'a self, request: &'a ModelRequest) -> BoxFuture<'a, Result<ModelResponse, TransportError>> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.at == Some(call) {
+            eprintln!("keel: {ABORT_AT_MODEL_CALL}={call}: aborting the process (test facility)");
+            std::process::abort();
+        }
+        self.inner.complete(request)
+    }
+}
+
+/// Everything a run needs, resolved from flags (new run) or from the log (resume).
+struct Plan {
+    run_id: RunId,
+    workflow: String,
+    script: Script,
+    limits: AgentLimits,
+    capabilities: BTreeSet<String>,
+}
+
+/// `keel agent …`.
+pub async fn dispatch(
+    db: &Path,
+    durability: store::Durability,
+    out: &Output,
+    command: AgentCommand,
+) -> anyhow::Result<u8> {
+    let plan = match command {
+        AgentCommand::Run { workflow, scenario, transcript, limits, capabilities } => {
+            match plan_new(
+                &workflow,
+                scenario.as_deref(),
+                transcript.as_deref(),
+                limits.as_deref(),
+                capabilities.as_deref(),
+            ) {
+                Ok(plan) => plan,
+                Err(message) => return Ok(out.usage_error(&message)),
+            }
+        }
+        AgentCommand::Resume { run_id } => {
+            if !db.exists() {
+                return Ok(out.usage_error(&format!("{} does not exist", db.display())));
+            }
+            let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
+            let ledger = reader.ledger()?;
+            let run_id = RunId::new(run_id);
+            let Some(run) = ledger.run(&run_id).filter(|r| r.is_agent()) else {
+                return Ok(out.usage_error(&format!("no agent run {run_id} in {}", db.display())));
+            };
+            let workflow = run.workflow.trim_start_matches(engine::ledger::AGENT_WORKFLOW_PREFIX).to_owned();
+            let script = match Script::from_input(&run.input) {
+                Ok(script) => script,
+                Err(message) => return Ok(out.usage_error(&format!("run {run_id}: {message}"))),
+            };
+            let header = run.agent.header();
+            Plan { limits: header.limits.clone(), capabilities: header.capabilities.clone(), run_id, workflow, script }
+        }
+    };
+    let transcript = match plan.script.load() {
+        Ok(transcript) => transcript,
+        Err(message) => return Ok(out.usage_error(&message)),
+    };
+    let store = open_store(db, durability)?;
+    let log: Arc<dyn EventLog> = Arc::new(store.clone());
+    let start = AgentRunStart { input: plan.script.input(), limits: spine_limits() };
+    let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), Cause::command("agent"), Some(start));
+    let recorded = AgentState::from_events(&journal.load().await?);
+    let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());
+    let transport = AbortAt {
+        inner: ScriptedTransport::new(transcript).resuming(&recorded),
+        at: abort_at,
+        calls: AtomicU32::new(0),
+    };
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let timer = TokioTimer::new(Arc::clone(&clock));
+    let cancel = Cancellation::new();
+    let on_interrupt = cancel.clone();
+    let watcher = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_interrupt.cancel();
+        }
+    });
+    let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
+    let result =
+        ticket_review::run(env, &transport, plan.run_id.as_str(), plan.limits.clone(), plan.capabilities.clone()).await;
+    watcher.abort();
+    store.shutdown()?;
+    let outcome = result.with_context(|| format!("agent run {} failed", plan.run_id))?;
+    print_outcome(out, &plan, &outcome);
+    Ok(u8::try_from(outcome.exit_code()).unwrap_or(exit::INTERNAL))
+}
+
+/// The spine's limits for the intents an agent run's effect tools reserve.
+fn spine_limits() -> RunLimits {
+    RunLimits {
+        cost_minor_max: None,
+        attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
+        reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
+        approval_threshold_minor: None,
+    }
+}
+
+fn plan_new(
+    workflow: &str,
+    scenario: Option<&str>,
+    transcript: Option<&Path>,
+    limits: Option<&str>,
+    capabilities: Option<&str>,
+) -> Result<Plan, String> {
+    if workflow != ticket_review::WORKFLOW {
+        return Err(format!("unknown agent workflow {workflow:?} (known: {})", ticket_review::WORKFLOW));
+    }
+    let (script, mut plan_limits, mut grants) = match (scenario, transcript) {
+        (Some(name), None) => {
+            let known: Vec<&str> = Scenario::ALL.iter().map(Scenario::name).collect();
+            let scenario = Scenario::parse(name)
+                .ok_or_else(|| format!("unknown scenario {name:?} (known: {})", known.join(", ")))?;
+            (Script::Scenario(scenario), scenario.limits(), scenario.capabilities())
+        }
+        (None, Some(path)) => {
+            let path =
+                std::fs::canonicalize(path).map_err(|e| format!("cannot read transcript {}: {e}", path.display()))?;
+            (Script::File(path), AgentLimits::default(), ticket_review::all_capabilities())
+        }
+        _ => return Err("pass exactly one of --scenario NAME or --transcript FILE".into()),
+    };
+    if let Some(text) = limits {
+        let overrides: Value = serde_json::from_str(text).map_err(|e| format!("--limits is not JSON: {e}"))?;
+        plan_limits = plan_limits.overridden_by(&overrides).map_err(|e| format!("--limits: {e}"))?;
+    }
+    if let Some(list) = capabilities {
+        grants = list.split(',').map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect();
+    }
+    Ok(Plan {
+        run_id: RunId::new(uuid::Uuid::new_v4().to_string()),
+        workflow: workflow.to_owned(),
+        script,
+        limits: plan_limits,
+        capabilities: grants,
+    })
+}
+
+fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
+    let mut document = serde_json::to_value(outcome.report()).unwrap_or(Value::Null);
+    if let Some(map) = document.as_object_mut() {
+        map.insert("run_id".into(), json!(plan.run_id.as_str()));
+    }
+    out.emit(&document, || {
+        println!("agent: {} (bounded harness), run {}", plan.workflow, plan.run_id);
+        println!("transport: {}", plan.script.describe());
+        let grants: Vec<&str> = plan.capabilities.iter().map(String::as_str).collect();
+        println!("capabilities: {}", if grants.is_empty() { "(none)".to_owned() } else { grants.join(", ") });
+        let limits = &plan.limits;
+        println!(
+            "limits: {} model calls, {} tool attempts, {} per signature, {} ms deadline",
+            limits.model_calls_max, limits.tool_calls_max, limits.repeats_per_signature_max, limits.deadline_ms
+        );
+        println!("completion: ticket 42 read, then finish_review(42) succeeded (the model saying so is not enough)");
+        for event in &outcome.events {
+            println!("  {:<20} {:<16} {}", event.kind, event.name, event.count);
+        }
+        println!(
+            "status: {} ({} model calls, {} tool calls)",
+            outcome.status.as_str(),
+            outcome.model_calls,
+            outcome.tool_calls
+        );
+        if let Some(detail) = &outcome.detail {
+            println!("  {detail}");
+        }
+        if let Some(text) = outcome.text.as_deref().filter(|_| outcome.status.as_str() == "incomplete") {
+            println!("  model text (not a success): {text}");
+        }
+    });
+}

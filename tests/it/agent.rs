@@ -1,0 +1,144 @@
+//! `keel agent` end to end: seed 003's acceptance table through the real binary on a real
+//! event log, a real process death mid-run resumed from the log, and `keel verify` on logs
+//! holding agent runs.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn keel(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command.arg("--db").arg(db).arg("--json").env_remove("KEEL_DB").env_remove("KEEL_PROVIDER_URL");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.args(args).output().expect("keel runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    (output.status.code().unwrap_or(-1), serde_json::from_str(&stdout).unwrap_or(Value::Null))
+}
+
+fn temp() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let db = dir.path().join("keel.db");
+    (dir, db)
+}
+
+fn fixture(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(path).display().to_string()
+}
+
+/// (scenario, status, model calls, tool calls, exit code): seed 003's table.
+const TABLE: [(&str, &str, u64, u64, i32); 8] = [
+    ("complete", "completed", 3, 2, 0),
+    ("incomplete", "incomplete", 1, 0, 2),
+    ("forbidden", "permission_denied", 1, 0, 2),
+    ("repeat", "repeated_call", 2, 1, 2),
+    ("changing", "tool_budget", 5, 4, 2),
+    ("budget", "model_budget", 1, 1, 2),
+    ("deadline", "deadline_exceeded", 1, 0, 2),
+    ("unavailable", "provider_unavailable", 1, 0, 2),
+];
+
+#[test]
+fn every_seed_003_scenario_ends_exactly_as_the_seed_says_and_the_log_verifies() {
+    let (_dir, db) = temp();
+    for (scenario, status, model_calls, tool_calls, code) in TABLE {
+        let (exit, report) = keel(&db, &["agent", "run", "ticket-review", "--scenario", scenario], &[]);
+        assert_eq!(exit, code, "{scenario}: exit code, report {report}");
+        assert_eq!(report["status"], status, "{scenario}: status");
+        assert_eq!(report["model_calls"], model_calls, "{scenario}: model calls");
+        assert_eq!(report["tool_calls"], tool_calls, "{scenario}: tool calls");
+        let events = report["events"].as_array().expect("events");
+        for event in events {
+            let keys: Vec<&str> = event.as_object().expect("an object").keys().map(String::as_str).collect();
+            assert_eq!(keys, ["count", "kind", "name"], "{scenario}: control events carry no arguments");
+        }
+        let last = events.last().expect("at least one event");
+        if status != "completed" && status != "incomplete" {
+            assert_eq!(last["kind"], status, "{scenario}: the stop is the last control event");
+        }
+        let run_id = report["run_id"].as_str().expect("a run id");
+        let reader = store::Reader::open(&db).expect("the log opens");
+        let row = reader.run(&engine::event::RunId::new(run_id)).expect("reads").expect("the run is projected");
+        assert_eq!(row.workflow, "agent:ticket-review");
+        assert_eq!(row.status, status, "{scenario}: the runs projection holds the agent status");
+    }
+    let (exit, report) = keel(&db, &["verify"], &[]);
+    assert_eq!(exit, 0, "verify passes on a log of agent runs: {report}");
+}
+
+#[test]
+fn forbidden_never_runs_the_body() {
+    let (_dir, db) = temp();
+    let (_, report) = keel(&db, &["agent", "run", "ticket-review", "--scenario", "forbidden"], &[]);
+    let ledger = store::Reader::open(&db).expect("opens").ledger().expect("folds");
+    let run = ledger.run(&engine::event::RunId::new(report["run_id"].as_str().expect("id"))).expect("the run");
+    assert_eq!(run.agent.results().count(), 0, "no tool result: the body never ran");
+}
+
+#[test]
+fn usage_errors_exit_64_with_a_message() {
+    let (_dir, db) = temp();
+    let cases: [&[&str]; 4] = [
+        &["agent", "run", "ticket-review", "--scenario", "nope"],
+        &["agent", "run", "ticket-review", "--transcript", "/nonexistent/transcript.json"],
+        &["agent", "run", "ticket-review", "--scenario", "complete", "--limits", "{not json"],
+        &["agent", "run", "ticket-review", "--scenario", "complete", "--limits", r#"{"model_call_max": 1}"#],
+    ];
+    for args in cases {
+        let (exit, report) = keel(&db, args, &[]);
+        assert_eq!(exit, 64, "{args:?}");
+        assert_eq!(report["status"], "usage_error", "{args:?}");
+        assert!(!report["error"].as_str().unwrap_or_default().is_empty(), "{args:?}: a clear message");
+    }
+}
+
+#[test]
+fn a_transcript_file_with_limits_and_capabilities_runs_as_given() {
+    let (_dir, db) = temp();
+    let transcript = fixture("agent/ticket-review/complete.json");
+    let args = ["agent", "run", "ticket-review", "--transcript", &transcript, "--limits", r#"{"tool_calls_max": 1}"#];
+    let (exit, report) = keel(&db, &args, &[]);
+    assert_eq!((exit, report["status"].as_str()), (2, Some("tool_budget")), "{report}");
+    assert_eq!(report["tool_calls"], 1);
+    let args = ["agent", "run", "ticket-review", "--transcript", &transcript, "--capabilities", "review.finish"];
+    let (exit, report) = keel(&db, &args, &[]);
+    assert_eq!((exit, report["status"].as_str()), (2, Some("permission_denied")), "{report}");
+}
+
+/// Model answers recorded in the log, in order, by their response id.
+fn recorded_answers(db: &Path, run_id: &str) -> Vec<String> {
+    let ledger = store::Reader::open(db).expect("opens").ledger().expect("folds");
+    let run = ledger.run(&engine::event::RunId::new(run_id)).expect("the run");
+    run.agent.turns.iter().map(|turn| turn.response.id.clone().unwrap_or_default()).collect()
+}
+
+#[test]
+fn a_run_killed_at_its_fourth_model_call_resumes_with_one_tool_call_left_and_no_answer_requested_twice() {
+    let (_dir, db) = temp();
+    let transcript = fixture("agent/ticket-review/changing.json");
+    let args = ["agent", "run", "ticket-review", "--transcript", &transcript];
+    let (exit, _) = keel(&db, &args, &[("KEEL_TEST_ABORT_AT_MODEL_CALL", "4")]);
+    assert_ne!(exit, 0, "the process died");
+    let reader = store::Reader::open(&db).expect("opens");
+    let runs = reader.runs().expect("runs");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, "running", "killed: no RunFinished");
+    let run_id = runs[0].run_id.clone();
+    let before = recorded_answers(&db, &run_id);
+    assert_eq!(before.len(), 3, "three answers recorded before the death");
+
+    let (exit, report) = keel(&db, &["agent", "resume", &run_id], &[]);
+    assert_eq!(exit, 2, "{report}");
+    assert_eq!(report["status"], "tool_budget");
+    assert_eq!(report["tool_calls"], 4, "exactly one more tool call under the limit of four");
+    assert_eq!(report["model_calls"], 6, "the call reserved before the death stays counted");
+    let after = recorded_answers(&db, &run_id);
+    assert_eq!(after[..3], before[..], "recorded answers are kept");
+    let mut distinct = after.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), after.len(), "no recorded answer was requested again: {after:?}");
+    let (exit, report) = keel(&db, &["verify"], &[]);
+    assert_eq!(exit, 0, "{report}");
+}
