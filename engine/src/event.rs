@@ -581,14 +581,17 @@ impl Event {
 
     /// The stream this event belongs on.
     pub fn stream(&self) -> StreamId {
+        match (self.subject(), self.intent_key()) {
+            (_, Some(key)) => key.stream(),
+            (Some(run_id), None) => run_id.stream(),
+            (None, None) => unreachable!("every event is about an intent or a run"),
+        }
+    }
+
+    /// The intent this event is about, when it is on an intent's stream.
+    pub fn intent_key(&self) -> Option<&IntentKey> {
         match self {
-            Self::RunStarted { run_id, .. }
-            | Self::StepRecorded { run_id, .. }
-            | Self::TimerStarted { run_id, .. }
-            | Self::SignalDelivered { run_id, .. }
-            | Self::RunFinished { run_id, .. }
-            | Self::AgentRecorded { run_id, .. } => run_id.stream(),
-            Self::IntentReserved { intent, .. } => intent.key.stream(),
+            Self::IntentReserved { intent, .. } => Some(&intent.key),
             Self::IntentDeduplicated { key, .. }
             | Self::ApprovalGranted { key, .. }
             | Self::ApprovalDenied { key, .. }
@@ -602,7 +605,26 @@ impl Event {
             | Self::IntentEscalated { key, .. }
             | Self::ApprovalExpired { key, .. }
             | Self::IntentCancelled { key, .. }
-            | Self::IntentResolved { key, .. } => key.stream(),
+            | Self::IntentResolved { key, .. } => Some(key),
+            Self::RunStarted { .. }
+            | Self::StepRecorded { .. }
+            | Self::TimerStarted { .. }
+            | Self::SignalDelivered { .. }
+            | Self::RunFinished { .. }
+            | Self::AgentRecorded { .. } => None,
+        }
+    }
+
+    /// The run this event is on, when it is on a run's stream.
+    pub fn subject(&self) -> Option<&RunId> {
+        match self {
+            Self::RunStarted { run_id, .. }
+            | Self::StepRecorded { run_id, .. }
+            | Self::TimerStarted { run_id, .. }
+            | Self::SignalDelivered { run_id, .. }
+            | Self::RunFinished { run_id, .. }
+            | Self::AgentRecorded { run_id, .. } => Some(run_id),
+            _ => None,
         }
     }
 

@@ -842,7 +842,7 @@ impl Ledger {
                 );
             }
             other => {
-                let key = intent_key_of(other).unwrap_or_else(|| fail("event without an intent key"));
+                let key = other.intent_key().unwrap_or_else(|| fail("event without an intent key"));
                 let intent = self.intents.get_mut(key).unwrap_or_else(|| fail("event on an unknown intent"));
                 apply_to_intent(intent, other, at).unwrap_or_else(|what| fail(what));
                 intent.last_seq = seq;
@@ -1572,32 +1572,6 @@ fn evidence_mismatch(intent: &Intent, evidence: &Evidence) -> Option<String> {
             definition.currency
         )
     })
-}
-
-fn intent_key_of(event: &Event) -> Option<&IntentKey> {
-    match event {
-        Event::IntentDeduplicated { key, .. }
-        | Event::ApprovalGranted { key, .. }
-        | Event::ApprovalDenied { key, .. }
-        | Event::ApprovalExpired { key }
-        | Event::AttemptStarted { key, .. }
-        | Event::AttemptNotSent { key, .. }
-        | Event::IntentValidated { key, .. }
-        | Event::IntentDeclined { key, .. }
-        | Event::OutcomeUnknown { key, .. }
-        | Event::ReconciliationStarted { key, .. }
-        | Event::ReconciliationResolved { key, .. }
-        | Event::IntentEscalated { key, .. }
-        | Event::IntentCancelled { key, .. }
-        | Event::IntentResolved { key, .. } => Some(key),
-        Event::IntentReserved { intent, .. } => Some(&intent.key),
-        Event::RunStarted { .. }
-        | Event::StepRecorded { .. }
-        | Event::TimerStarted { .. }
-        | Event::SignalDelivered { .. }
-        | Event::AgentRecorded { .. }
-        | Event::RunFinished { .. } => None,
-    }
 }
 
 /// Folds one intent event. `Err` names the impossible transition.

@@ -278,38 +278,14 @@ struct Touched {
 
 impl Touched {
     fn note(&mut self, event: &Event) {
-        match event {
-            Event::RunStarted { run_id, .. }
-            | Event::StepRecorded { run_id, .. }
-            | Event::TimerStarted { run_id, .. }
-            | Event::SignalDelivered { run_id, .. }
-            | Event::RunFinished { run_id, .. }
-            | Event::AgentRecorded { run_id, .. } => {
-                if !self.runs.contains(run_id) {
-                    self.runs.insert(run_id.clone());
-                }
+        if let Some(key) = event.intent_key() {
+            if !self.intents.contains(key) {
+                self.intents.insert(key.clone());
             }
-            Event::IntentReserved { intent, .. } => {
-                self.intents.insert(intent.key.clone());
-            }
-            Event::IntentDeduplicated { key, .. }
-            | Event::ApprovalGranted { key, .. }
-            | Event::ApprovalDenied { key, .. }
-            | Event::AttemptStarted { key, .. }
-            | Event::AttemptNotSent { key, .. }
-            | Event::IntentValidated { key, .. }
-            | Event::IntentDeclined { key, .. }
-            | Event::OutcomeUnknown { key, .. }
-            | Event::ReconciliationStarted { key, .. }
-            | Event::ReconciliationResolved { key, .. }
-            | Event::IntentEscalated { key, .. }
-            | Event::ApprovalExpired { key }
-            | Event::IntentCancelled { key, .. }
-            | Event::IntentResolved { key, .. } => {
-                if !self.intents.contains(key) {
-                    self.intents.insert(key.clone());
-                }
-            }
+        } else if let Some(run_id) = event.subject()
+            && !self.runs.contains(run_id)
+        {
+            self.runs.insert(run_id.clone());
         }
     }
 }
