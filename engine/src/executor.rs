@@ -63,8 +63,13 @@ pub enum WorkflowError {
     Nondeterministic(Refusal),
     /// The run cannot go on now (waiting for a signal, an approval, a resubmission); it stays
     /// open and `keel resume` continues it.
-    #[error("suspended: {0}")]
-    Suspended(String),
+    #[error("suspended: {reason}")]
+    Suspended {
+        /// Why, and what would continue it.
+        reason: String,
+        /// What the caller is told meanwhile (an intent's outcome when one is waiting).
+        output: Option<Value>,
+    },
     /// The run's deadline passed.
     #[error("deadline exceeded: {0}")]
     DeadlineExceeded(String),
@@ -388,7 +393,7 @@ impl Context {
                 .await?;
                 Ok(payload)
             }
-            None => Err(WorkflowError::Suspended(format!("waiting for signal {name:?}"))),
+            None => Err(WorkflowError::Suspended { reason: format!("waiting for signal {name:?}"), output: None }),
         }
     }
 
@@ -770,13 +775,13 @@ impl Executor {
             let result = workflow.run(&mut ctx, input).await;
             let (status, output, finish) = match result {
                 Ok(end) => (end.status, end.output, true),
-                Err(WorkflowError::Suspended(why)) => {
+                Err(WorkflowError::Suspended { reason, output }) => {
                     let run_id = ctx.run_id.to_string();
                     return Ok(RunOutcome {
                         run_id,
                         status: "suspended".to_owned(),
                         written: ctx.started(),
-                        output: serde_json::json!({ "status": "suspended", "details": [why] }),
+                        output: output.unwrap_or_else(|| serde_json::json!({ "status": "suspended", "details": [reason] })),
                     });
                 }
                 Err(WorkflowError::DeadlineExceeded(why)) => (
@@ -881,9 +886,15 @@ impl Executor {
 
 /// Maps an intent's outcome to the end of a single-intent workflow.
 pub fn end_with(outcome: &IntentOutcome) -> Result<WorkflowEnd, WorkflowError> {
-    if outcome.status == "awaiting_approval" {
-        return Err(WorkflowError::Suspended(format!("intent {} awaits approval", outcome.intent_key)));
-    }
     let output = serde_json::to_value(outcome).map_err(|e| WorkflowError::Failed(e.to_string()))?;
+    if outcome.status == "awaiting_approval" {
+        let key = &outcome.intent_key;
+        let reason = format!("intent {key} awaits approval: `keel approve {key} --by NAME`, then re-submit the same request");
+        let mut output = output;
+        if let Some(details) = output.as_object_mut() {
+            details.insert("details".to_owned(), serde_json::json!([reason]));
+        }
+        return Err(WorkflowError::Suspended { reason, output: Some(output) });
+    }
     Ok(WorkflowEnd { status: outcome.run_status(), output })
 }

@@ -13,9 +13,14 @@ struct Sim(Child, String);
 
 impl Sim {
     fn start(dir: &Path) -> Self {
+        Self::start_with(dir, &[])
+    }
+
+    fn start_with(dir: &Path, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_keel-provider-sim"))
             .args(["serve", "--db"])
             .arg(dir.join("sim.db"))
+            .args(extra)
             .stdout(Stdio::piped())
             .spawn()
             .expect("the simulator starts");
@@ -153,4 +158,65 @@ fn verify_names_a_tampered_event() {
     let (code, report, _) = keel(&db, None, &["verify"]);
     assert_eq!(code, 1);
     assert!(report["mismatches"][0].to_string().contains('3'), "{report}");
+}
+
+#[test]
+fn operator_decisions_are_refused_or_recorded_with_the_operators_name() {
+    let (dir, db) = temp();
+    let plan = dir.path().join("plan.json");
+    std::fs::write(&plan, r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":3000}]}"#)
+        .expect("writes the plan");
+    let sim = Sim::start_with(dir.path(), &["--faults", plan.to_str().expect("utf-8 path")]);
+    let mut lost = charge_args("order_1900_charge", "2500");
+    lost.extend(["--max-attempts", "3"]);
+    let (code, unknown, _) = keel(&db, Some(&sim.1), &[&["--provider-timeout-ms", "300"][..], &lost].concat());
+    assert_eq!(code, 2, "{unknown}");
+    assert_eq!(unknown["status"], "outcome_unknown");
+    let key = unknown["intent_key"].as_str().expect("a key").to_owned();
+
+    let (code, refused, _) = keel(&db, None, &["cancel", &key, "--by", "ana", "--reason", "customer asked"]);
+    assert_eq!(code, 2, "cancel is refused while the outcome is unknown: {refused}");
+    let (code, resolved, _) = keel(&db, None, &["resolve", &key, "--landed", "ch_seen", "--by", "ana", "--reason", "in the dashboard"]);
+    assert_eq!(code, 0, "{resolved}");
+    assert_eq!(resolved["status"], "validated");
+    let (_, shown, _) = keel(&db, None, &["show", &key]);
+    let last = shown["events"].as_array().and_then(|e| e.last()).expect("events").clone();
+    assert_eq!(last["type"], "IntentResolved");
+    assert_eq!(last["cause"]["actor"], "operator:ana");
+}
+
+#[test]
+fn an_approval_is_bound_to_the_fingerprint_and_a_denial_ends_the_intent() {
+    let (dir, db) = temp();
+    let sim = Sim::start(dir.path());
+    let gated = |intent: &'static str| {
+        let mut args = charge_args(intent, "5000");
+        args.extend(["--approval-threshold-minor", "1000"]);
+        args
+    };
+    let (code, waiting, _) = keel(&db, Some(&sim.1), &gated("order_1842_charge"));
+    assert_eq!(code, 2, "{waiting}");
+    assert_eq!(waiting["status"], "awaiting_approval");
+    let key = waiting["intent_key"].as_str().expect("a key").to_owned();
+
+    let wrong = "0".repeat(64);
+    assert_eq!(keel(&db, None, &["approve", &key, "--by", "lead", "--fingerprint", &wrong]).0, 2);
+    assert_eq!(keel(&db, None, &["approve", &key, "--by", "lead"]).0, 0);
+    let (code, done, _) = keel(&db, Some(&sim.1), &gated("order_1842_charge"));
+    assert_eq!(code, 0, "{done}");
+    assert_eq!(done["status"], "validated");
+
+    let mut other = charge_args("order_1843_charge", "5000");
+    other[6] = "order_1843";
+    other.extend(["--approval-threshold-minor", "1000"]);
+    let (_, waiting, _) = keel(&db, Some(&sim.1), &other);
+    let denied_key = waiting["intent_key"].as_str().expect("a key").to_owned();
+    let (code, denied, _) = keel(&db, None, &["deny", &denied_key, "--by", "lead", "--reason", "suspicious"]);
+    assert_eq!(code, 0, "{denied}");
+    assert_eq!(denied["status"], "rejected");
+    let (code, after, _) = keel(&db, Some(&sim.1), &other);
+    assert_eq!(code, 2);
+    assert_eq!(after["status"], "rejected");
+    let (_, intents, _) = keel(&db, None, &["intents", "--state", "validated"]);
+    assert_eq!(intents.as_array().map(Vec::len), Some(1), "only the approved charge reached the provider");
 }
