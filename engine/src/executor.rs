@@ -178,8 +178,12 @@ pub struct IntentOutcome {
     pub code: Option<String>,
     /// Attempts made.
     pub attempts: u32,
+    /// Attempts allowed.
+    pub attempts_max: u32,
     /// Reconciliations made.
     pub reconciliations: u32,
+    /// Reconciliations allowed before escalation.
+    pub reconciliations_max: u32,
     /// The provider's reference, once proven.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub provider_ref: Option<String>,
@@ -209,7 +213,9 @@ impl IntentOutcome {
             source,
             code: intent.decline_code.clone(),
             attempts: intent.attempts,
+            attempts_max: intent.attempts_max,
             reconciliations: intent.reconciliations,
+            reconciliations_max: intent.reconciliations_max,
             provider_ref: intent.evidence.as_ref().map(|e| e.provider_ref.clone()),
             reconcile_after: intent.reconcile_after,
             details: intent.note.iter().cloned().collect(),
@@ -223,7 +229,9 @@ impl IntentOutcome {
             source: None,
             code: Some(code.as_str().to_owned()),
             attempts: 0,
+            attempts_max: 0,
             reconciliations: 0,
+            reconciliations_max: 0,
             provider_ref: None,
             reconcile_after: None,
             details: vec![detail],
@@ -410,6 +418,10 @@ impl Context {
             tool.name = request.kind.as_str(),
             validation.outcome = tracing::field::Empty,
             validation.error_code = tracing::field::Empty,
+            retry.prevented = tracing::field::Empty,
+            budget.remaining_ms = ms_between(self.runtime.clock.now(), self.deadline_at),
+            budget.remaining_attempts = tracing::field::Empty,
+            budget.remaining_reconciliations = tracing::field::Empty,
         );
         async {
             let position = self.next_position();
@@ -439,6 +451,16 @@ impl Context {
                 match self.execute(reserve).await {
                     Ok(Reply::Intent { intent, fresh }) => {
                         let deduplicated = !fresh && intent.status == IntentStatus::Validated;
+                        // Proposed again while validated, in flight or unknown: no new attempt.
+                        let prevented = !fresh
+                            && matches!(
+                                intent.status,
+                                IntentStatus::Validated
+                                    | IntentStatus::Attempting
+                                    | IntentStatus::OutcomeUnknown
+                                    | IntentStatus::Reconciling
+                            );
+                        tracing::Span::current().record("retry.prevented", prevented);
                         let intent = if fresh && intent.status == IntentStatus::Attempting {
                             let driver =
                                 Driver { runtime: &self.runtime, cause: self.cause.clone().for_run(&self.run_id) };
@@ -458,18 +480,21 @@ impl Context {
                     Err(other) => return Err(other.into()),
                 }
             };
-            tracing::Span::current().record("validation.outcome", "accepted");
+            let span = tracing::Span::current();
+            span.record("validation.outcome", "accepted");
             if deduplicated {
-                tracing::info!(
-                    retry.prevented = true,
-                    "same key and fingerprint already validated: stored result returned"
-                );
+                tracing::info!("same key and fingerprint already validated: stored result returned");
                 return Ok(IntentOutcome::of(&intent, true));
             }
             let driver = Driver { runtime: &self.runtime, cause: self.cause.clone().for_run(&self.run_id) };
             let outcome = driver
                 .drive(intent, &self.run_id, request.payment_method.as_ref(), request.needs_payment_method)
                 .await?;
+            span.record("budget.remaining_attempts", outcome.attempts_max.saturating_sub(outcome.attempts));
+            span.record(
+                "budget.remaining_reconciliations",
+                outcome.reconciliations_max.saturating_sub(outcome.reconciliations),
+            );
             Ok(outcome)
         }
         .instrument(span)
@@ -576,6 +601,7 @@ impl Driver<'_> {
             retry.reason = if attempt == 1 { "first" } else if after_absence { "proven_absent" } else { "unknown_outcome" },
             retry.prevented = false,
             effect.idempotency_key_hash = %key.hash(),
+            budget.remaining_attempts = started.attempts_max.saturating_sub(attempt),
         );
         let request = EffectRequest {
             kind: started.definition.kind,
@@ -781,7 +807,8 @@ impl Executor {
                         run_id,
                         status: "suspended".to_owned(),
                         written: ctx.started(),
-                        output: output.unwrap_or_else(|| serde_json::json!({ "status": "suspended", "details": [reason] })),
+                        output: output
+                            .unwrap_or_else(|| serde_json::json!({ "status": "suspended", "details": [reason] })),
                     });
                 }
                 Err(WorkflowError::DeadlineExceeded(why)) => (
@@ -889,7 +916,8 @@ pub fn end_with(outcome: &IntentOutcome) -> Result<WorkflowEnd, WorkflowError> {
     let output = serde_json::to_value(outcome).map_err(|e| WorkflowError::Failed(e.to_string()))?;
     if outcome.status == "awaiting_approval" {
         let key = &outcome.intent_key;
-        let reason = format!("intent {key} awaits approval: `keel approve {key} --by NAME`, then re-submit the same request");
+        let reason =
+            format!("intent {key} awaits approval: `keel approve {key} --by NAME`, then re-submit the same request");
         let mut output = output;
         if let Some(details) = output.as_object_mut() {
             details.insert("details".to_owned(), serde_json::json!([reason]));

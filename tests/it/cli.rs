@@ -164,8 +164,11 @@ fn verify_names_a_tampered_event() {
 fn operator_decisions_are_refused_or_recorded_with_the_operators_name() {
     let (dir, db) = temp();
     let plan = dir.path().join("plan.json");
-    std::fs::write(&plan, r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":3000}]}"#)
-        .expect("writes the plan");
+    std::fs::write(
+        &plan,
+        r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":3000}]}"#,
+    )
+    .expect("writes the plan");
     let sim = Sim::start_with(dir.path(), &["--faults", plan.to_str().expect("utf-8 path")]);
     let mut lost = charge_args("order_1900_charge", "2500");
     lost.extend(["--max-attempts", "3"]);
@@ -176,7 +179,8 @@ fn operator_decisions_are_refused_or_recorded_with_the_operators_name() {
 
     let (code, refused, _) = keel(&db, None, &["cancel", &key, "--by", "ana", "--reason", "customer asked"]);
     assert_eq!(code, 2, "cancel is refused while the outcome is unknown: {refused}");
-    let (code, resolved, _) = keel(&db, None, &["resolve", &key, "--landed", "ch_seen", "--by", "ana", "--reason", "in the dashboard"]);
+    let (code, resolved, _) =
+        keel(&db, None, &["resolve", &key, "--landed", "ch_seen", "--by", "ana", "--reason", "in the dashboard"]);
     assert_eq!(code, 0, "{resolved}");
     assert_eq!(resolved["status"], "validated");
     let (_, shown, _) = keel(&db, None, &["show", &key]);
