@@ -18,9 +18,12 @@ use tracing_subscriber::registry::LookupSpan;
 const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 const TOKEN: &str = "pm_card_visa_4242424242";
 
-/// Every span's name and its fields as recorded (at creation and later).
+/// A span's name and its fields as recorded (at creation and later).
+type Recorded = (String, BTreeMap<String, String>);
+
+/// Every span seen.
 #[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(String, BTreeMap<String, String>)>>>);
+struct Spans(Arc<Mutex<Vec<Recorded>>>);
 
 struct Fields<'a>(&'a mut BTreeMap<String, String>);
 
