@@ -348,6 +348,15 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let out = output::Output { json: cli.json };
     let durability = wiring::durability(&cli.durability);
+    let needs_provider = matches!(
+        cli.command,
+        Command::Charge { .. } | Command::Refund { .. } | Command::Reconcile { .. } | Command::Resume
+    );
+    if needs_provider && cli.provider.url.is_none() {
+        return Ok(out.usage_error(
+            "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. the address `keel-provider-sim serve` prints)",
+        ));
+    }
     match cli.command {
         Command::Agent { command } => agent::dispatch(&cli.db, durability, &out, command).await,
         Command::Charge { effect, payment_method_token, limits } => {

@@ -140,6 +140,10 @@ fn usage_errors_exit_64() {
     assert_eq!(keel(&db, None, &["intents", "--state", "bogus"]).0, 64);
     assert_eq!(keel(&db, None, &["show", "not-a-key"]).0, 64);
     assert_eq!(keel(&db, None, &["resolve", "charge:t:order_1842_charge", "--by", "ana", "--reason", "r"]).0, 64);
+    let (code, _, stderr) = keel(&db, None, &charge_args("order_1842_charge", "4900"));
+    assert_eq!(code, 64, "a charge without a provider is a usage error");
+    assert!(stderr.contains("--provider"), "{stderr}");
+    assert!(!db.exists(), "nothing was created");
 }
 
 #[test]
