@@ -274,6 +274,11 @@ fn main() -> ExitCode {
         );
     }
     wiring::init_tracing();
+    // Read once, here: libraries receive the parsed value, never the environment.
+    if let Err(message) = wiring::init_failpoints(std::env::var("KEEL_FAILPOINT").ok().as_deref()) {
+        eprintln!("keel: KEEL_FAILPOINT: {message}");
+        return ExitCode::from(exit::USAGE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {

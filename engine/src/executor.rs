@@ -32,6 +32,7 @@
 
 use crate::clock::{Clock, ms_between, plus_ms};
 use crate::event::{Cause, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, Source};
+use crate::failpoints::{Failpoints, Point};
 use crate::ledger::{Action, Command, Intent, IntentSpec, IntentStatus, Refusal, RejectCode, Reply, Run, RunStart};
 use crate::log::{EventLog, LogError};
 use crate::provider::{BoxFuture, CallOutcome, EffectKind, EffectRequest, LookupOutcome, PaymentProvider, Secret};
@@ -256,6 +257,7 @@ pub struct Context {
     deadline_at: DateTime<Utc>,
     secrets: BTreeMap<String, Secret>,
     cause: Cause,
+    failpoints: Failpoints,
 }
 
 impl Context {
@@ -450,7 +452,14 @@ impl Context {
                 );
                 return Ok(IntentOutcome::of(&intent, true));
             }
-            let driver = Driver { runtime: &self.runtime, cause: self.cause.clone().for_run(&self.run_id) };
+            if !replayed {
+                self.failpoints.hit(Point::AfterReservation);
+            }
+            let driver = Driver {
+                runtime: &self.runtime,
+                cause: self.cause.clone().for_run(&self.run_id),
+                failpoints: &self.failpoints,
+            };
             let outcome = driver
                 .drive(intent, &self.run_id, request.payment_method.as_ref(), request.needs_payment_method)
                 .await?;
@@ -475,6 +484,7 @@ async fn observe(log: &dyn EventLog, key: &IntentKey, cause: &Cause) -> Result<I
 struct Driver<'a> {
     runtime: &'a Runtime,
     cause: Cause,
+    failpoints: &'a Failpoints,
 }
 
 impl Driver<'_> {
@@ -537,11 +547,21 @@ impl Driver<'_> {
         payment_method: Option<&Secret>,
     ) -> Result<Intent, LogError> {
         let key = intent.key().clone();
+        #[cfg(feature = "canary-skip-write-ahead")]
+        let early_outcome = {
+            // CANARY (never on by default): calls the provider before `AttemptStarted` is
+            // durable, which breaks write-ahead. The crash-replay suite must fail with it.
+            let request = self.request(intent, payment_method);
+            let outcome = self.runtime.provider.execute(&request).await;
+            self.failpoints.hit(Point::AfterProviderAnswer);
+            outcome
+        };
         let started = self.execute_intent(Action::StartAttempt { key: key.clone(), run_id: run_id.clone() }).await?;
         if started.status != IntentStatus::Attempting {
             // Escalated (attempts or key window spent) or approval expired: nothing was sent.
             return Ok(started);
         }
+        self.failpoints.hit(Point::AfterAttemptStarted);
         let attempt = started.attempts;
         let span = info_span!(
             "attempt",
@@ -550,17 +570,15 @@ impl Driver<'_> {
             retry.prevented = false,
             effect.idempotency_key_hash = %key.hash(),
         );
-        let request = EffectRequest {
-            kind: started.definition.kind,
-            idempotency_key: key.as_str().to_owned(),
-            tenant: started.definition.tenant.clone(),
-            intent_id: started.definition.intent_id.clone(),
-            order_id: started.definition.order_id.clone(),
-            amount_minor: started.definition.amount_minor,
-            currency: started.definition.currency.clone(),
-            payment_method: payment_method.cloned(),
+        #[cfg(not(feature = "canary-skip-write-ahead"))]
+        let outcome = {
+            let request = self.request(&started, payment_method);
+            let outcome = self.runtime.provider.execute(&request).instrument(span.clone()).await;
+            self.failpoints.hit(Point::AfterProviderAnswer);
+            outcome
         };
-        let outcome = self.runtime.provider.execute(&request).instrument(span.clone()).await;
+        #[cfg(feature = "canary-skip-write-ahead")]
+        let outcome = early_outcome;
         span.in_scope(|| match &outcome {
             CallOutcome::Succeeded(e) => tracing::info!(provider_ref = %e.provider_ref, "attempt validated"),
             CallOutcome::Declined { code } => tracing::info!(code = %code, "attempt declined"),
@@ -572,6 +590,20 @@ impl Driver<'_> {
         self.execute_intent(Action::RecordOutcome { key, attempt, outcome }).await
     }
 
+    /// The request for one attempt: always the intent key as the idempotency key.
+    fn request(&self, intent: &Intent, payment_method: Option<&Secret>) -> EffectRequest {
+        EffectRequest {
+            kind: intent.definition.kind,
+            idempotency_key: intent.key().as_str().to_owned(),
+            tenant: intent.definition.tenant.clone(),
+            intent_id: intent.definition.intent_id.clone(),
+            order_id: intent.definition.order_id.clone(),
+            amount_minor: intent.definition.amount_minor,
+            currency: intent.definition.currency.clone(),
+            payment_method: payment_method.cloned(),
+        }
+    }
+
     /// One reconciliation: `ReconciliationStarted` durable, then the lookup, then its answer.
     async fn reconcile_once(&self, intent: &Intent, force: bool) -> Result<Intent, LogError> {
         let key = intent.key().clone();
@@ -579,6 +611,7 @@ impl Driver<'_> {
         if started.status != IntentStatus::Reconciling {
             return Ok(started); // Escalated: reconciliations spent.
         }
+        self.failpoints.hit(Point::AfterReconciliationStarted);
         let reconciliation = started.reconciliations;
         let span = info_span!(
             "reconciliation",
@@ -600,6 +633,7 @@ impl Driver<'_> {
         if let LookupOutcome::Found(evidence) = &outcome {
             span.record("reconciliation.evidence_id", evidence.provider_ref.as_str());
         }
+        self.failpoints.hit(Point::AfterLookup);
         let after = self.execute_intent(Action::RecordLookup { key, reconciliation, outcome }).await?;
         span.in_scope(|| tracing::info!(status = after.status.as_str(), "reconciliation recorded"));
         Ok(after)
@@ -637,6 +671,7 @@ pub struct RunRequest {
 pub struct Executor {
     runtime: Runtime,
     workflows: BTreeMap<&'static str, Arc<dyn Workflow>>,
+    failpoints: Failpoints,
 }
 
 /// What `recover_and_resume` did.
@@ -654,7 +689,14 @@ impl Executor {
     /// An executor over `runtime` with the given workflows.
     pub fn new(runtime: Runtime, workflows: Vec<Arc<dyn Workflow>>) -> Self {
         let workflows = workflows.into_iter().map(|w| (w.name(), w)).collect();
-        Self { runtime, workflows }
+        Self { runtime, workflows, failpoints: Failpoints::disarmed() }
+    }
+
+    /// The same executor with `failpoints` armed at its event boundaries (crash tests only;
+    /// the default is disarmed).
+    pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
+        self.failpoints = failpoints;
+        self
     }
 
     /// The runtime.
@@ -702,6 +744,7 @@ impl Executor {
             deadline_at,
             secrets: prepared.secrets,
             cause: request.cause,
+            failpoints: self.failpoints.clone(),
         };
         self.drive_run(workflow_impl, ctx, prepared.stored_input).await
     }
@@ -720,6 +763,7 @@ impl Executor {
             deadline_at: run.deadline_at,
             secrets: BTreeMap::new(),
             cause,
+            failpoints: self.failpoints.clone(),
         };
         self.drive_run(workflow_impl, ctx, run.input.clone()).await
     }
@@ -788,7 +832,7 @@ impl Executor {
     /// when no secret is needed).
     pub async fn reconcile(&self, key: &IntentKey, cause: Cause) -> Result<IntentOutcome, WorkflowError> {
         let intent = observe(&*self.runtime.log, key, &cause).await?;
-        let driver = Driver { runtime: &self.runtime, cause };
+        let driver = Driver { runtime: &self.runtime, cause, failpoints: &self.failpoints };
         let reconcilable = matches!(intent.status, IntentStatus::OutcomeUnknown)
             || (intent.status == IntentStatus::Escalated && !intent.absence_proven);
         let intent =
@@ -810,6 +854,7 @@ impl Executor {
         if let Reply::Recovered(keys) = recovered {
             report.recovered = keys.iter().map(ToString::to_string).collect();
         }
+        self.failpoints.hit(Point::AfterRecover);
         for run in self.unfinished_runs(&cause).await? {
             report.resumed.push(self.resume(&run, cause.clone()).await?);
         }
@@ -826,7 +871,7 @@ impl Executor {
             if !intent.reconcile_due(self.runtime.clock.now()) {
                 continue; // Someone else got to it first.
             }
-            let driver = Driver { runtime: &self.runtime, cause: cause.clone() };
+            let driver = Driver { runtime: &self.runtime, cause: cause.clone(), failpoints: &self.failpoints };
             let run_id = intent.run_id.clone();
             let needs_payment_method = intent.definition.kind == EffectKind::Charge;
             outcomes.push(driver.drive(intent, &run_id, None, needs_payment_method).await?);

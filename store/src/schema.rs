@@ -48,11 +48,18 @@ pub struct Options {
     pub durability: Durability,
     /// See [`BUSY_TIMEOUT_DEFAULT_MS`].
     pub busy_timeout_ms: u64,
+    /// Crash points inside the writer (`in_batch_before_commit`, `after_commit_before_answer`).
+    /// Disarmed by default; only crash tests arm them, through the binary's `KEEL_FAILPOINT`.
+    pub failpoints: engine::failpoints::Failpoints,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { durability: Durability::Full, busy_timeout_ms: BUSY_TIMEOUT_DEFAULT_MS }
+        Self {
+            durability: Durability::Full,
+            busy_timeout_ms: BUSY_TIMEOUT_DEFAULT_MS,
+            failpoints: engine::failpoints::Failpoints::disarmed(),
+        }
     }
 }
 

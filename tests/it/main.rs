@@ -3,3 +3,4 @@
 //! These tests run the real `keel` and `keel-provider-sim` binaries as child processes.
 
 mod cli;
+mod testkit;
