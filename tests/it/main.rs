@@ -3,4 +3,6 @@
 //! These tests run the real `keel` and `keel-provider-sim` binaries as child processes.
 
 mod cli;
+mod crash;
+mod kills;
 mod testkit;
