@@ -5,4 +5,5 @@
 mod cli;
 mod crash;
 mod kills;
+mod model;
 mod testkit;
