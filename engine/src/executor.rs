@@ -519,7 +519,15 @@ impl Driver<'_> {
                 IntentStatus::OutcomeUnknown if !intent.reconcile_due(now) => {
                     return Ok(IntentOutcome::of(&intent, false));
                 }
-                IntentStatus::OutcomeUnknown if intent.capability.lookup => self.reconcile_once(&intent, false).await?,
+                IntentStatus::OutcomeUnknown if intent.capability.lookup => {
+                    match self.reconcile_once(&intent, false).await {
+                        Ok(next) => next,
+                        Err(LogError::Refused(refusal @ Refusal::NotAllowed(_))) => {
+                            self.raced(&intent, refusal).await?
+                        }
+                        Err(other) => return Err(other.into()),
+                    }
+                }
                 IntentStatus::OutcomeUnknown | IntentStatus::Reserved => {
                     if needs_payment_method && payment_method.is_none() {
                         return Ok(IntentOutcome::of(&intent, false).with_detail(
@@ -532,11 +540,27 @@ impl Driver<'_> {
                         Err(LogError::Refused(Refusal::NotAllowed(why))) if why.starts_with("deadline") => {
                             return Err(WorkflowError::DeadlineExceeded(why));
                         }
+                        Err(LogError::Refused(refusal @ Refusal::NotAllowed(_))) => {
+                            self.raced(&intent, refusal).await?
+                        }
                         Err(other) => return Err(other.into()),
                     }
                 }
             };
         }
+    }
+
+    /// A step refused because the intent moved under us: another caller (a concurrent
+    /// duplicate proposal, another worker's reconciliation) committed first. The fresh state
+    /// decides what is left to do — usually nothing: it is in flight, unknown, or validated.
+    /// When nothing moved, the refusal was not a race and is returned as is.
+    async fn raced(&self, seen: &Intent, refusal: Refusal) -> Result<Intent, LogError> {
+        let fresh = observe(&*self.runtime.log, seen.key(), &self.cause).await?;
+        let moved = fresh.status != seen.status
+            || fresh.attempts != seen.attempts
+            || fresh.reconciliations != seen.reconciliations
+            || fresh.last_seq != seen.last_seq;
+        if moved { Ok(fresh) } else { Err(LogError::Refused(refusal)) }
     }
 
     /// One write-ahead attempt: `AttemptStarted` durable, then the provider, then the outcome.

@@ -3,6 +3,7 @@
 //! These tests run the real `keel` and `keel-provider-sim` binaries as child processes.
 
 mod cli;
+mod concurrency;
 mod crash;
 mod kills;
 mod model;
