@@ -211,3 +211,12 @@ fn a_misspelt_failpoint_is_a_usage_error_not_a_silent_pass() {
         .expect("keel runs");
     assert_eq!(output.status.code(), Some(64));
 }
+
+/// The canary: built with `--features engine/canary-skip-write-ahead` the executor calls the
+/// provider before `AttemptStarted` is durable, and this test (like the rest of the suite)
+/// must FAIL: the crash leaves an effect at the provider with no attempt in the log.
+/// `cargo test -p keel --features engine/canary-skip-write-ahead --test it -- canary`
+#[test]
+fn canary_a_crash_right_after_the_provider_call_leaves_a_written_ahead_attempt() {
+    check(None, &[Charge(Some("after_provider_answer")), Resume(None)], "charge", CHARGE_ID, "validated");
+}

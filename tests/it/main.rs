@@ -2,9 +2,11 @@
 //!
 //! These tests run the real `keel` and `keel-provider-sim` binaries as child processes.
 
+mod adversarial;
 mod cli;
 mod concurrency;
 mod crash;
+mod golden;
 mod kills;
 mod model;
 mod testkit;
