@@ -170,8 +170,8 @@ pub struct Failure {
     pub seed: u64,
     /// What went wrong.
     pub message: String,
-    /// The invariants, when the run got that far.
-    pub report: Option<SeedReport>,
+    /// The invariants, when the run got that far (boxed: a failure is rare and large).
+    pub report: Option<Box<SeedReport>>,
 }
 
 impl std::fmt::Display for Failure {
@@ -297,7 +297,7 @@ impl Kit {
             Ok(report) => Err(Failure {
                 seed,
                 message: format!("{} invariant violation(s)", report.report.violations()),
-                report: Some(report),
+                report: Some(Box::new(report)),
             }),
             Err(message) => Err(fail(message)),
         }
@@ -418,7 +418,7 @@ impl<'k> SeedRun<'k> {
         sim.shutdown().await.map_err(|e| format!("simulator shutdown: {e}"))?;
         let mut report = invariants::check_files(&self.keel_db, &self.sim_db).map_err(|e| e.to_string())?;
         report.mismatch_writes = self.out.report.mismatch_writes;
-        report.details.extend(self.out.report.details.drain(..));
+        report.details.append(&mut self.out.report.details);
         self.out.report = report;
         Ok(self.out)
     }

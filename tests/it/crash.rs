@@ -87,12 +87,13 @@ fn check(plan: Option<&str>, steps: &[Step], kind: &str, id: &str, expected: &st
         run_step(dir.path(), &sim.1, *step);
     }
     let db = dir.path().join("keel.db");
+    // Invariants first: a broken promise is the finding, a surprising status only its echo.
+    let report = testkit::invariants::check_files(&db, &dir.path().join("sim.db")).expect("readable");
+    assert!(report.is_ok(), "{report:#?}");
     let ledger = store::Reader::open(&db).expect("opens").ledger().expect("folds");
     let intent_key = engine::event::IntentKey::parse(&key(kind, id)).expect("a key");
     let intent = ledger.intent(&intent_key).expect("the intent exists");
     assert_eq!(intent.status.as_str(), expected, "{intent:#?}");
-    let report = testkit::invariants::check_files(&db, &dir.path().join("sim.db")).expect("readable");
-    assert!(report.is_ok(), "{report:#?}");
     let effects = adapters::sim::list_effects(&dir.path().join("sim.db")).expect("effects");
     let on_key = effects.iter().filter(|e| e.idempotency_key == intent_key.as_str()).count();
     assert_eq!(on_key, usize::from(expected == "validated"), "effects on {intent_key}");

@@ -227,7 +227,7 @@ async fn step(world: &mut World, op: &Op) -> Result<(), TestCaseError> {
         Op::LookupUnavailable(n) => world.provider.lookups_unavailable(*n),
         Op::CrashDuring(i, point) => {
             let crashed = world.start("charge", charge(*i, 0), crashing(*point)).await.is_none();
-            if world.reserved.get(i).is_none() && world.log.ledger().intent(&charge_key(*i)).is_some() {
+            if !world.reserved.contains_key(i) && world.log.ledger().intent(&charge_key(*i)).is_some() {
                 world.reserved.insert(*i, amount(*i));
             }
             if crashed {
