@@ -12,6 +12,7 @@ mod bench;
 mod demo;
 mod ops;
 mod output;
+mod soak;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
@@ -274,6 +275,32 @@ enum Command {
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
     },
+    /// Long-run crash proof: SIGKILL `keel` workers at random moments under load (charges and
+    /// refunds, colliding keys, provider faults), restart, heal, then check every invariant.
+    ///
+    /// Prints the invariant report (kills, intents, double_effects, budget_refills,
+    /// unreconciled, verify_failures, seed, …); exit 1 on any violation.
+    Soak {
+        /// SIGKILLs to deliver (workers and, sometimes, `keel resume` itself).
+        #[arg(long, default_value_t = 300)]
+        kills: u64,
+        /// Seed of the schedule, the workload and the simulator's fault plan.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Keep the soak's files in DIR (kept on failure in any case).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// One soak round's worker (started and killed by `keel soak`).
+    #[command(name = "soak-worker", hide = true)]
+    SoakWorker {
+        /// The soak's seed.
+        #[arg(long)]
+        seed: u64,
+        /// The round.
+        #[arg(long)]
+        round: u64,
+    },
     /// Run the Stripe-like provider simulator (same as the `keel-provider-sim` binary).
     #[command(name = "provider-sim", hide = true, disable_help_flag = true)]
     ProviderSim {
@@ -312,6 +339,11 @@ fn main() -> ExitCode {
         );
     }
     wiring::init_tracing();
+    // Read once, here: libraries receive the parsed value, never the environment.
+    if let Err(message) = wiring::init_failpoints(std::env::var("KEEL_FAILPOINT").ok().as_deref()) {
+        eprintln!("keel: KEEL_FAILPOINT: {message}");
+        return ExitCode::from(exit::USAGE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -437,6 +469,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Verify => ops::verify(&cli.db, &out),
         Command::Demo { dir } => demo::run(&out, dir).await,
         Command::Bench { intents, concurrency } => bench::run(&out, &cli.db, durability, intents, concurrency).await,
+        Command::Soak { kills, seed, dir } => soak::run(&out, kills, seed, dir).await,
+        Command::SoakWorker { seed, round } => {
+            let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
+            soak::worker(&node, seed, round).await
+        }
         Command::ProviderSim { .. } => unreachable!("handled before the runtime starts"),
     }
 }

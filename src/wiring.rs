@@ -9,9 +9,10 @@ use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use engine::clock::Clock;
 use engine::executor::{Executor, Runtime};
+use engine::failpoints::Failpoints;
 use engine::provider::{Capability, PaymentProvider};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The real clock.
 pub struct SystemClock;
@@ -49,9 +50,43 @@ pub fn capability(args: &ProviderArgs) -> Capability {
     Capability { dedup_by_key, lookup, consistency_window_ms: args.consistency_window_ms, ..stripe_like() }
 }
 
+/// The crash points armed for this process, parsed once by `main` from `KEEL_FAILPOINT`.
+static FAILPOINTS: OnceLock<Failpoints> = OnceLock::new();
+
+/// Reads `KEEL_FAILPOINT` (`NAME` or `NAME:N`) once. An armed point ends the process with
+/// `std::process::abort()` on its Nth hit: no destructor, no flush, no rollback — a crash.
+///
+/// # Errors
+///
+/// The parse error, for a misspelt point (a typo must not silently disarm a crash test).
+pub fn init_failpoints(spec: Option<&str>) -> Result<(), String> {
+    let failpoints = match spec.filter(|s| !s.is_empty()) {
+        None => Failpoints::disarmed(),
+        Some(spec) => {
+            let (point, nth) = Failpoints::parse_spec(spec)?;
+            Failpoints::armed(
+                point,
+                nth,
+                Arc::new(|point| {
+                    eprintln!("keel: failpoint {point} fired: aborting");
+                    std::process::abort()
+                }),
+            )
+        }
+    };
+    let _ = FAILPOINTS.set(failpoints);
+    Ok(())
+}
+
+/// The process's failpoints (disarmed unless `init_failpoints` armed one).
+pub fn failpoints() -> Failpoints {
+    FAILPOINTS.get().cloned().unwrap_or_default()
+}
+
 /// Opens the event log.
 pub fn open_store(db: &Path, durability: store::Durability) -> anyhow::Result<store::Store> {
-    store::Store::open(db, store::Options { durability, ..Default::default() }, Arc::new(SystemClock))
+    let options = store::Options { durability, failpoints: failpoints(), ..Default::default() };
+    store::Store::open(db, options, Arc::new(SystemClock))
         .with_context(|| format!("cannot open the event log {}", db.display()))
 }
 
@@ -92,7 +127,7 @@ impl Node {
     ) -> anyhow::Result<Self> {
         let store = open_store(db, durability)?;
         let runtime = Runtime { log: Arc::new(store.clone()), provider, clock: Arc::new(SystemClock) };
-        let executor = Executor::new(runtime, workflows::builtin(max_charge_minor));
+        let executor = Executor::new(runtime, workflows::builtin(max_charge_minor)).with_failpoints(failpoints());
         Ok(Self { store, executor })
     }
 }

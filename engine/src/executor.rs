@@ -32,6 +32,7 @@
 
 use crate::clock::{Clock, ms_between, plus_ms};
 use crate::event::{Cause, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, Source};
+use crate::failpoints::{Failpoints, Point};
 use crate::ledger::{Action, Command, Intent, IntentSpec, IntentStatus, Refusal, RejectCode, Reply, Run, RunStart};
 use crate::log::{EventLog, LogError};
 use crate::provider::{BoxFuture, CallOutcome, EffectKind, EffectRequest, LookupOutcome, PaymentProvider, Secret};
@@ -269,6 +270,7 @@ pub struct Context {
     deadline_at: DateTime<Utc>,
     secrets: BTreeMap<String, Secret>,
     cause: Cause,
+    failpoints: Failpoints,
 }
 
 impl Context {
@@ -445,8 +447,9 @@ impl Context {
                 };
                 let spec = IntentSpec { definition, capability: self.runtime.provider.capability() };
                 // With everything needed to send at hand, the first attempt is written ahead in
-                // the reservation's own commit.
-                let start_attempt = !request.needs_payment_method || request.payment_method.is_some();
+                // the reservation's own commit (the canary, which breaks write-ahead, never does).
+                let start_attempt = cfg!(not(feature = "canary-skip-write-ahead"))
+                    && (!request.needs_payment_method || request.payment_method.is_some());
                 let reserve = Action::Reserve { run_id: self.run_id.clone(), position, spec, start_attempt };
                 match self.execute(reserve).await {
                     Ok(Reply::Intent { intent, fresh }) => {
@@ -461,9 +464,15 @@ impl Context {
                                     | IntentStatus::Reconciling
                             );
                         tracing::Span::current().record("retry.prevented", prevented);
+                        if !deduplicated {
+                            self.failpoints.hit(Point::AfterReservation);
+                        }
                         let intent = if fresh && intent.status == IntentStatus::Attempting {
-                            let driver =
-                                Driver { runtime: &self.runtime, cause: self.cause.clone().for_run(&self.run_id) };
+                            let driver = Driver {
+                                runtime: &self.runtime,
+                                cause: self.cause.clone().for_run(&self.run_id),
+                                failpoints: &self.failpoints,
+                            };
                             driver.send(&intent, false, request.payment_method.as_ref()).await?
                         } else {
                             *intent
@@ -486,7 +495,11 @@ impl Context {
                 tracing::info!("same key and fingerprint already validated: stored result returned");
                 return Ok(IntentOutcome::of(&intent, true));
             }
-            let driver = Driver { runtime: &self.runtime, cause: self.cause.clone().for_run(&self.run_id) };
+            let driver = Driver {
+                runtime: &self.runtime,
+                cause: self.cause.clone().for_run(&self.run_id),
+                failpoints: &self.failpoints,
+            };
             let outcome = driver
                 .drive(intent, &self.run_id, request.payment_method.as_ref(), request.needs_payment_method)
                 .await?;
@@ -516,6 +529,7 @@ async fn observe(log: &dyn EventLog, key: &IntentKey, cause: &Cause) -> Result<I
 struct Driver<'a> {
     runtime: &'a Runtime,
     cause: Cause,
+    failpoints: &'a Failpoints,
 }
 
 impl Driver<'_> {
@@ -550,7 +564,15 @@ impl Driver<'_> {
                 IntentStatus::OutcomeUnknown if !intent.reconcile_due(now) => {
                     return Ok(IntentOutcome::of(&intent, false));
                 }
-                IntentStatus::OutcomeUnknown if intent.capability.lookup => self.reconcile_once(&intent, false).await?,
+                IntentStatus::OutcomeUnknown if intent.capability.lookup => {
+                    match self.reconcile_once(&intent, false).await {
+                        Ok(next) => next,
+                        Err(LogError::Refused(refusal @ Refusal::NotAllowed(_))) => {
+                            self.raced(&intent, refusal).await?
+                        }
+                        Err(other) => return Err(other.into()),
+                    }
+                }
                 IntentStatus::OutcomeUnknown | IntentStatus::Reserved => {
                     if needs_payment_method && payment_method.is_none() {
                         return Ok(IntentOutcome::of(&intent, false).with_detail(
@@ -563,11 +585,27 @@ impl Driver<'_> {
                         Err(LogError::Refused(Refusal::NotAllowed(why))) if why.starts_with("deadline") => {
                             return Err(WorkflowError::DeadlineExceeded(why));
                         }
+                        Err(LogError::Refused(refusal @ Refusal::NotAllowed(_))) => {
+                            self.raced(&intent, refusal).await?
+                        }
                         Err(other) => return Err(other.into()),
                     }
                 }
             };
         }
+    }
+
+    /// A step refused because the intent moved under us: another caller (a concurrent
+    /// duplicate proposal, another worker's reconciliation) committed first. The fresh state
+    /// decides what is left to do — usually nothing: it is in flight, unknown, or validated.
+    /// When nothing moved, the refusal was not a race and is returned as is.
+    async fn raced(&self, seen: &Intent, refusal: Refusal) -> Result<Intent, LogError> {
+        let fresh = observe(&*self.runtime.log, seen.key(), &self.cause).await?;
+        let moved = fresh.status != seen.status
+            || fresh.attempts != seen.attempts
+            || fresh.reconciliations != seen.reconciliations
+            || fresh.last_seq != seen.last_seq;
+        if moved { Ok(fresh) } else { Err(LogError::Refused(refusal)) }
     }
 
     /// One write-ahead attempt: `AttemptStarted` durable, then the provider, then the outcome.
@@ -578,12 +616,24 @@ impl Driver<'_> {
         payment_method: Option<&Secret>,
     ) -> Result<Intent, LogError> {
         let key = intent.key().clone();
+        #[cfg(feature = "canary-skip-write-ahead")]
+        let early_outcome = {
+            // CANARY (never on by default): calls the provider before `AttemptStarted` is
+            // durable, which breaks write-ahead. The crash-replay suite must fail with it.
+            let request = self.request(intent, payment_method);
+            let outcome = self.runtime.provider.execute(&request).await;
+            self.failpoints.hit(Point::AfterProviderAnswer);
+            outcome
+        };
         let started = self.execute_intent(Action::StartAttempt { key: key.clone(), run_id: run_id.clone() }).await?;
         if started.status != IntentStatus::Attempting {
             // Escalated (attempts or key window spent) or approval expired: nothing was sent.
             return Ok(started);
         }
-        self.send(&started, intent.absence_proven, payment_method).await
+        #[cfg(not(feature = "canary-skip-write-ahead"))]
+        return self.send(&started, intent.absence_proven, payment_method).await;
+        #[cfg(feature = "canary-skip-write-ahead")]
+        return self.record(&started, &self.attempt_span(&started, intent.absence_proven), early_outcome).await;
     }
 
     /// Sends an attempt whose `AttemptStarted` is durable, then records its outcome.
@@ -593,27 +643,28 @@ impl Driver<'_> {
         after_absence: bool,
         payment_method: Option<&Secret>,
     ) -> Result<Intent, LogError> {
-        let key = started.key().clone();
+        self.failpoints.hit(Point::AfterAttemptStarted);
+        let span = self.attempt_span(started, after_absence);
+        let request = self.request(started, payment_method);
+        let outcome = self.runtime.provider.execute(&request).instrument(span.clone()).await;
+        self.failpoints.hit(Point::AfterProviderAnswer);
+        self.record(started, &span, outcome).await
+    }
+
+    fn attempt_span(&self, started: &Intent, after_absence: bool) -> tracing::Span {
         let attempt = started.attempts;
-        let span = info_span!(
+        info_span!(
             "attempt",
             retry.attempt = attempt,
             retry.reason = if attempt == 1 { "first" } else if after_absence { "proven_absent" } else { "unknown_outcome" },
             retry.prevented = false,
-            effect.idempotency_key_hash = %key.hash(),
+            effect.idempotency_key_hash = %started.key().hash(),
             budget.remaining_attempts = started.attempts_max.saturating_sub(attempt),
-        );
-        let request = EffectRequest {
-            kind: started.definition.kind,
-            idempotency_key: key.as_str().to_owned(),
-            tenant: started.definition.tenant.clone(),
-            intent_id: started.definition.intent_id.clone(),
-            order_id: started.definition.order_id.clone(),
-            amount_minor: started.definition.amount_minor,
-            currency: started.definition.currency.clone(),
-            payment_method: payment_method.cloned(),
-        };
-        let outcome = self.runtime.provider.execute(&request).instrument(span.clone()).await;
+        )
+    }
+
+    /// Records an attempt's outcome (the write after the provider answered).
+    async fn record(&self, started: &Intent, span: &tracing::Span, outcome: CallOutcome) -> Result<Intent, LogError> {
         span.in_scope(|| match &outcome {
             CallOutcome::Succeeded(e) => tracing::info!(provider_ref = %e.provider_ref, "attempt validated"),
             CallOutcome::Declined { code } => tracing::info!(code = %code, "attempt declined"),
@@ -622,7 +673,22 @@ impl Driver<'_> {
                 tracing::warn!(reason = reason.as_str(), detail = %detail, "outcome unknown: reconcile before acting again")
             }
         });
-        self.execute_intent(Action::RecordOutcome { key, attempt, outcome }).await
+        self.execute_intent(Action::RecordOutcome { key: started.key().clone(), attempt: started.attempts, outcome })
+            .await
+    }
+
+    /// The request for one attempt: always the intent key as the idempotency key.
+    fn request(&self, intent: &Intent, payment_method: Option<&Secret>) -> EffectRequest {
+        EffectRequest {
+            kind: intent.definition.kind,
+            idempotency_key: intent.key().as_str().to_owned(),
+            tenant: intent.definition.tenant.clone(),
+            intent_id: intent.definition.intent_id.clone(),
+            order_id: intent.definition.order_id.clone(),
+            amount_minor: intent.definition.amount_minor,
+            currency: intent.definition.currency.clone(),
+            payment_method: payment_method.cloned(),
+        }
     }
 
     /// One reconciliation: `ReconciliationStarted` durable, then the lookup, then its answer.
@@ -632,6 +698,7 @@ impl Driver<'_> {
         if started.status != IntentStatus::Reconciling {
             return Ok(started); // Escalated: reconciliations spent.
         }
+        self.failpoints.hit(Point::AfterReconciliationStarted);
         let reconciliation = started.reconciliations;
         let span = info_span!(
             "reconciliation",
@@ -653,6 +720,7 @@ impl Driver<'_> {
         if let LookupOutcome::Found(evidence) = &outcome {
             span.record("reconciliation.evidence_id", evidence.provider_ref.as_str());
         }
+        self.failpoints.hit(Point::AfterLookup);
         let after = self.execute_intent(Action::RecordLookup { key, reconciliation, outcome }).await?;
         span.in_scope(|| tracing::info!(status = after.status.as_str(), "reconciliation recorded"));
         Ok(after)
@@ -690,6 +758,7 @@ pub struct RunRequest {
 pub struct Executor {
     runtime: Runtime,
     workflows: BTreeMap<&'static str, Arc<dyn Workflow>>,
+    failpoints: Failpoints,
 }
 
 /// What `recover_and_resume` did.
@@ -707,7 +776,14 @@ impl Executor {
     /// An executor over `runtime` with the given workflows.
     pub fn new(runtime: Runtime, workflows: Vec<Arc<dyn Workflow>>) -> Self {
         let workflows = workflows.into_iter().map(|w| (w.name(), w)).collect();
-        Self { runtime, workflows }
+        Self { runtime, workflows, failpoints: Failpoints::disarmed() }
+    }
+
+    /// The same executor with `failpoints` armed at its event boundaries (crash tests only;
+    /// the default is disarmed).
+    pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
+        self.failpoints = failpoints;
+        self
     }
 
     /// The runtime.
@@ -755,6 +831,7 @@ impl Executor {
             deadline_at,
             secrets: prepared.secrets,
             cause: request.cause,
+            failpoints: self.failpoints.clone(),
         };
         self.drive_run(workflow_impl, ctx, prepared.stored_input).await
     }
@@ -773,6 +850,7 @@ impl Executor {
             deadline_at: run.deadline_at,
             secrets: BTreeMap::new(),
             cause,
+            failpoints: self.failpoints.clone(),
         };
         self.drive_run(workflow_impl, ctx, run.input.clone()).await
     }
@@ -842,7 +920,7 @@ impl Executor {
     /// when no secret is needed).
     pub async fn reconcile(&self, key: &IntentKey, cause: Cause) -> Result<IntentOutcome, WorkflowError> {
         let intent = observe(&*self.runtime.log, key, &cause).await?;
-        let driver = Driver { runtime: &self.runtime, cause };
+        let driver = Driver { runtime: &self.runtime, cause, failpoints: &self.failpoints };
         let reconcilable = matches!(intent.status, IntentStatus::OutcomeUnknown)
             || (intent.status == IntentStatus::Escalated && !intent.absence_proven);
         let intent =
@@ -864,6 +942,7 @@ impl Executor {
         if let Reply::Recovered(keys) = recovered {
             report.recovered = keys.iter().map(ToString::to_string).collect();
         }
+        self.failpoints.hit(Point::AfterRecover);
         // Agent runs need their transport and tools: `keel agent resume` continues them.
         for run in self.unfinished_runs(&cause).await?.into_iter().filter(|run| !run.is_agent()) {
             report.resumed.push(self.resume(&run, cause.clone()).await?);
@@ -881,7 +960,7 @@ impl Executor {
             if !intent.reconcile_due(self.runtime.clock.now()) {
                 continue; // Someone else got to it first.
             }
-            let driver = Driver { runtime: &self.runtime, cause: cause.clone() };
+            let driver = Driver { runtime: &self.runtime, cause: cause.clone(), failpoints: &self.failpoints };
             let run_id = intent.run_id.clone();
             let needs_payment_method = intent.definition.kind == EffectKind::Charge;
             outcomes.push(driver.drive(intent, &run_id, None, needs_payment_method).await?);

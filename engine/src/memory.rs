@@ -25,6 +25,14 @@ impl MemoryLog {
         Self { clock, state: Mutex::new((Ledger::new(), Vec::new())) }
     }
 
+    /// A log holding `events`, folded afresh: what a process sees when it restarts on a log
+    /// whose committed prefix is `events`.
+    pub fn from_events(clock: Arc<dyn Clock>, events: Vec<StoredEvent>) -> Self {
+        let mut ledger = Ledger::new();
+        events.iter().for_each(|event| ledger.apply(event));
+        Self { clock, state: Mutex::new((ledger, events)) }
+    }
+
     /// Every event appended so far.
     pub fn events(&self) -> Vec<StoredEvent> {
         self.lock().1.clone()
@@ -81,6 +89,31 @@ pub enum Scripted {
     Decline,
     /// Refuse the connection: proven never sent.
     Refuse,
+    /// Time out before the request reached the provider: no effect, but unknown to Keel.
+    TimeoutBeforeEffect,
+    /// Perform the effect, then answer 5xx (unknown to Keel).
+    FailAfterEffect,
+    /// Answer 409 "the key is in flight elsewhere" without acting (unknown to Keel).
+    ConflictInFlight,
+}
+
+/// One effect the in-memory provider performed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryEffect {
+    /// The idempotency key the request carried.
+    pub idempotency_key: String,
+    /// Charge or refund.
+    pub kind: crate::provider::EffectKind,
+    /// The request's tenant.
+    pub tenant: String,
+    /// The request's intent id.
+    pub intent_id: String,
+    /// The request's order.
+    pub order_id: String,
+    /// The amount moved.
+    pub amount_minor: i64,
+    /// The provider's reference.
+    pub provider_ref: String,
 }
 
 /// An in-process, zero-latency payment provider: deduplicates on the idempotency key (same
@@ -95,6 +128,7 @@ pub struct MemoryProvider {
 struct MemoryProviderState {
     effects: std::collections::HashMap<String, crate::provider::Evidence>,
     effect_count: usize,
+    performed: Vec<MemoryEffect>,
     script: std::collections::VecDeque<Scripted>,
     lookups_absent: u32,
     lookups_unavailable: u32,
@@ -127,6 +161,20 @@ impl MemoryProvider {
         self.lock().effect_count
     }
 
+    /// Every effect performed, in order (a provider without deduplication may hold several
+    /// per key).
+    pub fn effects(&self) -> Vec<MemoryEffect> {
+        self.lock().performed.clone()
+    }
+
+    /// Drops every queued behaviour and lookup fault: the provider is healthy again.
+    pub fn heal(&self) {
+        let mut state = self.lock();
+        state.script.clear();
+        state.lookups_absent = 0;
+        state.lookups_unavailable = 0;
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, MemoryProviderState> {
         self.state.lock().expect("the memory provider's mutex is never held across a panic")
     }
@@ -146,7 +194,12 @@ impl crate::provider::PaymentProvider for MemoryProvider {
             let mut state = self.lock();
             let behaviour = state.script.pop_front().unwrap_or(Scripted::Succeed);
             match behaviour {
-                Scripted::Decline => return CallOutcome::Declined { code: "card_declined".to_owned() },
+                // A provider that deduplicates answers a key it already acted on with the
+                // stored result: it cannot decline an effect it made.
+                Scripted::Decline => match state.effects.get(&request.idempotency_key) {
+                    Some(evidence) if self.capability.dedup_by_key => return CallOutcome::Succeeded(evidence.clone()),
+                    _ => return CallOutcome::Declined { code: "card_declined".to_owned() },
+                },
                 Scripted::Refuse => return CallOutcome::NotSent { detail: "connection refused".to_owned() },
                 Scripted::FailBeforeEffect => {
                     return CallOutcome::Unknown {
@@ -154,7 +207,16 @@ impl crate::provider::PaymentProvider for MemoryProvider {
                         detail: "500".to_owned(),
                     };
                 }
-                Scripted::Succeed | Scripted::LoseAnswer => {}
+                Scripted::TimeoutBeforeEffect => {
+                    return CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer".to_owned() };
+                }
+                Scripted::ConflictInFlight => {
+                    return CallOutcome::Unknown {
+                        reason: UnknownReason::ProviderUnavailable,
+                        detail: "409 request_in_progress".to_owned(),
+                    };
+                }
+                Scripted::Succeed | Scripted::LoseAnswer | Scripted::FailAfterEffect => {}
             }
             let existing = state.effects.get(&request.idempotency_key).cloned();
             let evidence = match existing {
@@ -167,11 +229,26 @@ impl crate::provider::PaymentProvider for MemoryProvider {
                         currency: request.currency.clone(),
                     };
                     state.effects.insert(request.idempotency_key.clone(), evidence.clone());
+                    state.performed.push(MemoryEffect {
+                        idempotency_key: request.idempotency_key.clone(),
+                        kind: request.kind,
+                        tenant: request.tenant.clone(),
+                        intent_id: request.intent_id.clone(),
+                        order_id: request.order_id.clone(),
+                        amount_minor: request.amount_minor,
+                        provider_ref: evidence.provider_ref.clone(),
+                    });
                     evidence
                 }
             };
             if behaviour == Scripted::LoseAnswer {
                 return CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "answer lost".to_owned() };
+            }
+            if behaviour == Scripted::FailAfterEffect {
+                return CallOutcome::Unknown {
+                    reason: UnknownReason::ProviderUnavailable,
+                    detail: "502 after the effect".to_owned(),
+                };
             }
             CallOutcome::Succeeded(evidence)
         })

@@ -48,11 +48,18 @@ pub struct Options {
     pub durability: Durability,
     /// See [`BUSY_TIMEOUT_DEFAULT_MS`].
     pub busy_timeout_ms: u64,
+    /// Crash points inside the writer (`in_batch_before_commit`, `after_commit_before_answer`).
+    /// Disarmed by default; only crash tests arm them, through the binary's `KEEL_FAILPOINT`.
+    pub failpoints: engine::failpoints::Failpoints,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { durability: Durability::Full, busy_timeout_ms: BUSY_TIMEOUT_DEFAULT_MS }
+        Self {
+            durability: Durability::Full,
+            busy_timeout_ms: BUSY_TIMEOUT_DEFAULT_MS,
+            failpoints: engine::failpoints::Failpoints::disarmed(),
+        }
     }
 }
 
@@ -165,7 +172,21 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
     conn.busy_timeout(Duration::from_millis(options.busy_timeout_ms))?;
     // WAL: readers never block the writer nor the writer them, and a commit is one append
     // plus one fsync of the WAL instead of a rollback journal's two.
-    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    //
+    // Switching a fresh file to WAL needs an exclusive lock, and SQLite answers BUSY at once
+    // there instead of calling the busy handler: two processes opening a new file together
+    // would see "database is locked". Retry within the same busy timeout.
+    let patience = std::time::Instant::now() + Duration::from_millis(options.busy_timeout_ms);
+    let mode: String = loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0)) {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < patience =>
+            {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            other => break other?,
+        }
+    };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(Error::corrupt(0, format!("the database refused WAL mode (journal_mode is {mode})")));
     }

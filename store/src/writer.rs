@@ -53,6 +53,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use engine::canonical;
 use engine::clock::Clock;
 use engine::event::{Event, IntentKey, RunId, StoredEvent, chain_hash};
+use engine::failpoints::Point;
 use engine::ledger::{Command, Ledger, Refusal, Reply, ReplyTarget};
 use engine::limits::{EVENT_PAYLOAD_MAX_BYTES, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
 use engine::log::{EventLog, LogError};
@@ -182,7 +183,9 @@ impl Store {
         let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
         let counters = Arc::new(Counters::default());
         let checkpointer = Checkpointer::start(path, options.busy_timeout_ms)?;
-        let writer = Writer { conn, checkpointer, ledger, clock, counters: Arc::clone(&counters), broken: None };
+        let failpoints = options.failpoints.clone();
+        let writer =
+            Writer { conn, checkpointer, ledger, clock, counters: Arc::clone(&counters), broken: None, failpoints };
         let thread =
             std::thread::Builder::new().name("keel-store-writer".to_owned()).spawn(move || writer.run(receiver))?;
         Ok(Store {
@@ -300,6 +303,8 @@ struct Writer {
     /// Set when re-folding after a failure failed too: the ledger cannot be trusted until a
     /// later re-fold succeeds, so no command is decided meanwhile.
     broken: Option<String>,
+    /// Crash points inside a batch (disarmed outside crash tests).
+    failpoints: engine::failpoints::Failpoints,
 }
 
 impl Writer {
@@ -388,8 +393,14 @@ impl Writer {
         let events_before = self.ledger.last_seq();
         let decisions = self.append_batch(jobs, now).map_err(not_committed)?;
         let appended = self.ledger.last_seq() - events_before;
+        if appended > 0 {
+            // Decided and inserted, not committed: a crash here must lose the whole batch.
+            self.failpoints.hit(Point::InBatchBeforeCommit);
+        }
         self.conn.execute_batch("COMMIT").map_err(|e| BatchFailure { error: e.into(), maybe_committed: true })?;
         if appended > 0 {
+            // Durable, not acknowledged: callers never learn their commands succeeded.
+            self.failpoints.hit(Point::AfterCommitBeforeAnswer);
             self.checkpointer.nudge();
             self.counters.commits.fetch_add(1, Ordering::Relaxed);
             self.counters.events.fetch_add(appended, Ordering::Relaxed);

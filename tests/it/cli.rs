@@ -6,24 +6,26 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+pub(crate) const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 const TOKEN: &str = "pm_card_visa_4242424242";
 
-struct Sim(Child, String);
+pub(crate) struct Sim(pub(crate) Child, pub(crate) String);
 
 impl Sim {
-    fn start(dir: &Path) -> Self {
-        Self::start_with(dir, &[])
+    pub(crate) fn start(dir: &Path) -> Self {
+        Self::with_faults(dir, None)
     }
 
-    fn start_with(dir: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_keel-provider-sim"))
-            .args(["serve", "--db"])
-            .arg(dir.join("sim.db"))
-            .args(extra)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("the simulator starts");
+    /// A simulator on `dir/sim.db`, with a fault plan when given.
+    pub(crate) fn with_faults(dir: &Path, plan: Option<&str>) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel-provider-sim"));
+        command.args(["serve", "--db"]).arg(dir.join("sim.db"));
+        if let Some(plan) = plan {
+            let path = dir.join("faults.json");
+            std::fs::write(&path, plan).expect("writes the plan");
+            command.arg("--faults").arg(path);
+        }
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("the simulator starts");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout is piped")).read_line(&mut line).expect("a first line");
         let url = line.trim().strip_prefix("listening on ").expect("the simulator announces its address").to_owned();
@@ -50,7 +52,7 @@ fn keel(db: &Path, url: Option<&str>, args: &[&str]) -> (i32, Value, String) {
     (output.status.code().unwrap_or(-1), json, String::from_utf8_lossy(&output.stderr).to_string())
 }
 
-fn charge_args<'a>(intent_id: &'a str, amount: &'a str) -> Vec<&'a str> {
+pub(crate) fn charge_args<'a>(intent_id: &'a str, amount: &'a str) -> Vec<&'a str> {
     vec![
         "charge",
         "--tenant",
@@ -167,13 +169,8 @@ fn verify_names_a_tampered_event() {
 #[test]
 fn operator_decisions_are_refused_or_recorded_with_the_operators_name() {
     let (dir, db) = temp();
-    let plan = dir.path().join("plan.json");
-    std::fs::write(
-        &plan,
-        r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":3000}]}"#,
-    )
-    .expect("writes the plan");
-    let sim = Sim::start_with(dir.path(), &["--faults", plan.to_str().expect("utf-8 path")]);
+    let plan = r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":3000}]}"#;
+    let sim = Sim::with_faults(dir.path(), Some(plan));
     let mut lost = charge_args("order_1900_charge", "2500");
     lost.extend(["--max-attempts", "3"]);
     let (code, unknown, _) = keel(&db, Some(&sim.1), &[&["--provider-timeout-ms", "300"][..], &lost].concat());

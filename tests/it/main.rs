@@ -2,5 +2,12 @@
 //!
 //! These tests run the real `keel` and `keel-provider-sim` binaries as child processes.
 
+mod adversarial;
 mod agent;
 mod cli;
+mod concurrency;
+mod crash;
+mod golden;
+mod kills;
+mod model;
+mod testkit;

@@ -1,0 +1,323 @@
+//! Keel's invariants, checked over an event log and the provider's own record of effects.
+//!
+//! Owns [`check`] (pure: events + effects in, [`Report`] out), [`check_files`] (the same over
+//! a Keel database and a simulator database, plus `verify`) and [`Effect`], the provider's
+//! side of the story. Every check reads only ground truth — stored events and the effects the
+//! provider counted — never the executor's opinion of what happened.
+//!
+//! | # | invariant | how it is checked |
+//! |---|---|---|
+//! | 1 | at most one effect per intent key | effects grouped by idempotency key |
+//! | 2 | the key is the intent key, always | each effect's key is `IntentKey::new(kind, tenant, intent_id)` and names a reserved intent |
+//! | 3 | write-ahead | each key has at least as many committed `AttemptStarted` as effects |
+//! | 4 | no blind resend | attempt n > 1 follows a proven absence (`AttemptNotSent`, lookup `resend_allowed`) or a key-deduplicating provider without lookup; one `OutcomeUnknown` per attempt |
+//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), and no run's remaining budget goes negative |
+//! | 6 | replay is deterministic | two folds of the log render identically; `verify` (files) passes |
+//! | 8 | refunds ≤ charged | after every event, per order: refunds reserved, unknown or validated ≤ validated charges; and the provider's refunds ≤ its charges |
+//! | 9 | liveness | at the end no intent is left `attempting`, `outcome_unknown` or `reconciling` |
+//!
+//! Invariant 7 (a mismatch or a validation failure writes nothing) is a property of a call,
+//! not of a log: the harness ([`crate::Kit`]) probes it.
+//!
+//! A validated intent must also carry evidence the provider confirms (its `provider_ref` is an
+//! effect on that key), and a declined one must have no effect.
+
+use engine::event::{AfterLookup, Event, IntentKey, StoredEvent};
+use engine::ledger::{IntentStatus, Ledger};
+use engine::provider::EffectKind;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+/// Details kept per report: enough to debug, bounded for soak runs.
+pub const DETAILS_MAX: usize = 50;
+
+/// One effect as the provider recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Effect {
+    /// The idempotency key the request carried.
+    pub idempotency_key: String,
+    /// Charge or refund.
+    pub kind: EffectKind,
+    /// Tenant from the request's metadata.
+    pub tenant: String,
+    /// Intent id from the request's metadata.
+    pub intent_id: String,
+    /// Order from the request's metadata.
+    pub order_id: String,
+    /// Amount moved.
+    pub amount_minor: i64,
+    /// The provider's id (the evidence a validated intent must carry).
+    pub provider_ref: String,
+}
+
+impl From<&adapters::sim::EffectRecord> for Effect {
+    fn from(record: &adapters::sim::EffectRecord) -> Self {
+        Self {
+            idempotency_key: record.idempotency_key.clone(),
+            kind: record.kind,
+            tenant: record.tenant.clone(),
+            intent_id: record.intent_id.clone(),
+            order_id: record.order_id.clone(),
+            amount_minor: record.amount_minor,
+            provider_ref: record.id.clone(),
+        }
+    }
+}
+
+/// What the checks found. Every counter must be zero; `details` says where.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// Events checked.
+    pub events: u64,
+    /// Intents in the log.
+    pub intents: u64,
+    /// Effects at the provider.
+    pub effects: u64,
+    /// 1: keys with more than one effect.
+    pub double_effects: u64,
+    /// 2: effects whose key is not the intent key of their own metadata, or names no intent.
+    pub key_mismatches: u64,
+    /// 3: effects without a committed `AttemptStarted` before them.
+    pub write_ahead_violations: u64,
+    /// 4: attempts sent again without a proven absence, or unknowns recorded twice.
+    pub blind_resends: u64,
+    /// 5: money released without a release fact, or a run's budget below zero.
+    pub budget_refills: u64,
+    /// 6: two folds of the log that differ, or `verify` failures.
+    pub verify_failures: u64,
+    /// 8: orders whose refunds exceed their charges.
+    pub refund_overdraws: u64,
+    /// 9: intents left attempting, outcome_unknown or reconciling.
+    pub unreconciled: u64,
+    /// Validated without the provider's evidence, or declined with an effect.
+    pub evidence_mismatches: u64,
+    /// 7: a payload mismatch or an invalid input that wrote something (probed by the kit).
+    pub mismatch_writes: u64,
+    /// The first problems found, at most [`DETAILS_MAX`].
+    pub details: Vec<String>,
+}
+
+impl Report {
+    /// Whether every invariant held.
+    pub fn is_ok(&self) -> bool {
+        self.violations() == 0
+    }
+
+    /// The number of violations of any kind.
+    pub fn violations(&self) -> u64 {
+        self.double_effects
+            + self.key_mismatches
+            + self.write_ahead_violations
+            + self.blind_resends
+            + self.budget_refills
+            + self.verify_failures
+            + self.refund_overdraws
+            + self.unreconciled
+            + self.evidence_mismatches
+            + self.mismatch_writes
+    }
+
+    /// Adds a detail (kept only while fewer than [`DETAILS_MAX`]).
+    pub fn note(&mut self, detail: String) {
+        if self.details.len() < DETAILS_MAX {
+            self.details.push(detail);
+        }
+    }
+}
+
+/// Renders a fold as canonical JSON: every intent and run, in key order.
+pub fn render(ledger: &Ledger) -> serde_json::Value {
+    serde_json::json!({ "intents": ledger.intents(), "runs": ledger.runs() })
+}
+
+/// Checks every invariant over `events` (the whole log, in order) and `effects`.
+pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
+    let mut report = Report { events: events.len() as u64, effects: effects.len() as u64, ..Report::default() };
+
+    // Fold event by event, checking what must hold at every prefix.
+    let mut ledger = Ledger::new();
+    let mut attempts_started: HashMap<IntentKey, u64> = HashMap::new();
+    let mut resend_licensed: HashMap<IntentKey, bool> = HashMap::new();
+    let mut unknowns: HashMap<(IntentKey, u32), u32> = HashMap::new();
+    for stored in events {
+        let key = stored.event.intent_key();
+        let before = key.and_then(|k| ledger.intent(k)).cloned();
+        if let (Event::AttemptStarted { key, attempt, .. }, Some(before)) = (&stored.event, &before) {
+            *attempts_started.entry(key.clone()).or_default() += 1;
+            let licensed = resend_licensed.insert(key.clone(), false).unwrap_or(false);
+            let dedup_resend = before.capability.dedup_by_key
+                && !before.capability.lookup
+                && before.status == IntentStatus::OutcomeUnknown;
+            if *attempt > 1 && !licensed && !dedup_resend {
+                report.blind_resends += 1;
+                report.note(format!("seq {}: attempt {attempt} of {key} without a proven absence", stored.seq));
+            }
+        }
+        match &stored.event {
+            Event::AttemptNotSent { key, .. } => {
+                resend_licensed.insert(key.clone(), true);
+            }
+            Event::ReconciliationResolved { key, after: AfterLookup::ResendAllowed, .. } => {
+                resend_licensed.insert(key.clone(), true);
+            }
+            Event::OutcomeUnknown { key, attempt, .. } => {
+                let seen = unknowns.entry((key.clone(), *attempt)).or_default();
+                *seen += 1;
+                if *seen > 1 {
+                    report.blind_resends += 1;
+                    report.note(format!("seq {}: attempt {attempt} of {key} became unknown twice", stored.seq));
+                }
+            }
+            _ => {}
+        }
+        ledger.apply(stored);
+        let (Some(key), Some(before)) = (key, before) else { continue };
+        let Some(after) = ledger.intent(key) else { continue };
+        if before.money_committed() && !after.money_committed() && !releases(&stored.event) {
+            report.budget_refills += 1;
+            report.note(format!("seq {}: {key} released its money without a release fact", stored.seq));
+        }
+        if ledger.run_cost_remaining_minor(&after.run_id).is_some_and(|left| left < 0) {
+            report.budget_refills += 1;
+            report.note(format!("seq {}: run {} is over its budget", stored.seq, after.run_id));
+        }
+        let (tenant, order) = (&after.definition.tenant, &after.definition.order_id);
+        let refunds = ledger.order_refunds_committed_minor(tenant, order);
+        let charged = ledger.order_charged_minor(tenant, order);
+        if refunds > charged {
+            report.refund_overdraws += 1;
+            report.note(format!("seq {}: order {order} has {refunds} refunded of {charged} charged", stored.seq));
+        }
+    }
+
+    // 6: a second fold renders the same state.
+    let mut again = Ledger::new();
+    events.iter().for_each(|e| again.apply(e));
+    if render(&again) != render(&ledger) {
+        report.verify_failures += 1;
+        report.note("two folds of the same log differ".to_owned());
+    }
+
+    let intents = ledger.intents();
+    report.intents = intents.len() as u64;
+    let mut by_key: BTreeMap<&str, Vec<&Effect>> = BTreeMap::new();
+    for effect in effects {
+        by_key.entry(effect.idempotency_key.as_str()).or_default().push(effect);
+    }
+    for (key, found) in &by_key {
+        if found.len() > 1 {
+            report.double_effects += 1;
+            report.note(format!("{key}: {} effects at the provider", found.len()));
+        }
+        for effect in found {
+            let own = IntentKey::new(effect.kind, &effect.tenant, &effect.intent_id);
+            let intent = IntentKey::parse(key).and_then(|k| ledger.intent(&k).map(|i| i.key().clone()));
+            if own.as_str() != *key || intent.is_none() {
+                report.key_mismatches += 1;
+                report
+                    .note(format!("effect {} carries key {key}, not a reserved intent's own key", effect.provider_ref));
+            }
+        }
+        let started = IntentKey::parse(key).and_then(|k| attempts_started.get(&k).copied()).unwrap_or(0);
+        if (found.len() as u64) > started {
+            report.write_ahead_violations += 1;
+            report.note(format!("{key}: {} effect(s) but {started} committed AttemptStarted", found.len()));
+        }
+    }
+    let mut per_order: HashMap<(&str, &str), (i64, i64)> = HashMap::new();
+    for effect in effects {
+        let sums = per_order.entry((&effect.tenant, &effect.order_id)).or_default();
+        match effect.kind {
+            EffectKind::Charge => sums.0 += effect.amount_minor,
+            EffectKind::Refund => sums.1 += effect.amount_minor,
+        }
+    }
+    for ((_, order), (charged, refunded)) in per_order {
+        if refunded > charged {
+            report.refund_overdraws += 1;
+            report.note(format!("order {order}: the provider refunded {refunded} of {charged} charged"));
+        }
+    }
+
+    for intent in &intents {
+        let key = intent.key().as_str();
+        let found = by_key.get(key).map(Vec::as_slice).unwrap_or_default();
+        match intent.status {
+            IntentStatus::Attempting | IntentStatus::OutcomeUnknown | IntentStatus::Reconciling => {
+                report.unreconciled += 1;
+                report.note(format!("{key} left {}", intent.status.as_str()));
+            }
+            IntentStatus::Validated => {
+                let resolved_by_hand = intent.note.as_deref().is_some_and(|n| n.starts_with("resolved landed"));
+                let proven = intent
+                    .evidence
+                    .as_ref()
+                    .is_some_and(|e| found.iter().any(|effect| effect.provider_ref == e.provider_ref));
+                if !proven && !resolved_by_hand && !effects.is_empty() {
+                    report.evidence_mismatches += 1;
+                    report.note(format!("{key} validated without an effect at the provider"));
+                }
+            }
+            IntentStatus::Declined if !found.is_empty() => {
+                report.evidence_mismatches += 1;
+                report.note(format!("{key} declined but the provider holds an effect"));
+            }
+            _ => {}
+        }
+    }
+    report
+}
+
+/// Whether an event is one that may release an intent's money.
+fn releases(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::IntentDeclined { .. }
+            | Event::IntentCancelled { .. }
+            | Event::ApprovalDenied { .. }
+            | Event::IntentEscalated { absence_proven: true, .. }
+            | Event::IntentResolved { landed: None, .. }
+    )
+}
+
+/// Why the files could not be checked at all.
+#[derive(Debug)]
+pub struct Unreadable(pub String);
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unreadable {}
+
+/// [`check`] over a Keel database and a provider simulator's database, plus `keel verify`
+/// (hash chain, projections rebuilt by replay): each mismatch counts as a verify failure.
+///
+/// # Errors
+///
+/// When either file cannot be read.
+pub fn check_files(keel_db: &Path, sim_db: &Path) -> Result<Report, Unreadable> {
+    let reader = store::Reader::open(keel_db).map_err(|e| Unreadable(format!("{}: {e}", keel_db.display())))?;
+    let events = reader.events_since(0).map_err(|e| Unreadable(e.to_string()))?;
+    let effects: Vec<Effect> = if sim_db.exists() {
+        adapters::sim::list_effects(sim_db)
+            .map_err(|e| Unreadable(format!("{}: {e}", sim_db.display())))?
+            .iter()
+            .map(Effect::from)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut report = check(&events, &effects);
+    let verify = reader.verify().map_err(|e| Unreadable(e.to_string()))?;
+    if !verify.is_ok() {
+        report.verify_failures += verify.mismatch_count.max(1);
+        if let Some(first) = verify.first_mismatch() {
+            report.note(format!("verify: {first}"));
+        }
+    }
+    Ok(report)
+}

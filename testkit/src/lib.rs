@@ -1,0 +1,598 @@
+//! Keel's crash-replay test kit: prove Keel's promises for *your* workflow.
+//!
+//! Owns [`Kit`], a harness that runs your [`Workflow`]s against the provider simulator
+//! (`adapters::sim`, in process, over real HTTP) and a real SQLite event log, under a
+//! **seeded schedule** of crashes at every event boundary ([`engine::failpoints::Point`]) and
+//! provider faults (timeouts after the effect, 5xx, lost answers, lying or lagging lookups,
+//! declines); restarts after every crash (a second crash may hit the recovery itself); heals
+//! the provider; runs reconciliation passes; and then checks Keel's invariants over the log
+//! and the simulator's own count of effects ([`invariants`]). A failing seed is printed and
+//! replayed with `KEEL_SEED=<seed>`.
+//!
+//! A crash here is a panic raised by the armed failpoint — in the executor's task or in the
+//! store's writer thread — after which the kit drops every handle and reopens the log from
+//! the file, so the next process sees exactly the committed prefix. (The `keel` binary arms
+//! the same points with `std::process::abort()`; Keel's own suite also SIGKILLs real
+//! processes.)
+//!
+//! # Example
+//!
+//! A workflow of your own — here, paying a supplier invoice — checked under 2 seeds:
+//!
+//! ```
+//! use engine::executor::{Context, IntentRequest, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
+//! use engine::ledger::RejectCode;
+//! use engine::provider::{BoxFuture, EffectKind, Secret};
+//! use serde_json::{Value, json};
+//! use std::sync::Arc;
+//!
+//! struct PayInvoice;
+//!
+//! impl Workflow for PayInvoice {
+//!     fn name(&self) -> &'static str { "pay_invoice" }
+//!     fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+//!         let invalid = |d: &str| Rejection { code: RejectCode::InvalidArguments, details: vec![d.to_owned()] };
+//!         let card = raw["card"].as_str().ok_or_else(|| invalid("card is required"))?;
+//!         let mut stored = raw.clone();
+//!         stored["card"] = json!("<secret>");
+//!         Ok(Prepared { stored_input: stored, secrets: [("card".to_owned(), Secret::new(card))].into() })
+//!     }
+//!     fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+//!         Box::pin(async move {
+//!             let invoice = input["invoice"].as_str().unwrap_or_default().to_owned();
+//!             let outcome = ctx.intent(IntentRequest {
+//!                 kind: EffectKind::Charge,
+//!                 tenant: "acme".to_owned(),
+//!                 intent_id: format!("pay_{invoice}"),
+//!                 order_id: invoice.clone(),
+//!                 business_ref: invoice,
+//!                 amount_minor: input["cents"].as_i64().unwrap_or_default(),
+//!                 currency: "EUR".to_owned(),
+//!                 payload: json!({"invoice": input["invoice"], "cents": input["cents"]}),
+//!                 payment_method: ctx.secret("card"),
+//!                 needs_payment_method: true,
+//!             }).await?;
+//!             end_with(&outcome)
+//!         })
+//!     }
+//! }
+//!
+//! let kit = testkit::Kit::new(vec![Arc::new(PayInvoice)])
+//!     .submit("pay_invoice", json!({"invoice": "inv_2041", "cents": 12_000, "card": "pm_card_visa_4242"}))
+//!     .submit("pay_invoice", json!({"invoice": "inv_2042", "cents": 800, "card": "pm_card_visa_4242"}))
+//!     .mismatch(|input| { let mut other = input.clone(); other["cents"] = json!(1); other })
+//!     .seeds(7, 2);
+//! let reports = kit.run().expect("every invariant holds; a failure names the seed to replay");
+//! assert!(reports.iter().all(|r| r.report.is_ok()));
+//! ```
+
+pub mod invariants;
+
+use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
+use adapters::sim::{Config, FaultPlan, Server};
+use chrono::{TimeZone, Utc};
+use engine::clock::ManualClock;
+use engine::event::{Cause, RunId, RunLimits};
+use engine::executor::{Executor, RunOutcome, RunRequest, Runtime, Workflow};
+use engine::failpoints::{Failpoints, Point};
+use engine::provider::PaymentProvider;
+pub use invariants::{Effect, Report};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The environment variable that replays one seed: `KEEL_SEED=1234 cargo test …`.
+pub const SEED_ENV: &str = "KEEL_SEED";
+
+/// The provider's per-request timeout inside the kit: short, so a held answer (a timeout
+/// after the effect) costs little wall time.
+pub const REQUEST_TIMEOUT_MS: u64 = 250;
+
+/// A small deterministic PRNG (SplitMix64): the schedule depends on the seed alone.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n` (`n` ≥ 1).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// True with probability `p`.
+    pub fn chance(&mut self, p: f64) -> bool {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
+    }
+}
+
+/// One request the kit submits: a workflow name and its raw input (secrets included: the
+/// kit re-submits it, as a caller would after an ambiguous answer).
+#[derive(Clone, Debug)]
+pub struct Submission {
+    /// The workflow's registered name.
+    pub workflow: String,
+    /// Its raw input.
+    pub input: Value,
+}
+
+type Mutate = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
+
+/// The harness. Build it with [`Kit::new`], add [`Kit::submit`]s, run with [`Kit::run`].
+#[derive(Clone)]
+pub struct Kit {
+    workflows: Vec<Arc<dyn Workflow>>,
+    submissions: Vec<Submission>,
+    mismatch: Option<Mutate>,
+    first_seed: u64,
+    seeds: u64,
+    crash_probability: f64,
+    fault_probability: f64,
+    reconciliation_passes: u32,
+    limits: RunLimits,
+}
+
+/// What one seed did and what the checks found.
+#[derive(Clone, Debug, Serialize)]
+pub struct SeedReport {
+    /// The seed.
+    pub seed: u64,
+    /// Crashes injected (including crashes during recovery).
+    pub crashes: u64,
+    /// Of which crashed a recovery.
+    pub recovery_crashes: u64,
+    /// Crash points that fired, by name.
+    pub points: Vec<&'static str>,
+    /// Mismatch probes made.
+    pub mismatch_probes: u64,
+    /// The invariants.
+    pub report: Report,
+}
+
+/// A seed whose run broke an invariant, or could not run.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The seed to replay with `KEEL_SEED`.
+    pub seed: u64,
+    /// What went wrong.
+    pub message: String,
+    /// The invariants, when the run got that far (boxed: a failure is rare and large).
+    pub report: Option<Box<SeedReport>>,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "seed {} failed: {} — replay with {SEED_ENV}={}", self.seed, self.message, self.seed)?;
+        if let Some(report) = &self.report {
+            write!(f, "\n{}", serde_json::to_string_pretty(report).unwrap_or_default())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl Kit {
+    /// A kit over your workflows, with 4 seeds from 1, a crash armed in half the submissions and a
+    /// provider fault in about 1 of 5 requests, and 6 reconciliation passes after healing.
+    pub fn new(workflows: Vec<Arc<dyn Workflow>>) -> Self {
+        Self {
+            workflows,
+            submissions: Vec::new(),
+            mismatch: None,
+            first_seed: 1,
+            seeds: 4,
+            crash_probability: 0.5,
+            fault_probability: 0.2,
+            reconciliation_passes: 6,
+            limits: RunLimits {
+                cost_minor_max: None,
+                attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
+                reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
+                approval_threshold_minor: None,
+            },
+        }
+    }
+
+    /// Adds a request to the workload. The schedule submits each one once or twice (a
+    /// duplicate must be deduplicated), in a seeded order.
+    pub fn submit(mut self, workflow: &str, input: Value) -> Self {
+        self.submissions.push(Submission { workflow: workflow.to_owned(), input });
+        self
+    }
+
+    /// How to change a request's effect-defining payload (same key): the kit probes that such
+    /// a request is rejected and writes nothing (invariant 7).
+    pub fn mismatch(mut self, mutate: impl Fn(&Value) -> Value + Send + Sync + 'static) -> Self {
+        self.mismatch = Some(Arc::new(mutate));
+        self
+    }
+
+    /// Runs `count` seeds from `first`.
+    pub fn seeds(mut self, first: u64, count: u64) -> Self {
+        self.first_seed = first;
+        self.seeds = count;
+        self
+    }
+
+    /// Probability that a submission is crashed at a random event boundary.
+    pub fn crash_probability(mut self, p: f64) -> Self {
+        self.crash_probability = p;
+        self
+    }
+
+    /// Probability of each provider fault rule (before healing).
+    pub fn fault_probability(mut self, p: f64) -> Self {
+        self.fault_probability = p;
+        self
+    }
+
+    /// Reconciliation passes allowed after healing before an unknown outcome counts as left
+    /// unreconciled (invariant 9).
+    pub fn reconciliation_passes(mut self, passes: u32) -> Self {
+        self.reconciliation_passes = passes;
+        self
+    }
+
+    /// The limits of every run.
+    pub fn limits(mut self, limits: RunLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Runs every seed — or only `KEEL_SEED` when set — and stops at the first failure, which
+    /// it prints to stderr with the seed to replay.
+    ///
+    /// # Errors
+    ///
+    /// The first failing seed.
+    pub fn run(&self) -> Result<Vec<SeedReport>, Failure> {
+        let seeds: Vec<u64> = match std::env::var(SEED_ENV).ok().and_then(|s| s.trim().parse().ok()) {
+            Some(seed) => vec![seed],
+            None => (self.first_seed..self.first_seed + self.seeds).collect(),
+        };
+        let mut reports = Vec::new();
+        for seed in seeds {
+            match self.run_seed(seed) {
+                Ok(report) => reports.push(report),
+                Err(failure) => {
+                    eprintln!("testkit: {failure}");
+                    return Err(failure);
+                }
+            }
+        }
+        Ok(reports)
+    }
+
+    /// Runs one seed.
+    ///
+    /// # Errors
+    ///
+    /// When an invariant broke (the report is attached) or the run itself failed.
+    pub fn run_seed(&self, seed: u64) -> Result<SeedReport, Failure> {
+        let fail = |message: String| Failure { seed, message, report: None };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .map_err(|e| fail(format!("cannot start a runtime: {e}")))?;
+        let dir = tempfile::tempdir().map_err(|e| fail(format!("cannot create a temp dir: {e}")))?;
+        let result = runtime.block_on(SeedRun::new(self, seed, dir.path()).run());
+        match result {
+            Ok(report) if report.report.is_ok() => Ok(report),
+            Ok(report) => Err(Failure {
+                seed,
+                message: format!("{} invariant violation(s)", report.report.violations()),
+                report: Some(Box::new(report)),
+            }),
+            Err(message) => Err(fail(message)),
+        }
+    }
+}
+
+/// One seed's run.
+struct SeedRun<'k> {
+    kit: &'k Kit,
+    seed: u64,
+    rng: Rng,
+    clock: Arc<ManualClock>,
+    keel_db: PathBuf,
+    sim_db: PathBuf,
+    runs: u64,
+    out: SeedReport,
+}
+
+/// What a step came to.
+enum Step<T> {
+    Done(T),
+    Crashed,
+}
+
+impl<'k> SeedRun<'k> {
+    fn new(kit: &'k Kit, seed: u64, dir: &Path) -> Self {
+        let start = Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).single().expect("a valid instant");
+        Self {
+            kit,
+            seed,
+            rng: Rng::new(seed),
+            clock: Arc::new(ManualClock::new(start)),
+            keel_db: dir.join("keel.db"),
+            sim_db: dir.join("provider-sim.db"),
+            runs: 0,
+            out: SeedReport {
+                seed,
+                crashes: 0,
+                recovery_crashes: 0,
+                points: Vec::new(),
+                mismatch_probes: 0,
+                report: Report::default(),
+            },
+        }
+    }
+
+    fn plan(&mut self) -> Result<FaultPlan, String> {
+        let p = self.kit.fault_probability;
+        let mut rules = Vec::new();
+        for (operation, fault, ms) in [
+            ("any", "timeout_after_effect", Some(REQUEST_TIMEOUT_MS * 2)),
+            ("any", "unavailable", None),
+            ("any", "fail_before_effect", None),
+            ("charge", "decline", None),
+            ("lookup", "lookup_unavailable", None),
+            ("lookup", "lookup_lies", None),
+        ] {
+            if self.rng.chance(0.7) {
+                let mut rule = json!({"operation": operation, "fault": fault, "probability": p / 2.0});
+                if let Some(ms) = ms {
+                    rule["ms"] = json!(ms);
+                }
+                rules.push(rule);
+            }
+        }
+        rules.push(json!({"operation": "lookup", "fault": "lookup_absent_for_ms", "ms": 100}));
+        FaultPlan::from_json(&json!({"seed": self.seed, "rules": rules}).to_string()).map_err(|e| e.to_string())
+    }
+
+    async fn run(mut self) -> Result<SeedReport, String> {
+        let plan = self.plan()?;
+        let mut sim = start_sim(&self.sim_db, plan).await?;
+        let provider = provider_for(&sim)?;
+
+        // The workload: every submission once or twice, in a seeded order.
+        let mut schedule: Vec<Submission> = Vec::new();
+        for submission in &self.kit.submissions {
+            schedule.push(submission.clone());
+            if self.rng.chance(0.4) {
+                schedule.push(submission.clone());
+            }
+        }
+        for i in (1..schedule.len()).rev() {
+            let j = self.rng.below(i as u64 + 1) as usize;
+            schedule.swap(i, j);
+        }
+        for submission in &schedule {
+            self.clock.advance_ms(self.rng.below(3_000) as i64);
+            let crash = self.rng.chance(self.kit.crash_probability).then(|| self.pick_point(false));
+            match self.start(&provider, submission, crash).await? {
+                Step::Done(_) => {}
+                Step::Crashed => self.restart(&provider).await?,
+            }
+            if self.kit.mismatch.is_some() && self.rng.chance(0.3) {
+                self.probe_mismatch(&provider, submission).await?;
+            }
+        }
+
+        // Heal the provider, then let Keel finish what it may.
+        sim.shutdown().await.map_err(|e| format!("simulator shutdown: {e}"))?;
+        sim = start_sim(&self.sim_db, FaultPlan::none()).await?;
+        let provider = provider_for(&sim)?;
+        for _ in 0..self.kit.reconciliation_passes {
+            self.clock.advance_ms(120_000);
+            let executor = self.executor(&provider, Failpoints::disarmed())?;
+            executor.0.recover_and_resume(Cause::command("testkit resume")).await.map_err(|e| e.to_string())?;
+            shut(executor.1);
+            for submission in &self.kit.submissions {
+                if let Step::Crashed = self.start(&provider, submission, None).await? {
+                    return Err("a run crashed with no failpoint armed".to_owned());
+                }
+            }
+            let report = invariants::check_files(&self.keel_db, &self.sim_db).map_err(|e| e.to_string())?;
+            if report.unreconciled == 0 {
+                break;
+            }
+        }
+        sim.shutdown().await.map_err(|e| format!("simulator shutdown: {e}"))?;
+        let mut report = invariants::check_files(&self.keel_db, &self.sim_db).map_err(|e| e.to_string())?;
+        report.mismatch_writes = self.out.report.mismatch_writes;
+        report.details.append(&mut self.out.report.details);
+        self.out.report = report;
+        Ok(self.out)
+    }
+
+    fn pick_point(&mut self, recovering: bool) -> (Point, u32) {
+        let points: &[Point] = if recovering { &RECOVERY_POINTS } else { &RUN_POINTS };
+        let point = points[self.rng.below(points.len() as u64) as usize];
+        (point, 1 + self.rng.below(2) as u32)
+    }
+
+    fn executor(
+        &self,
+        provider: &Arc<dyn PaymentProvider>,
+        failpoints: Failpoints,
+    ) -> Result<(Executor, store::Store), String> {
+        let options = store::Options {
+            durability: store::Durability::Normal,
+            failpoints: failpoints.clone(),
+            ..Default::default()
+        };
+        let store = store::Store::open(&self.keel_db, options, self.clock.clone()).map_err(|e| e.to_string())?;
+        let runtime = Runtime { log: Arc::new(store.clone()), provider: provider.clone(), clock: self.clock.clone() };
+        Ok((Executor::new(runtime, self.kit.workflows.clone()).with_failpoints(failpoints), store))
+    }
+
+    fn armed(&mut self, crash: Option<(Point, u32)>) -> (Failpoints, Arc<AtomicBool>) {
+        let fired = Arc::new(AtomicBool::new(false));
+        let failpoints = match crash {
+            None => Failpoints::disarmed(),
+            Some((point, nth)) => {
+                let flag = Arc::clone(&fired);
+                Failpoints::armed(
+                    point,
+                    nth,
+                    Arc::new(move |point| {
+                        flag.store(true, Ordering::SeqCst);
+                        panic!("testkit: crash at failpoint {point}");
+                    }),
+                )
+            }
+        };
+        (failpoints, fired)
+    }
+
+    async fn start(
+        &mut self,
+        provider: &Arc<dyn PaymentProvider>,
+        submission: &Submission,
+        crash: Option<(Point, u32)>,
+    ) -> Result<Step<RunOutcome>, String> {
+        let (failpoints, fired) = self.armed(crash);
+        let (executor, store) = self.executor(provider, failpoints)?;
+        self.runs += 1;
+        let request = RunRequest {
+            run_id: RunId::new(format!("testkit-{}-{}", self.seed, self.runs)),
+            limits: self.kit.limits.clone(),
+            deadline_ms: engine::limits::RUN_DEADLINE_DEFAULT_MS,
+            cause: Cause::command("testkit"),
+        };
+        let (workflow, input) = (submission.workflow.clone(), submission.input.clone());
+        let task = tokio::spawn(async move { executor.start(&workflow, &input, request).await });
+        let result = task.await;
+        shut(store);
+        if fired.load(Ordering::SeqCst) {
+            self.note_crash(crash, false);
+            return Ok(Step::Crashed);
+        }
+        match result {
+            Ok(Ok(outcome)) => Ok(Step::Done(outcome)),
+            Ok(Err(error)) => Err(format!("run of {} failed: {error}", submission.workflow)),
+            Err(join) => Err(format!("run of {} panicked: {join}", submission.workflow)),
+        }
+    }
+
+    fn note_crash(&mut self, crash: Option<(Point, u32)>, recovering: bool) {
+        self.out.crashes += 1;
+        if recovering {
+            self.out.recovery_crashes += 1;
+        }
+        if let Some((point, _)) = crash
+            && !self.out.points.contains(&point.name())
+        {
+            self.out.points.push(point.name());
+        }
+    }
+
+    /// Restarts after a crash: recovery, which may itself crash (then restart again).
+    async fn restart(&mut self, provider: &Arc<dyn PaymentProvider>) -> Result<(), String> {
+        for round in 0..4 {
+            let crash = (round < 3 && self.rng.chance(0.3)).then(|| self.pick_point(true));
+            let (failpoints, fired) = self.armed(crash);
+            let (executor, store) = self.executor(provider, failpoints)?;
+            let task = tokio::spawn(async move { executor.recover_and_resume(Cause::command("testkit resume")).await });
+            let result = task.await;
+            shut(store);
+            if fired.load(Ordering::SeqCst) {
+                self.note_crash(crash, true);
+                continue;
+            }
+            return match result {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(error)) => Err(format!("recovery failed: {error}")),
+                Err(join) => Err(format!("recovery panicked: {join}")),
+            };
+        }
+        Err("recovery crashed four times in a row with no failpoint left armed".to_owned())
+    }
+
+    async fn probe_mismatch(
+        &mut self,
+        provider: &Arc<dyn PaymentProvider>,
+        submission: &Submission,
+    ) -> Result<(), String> {
+        let Some(mutate) = self.kit.mismatch.clone() else { return Ok(()) };
+        let before = events(&self.keel_db)?;
+        let changed = Submission { workflow: submission.workflow.clone(), input: mutate(&submission.input) };
+        let Step::Done(outcome) = self.start(provider, &changed, None).await? else {
+            return Err("a mismatch probe crashed with no failpoint armed".to_owned());
+        };
+        self.out.mismatch_probes += 1;
+        let after = events(&self.keel_db)?;
+        // Only a key already reserved must refuse the change; a first proposal is just new.
+        let reserved = outcome.output.get("code").and_then(Value::as_str) == Some("intent_payload_mismatch");
+        if reserved && (outcome.written || after != before) {
+            self.out.report.mismatch_writes += 1;
+            self.out.report.note(format!("a payload mismatch wrote {} event(s)", after - before));
+        }
+        // Otherwise the mutated request was the first proposal of a key the schedule had not
+        // reached yet: a legitimate intent, which the final check covers like any other.
+        Ok(())
+    }
+}
+
+/// Points a running workflow may crash at.
+const RUN_POINTS: [Point; 7] = [
+    Point::AfterReservation,
+    Point::AfterAttemptStarted,
+    Point::AfterProviderAnswer,
+    Point::AfterReconciliationStarted,
+    Point::AfterLookup,
+    Point::InBatchBeforeCommit,
+    Point::AfterCommitBeforeAnswer,
+];
+
+/// Points a recovery may crash at.
+const RECOVERY_POINTS: [Point; 6] = [
+    Point::AfterRecover,
+    Point::AfterReconciliationStarted,
+    Point::AfterLookup,
+    Point::AfterAttemptStarted,
+    Point::InBatchBeforeCommit,
+    Point::AfterCommitBeforeAnswer,
+];
+
+fn shut(store: store::Store) {
+    // After a crash the writer may have panicked (a failpoint inside a batch): that is the
+    // crash itself, not a finding.
+    let _ = store.shutdown();
+}
+
+fn events(db: &Path) -> Result<u64, String> {
+    let reader = store::Reader::open(db).map_err(|e| e.to_string())?;
+    Ok(reader.events_since(0).map_err(|e| e.to_string())?.len() as u64)
+}
+
+async fn start_sim(db: &Path, faults: FaultPlan) -> Result<Server, String> {
+    Server::start(Config { faults, ..Config::new(db) }).await.map_err(|e| format!("simulator: {e}"))
+}
+
+fn provider_for(sim: &Server) -> Result<Arc<dyn PaymentProvider>, String> {
+    let config = HttpProviderConfig {
+        capability: engine::provider::Capability { consistency_window_ms: 100, ..stripe_like() },
+        request_timeout_ms: REQUEST_TIMEOUT_MS,
+        ..HttpProviderConfig::new(sim.base_url())
+    };
+    Ok(Arc::new(HttpProvider::new(config).map_err(|e| e.to_string())?))
+}

@@ -1,0 +1,223 @@
+//! Every failpoint, hit by the real `keel` binary against a real `keel-provider-sim` process:
+//! the process aborts at the point (`KEEL_FAILPOINT`, `std::process::abort()`: no destructor
+//! runs), restarts (`keel resume`, and the caller re-submitting the same charge, since the
+//! token is never stored; refunds resend by themselves), and every invariant is checked over
+//! the log and the simulator's own effects. Cases include second crashes during recovery.
+
+use crate::cli::{Sim, TENANT, charge_args};
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::Path;
+use std::process::Command;
+
+/// One step of a crash case: a command, and the failpoint it must die at (if any).
+#[derive(Clone, Copy)]
+enum Step {
+    Charge(Option<&'static str>),
+    Refund(Option<&'static str>),
+    Resume(Option<&'static str>),
+    Reconcile(Option<&'static str>),
+}
+
+const CHARGE_ID: &str = "order_5150_charge";
+const REFUND_ID: &str = "order_5150_refund";
+/// The simulator commits the first charge and holds its answer past the client's timeout.
+const LOST_ANSWER: &str =
+    r#"{"seed": 1, "rules": [{"operation": "charge", "fault": "timeout_after_effect", "times": 1, "ms": 1500}]}"#;
+
+fn key(kind: &str, id: &str) -> String {
+    format!("{kind}:{TENANT}:{id}")
+}
+
+fn run_step(dir: &Path, url: &str, step: Step) {
+    let db = dir.join("keel.db");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .arg("--db")
+        .arg(&db)
+        .args(["--json", "--provider", url, "--provider-timeout-ms", "300", "--provider-consistency-window-ms", "0"])
+        .env_remove("KEEL_PROVIDER_URL")
+        .env_remove("KEEL_DB")
+        .env_remove("KEEL_FAILPOINT");
+    let charge = charge_args(CHARGE_ID, "4900");
+    let refund_key = key("charge", CHARGE_ID);
+    let failpoint = match step {
+        Step::Charge(fp) => {
+            command.args(&charge);
+            fp
+        }
+        Step::Refund(fp) => {
+            command.args(["refund", "--tenant", TENANT, "--intent-id", REFUND_ID, "--order", "order_1842"]);
+            command.args(["--amount-minor", "1000", "--currency", "EUR"]);
+            fp
+        }
+        Step::Resume(fp) => {
+            command.arg("resume");
+            fp
+        }
+        Step::Reconcile(fp) => {
+            command.args(["reconcile", &refund_key]);
+            fp
+        }
+    };
+    if let Some(point) = failpoint {
+        command.env("KEEL_FAILPOINT", point);
+    }
+    let output = command.output().expect("keel runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    match failpoint {
+        Some(point) => assert_eq!(
+            output.status.signal(),
+            Some(libc::SIGABRT),
+            "keel must abort at {point}; it ended with {:?}: {stderr}",
+            output.status
+        ),
+        None => assert!(
+            output.status.code().is_some_and(|c| c == 0 || c == 2),
+            "keel ended with {:?}: {stderr}",
+            output.status
+        ),
+    }
+}
+
+/// Runs the steps, then checks the final status of `(kind, id)` and every invariant.
+fn check(plan: Option<&str>, steps: &[Step], kind: &str, id: &str, expected: &str) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let sim = Sim::with_faults(dir.path(), plan);
+    for step in steps {
+        run_step(dir.path(), &sim.1, *step);
+    }
+    let db = dir.path().join("keel.db");
+    // Invariants first: a broken promise is the finding, a surprising status only its echo.
+    let report = testkit::invariants::check_files(&db, &dir.path().join("sim.db")).expect("readable");
+    assert!(report.is_ok(), "{report:#?}");
+    let ledger = store::Reader::open(&db).expect("opens").ledger().expect("folds");
+    let intent_key = engine::event::IntentKey::parse(&key(kind, id)).expect("a key");
+    let intent = ledger.intent(&intent_key).expect("the intent exists");
+    assert_eq!(intent.status.as_str(), expected, "{intent:#?}");
+    let effects = adapters::sim::list_effects(&dir.path().join("sim.db")).expect("effects");
+    let on_key = effects.iter().filter(|e| e.idempotency_key == intent_key.as_str()).count();
+    assert_eq!(on_key, usize::from(expected == "validated"), "effects on {intent_key}");
+}
+
+use Step::{Charge, Reconcile, Refund, Resume};
+
+#[test]
+fn after_reservation() {
+    check(None, &[Charge(Some("after_reservation")), Resume(None), Charge(None)], "charge", CHARGE_ID, "validated");
+}
+
+#[test]
+fn after_attempt_started_then_resubmitted() {
+    check(None, &[Charge(Some("after_attempt_started")), Resume(None), Charge(None)], "charge", CHARGE_ID, "validated");
+}
+
+#[test]
+fn after_provider_answer_is_reconciled_not_resent() {
+    check(None, &[Charge(Some("after_provider_answer")), Resume(None)], "charge", CHARGE_ID, "validated");
+}
+
+#[test]
+fn in_batch_before_commit_loses_the_whole_batch() {
+    // Hit 2: the batch holding AttemptStarted (hit 1 is the reservation's).
+    check(
+        None,
+        &[Charge(Some("in_batch_before_commit:2")), Resume(None), Charge(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
+}
+
+#[test]
+fn after_commit_before_answer() {
+    check(
+        None,
+        &[Charge(Some("after_commit_before_answer:2")), Resume(None), Charge(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
+}
+
+#[test]
+fn after_reconciliation_started() {
+    check(
+        Some(LOST_ANSWER),
+        &[Charge(None), Reconcile(Some("after_reconciliation_started")), Resume(None), Reconcile(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
+}
+
+#[test]
+fn after_lookup() {
+    check(
+        Some(LOST_ANSWER),
+        &[Charge(None), Reconcile(Some("after_lookup")), Resume(None), Reconcile(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
+}
+
+#[test]
+fn a_second_crash_after_recover() {
+    check(
+        None,
+        &[Charge(Some("after_attempt_started")), Resume(Some("after_recover")), Resume(None), Charge(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
+}
+
+#[test]
+fn a_second_crash_inside_recoverys_lookup() {
+    check(
+        None,
+        // The interrupted lookup is due again after a backoff; the operator forces it.
+        &[Charge(Some("after_provider_answer")), Resume(Some("after_lookup")), Resume(None), Reconcile(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
+}
+
+#[test]
+fn a_second_crash_inside_recoverys_commit() {
+    check(
+        None,
+        &[Charge(Some("after_attempt_started")), Resume(Some("in_batch_before_commit")), Resume(None), Charge(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
+}
+
+#[test]
+fn a_refund_crashed_mid_attempt_is_resent_by_resume_alone() {
+    check(None, &[Charge(None), Refund(Some("after_attempt_started")), Resume(None)], "refund", REFUND_ID, "validated");
+}
+
+#[test]
+fn a_misspelt_failpoint_is_a_usage_error_not_a_silent_pass() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--db")
+        .arg(dir.path().join("keel.db"))
+        .arg("verify")
+        .env("KEEL_FAILPOINT", "after_atempt_started")
+        .output()
+        .expect("keel runs");
+    assert_eq!(output.status.code(), Some(64));
+}
+
+/// The canary: built with `--features engine/canary-skip-write-ahead` the executor calls the
+/// provider before `AttemptStarted` is durable, and this test (like the rest of the suite)
+/// must FAIL: the crash leaves an effect at the provider with no attempt in the log.
+/// `cargo test -p keel --features engine/canary-skip-write-ahead --test it -- canary`
+#[test]
+fn canary_a_crash_right_after_the_provider_call_leaves_a_written_ahead_attempt() {
+    check(None, &[Charge(Some("after_provider_answer")), Resume(None)], "charge", CHARGE_ID, "validated");
+}

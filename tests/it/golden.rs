@@ -1,0 +1,261 @@
+//! Golden logs: committed event logs (`fixtures/golden/*.events.jsonl`, one stored row per
+//! line in the column form of `store/FORMAT.md`) that must keep decoding, hash-chaining and
+//! folding to the same state (`*.state.json`) on every future version of Keel. Together they
+//! hold every `Event` variant. One `check(name)`: a missing log is generated once from the
+//! scenario below and committed; a missing state is written; `UPDATE_EXPECT=1` refreshes the
+//! state (never the log: old logs are the point).
+
+use chrono::{DateTime, TimeZone, Utc};
+use engine::clock::ManualClock;
+use engine::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, StoredEvent, StreamId};
+use engine::ledger::{Action, Command, IntentSpec, Ledger, RunStart};
+use engine::memory::MemoryLog;
+use engine::provider::{CallOutcome, Capability, EffectKind, Evidence, LookupOutcome, UnknownReason};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/golden")
+}
+
+fn row(e: &StoredEvent) -> Value {
+    json!({"seq": e.seq, "stream": e.stream.as_str(), "stream_seq": e.stream_seq, "type": e.event.type_name(),
+           "at": e.at.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string(), "cause": e.cause, "payload": e.event.payload(),
+           "prev_hash": e.prev_hash, "hash": e.hash})
+}
+
+fn decode(line: &str) -> StoredEvent {
+    let v: Value = serde_json::from_str(line).expect("a JSON row");
+    let text = |n: &str| v[n].as_str().unwrap_or_else(|| panic!("{n} is text in {line}")).to_owned();
+    let event = Event::from_stored(&text("type"), &v["payload"]).expect("the payload decodes into its event");
+    let stored = StoredEvent {
+        seq: v["seq"].as_u64().expect("seq"),
+        stream: StreamId::from_stored(text("stream")),
+        stream_seq: v["stream_seq"].as_u64().expect("stream_seq"),
+        at: DateTime::parse_from_rfc3339(&text("at")).expect("an RFC 3339 instant").to_utc(),
+        cause: serde_json::from_value(v["cause"].clone()).expect("a cause"),
+        event,
+        prev_hash: text("prev_hash"),
+        hash: text("hash"),
+    };
+    let hash = engine::event::chain_hash(
+        &stored.prev_hash,
+        stored.seq,
+        &stored.stream,
+        stored.stream_seq,
+        stored.at,
+        &stored.cause,
+        &stored.event,
+    );
+    assert_eq!(hash, stored.hash, "the chain hash of seq {} still checks", stored.seq);
+    stored
+}
+
+/// Decodes, chain-checks and folds `fixtures/golden/NAME.events.jsonl`, and compares the
+/// rendered state with `NAME.state.json`. Returns the event types seen.
+fn check(name: &str, scenario: fn() -> Vec<StoredEvent>) -> Vec<&'static str> {
+    let log_path = dir().join(format!("{name}.events.jsonl"));
+    if !log_path.exists() {
+        let lines: Vec<String> = scenario().iter().map(|e| row(e).to_string()).collect();
+        std::fs::write(&log_path, lines.join("\n") + "\n").expect("writes the golden log");
+    }
+    let text = std::fs::read_to_string(&log_path).expect("reads the golden log");
+    let events: Vec<StoredEvent> = text.lines().filter(|l| !l.trim().is_empty()).map(decode).collect();
+    let mut prev = engine::event::GENESIS_HASH.to_owned();
+    let mut ledger = Ledger::new();
+    for event in &events {
+        assert_eq!(event.prev_hash, prev, "seq {} chains to the one before", event.seq);
+        prev = event.hash.clone();
+        ledger.apply(event);
+    }
+    let rendered = serde_json::to_string_pretty(&testkit::invariants::render(&ledger)).expect("renders") + "\n";
+    let state_path = dir().join(format!("{name}.state.json"));
+    if !state_path.exists() || std::env::var_os("UPDATE_EXPECT").is_some() {
+        std::fs::write(&state_path, &rendered).expect("writes the golden state");
+    }
+    let expected = std::fs::read_to_string(&state_path).expect("reads the golden state");
+    assert_eq!(rendered, expected, "{name}: the log no longer folds to its golden state (UPDATE_EXPECT=1 if intended)");
+    events.iter().map(|e| e.event.type_name()).collect()
+}
+
+fn every_variant() -> Vec<StoredEvent> {
+    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2025, 3, 1, 12, 0, 0).single().expect("valid")));
+    let log = MemoryLog::new(clock.clone());
+    let run = RunId::new("golden-run-1");
+    let cap = Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 0 };
+    let mut position = 0u32;
+    let exec = |action: Action, start: Option<RunStart>| {
+        log.execute_now(&Command { cause: Cause::command("golden").for_run(&run), start_run: start, action })
+    };
+    let key = |id: &str| IntentKey::new(EffectKind::Charge, TENANT, id);
+    let spec = |id: &str, amount: i64| IntentSpec {
+        definition: IntentDefinition {
+            key: key(id),
+            kind: EffectKind::Charge,
+            tenant: TENANT.into(),
+            intent_id: id.into(),
+            order_id: format!("order_{id}"),
+            business_ref: format!("order_{id}"),
+            fingerprint: engine::canonical::fingerprint(&json!({"id": id, "amount": amount})),
+            amount_minor: amount,
+            currency: "EUR".into(),
+            payload: json!({"id": id, "amount": amount}),
+        },
+        capability: cap,
+    };
+    let mut reserve = |id: &str, amount: i64, start: Option<RunStart>| {
+        let result = exec(
+            Action::Reserve { run_id: run.clone(), position, spec: spec(id, amount), start_attempt: false },
+            start,
+        );
+        position += 1;
+        result.expect("reserved");
+    };
+    let ok = |e: Result<engine::ledger::Reply, engine::log::LogError>| {
+        e.expect("accepted");
+    };
+    let start = RunStart {
+        run_id: run.clone(),
+        workflow: "golden".into(),
+        input: json!({"note": "every event variant"}),
+        deadline_at: Utc.with_ymd_and_hms(2025, 3, 2, 12, 0, 0).single().expect("valid"),
+        limits: RunLimits {
+            cost_minor_max: Some(1_000_000),
+            attempts_per_intent_max: 3,
+            reconciliations_per_intent_max: 2,
+            approval_threshold_minor: Some(50_000),
+        },
+    };
+    let evidence = |r: &str, amount| Evidence { provider_ref: r.into(), amount_minor: amount, currency: "EUR".into() };
+    // RunStarted, StepRecorded, IntentReserved; AttemptStarted, AttemptNotSent, IntentValidated.
+    reserve("golden_validated_1", 4_900, Some(start));
+    ok(exec(Action::StartAttempt { key: key("golden_validated_1"), run_id: run.clone() }, None));
+    ok(exec(
+        Action::RecordOutcome {
+            key: key("golden_validated_1"),
+            attempt: 1,
+            outcome: CallOutcome::NotSent { detail: "refused".into() },
+        },
+        None,
+    ));
+    ok(exec(Action::StartAttempt { key: key("golden_validated_1"), run_id: run.clone() }, None));
+    ok(exec(
+        Action::RecordOutcome {
+            key: key("golden_validated_1"),
+            attempt: 2,
+            outcome: CallOutcome::Succeeded(evidence("ch_1", 4_900)),
+        },
+        None,
+    ));
+    // IntentDeduplicated.
+    reserve("golden_validated_1", 4_900, None);
+    // ApprovalGranted, ApprovalExpired, ApprovalDenied.
+    reserve("golden_approval_1", 90_000, None);
+    let k = key("golden_approval_1");
+    ok(exec(Action::Approve { key: k.clone(), by: "ana".into(), ttl_ms: 1_000, fingerprint: None }, None));
+    clock.advance_ms(2_000);
+    ok(exec(Action::StartAttempt { key: k.clone(), run_id: run.clone() }, None));
+    ok(exec(Action::Deny { key: k, by: "ana".into(), reason: "too much".into() }, None));
+    // IntentDeclined.
+    reserve("golden_declined_1", 1_000, None);
+    ok(exec(Action::StartAttempt { key: key("golden_declined_1"), run_id: run.clone() }, None));
+    let declined = CallOutcome::Declined { code: "card_declined".into() };
+    ok(exec(Action::RecordOutcome { key: key("golden_declined_1"), attempt: 1, outcome: declined }, None));
+    // OutcomeUnknown, ReconciliationStarted, ReconciliationResolved (retry, then found).
+    reserve("golden_reconciled_1", 2_500, None);
+    let k = key("golden_reconciled_1");
+    ok(exec(Action::StartAttempt { key: k.clone(), run_id: run.clone() }, None));
+    let lost = CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer".into() };
+    ok(exec(Action::RecordOutcome { key: k.clone(), attempt: 1, outcome: lost.clone() }, None));
+    ok(exec(Action::StartReconciliation { key: k.clone(), force: true }, None));
+    let unavailable = LookupOutcome::Unavailable { detail: "503".into() };
+    ok(exec(Action::RecordLookup { key: k.clone(), reconciliation: 1, outcome: unavailable.clone() }, None));
+    ok(exec(Action::StartReconciliation { key: k.clone(), force: true }, None));
+    let found = LookupOutcome::Found(evidence("ch_2", 2_500));
+    ok(exec(Action::RecordLookup { key: k, reconciliation: 2, outcome: found }, None));
+    // IntentEscalated: every reconciliation unavailable.
+    reserve("golden_escalated_1", 3_000, None);
+    let k = key("golden_escalated_1");
+    ok(exec(Action::StartAttempt { key: k.clone(), run_id: run.clone() }, None));
+    ok(exec(Action::RecordOutcome { key: k.clone(), attempt: 1, outcome: lost }, None));
+    for n in 1..=2 {
+        ok(exec(Action::StartReconciliation { key: k.clone(), force: true }, None));
+        ok(exec(Action::RecordLookup { key: k.clone(), reconciliation: n, outcome: unavailable.clone() }, None));
+    }
+    // Recovery's OutcomeUnknown (crash), then IntentResolved by an operator.
+    reserve("golden_crashed_1", 1_500, None);
+    ok(exec(Action::StartAttempt { key: key("golden_crashed_1"), run_id: run.clone() }, None));
+    ok(exec(Action::Recover, None));
+    let resolve = Action::Resolve {
+        key: key("golden_crashed_1"),
+        by: "ana".into(),
+        reason: "not in dashboard".into(),
+        landed: None,
+    };
+    ok(exec(resolve, None));
+    // IntentCancelled.
+    reserve("golden_cancelled_1", 700, None);
+    ok(exec(Action::Cancel { key: key("golden_cancelled_1"), by: "ana".into(), reason: "customer left".into() }, None));
+    // TimerStarted, SignalDelivered, StepRecorded, RunFinished.
+    let fire_at = clock.now_plus(60_000);
+    ok(exec(Action::StartTimer { run_id: run.clone(), position, fire_at }, None));
+    ok(exec(
+        Action::DeliverSignal { run_id: run.clone(), name: "approved".into(), payload: json!({"by": "ana"}) },
+        None,
+    ));
+    ok(exec(
+        Action::RecordStep {
+            run_id: run.clone(),
+            position: position + 1,
+            name: "signal:approved".into(),
+            output: json!({"by": "ana"}),
+        },
+        None,
+    ));
+    ok(exec(Action::FinishRun { run_id: run.clone(), status: RunStatus::Completed, detail: None }, None));
+    log.events()
+}
+
+trait NowPlus {
+    fn now_plus(&self, ms: u64) -> DateTime<Utc>;
+}
+
+impl NowPlus for ManualClock {
+    fn now_plus(&self, ms: u64) -> DateTime<Utc> {
+        use engine::clock::Clock as _;
+        engine::clock::plus_ms(self.now(), ms)
+    }
+}
+
+#[test]
+fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
+    let seen = check("every_variant_v1", every_variant);
+    let all = [
+        "RunStarted",
+        "StepRecorded",
+        "TimerStarted",
+        "SignalDelivered",
+        "RunFinished",
+        "IntentReserved",
+        "IntentDeduplicated",
+        "ApprovalGranted",
+        "ApprovalDenied",
+        "ApprovalExpired",
+        "AttemptStarted",
+        "AttemptNotSent",
+        "IntentValidated",
+        "IntentDeclined",
+        "OutcomeUnknown",
+        "ReconciliationStarted",
+        "ReconciliationResolved",
+        "IntentEscalated",
+        "IntentCancelled",
+        "IntentResolved",
+    ];
+    for variant in all {
+        assert!(seen.contains(&variant), "the golden logs hold no {variant}");
+    }
+}

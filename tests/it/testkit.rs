@@ -1,0 +1,92 @@
+//! The user test kit, used as a user would: a workflow that is not one of Keel's own (paying
+//! supplier invoices) and Keel's built-in charge and refund, each under seeded crashes and
+//! provider faults. A failure prints its seed; `KEEL_SEED=N` replays it.
+
+use engine::executor::{Context, IntentRequest, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
+use engine::ledger::RejectCode;
+use engine::provider::{BoxFuture, EffectKind, Secret};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+
+/// Pays a supplier invoice from a stored card: one intent per invoice, two lines of payload.
+struct PayInvoice;
+
+impl Workflow for PayInvoice {
+    fn name(&self) -> &'static str {
+        "pay_invoice"
+    }
+
+    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+        let invalid = |detail: &str| Rejection { code: RejectCode::InvalidArguments, details: vec![detail.to_owned()] };
+        let card = raw.get("card").and_then(Value::as_str).ok_or_else(|| invalid("card is required"))?;
+        if raw.get("cents").and_then(Value::as_i64).is_none_or(|c| c <= 0) {
+            return Err(invalid("cents must be a positive integer"));
+        }
+        let mut stored = raw.clone();
+        stored["card"] = json!("<secret>");
+        Ok(Prepared { stored_input: stored, secrets: [("card".to_owned(), Secret::new(card))].into() })
+    }
+
+    fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+        Box::pin(async move {
+            let invoice = input["invoice"].as_str().unwrap_or_default().to_owned();
+            let outcome = ctx
+                .intent(IntentRequest {
+                    kind: EffectKind::Charge,
+                    tenant: TENANT.to_owned(),
+                    intent_id: format!("invoice_{invoice}"),
+                    order_id: invoice.clone(),
+                    business_ref: invoice,
+                    amount_minor: input["cents"].as_i64().unwrap_or_default(),
+                    currency: "EUR".to_owned(),
+                    payload: json!({"invoice": input["invoice"], "cents": input["cents"], "supplier": input["supplier"]}),
+                    payment_method: ctx.secret("card"),
+                    needs_payment_method: true,
+                })
+                .await?;
+            end_with(&outcome)
+        })
+    }
+}
+
+fn invoice(id: &str, cents: i64) -> Value {
+    json!({"invoice": id, "cents": cents, "supplier": "ACME Tools", "card": "pm_card_mastercard_5555"})
+}
+
+#[test]
+fn a_users_invoice_workflow_keeps_every_invariant_under_seeded_crashes() {
+    let kit = testkit::Kit::new(vec![Arc::new(PayInvoice)])
+        .submit("pay_invoice", invoice("inv_0001", 12_000))
+        .submit("pay_invoice", invoice("inv_0002", 800))
+        .submit("pay_invoice", invoice("inv_0003", 55_500))
+        .submit("pay_invoice", invoice("inv_0004", 1))
+        .mismatch(|input| {
+            let mut other = input.clone();
+            other["cents"] = json!(input["cents"].as_i64().unwrap_or_default() + 1);
+            other
+        })
+        .seeds(1, 6);
+    let reports = kit.run().unwrap_or_else(|failure| panic!("{failure}"));
+    let crashes: u64 = reports.iter().map(|r| r.crashes).sum();
+    assert!(crashes > 0, "the schedule crashed something: {reports:?}");
+    assert!(reports.iter().all(|r| r.report.effects <= r.report.intents));
+}
+
+#[test]
+fn keels_charge_and_refund_keep_every_invariant_under_seeded_crashes() {
+    let charge = |id: &str, order: &str, amount: i64| {
+        json!({"tenant_id": TENANT, "intent_id": id, "order_id": order, "amount_minor": amount, "currency": "EUR",
+               "payment_method_token": "pm_card_visa_4242424242"})
+    };
+    let refund = |id: &str, order: &str, amount: i64| json!({"tenant_id": TENANT, "intent_id": id, "order_id": order, "amount_minor": amount, "currency": "EUR"});
+    let kit = testkit::Kit::new(workflows::builtin(None))
+        .submit("charge", charge("order_7001_charge", "order_7001", 4_900))
+        .submit("charge", charge("order_7002_charge", "order_7002", 1_500))
+        .submit("refund", refund("order_7001_refund_1", "order_7001", 4_000))
+        .submit("refund", refund("order_7001_refund_2", "order_7001", 2_000))
+        .submit("refund", refund("order_7002_refund_1", "order_7002", 1_500))
+        .seeds(100, 6);
+    kit.run().unwrap_or_else(|failure| panic!("{failure}"));
+}
