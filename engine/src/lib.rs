@@ -6,6 +6,7 @@
 //! - [`canonical`] — canonical JSON and payload fingerprints.
 //! - [`provider`] — the payment provider contract and its typed outcomes.
 //! - [`executor`] — journaled workflows and the replaying executor.
+//! - [`intent_gate`] — the agent harness's effect gate over the executor's intent driver.
 //! - [`clock`] and [`limits`] — time as an input, and every bound in one file.
 //!
 //! The engine does no I/O and never reads a clock: the store appends, the adapters reach the
@@ -23,6 +24,7 @@ pub mod canonical;
 pub mod clock;
 pub mod event;
 pub mod executor;
+pub mod intent_gate;
 pub mod ledger;
 pub mod limits;
 pub mod log;
