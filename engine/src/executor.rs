@@ -433,7 +433,7 @@ impl Context {
                             let driver = Driver { runtime: &self.runtime, cause };
                             driver.send(&intent, false, request.payment_method.as_ref()).await?
                         } else {
-                            intent
+                            *intent
                         };
                         (intent, deduplicated)
                     }
@@ -465,7 +465,7 @@ pub enum Reservation {
     /// pending, unknown… the intent says which).
     Reserved {
         /// The intent as the reservation left it.
-        intent: Intent,
+        intent: Box<Intent>,
         /// Whether this call created it.
         fresh: bool,
     },
@@ -500,7 +500,7 @@ async fn reserve_intent(
     start_run: Option<RunStart>,
 ) -> Result<Reservation, WorkflowError> {
     match runtime.log.execute(Command { cause: cause.clone(), start_run, action: reserve }).await {
-        Ok(Reply::Intent { intent, fresh }) => Ok(Reservation::Reserved { intent: *intent, fresh }),
+        Ok(Reply::Intent { intent, fresh }) => Ok(Reservation::Reserved { intent, fresh }),
         Ok(_) => Err(WorkflowError::Failed("a reservation did not return its intent".to_owned())),
         Err(LogError::Refused(Refusal::Rejected { code, detail })) => {
             tracing::Span::current().record("validation.outcome", "rejected");

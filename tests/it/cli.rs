@@ -9,10 +9,11 @@ use std::process::{Child, Command, Stdio};
 const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 const TOKEN: &str = "pm_card_visa_4242424242";
 
-struct Sim(Child, String);
+/// A provider simulator process on an ephemeral port; killed on drop. `.1` is its URL.
+pub(crate) struct Sim(Child, pub(crate) String);
 
 impl Sim {
-    fn start(dir: &Path) -> Self {
+    pub(crate) fn start(dir: &Path) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_keel-provider-sim"))
             .args(["serve", "--db"])
             .arg(dir.join("sim.db"))
