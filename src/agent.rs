@@ -3,7 +3,7 @@
 //! Owns the translation between flags and an agent run: which workflow, which transcript
 //! (a named scenario, embedded in the binary, or a file), which limits and grants; the
 //! journal (`engine::agent::LogJournal` over the store, so every fact is on `run:<id>`); the
-//! real timer; ctrl-c wired to `Cancellation::cancel`; the rendering and the exit code. It
+//! provider and the intent gate for the support agent's refunds; the real timer; ctrl-c wired to `Cancellation::cancel`; the rendering and the exit code. It
 //! never decides a guard step or a budget (the engine does) and never touches SQL.
 //!
 //! # Transcripts
@@ -30,6 +30,7 @@ use engine::agent::{
 };
 use engine::clock::Clock;
 use engine::event::{Cause, RunId, RunLimits};
+use engine::intent_gate::IntentGate;
 use engine::ledger::AgentRunStart;
 use engine::log::EventLog;
 use engine::provider::BoxFuture;
@@ -38,6 +39,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use workflows::support_agent;
 use workflows::ticket_review::{self, Scenario};
 
 /// The env var of the crash test facility (see the module docs).
@@ -57,10 +59,22 @@ fn scenario_transcript(scenario: Scenario) -> &'static str {
     }
 }
 
+/// The embedded transcript of a support scenario.
+fn support_transcript(scenario: support_agent::Scenario) -> &'static str {
+    use support_agent::Scenario as S;
+    match scenario {
+        S::Refund => include_str!("../fixtures/agent/support/refund.json"),
+        S::Injection => include_str!("../fixtures/agent/support/injection.json"),
+        S::Repeat => include_str!("../fixtures/agent/support/repeat.json"),
+        S::ApprovalBound => include_str!("../fixtures/agent/support/approval-bound.json"),
+    }
+}
+
 /// Where a run's model answers come from, as stored in its `RunStarted` input.
 #[derive(Clone, Debug)]
 enum Script {
     Scenario(Scenario),
+    Support(support_agent::Scenario),
     File(PathBuf),
 }
 
@@ -68,13 +82,19 @@ impl Script {
     fn input(&self) -> Value {
         match self {
             Self::Scenario(s) => json!({"transport": "scripted", "scenario": s.name()}),
+            Self::Support(s) => json!({"transport": "scripted", "scenario": s.name()}),
             Self::File(path) => json!({"transport": "scripted", "transcript": path.display().to_string()}),
         }
     }
 
-    fn from_input(input: &Value) -> Result<Self, String> {
+    fn from_input(workflow: &str, input: &Value) -> Result<Self, String> {
         if let Some(name) = input.get("scenario").and_then(Value::as_str) {
-            return Scenario::parse(name).map(Self::Scenario).ok_or_else(|| format!("unknown scenario {name:?}"));
+            let script = if workflow == support_agent::WORKFLOW {
+                support_agent::Scenario::parse(name).map(Self::Support)
+            } else {
+                Scenario::parse(name).map(Self::Scenario)
+            };
+            return script.ok_or_else(|| format!("unknown scenario {name:?}"));
         }
         match input.get("transcript").and_then(Value::as_str) {
             Some(path) => Ok(Self::File(PathBuf::from(path))),
@@ -85,6 +105,7 @@ impl Script {
     fn load(&self) -> Result<Transcript, String> {
         match self {
             Self::Scenario(s) => Transcript::parse(scenario_transcript(*s)).map_err(|e| e.to_string()),
+            Self::Support(s) => Transcript::parse(support_transcript(*s)).map_err(|e| e.to_string()),
             Self::File(path) => Transcript::from_file(path).map_err(|e| e.to_string()),
         }
     }
@@ -92,6 +113,7 @@ impl Script {
     fn describe(&self) -> String {
         match self {
             Self::Scenario(s) => format!("scripted (scenario {}, embedded transcript)", s.name()),
+            Self::Support(s) => format!("scripted (scenario {}, embedded transcript)", s.name()),
             Self::File(path) => format!("scripted (transcript {})", path.display()),
         }
     }
@@ -128,6 +150,7 @@ struct Plan {
 pub async fn dispatch(
     db: &Path,
     durability: store::Durability,
+    provider: &crate::ProviderArgs,
     out: &Output,
     command: AgentCommand,
 ) -> anyhow::Result<u8> {
@@ -155,7 +178,7 @@ pub async fn dispatch(
                 return Ok(out.usage_error(&format!("no agent run {run_id} in {}", db.display())));
             };
             let workflow = run.workflow.trim_start_matches(engine::ledger::AGENT_WORKFLOW_PREFIX).to_owned();
-            let script = match Script::from_input(&run.input) {
+            let script = match Script::from_input(&workflow, &run.input) {
                 Ok(script) => script,
                 Err(message) => return Ok(out.usage_error(&format!("run {run_id}: {message}"))),
             };
@@ -167,9 +190,18 @@ pub async fn dispatch(
         Ok(transcript) => transcript,
         Err(message) => return Ok(out.usage_error(&message)),
     };
-    let store = open_store(db, durability)?;
+    // The support agent's refunds go through the provider; ticket review needs none.
+    let (store, gate) = match plan.script {
+        Script::Support(_) => {
+            let node = crate::wiring::Node::open(db, durability, provider, None)?;
+            let gate = Arc::new(IntentGate::new(node.executor.runtime().clone(), Cause::command("agent")));
+            (node.store, Some(gate))
+        }
+        Script::Scenario(_) | Script::File(_) => (open_store(db, durability)?, None),
+    };
     let log: Arc<dyn EventLog> = Arc::new(store.clone());
-    let start = AgentRunStart { input: plan.script.input(), limits: spine_limits() };
+    let limits = if gate.is_some() { support_agent::spine_limits() } else { spine_limits() };
+    let start = AgentRunStart { input: plan.script.input(), limits };
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), Cause::command("agent"), Some(start));
     let recorded = AgentState::from_events(&journal.load().await?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());
@@ -188,8 +220,17 @@ pub async fn dispatch(
         }
     });
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
-    let result =
-        ticket_review::run(env, &transport, plan.run_id.as_str(), plan.limits.clone(), plan.capabilities.clone()).await;
+    let result = match (&plan.script, &gate) {
+        (Script::Support(scenario), Some(gate)) => {
+            let case = scenario.case();
+            let (limits, grants) = (plan.limits.clone(), plan.capabilities.clone());
+            support_agent::run(env, &transport, plan.run_id.as_str(), &case, gate, limits, grants).await
+        }
+        _ => {
+            ticket_review::run(env, &transport, plan.run_id.as_str(), plan.limits.clone(), plan.capabilities.clone())
+                .await
+        }
+    };
     watcher.abort();
     store.shutdown()?;
     let outcome = result.with_context(|| format!("agent run {} failed", plan.run_id))?;
@@ -214,10 +255,32 @@ fn plan_new(
     limits: Option<&str>,
     capabilities: Option<&str>,
 ) -> Result<Plan, String> {
-    if workflow != ticket_review::WORKFLOW {
-        return Err(format!("unknown agent workflow {workflow:?} (known: {})", ticket_review::WORKFLOW));
+    if workflow == support_agent::WORKFLOW {
+        let known: Vec<&str> = support_agent::Scenario::ALL.iter().map(|s| s.name()).collect();
+        let scenario =
+            scenario.filter(|_| transcript.is_none()).and_then(support_agent::Scenario::parse).ok_or_else(|| {
+                format!(
+                    "support runs a named scenario (its ticket and order come with it): --scenario {}",
+                    known.join("|")
+                )
+            })?;
+        return finish_plan(
+            workflow,
+            Script::Support(scenario),
+            support_agent::limits(),
+            support_agent::all_capabilities(),
+            limits,
+            capabilities,
+        );
     }
-    let (script, mut plan_limits, mut grants) = match (scenario, transcript) {
+    if workflow != ticket_review::WORKFLOW {
+        return Err(format!(
+            "unknown agent workflow {workflow:?} (known: {}, {})",
+            ticket_review::WORKFLOW,
+            support_agent::WORKFLOW
+        ));
+    }
+    let (script, plan_limits, grants) = match (scenario, transcript) {
         (Some(name), None) => {
             let known: Vec<&str> = Scenario::ALL.iter().map(Scenario::name).collect();
             let scenario = Scenario::parse(name)
@@ -231,6 +294,18 @@ fn plan_new(
         }
         _ => return Err("pass exactly one of --scenario NAME or --transcript FILE".into()),
     };
+    finish_plan(workflow, script, plan_limits, grants, limits, capabilities)
+}
+
+/// Applies the `--limits` and `--capabilities` overrides to a new run's plan.
+fn finish_plan(
+    workflow: &str,
+    script: Script,
+    mut plan_limits: AgentLimits,
+    mut grants: BTreeSet<String>,
+    limits: Option<&str>,
+    capabilities: Option<&str>,
+) -> Result<Plan, String> {
     if let Some(text) = limits {
         let overrides: Value = serde_json::from_str(text).map_err(|e| format!("--limits is not JSON: {e}"))?;
         plan_limits = plan_limits.overridden_by(&overrides).map_err(|e| format!("--limits: {e}"))?;
@@ -262,7 +337,11 @@ fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
             "limits: {} model calls, {} tool attempts, {} per signature, {} ms deadline",
             limits.model_calls_max, limits.tool_calls_max, limits.repeats_per_signature_max, limits.deadline_ms
         );
-        println!("completion: ticket 42 read, then finish_review(42) succeeded (the model saying so is not enough)");
+        let completion = match plan.script {
+            Script::Support(_) => "the ticket read, then a refund of its own order validated",
+            Script::Scenario(_) | Script::File(_) => "ticket 42 read, then finish_review(42) succeeded",
+        };
+        println!("completion: {completion} (the model saying so is not enough)");
         for event in &outcome.events {
             println!("  {:<20} {:<16} {}", event.kind, event.name, event.count);
         }
@@ -274,6 +353,10 @@ fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
         );
         if let Some(detail) = &outcome.detail {
             println!("  {detail}");
+        }
+        if let Some(key) = &outcome.awaiting_approval {
+            println!("  awaiting approval: keel approve {key} --by NAME (or keel deny {key} --by NAME --reason WHY),");
+            println!("  then keel agent resume {}", plan.run_id);
         }
         if let Some(text) = outcome.text.as_deref().filter(|_| outcome.status.as_str() == "incomplete") {
             println!("  model text (not a success): {text}");

@@ -124,10 +124,11 @@ pub enum AgentCommand {
     /// controlled stop (permission_denied, repeated_call, tool_budget, model_budget,
     /// deadline_exceeded, provider_unavailable, awaiting approval…); 130 on ctrl-c.
     Run {
-        /// The agent workflow: ticket-review.
+        /// The agent workflow: ticket-review, or support (refunds: needs --provider URL).
         workflow: String,
         /// A named scenario (ticket-review: complete, incomplete, forbidden, repeat, changing,
-        /// budget, deadline, unavailable), its transcript embedded in the binary.
+        /// budget, deadline, unavailable; support: refund, injection, repeat, approval-bound),
+        /// its transcript embedded in the binary.
         #[arg(long, conflicts_with = "transcript", required_unless_present = "transcript")]
         scenario: Option<String>,
         /// A JSON array of model responses, each a complete Anthropic Messages or OpenAI Chat
@@ -390,7 +391,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         ));
     }
     match cli.command {
-        Command::Agent { command } => agent::dispatch(&cli.db, durability, &out, command).await,
+        Command::Agent { command } => agent::dispatch(&cli.db, durability, &cli.provider, &out, command).await,
         Command::Charge { effect, payment_method_token, limits } => {
             let input = match ops::effect_input(&effect, payment_method_token.as_deref()) {
                 Ok(input) => input,

@@ -433,26 +433,21 @@ impl Context {
                 (observe(&*self.runtime.log, &key, &self.cause).await?, false)
             } else {
                 self.check_deadline()?;
-                let definition = IntentDefinition {
-                    key: key.clone(),
-                    kind: request.kind,
-                    tenant: request.tenant.clone(),
-                    intent_id: request.intent_id.clone(),
-                    order_id: request.order_id.clone(),
-                    business_ref: request.business_ref.clone(),
-                    fingerprint: crate::canonical::fingerprint(&request.payload),
-                    amount_minor: request.amount_minor,
-                    currency: request.currency.clone(),
-                    payload: request.payload.clone(),
-                };
-                let spec = IntentSpec { definition, capability: self.runtime.provider.capability() };
                 // With everything needed to send at hand, the first attempt is written ahead in
                 // the reservation's own commit (the canary, which breaks write-ahead, never does).
                 let start_attempt = cfg!(not(feature = "canary-skip-write-ahead"))
                     && (!request.needs_payment_method || request.payment_method.is_some());
-                let reserve = Action::Reserve { run_id: self.run_id.clone(), position, spec, start_attempt };
-                match self.execute(reserve).await {
-                    Ok(Reply::Intent { intent, fresh }) => {
+                let cause = self.cause.clone().for_run(&self.run_id);
+                let reserve = Action::Reserve {
+                    run_id: self.run_id.clone(),
+                    position,
+                    spec: intent_spec(&self.runtime, &key, &request),
+                    start_attempt,
+                };
+                match reserve_intent(&self.runtime, &cause, &key, reserve, self.pending_start.clone()).await? {
+                    Reservation::Rejected(outcome) => return Ok(outcome),
+                    Reservation::Reserved { intent, fresh } => {
+                        self.pending_start = None;
                         let deduplicated = !fresh && intent.status == IntentStatus::Validated;
                         // Proposed again while validated, in flight or unknown: no new attempt.
                         let prevented = !fresh
@@ -468,25 +463,13 @@ impl Context {
                             self.failpoints.hit(Point::AfterReservation);
                         }
                         let intent = if fresh && intent.status == IntentStatus::Attempting {
-                            let driver = Driver {
-                                runtime: &self.runtime,
-                                cause: self.cause.clone().for_run(&self.run_id),
-                                failpoints: &self.failpoints,
-                            };
+                            let driver = Driver { runtime: &self.runtime, cause, failpoints: &self.failpoints };
                             driver.send(&intent, false, request.payment_method.as_ref()).await?
                         } else {
                             *intent
                         };
                         (intent, deduplicated)
                     }
-                    Ok(_) => return Err(WorkflowError::Failed("a reservation did not return its intent".to_owned())),
-                    Err(LogError::Refused(Refusal::Rejected { code, detail })) => {
-                        tracing::Span::current().record("validation.outcome", "rejected");
-                        tracing::Span::current().record("validation.error_code", code.as_str());
-                        tracing::info!(code = code.as_str(), "proposal rejected; nothing written");
-                        return Ok(IntentOutcome::rejected(&key, code, detail));
-                    }
-                    Err(other) => return Err(other.into()),
                 }
             };
             let span = tracing::Span::current();
@@ -513,6 +496,105 @@ impl Context {
         .instrument(span)
         .await
     }
+}
+
+/// What a reservation came to.
+#[derive(Clone, Debug)]
+pub enum Reservation {
+    /// Reserved now (`fresh`), or the same key with the same fingerprint found (validated,
+    /// pending, unknown… the intent says which).
+    Reserved {
+        /// The intent as the reservation left it.
+        intent: Box<Intent>,
+        /// Whether this call created it.
+        fresh: bool,
+    },
+    /// Refused before anything was written (mismatch, invariant, reference pending, budget).
+    Rejected(IntentOutcome),
+}
+
+fn intent_spec(runtime: &Runtime, key: &IntentKey, request: &IntentRequest) -> IntentSpec {
+    IntentSpec {
+        definition: IntentDefinition {
+            key: key.clone(),
+            kind: request.kind,
+            tenant: request.tenant.clone(),
+            intent_id: request.intent_id.clone(),
+            order_id: request.order_id.clone(),
+            business_ref: request.business_ref.clone(),
+            fingerprint: crate::canonical::fingerprint(&request.payload),
+            amount_minor: request.amount_minor,
+            currency: request.currency.clone(),
+            payload: request.payload.clone(),
+        },
+        capability: runtime.provider.capability(),
+    }
+}
+
+/// One `Reserve` command: key + fingerprint + money and the journal link, atomically.
+async fn reserve_intent(
+    runtime: &Runtime,
+    cause: &Cause,
+    key: &IntentKey,
+    reserve: Action,
+    start_run: Option<RunStart>,
+) -> Result<Reservation, WorkflowError> {
+    match runtime.log.execute(Command { cause: cause.clone(), start_run, action: reserve }).await {
+        Ok(Reply::Intent { intent, fresh }) => Ok(Reservation::Reserved { intent, fresh }),
+        Ok(_) => Err(WorkflowError::Failed("a reservation did not return its intent".to_owned())),
+        Err(LogError::Refused(Refusal::Rejected { code, detail })) => {
+            tracing::Span::current().record("validation.outcome", "rejected");
+            tracing::Span::current().record("validation.error_code", code.as_str());
+            tracing::info!(code = code.as_str(), "proposal rejected; nothing written");
+            Ok(Reservation::Rejected(IntentOutcome::rejected(key, code, detail)))
+        }
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// Reserves one intent for an already started run (an agent's effect call), journaled at the
+/// run's next free position, without sending anything: the caller checks approval, then
+/// [`drive_intent`] takes it on. The same key with the same fingerprint returns the existing
+/// intent (`fresh: false`), so a resumed call finds what its first try reserved.
+pub async fn reserve_for_run(
+    runtime: &Runtime,
+    cause: &Cause,
+    run_id: &RunId,
+    request: &IntentRequest,
+) -> Result<Reservation, WorkflowError> {
+    let key = IntentKey::new(request.kind, &request.tenant, &request.intent_id);
+    let position = match runtime
+        .log
+        .execute(Command {
+            cause: cause.clone(),
+            start_run: None,
+            action: Action::ObserveRun { run_id: run_id.clone() },
+        })
+        .await?
+    {
+        Reply::Run(run) => u32::try_from(run.journal.len())
+            .map_err(|_| WorkflowError::Failed(format!("run {run_id}: journal longer than u32")))?,
+        _ => return Err(WorkflowError::Failed("observing a run did not return it".to_owned())),
+    };
+    let reserve = Action::Reserve {
+        run_id: run_id.clone(),
+        position,
+        spec: intent_spec(runtime, &key, request),
+        start_attempt: false,
+    };
+    reserve_intent(runtime, cause, &key, reserve, None).await
+}
+
+/// Takes one reserved intent as far as the lifecycle allows now — the same [`Driver`] a
+/// workflow's [`Context::intent`] uses: an approval it lacks stops it before any attempt,
+/// an attempt in flight or unknown is reconciled (when due), never resent blindly.
+pub async fn drive_intent(runtime: &Runtime, cause: Cause, key: &IntentKey) -> Result<IntentOutcome, WorkflowError> {
+    let intent = observe(&*runtime.log, key, &cause).await?;
+    let run_id = intent.run_id.clone();
+    let needs_payment_method = intent.definition.kind == EffectKind::Charge;
+    // Agent effects are not on the crash-test failpoints' paths: they stay disarmed here.
+    let failpoints = Failpoints::disarmed();
+    Driver { runtime, cause, failpoints: &failpoints }.drive(intent, &run_id, None, needs_payment_method).await
 }
 
 async fn observe(log: &dyn EventLog, key: &IntentKey, cause: &Cause) -> Result<Intent, LogError> {

@@ -7,6 +7,7 @@
 //! - [`provider`] — the payment provider contract and its typed outcomes.
 //! - [`executor`] — journaled workflows and the replaying executor.
 //! - [`failpoints`] — named crash points at every event boundary (disarmed by default).
+//! - [`intent_gate`] — the agent harness's effect gate over the executor's intent driver.
 //! - [`clock`] and [`limits`] — time as an input, and every bound in one file.
 //!
 //! The engine does no I/O and never reads a clock: the store appends, the adapters reach the
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod event;
 pub mod executor;
 pub mod failpoints;
+pub mod intent_gate;
 pub mod ledger;
 pub mod limits;
 pub mod log;

@@ -142,3 +142,52 @@ fn a_run_killed_at_its_fourth_model_call_resumes_with_one_tool_call_left_and_no_
     let (exit, report) = keel(&db, &["verify"], &[]);
     assert_eq!(exit, 0, "{report}");
 }
+
+/// Seed 002 through the real binary and a real simulator process: three identical refunds of
+/// 89.90 on an order charged 89.90 wait for `keel approve`, then make exactly one refund.
+#[test]
+fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
+    let (dir, db) = temp();
+    let sim = crate::cli::Sim::start(dir.path());
+    let url = sim.1.as_str();
+    let tenant = workflows::support_agent::TENANT;
+    let charge = [
+        "--provider",
+        url,
+        "charge",
+        "--tenant",
+        tenant,
+        "--intent-id",
+        "charge-C-1042-000001",
+        "--order",
+        "C-1042",
+        "--amount-minor",
+        "8990",
+        "--currency",
+        "EUR",
+        "--payment-method-token",
+        "pm_card_visa_4242424242",
+    ];
+    assert_eq!(keel(&db, &charge, &[]).0, 0, "the order is charged first");
+    let (exit, report) = keel(&db, &["--provider", url, "agent", "run", "support", "--scenario", "repeat"], &[]);
+    assert_eq!(exit, 2, "{report}");
+    assert_eq!(report["status"], "awaiting_approval");
+    let key = report["awaiting_approval"].as_str().expect("the intent key to approve").to_owned();
+    let run_id = report["run_id"].as_str().expect("a run id").to_owned();
+    let refunds = || {
+        adapters::sim::list_effects(&dir.path().join("sim.db"))
+            .expect("the simulator's effects list")
+            .into_iter()
+            .filter(|e| e.id.starts_with("re_"))
+            .count()
+    };
+    assert_eq!(refunds(), 0, "nothing is refunded before the approval");
+    let (exit, approved) = keel(&db, &["approve", &key, "--by", "ana"], &[]);
+    assert_eq!(exit, 0, "{approved}");
+    let (exit, report) = keel(&db, &["--provider", url, "agent", "resume", &run_id], &[]);
+    assert_eq!(exit, 0, "{report}");
+    assert_eq!(report["status"], "completed");
+    assert_eq!(refunds(), 1, "three identical calls, one refund at the provider");
+    let (exit, report) = keel(&db, &["verify"], &[]);
+    assert_eq!(exit, 0, "verify passes on a log holding the agent's intents: {report}");
+}

@@ -3,6 +3,8 @@
 //! - [`charge::Charge`] — take a payment for an order (seed 004's input contract, a policy
 //!   maximum, the token never stored in clear).
 //! - [`refund::Refund`] — give money back on a charged order, never beyond what was charged.
+//! - [`support_agent`] — seed 002's support agent: its refunds go through the same intent
+//!   lifecycle, bound to the ticket's own order, approved by a human above a threshold.
 //!
 //! A workflow validates and splits its input in `prepare` (a rejection writes nothing), then
 //! runs in a journaled [`engine::executor::Context`]:
@@ -17,6 +19,7 @@
 pub mod charge;
 pub mod input;
 pub mod refund;
+pub mod support_agent;
 pub mod ticket_review;
 
 use engine::executor::Workflow;

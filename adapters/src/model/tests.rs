@@ -210,6 +210,7 @@ fn registry(counters: &Arc<Counters>) -> Registry {
                 operation: "refund".into(),
                 tenant: "acme".into(),
                 intent_id: a.idempotency_key.clone(),
+                reference: "C-1042".into(),
                 payload: json!({"order":"C-1042","amount_minor":a.amount_minor,"currency":a.currency}),
                 amount_minor: Some(a.amount_minor),
                 currency: Some(a.currency.clone()),

@@ -15,7 +15,11 @@
 //! - `ToolCallReserved` is appended before the intent gate and the tool body run; exactly one
 //!   result event follows for each call id (`ToolResultRecorded`, `ToolCallRefused`,
 //!   `SchemaCorrectionCounted` or `UnknownToolCounted`). A reservation found without a result
-//!   on resume is recorded as `interrupted`: it still consumed its budget.
+//!   on resume still consumed its budget: an effect tool's call goes back through guard
+//!   steps 8–11 (its intent key is stable, so the spine finds the same intent and never
+//!   resends blindly); a read tool's call is recorded `interrupted`.
+//! - A run suspended awaiting approval records nothing: its effect call stays reserved
+//!   without a result until the resume.
 //! - `RunStopped` is the last event of a run.
 //!
 //! An event variant is never edited once released; add a new one.
@@ -502,6 +506,10 @@ impl AgentState {
                 turn.ended = true;
             }
             AgentEvent::RunStopped { status, subject, count, detail, text } => {
+                ensure!(
+                    *status != AgentStatus::AwaitingApproval,
+                    "agent journal position {position}: awaiting_approval is a suspension, not a stop"
+                );
                 if status.is_controlled_stop() {
                     self.push_control(status.as_str(), subject, *count);
                 }
@@ -603,7 +611,25 @@ impl AgentState {
             events: self.control.clone(),
             text: stop.text.clone(),
             detail: stop.detail.clone(),
+            awaiting_approval: None,
         })
+    }
+
+    /// What a run suspended on the approval of `intent_key` reports (nothing is recorded).
+    pub fn suspended(&self, intent_key: &str) -> RunOutcome {
+        RunOutcome {
+            status: AgentStatus::AwaitingApproval,
+            model_calls: self.model_calls,
+            tool_calls: self.tool_calls,
+            events: self.control.clone(),
+            text: None,
+            detail: Some(format!(
+                "intent {intent_key} awaits a human decision: keel approve {intent_key} --by NAME (or keel deny), \
+                 then keel agent resume {}",
+                self.header().run_id
+            )),
+            awaiting_approval: Some(intent_key.to_owned()),
+        }
     }
 
     /// The last answer's text blocks, if the last answer is a final one.

@@ -20,8 +20,11 @@ pub struct EffectIntent {
     pub operation: String,
     /// Tenant.
     pub tenant: String,
-    /// The caller-stable intent id (e.g. derived from the ticket and the order).
+    /// The caller-stable intent id (e.g. derived from the run and the call's signature).
     pub intent_id: String,
+    /// The business reference the effect is about (the order): while one intent on it is
+    /// pending, a second key for it is refused.
+    pub reference: String,
     /// The fields that define the effect; fingerprinted by canonical JSON.
     pub payload: Value,
     /// Money moved, minor units, when the effect moves money.
@@ -81,7 +84,8 @@ pub enum ApprovalDecision {
         /// What the model reads.
         reason: String,
     },
-    /// No decision yet: the spine will wait durably; for now the call gets an error result.
+    /// No decision yet: the run suspends (status `awaiting_approval`) with the call reserved
+    /// and no result; a resume asks again.
     Pending,
 }
 

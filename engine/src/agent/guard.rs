@@ -10,13 +10,16 @@
 //! 6. tool budget, total and per tool → else the run stops `tool_budget`
 //! 7. repetition budget by canonical signature → else the run stops `repeated_call`
 //! 8. intent reservation (effect tools, through [`EffectGate`])
-//! 9. approval (tools whose policy requires it, through [`EffectGate`])
+//! 9. approval (tools whose policy requires it, through [`EffectGate`]) → pending: the run
+//!    suspends `awaiting_approval` with the call reserved and no result; denied: error result
 //! 10. execute, raced against the deadline and the caller's cancellation
 //! 11. classify the result and record it
 //!
 //! Steps 1–7 are the pure function [`decide`] (what the benchmark measures). Its admission
 //! carries a `ToolCallReserved` event that [`Registry::invoke`] makes durable before steps
 //! 8–10 run: a body that then fails, hangs or dies still consumed its reservation.
+//! A call found reserved without a result on resume goes through steps 8–11 again
+//! (`Registry::resume_reserved`), never through 1–7: its budget was spent once.
 //! Appends go through one `&mut GuardedScope`, so two calls of one run are never admitted
 //! concurrently: the counters a call is admitted against are the counters it increments.
 
@@ -248,24 +251,77 @@ pub fn decide(
     }))
 }
 
+/// What [`Registry::invoke`] left behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Invoked {
+    /// The call has its one result (or the run stopped).
+    Recorded,
+    /// The call is reserved without a result: its intent awaits a human decision. The run
+    /// suspends; a resume runs steps 8–11 of the same call again.
+    AwaitingApproval {
+        /// The intent key to approve or deny.
+        intent_key: String,
+    },
+}
+
 impl Registry {
     /// Runs one proposed call through the whole guard and records exactly one result for it
-    /// (or stops the run). The only way to reach a tool body.
-    pub async fn invoke(&self, scope: &mut GuardedScope<'_>, call: &ToolCall) -> Result<(), AgentError> {
+    /// (or stops the run, or leaves it reserved awaiting approval). The only way to reach a
+    /// tool body.
+    pub async fn invoke(&self, scope: &mut GuardedScope<'_>, call: &ToolCall) -> Result<Invoked, AgentError> {
         if scope.state().stop.is_some() {
-            return Ok(());
+            return Ok(Invoked::Recorded);
         }
         let env = scope.env();
         let verdict = decide(scope.state(), self, call, env.clock.now(), env.cancel.is_cancelled());
         let admission = match verdict {
             Verdict::Refuse(event) | Verdict::Stop(event) => {
-                return scope.record(vec![event]).await;
+                scope.record(vec![event]).await?;
+                return Ok(Invoked::Recorded);
             }
             Verdict::Admit(admission) => admission,
         };
         let Admission { reservation, tool, effect, approval, prepared } = *admission;
         // Reserve before spend: durable before the gate, the approval or the body.
         scope.record(vec![reservation]).await?;
+        self.dispatch(scope, call, Dispatch { tool, effect, approval, prepared }).await
+    }
+
+    /// Continues an effect call the journal holds reserved without a result (a crash, or a
+    /// suspension awaiting approval): steps 8–11 again, never 1–7 (its budget is already
+    /// spent). Its intent key derives from its bound arguments, so the gate finds the same
+    /// intent and the spine decides whether an attempt was already sent. `None` when the call
+    /// cannot be continued (a read tool, or arguments that no longer bind): the loop records
+    /// it `interrupted`.
+    pub(crate) async fn resume_reserved(
+        &self,
+        scope: &mut GuardedScope<'_>,
+        call: &ToolCall,
+    ) -> Result<Option<Invoked>, AgentError> {
+        let Some(entry) = self.entry(&call.name).filter(|e| e.spec.effect != EffectClass::Read) else {
+            return Ok(None);
+        };
+        let Ok(prepared) = entry.bind(&call.arguments) else {
+            return Ok(None);
+        };
+        let dispatch = Dispatch {
+            tool: entry.spec.name.clone(),
+            effect: entry.spec.effect,
+            approval: entry.spec.approval,
+            prepared,
+        };
+        self.dispatch(scope, call, dispatch).await.map(Some)
+    }
+
+    /// Guard steps 8–11 for a reserved call.
+    async fn dispatch(
+        &self,
+        scope: &mut GuardedScope<'_>,
+        call: &ToolCall,
+        dispatch: Dispatch,
+    ) -> Result<Invoked, AgentError> {
+        let Dispatch { tool, effect, approval, prepared } = dispatch;
+        let env = scope.env();
         let refused = |code: &str, message: String| AgentEvent::ToolCallRefused {
             call_id: call.id.clone(),
             tool: tool.clone(),
@@ -276,18 +332,19 @@ impl Registry {
         let mut ticket = None;
         if let Some(intent) = &prepared.intent {
             let Some(gate) = env.gate else {
-                return scope
+                scope
                     .record(vec![refused(
                         "effect_gate_missing",
                         format!("{tool} cannot run: no intent gate is configured for this run."),
                     )])
-                    .await;
+                    .await?;
+                return Ok(Invoked::Recorded);
             };
             let run_id = scope.state().header().run_id.clone();
-            match gate.reserve(&run_id, intent).await {
-                GateDecision::Proceed(reserved) => ticket = Some(reserved),
+            let reserved = match gate.reserve(&run_id, intent).await {
+                GateDecision::Proceed(reserved) => reserved,
                 GateDecision::Deduplicated { content } => {
-                    return scope
+                    scope
                         .record(vec![AgentEvent::ToolResultRecorded {
                             call_id: call.id.clone(),
                             tool: tool.clone(),
@@ -296,34 +353,30 @@ impl Registry {
                             provenance: None,
                             progress: false,
                         }])
-                        .await;
+                        .await?;
+                    return Ok(Invoked::Recorded);
                 }
                 GateDecision::Refused { code, message } => {
-                    return scope.record(vec![refused(&code, message)]).await;
+                    scope.record(vec![refused(&code, message)]).await?;
+                    return Ok(Invoked::Recorded);
                 }
-            }
+            };
             if approval.requires(intent.amount_minor) {
-                let reserved = ticket.as_ref().expect("a ticket exists: the gate answered Proceed just above");
-                match gate.approval(reserved, intent).await {
+                match gate.approval(&reserved, intent).await {
                     ApprovalDecision::Approved => {}
                     ApprovalDecision::Denied { reason } => {
-                        return scope
+                        scope
                             .record(vec![refused(
                                 "approval_denied",
                                 format!("denied by a human: {reason}. Do not retry; propose another way."),
                             )])
-                            .await;
+                            .await?;
+                        return Ok(Invoked::Recorded);
                     }
-                    ApprovalDecision::Pending => {
-                        return scope
-                            .record(vec![refused(
-                                "approval_pending",
-                                format!("{tool} awaits a human approval; nothing was executed."),
-                            )])
-                            .await;
-                    }
+                    ApprovalDecision::Pending => return Ok(Invoked::AwaitingApproval { intent_key: reserved.key }),
                 }
             }
+            ticket = Some(reserved);
         }
         // 10. Execute, raced against the deadline and the caller.
         let deadline = scope.state().header().deadline;
@@ -343,7 +396,7 @@ impl Registry {
                 if let (Some(gate), Some(reserved)) = (env.gate, &ticket) {
                     gate.settle(reserved, &EffectOutcome::Unknown { detail: "interrupted".into() }).await;
                 }
-                return scope
+                scope
                     .record(vec![
                         AgentEvent::ToolResultRecorded {
                             call_id: call.id.clone(),
@@ -361,7 +414,8 @@ impl Registry {
                             text: None,
                         },
                     ])
-                    .await;
+                    .await?;
+                return Ok(Invoked::Recorded);
             }
         };
         if let (Some(gate), Some(reserved), Some(outcome)) = (env.gate, &ticket, &output.effect) {
@@ -392,8 +446,17 @@ impl Registry {
                 text: None,
             });
         }
-        scope.record(events).await
+        scope.record(events).await?;
+        Ok(Invoked::Recorded)
     }
+}
+
+/// A reserved call on its way through steps 8–11.
+struct Dispatch {
+    tool: String,
+    effect: EffectClass,
+    approval: ApprovalPolicy,
+    prepared: Prepared,
 }
 
 /// What the model reads: the body's text cut to the result bound, and third-party text

@@ -30,7 +30,7 @@ pub use budget::{AgentLimits, ModelPrice, PriceTable};
 pub use control::{Cancellation, ManualTimer, Timer};
 pub use event::{AgentEvent, AgentState, CorrectionCode, ToolOutcome};
 pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
-pub use guard::{AgentEnv, GuardedScope, Verdict, decide};
+pub use guard::{AgentEnv, GuardedScope, Invoked, Verdict, decide};
 pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal};
 pub use model::{
     Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, ToolCall, ToolDescriptor,

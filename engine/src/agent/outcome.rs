@@ -2,7 +2,8 @@
 //!
 //! Owns [`AgentStatus`] (SPEC "Runs and their statuses"), its exit-code mapping, the ordered
 //! [`ControlEvent`]s (kind, name, count — never arguments) and [`RunOutcome`], whose
-//! [`RunOutcome::report`] is exactly what `keel agent run --json` prints.
+//! [`RunOutcome::report`] is exactly what `keel agent run --json` prints. A run suspended on
+//! an approval reports `awaiting_approval` without having stopped: nothing of it is recorded.
 
 use serde::{Deserialize, Serialize};
 
@@ -40,6 +41,10 @@ pub enum AgentStatus {
     OutcomeUnknown,
     /// The caller cancelled the run.
     Cancelled,
+    /// Not a stop: the run is suspended on an effect call reserved without a result until a
+    /// human approves (`keel approve KEY --by NAME`) or denies its intent; `keel agent resume`
+    /// continues it. Never recorded: `AgentState::try_apply` refuses it in `RunStopped`.
+    AwaitingApproval,
 }
 
 impl AgentStatus {
@@ -61,6 +66,7 @@ impl AgentStatus {
             Self::ProviderUnavailable => "provider_unavailable",
             Self::OutcomeUnknown => "outcome_unknown",
             Self::Cancelled => "cancelled",
+            Self::AwaitingApproval => "awaiting_approval",
         }
     }
 
@@ -83,16 +89,20 @@ impl AgentStatus {
             Self::ProviderUnavailable => R::ProviderUnavailable,
             Self::OutcomeUnknown => R::OutcomeUnknown,
             Self::Cancelled => R::Cancelled,
+            Self::AwaitingApproval => {
+                unreachable!("awaiting_approval suspends a run, it never finishes one: try_apply refuses it")
+            }
         }
     }
 
-    /// True for every controlled stop (everything but `completed` and `incomplete`).
+    /// True for every controlled stop (everything but `completed`, `incomplete` and the
+    /// `awaiting_approval` suspension).
     pub fn is_controlled_stop(&self) -> bool {
-        !matches!(self, Self::Completed | Self::Incomplete)
+        !matches!(self, Self::Completed | Self::Incomplete | Self::AwaitingApproval)
     }
 
     /// The process exit code (SPEC): 0 completed, 130 cancelled by the caller, 2 any other
-    /// controlled stop or incomplete. Internal errors (exit 1) are not statuses: they are
+    /// controlled stop, incomplete, or a suspension awaiting approval. Internal errors (exit 1) are not statuses: they are
     /// the `Err` of the run.
     pub fn exit_code(&self) -> i32 {
         match self {
@@ -133,6 +143,8 @@ pub struct RunOutcome {
     pub text: Option<String>,
     /// Why the run stopped, for humans (never arguments or secrets).
     pub detail: Option<String>,
+    /// The intent key a suspended run waits on (`awaiting_approval` only).
+    pub awaiting_approval: Option<String>,
 }
 
 /// The JSON the CLI prints: `{"status","model_calls","tool_calls","events":[{"kind","name","count"}]}`.
@@ -146,6 +158,9 @@ pub struct RunReport {
     pub tool_calls: u32,
     /// Ordered control events.
     pub events: Vec<ControlEvent>,
+    /// The intent key a suspended run waits on (`keel approve KEY --by NAME`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting_approval: Option<String>,
 }
 
 impl RunOutcome {
@@ -156,6 +171,7 @@ impl RunOutcome {
             model_calls: self.model_calls,
             tool_calls: self.tool_calls,
             events: self.events.clone(),
+            awaiting_approval: self.awaiting_approval.clone(),
         }
     }
 

@@ -14,15 +14,24 @@
 //! # Resuming
 //!
 //! `run` folds the journal first. A recorded answer is never requested again; a call
-//! reserved before a crash stays counted; a tool call reserved without a result is recorded
-//! `interrupted` (it consumed its budget; for an effect tool the run stops `outcome_unknown`).
+//! reserved before a crash stays counted. A tool call reserved without a result consumed its
+//! budget: a read tool's is recorded `interrupted`; an effect tool's goes back through guard
+//! steps 8–11, where the spine finds the same intent (same key, same fingerprint) and knows
+//! whether an attempt was sent — an attempt in flight at a crash is reconciled, never resent
+//! blindly; an effect tool that cannot be continued stops the run `outcome_unknown`.
+//!
+//! # Suspending
+//!
+//! When an effect call's intent awaits a human approval, `run` returns `awaiting_approval`
+//! (naming the intent key) without recording anything: the call stays reserved without a
+//! result, and the next `run` of the same journal asks the gate again.
 
 use super::AgentError;
 use super::budget::AgentLimits;
 use super::control::{Raced, race};
 use super::event::{AgentEvent, AgentState, ToolOutcome};
-use super::guard::{AgentEnv, GuardedScope};
-use super::model::{ModelRequest, ModelTransport, StopReason};
+use super::guard::{AgentEnv, GuardedScope, Invoked};
+use super::model::{ModelRequest, ModelTransport, StopReason, ToolCall};
 use super::outcome::{AgentStatus, RunOutcome};
 use super::registry::{EffectClass, Registry};
 use crate::clock::plus_ms;
@@ -94,7 +103,9 @@ pub async fn run(
             continue;
         }
         if scope.state().open_turn_ref().is_some() {
-            answer_turn(&mut scope, registry).await?;
+            if let Some(intent_key) = answer_turn(&mut scope, registry).await? {
+                return Ok(scope.state().suspended(&intent_key));
+            }
             continue;
         }
         if let Some(event) = before_model_call(&scope) {
@@ -133,52 +144,72 @@ fn conclusion(state: &AgentState, completion: Completion<'_>) -> Option<AgentEve
     Some(AgentEvent::RunStopped { status, subject: "run".into(), count: u64::from(state.tool_calls), detail, text })
 }
 
-/// Gives every tool call of the open turn exactly one result, then closes the turn.
-async fn answer_turn(scope: &mut GuardedScope<'_>, registry: &Registry) -> Result<(), AgentError> {
+/// Gives every tool call of the open turn exactly one result, then closes the turn; or
+/// returns the intent key a call awaits approval on, leaving the turn open.
+async fn answer_turn(scope: &mut GuardedScope<'_>, registry: &Registry) -> Result<Option<String>, AgentError> {
     let turn = scope.state().open_turn_ref().expect("answer_turn is called with an open turn: checked by the loop");
     let call = turn.call;
     let calls = turn.response.tool_calls();
     for tool_call in calls {
         if scope.state().stop.is_some() {
-            return Ok(());
+            return Ok(None);
         }
         let turn = scope.state().turns.last().expect("the open turn is still the last one: only this loop appends");
         if turn.has_result(&tool_call.id) {
             continue;
         }
-        if turn.reserved.contains(&tool_call.id) {
-            // Reserved, then the process died before the result was recorded.
-            let effect = registry.spec(&tool_call.name).map_or(EffectClass::Read, |s| s.effect);
-            let mut events = vec![AgentEvent::ToolResultRecorded {
-                call_id: tool_call.id.clone(),
-                tool: tool_call.name.clone(),
-                outcome: ToolOutcome::Interrupted,
-                content: "interrupted by a restart before its result was recorded; its outcome is unknown.".into(),
-                provenance: None,
-                progress: false,
-            }];
-            if effect != EffectClass::Read {
-                events.push(AgentEvent::RunStopped {
-                    status: AgentStatus::OutcomeUnknown,
-                    subject: tool_call.name.clone(),
-                    count: u64::from(scope.state().tool_calls),
-                    detail: Some(format!("{} was in flight when the run stopped", tool_call.name)),
-                    text: None,
-                });
+        let invoked = if turn.reserved.contains(&tool_call.id) {
+            // Reserved, then the process died (or the run suspended) before its result.
+            if let Some(invoked) = registry.resume_reserved(scope, &tool_call).await? {
+                invoked
+            } else {
+                interrupted(scope, registry, &tool_call).await?;
+                Invoked::Recorded
             }
-            scope.record(events).await?;
-            continue;
+        } else {
+            registry.invoke(scope, &tool_call).await?
+        };
+        if let Invoked::AwaitingApproval { intent_key } = invoked {
+            return Ok(Some(intent_key));
         }
-        registry.invoke(scope, &tool_call).await?;
     }
     if scope.state().stop.is_some() {
-        return Ok(());
+        return Ok(None);
     }
     let state = scope.state();
     let turn = state.turns.last().expect("the open turn is still the last one: only this loop appends");
     let progress = turn.results.iter().any(|r| r.progress);
     let without_progress = if progress { 0 } else { state.without_progress + 1 };
-    scope.record(vec![AgentEvent::TurnEnded { call, progress, without_progress }]).await
+    scope.record(vec![AgentEvent::TurnEnded { call, progress, without_progress }]).await?;
+    Ok(None)
+}
+
+/// Records a reserved call that cannot be continued as `interrupted`; for an effect tool the
+/// run stops `outcome_unknown`.
+async fn interrupted(
+    scope: &mut GuardedScope<'_>,
+    registry: &Registry,
+    tool_call: &ToolCall,
+) -> Result<(), AgentError> {
+    let effect = registry.spec(&tool_call.name).map_or(EffectClass::Read, |s| s.effect);
+    let mut events = vec![AgentEvent::ToolResultRecorded {
+        call_id: tool_call.id.clone(),
+        tool: tool_call.name.clone(),
+        outcome: ToolOutcome::Interrupted,
+        content: "interrupted by a restart before its result was recorded; its outcome is unknown.".into(),
+        provenance: None,
+        progress: false,
+    }];
+    if effect != EffectClass::Read {
+        events.push(AgentEvent::RunStopped {
+            status: AgentStatus::OutcomeUnknown,
+            subject: tool_call.name.clone(),
+            count: u64::from(scope.state().tool_calls),
+            detail: Some(format!("{} was in flight when the run stopped", tool_call.name)),
+            text: None,
+        });
+    }
+    scope.record(events).await
 }
 
 /// The budget checks before a model call, in order: cancellation, deadline, model calls,

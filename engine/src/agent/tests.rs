@@ -164,6 +164,7 @@ fn registry(bodies: &Arc<Bodies>) -> Registry {
                 operation: "refund".into(),
                 tenant: "t1".into(),
                 intent_id: a.idempotency_key.clone(),
+                reference: "C-1042".into(),
                 payload: json!({"order":"C-1042","amount_minor":a.amount_minor,"currency":a.currency}),
                 amount_minor: Some(a.amount_minor),
                 currency: Some(a.currency.clone()),

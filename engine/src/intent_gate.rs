@@ -1,0 +1,131 @@
+//! The spine's implementation of the agent harness's [`EffectGate`]: an agent's effect goes
+//! through the same intent lifecycle as a workflow's.
+//!
+//! Owns [`IntentGate`]. Guard step 8 is [`executor::reserve_for_run`] (key + fingerprint +
+//! money, the cumulative invariants and the reference check in one commit, journaled on the
+//! agent's run); step 9 reads the intent's approval, which the ledger binds to the
+//! fingerprint and re-checks, with its expiry, when the attempt starts; step 10 — the tool
+//! body — calls [`IntentGate::drive`], which is [`executor::drive_intent`]: write-ahead
+//! attempts, classification, reconciliation. It never calls the provider itself and never
+//! decides a transition: the ledger does.
+//!
+//! Only refunds are supported: a charge needs a payment method, which an agent never holds.
+
+use crate::agent::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
+use crate::event::{Cause, IntentKey, RunId};
+use crate::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
+use crate::ledger::{Action, Command, IntentStatus, Reply};
+use crate::provider::{BoxFuture, EffectKind};
+
+/// The intent lifecycle behind an agent's effect tools.
+#[derive(Clone)]
+pub struct IntentGate {
+    runtime: Runtime,
+    cause: Cause,
+}
+
+impl IntentGate {
+    /// A gate over `runtime`; every command it sends carries `cause`.
+    pub fn new(runtime: Runtime, cause: Cause) -> Self {
+        Self { runtime, cause }
+    }
+
+    /// Guard step 10 for a reserved intent: takes it as far as the lifecycle allows now.
+    pub async fn drive(&self, ticket: &EffectTicket) -> Result<IntentOutcome, WorkflowError> {
+        let key = IntentKey::parse(&ticket.key)
+            .ok_or_else(|| WorkflowError::Failed(format!("{} is not an intent key", ticket.key)))?;
+        executor::drive_intent(&self.runtime, self.cause.clone(), &key).await
+    }
+
+    async fn reserve(&self, run_id: &str, intent: &EffectIntent) -> GateDecision {
+        let refused = |code: &str, message: String| GateDecision::Refused { code: code.to_owned(), message };
+        if intent.operation != EffectKind::Refund.as_str() {
+            return refused(
+                "unsupported_operation",
+                format!("{} cannot go through an agent: only refunds can.", intent.operation),
+            );
+        }
+        let (Some(amount_minor), Some(currency)) = (intent.amount_minor, intent.currency.clone()) else {
+            return refused("invalid_arguments", "a refund needs an amount and a currency.".to_owned());
+        };
+        let request = IntentRequest {
+            kind: EffectKind::Refund,
+            tenant: intent.tenant.clone(),
+            intent_id: intent.intent_id.clone(),
+            order_id: intent.reference.clone(),
+            business_ref: intent.reference.clone(),
+            amount_minor,
+            currency,
+            payload: intent.payload.clone(),
+            payment_method: None,
+            needs_payment_method: false,
+        };
+        let cause = self.cause.clone().for_run(&RunId::new(run_id));
+        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request).await {
+            Ok(Reservation::Reserved { intent: reserved, .. }) if reserved.status == IntentStatus::Validated => {
+                GateDecision::Deduplicated {
+                    content: serde_json::json!({
+                        "status": "validated",
+                        "source": "deduplicated",
+                        "receipt": reserved.evidence.as_ref().map(|e| e.provider_ref.clone()),
+                        "note": "this exact refund was already made; nothing was sent again",
+                    })
+                    .to_string(),
+                }
+            }
+            Ok(Reservation::Reserved { intent: reserved, .. }) => GateDecision::Proceed(EffectTicket {
+                key: reserved.key().to_string(),
+                fingerprint: reserved.definition.fingerprint.clone(),
+            }),
+            Ok(Reservation::Rejected(outcome)) => refused(
+                outcome.code.as_deref().unwrap_or("rejected"),
+                format!("refused by the ledger: {}. Nothing was executed.", outcome.details.join("; ")),
+            ),
+            Err(error) => refused(
+                "intent_unavailable",
+                format!("the intent could not be reserved ({error}); nothing was executed."),
+            ),
+        }
+    }
+
+    async fn approval(&self, ticket: &EffectTicket) -> ApprovalDecision {
+        let Some(key) = IntentKey::parse(&ticket.key) else {
+            return ApprovalDecision::Denied { reason: format!("{} is not an intent key", ticket.key) };
+        };
+        let observed = self
+            .runtime
+            .log
+            .execute(Command { cause: self.cause.clone(), start_run: None, action: Action::Observe { key } })
+            .await;
+        match observed {
+            Ok(Reply::Intent { intent, .. }) => match intent.status {
+                // Never approved, or its approval expired at dispatch.
+                IntentStatus::AwaitingApproval => ApprovalDecision::Pending,
+                IntentStatus::Rejected => ApprovalDecision::Denied {
+                    reason: intent.note.clone().unwrap_or_else(|| "the intent was rejected".to_owned()),
+                },
+                // Approved (the ledger re-checks fingerprint and expiry when the attempt
+                // starts), or already past approval: the driver takes it from there.
+                _ => ApprovalDecision::Approved,
+            },
+            // The log cannot say: waiting is the only safe answer.
+            Ok(_) | Err(_) => ApprovalDecision::Pending,
+        }
+    }
+}
+
+impl EffectGate for IntentGate {
+    fn reserve<'a>(&'a self, run_id: &'a str, intent: &'a EffectIntent) -> BoxFuture<'a, GateDecision> {
+        Box::pin(self.reserve(run_id, intent))
+    }
+
+    fn approval<'a>(&'a self, ticket: &'a EffectTicket, _intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
+        Box::pin(self.approval(ticket))
+    }
+
+    /// Nothing to do: the driver recorded the outcome in the ledger before the body returned
+    /// (and an attempt cut short by a crash becomes `outcome_unknown` through recovery).
+    fn settle<'a>(&'a self, _ticket: &'a EffectTicket, _outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
