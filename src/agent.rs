@@ -200,7 +200,7 @@ pub async fn dispatch(
         Script::Scenario(_) | Script::File(_) => (open_store(db, durability)?, None),
     };
     let log: Arc<dyn EventLog> = Arc::new(store.clone());
-    let limits = if gate.is_some() { support_agent::spine_limits() } else { spine_limits() };
+    let limits = if gate.is_some() { support_agent::spine_limits() } else { RunLimits::default() };
     let start = AgentRunStart { input: plan.script.input(), limits };
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), Cause::command("agent"), Some(start));
     let recorded = AgentState::from_events(&journal.load().await?);
@@ -239,14 +239,6 @@ pub async fn dispatch(
 }
 
 /// The spine's limits for the intents an agent run's effect tools reserve.
-fn spine_limits() -> RunLimits {
-    RunLimits {
-        cost_minor_max: None,
-        attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
-        reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
-        approval_threshold_minor: None,
-    }
-}
 
 fn plan_new(
     workflow: &str,

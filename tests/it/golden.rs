@@ -230,9 +230,35 @@ impl NowPlus for ManualClock {
     }
 }
 
+/// A whole agent run (seed 003's `complete` scenario) on the log: `AgentRecorded` facts.
+fn agent_run() -> Vec<StoredEvent> {
+    use adapters::model::scripted::ScriptedTransport;
+    use engine::agent::{AgentEnv, Cancellation, LogJournal, ManualTimer};
+    use workflows::ticket_review::{Scenario, run};
+    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2025, 3, 1, 12, 0, 0).single().expect("valid")));
+    let log = Arc::new(MemoryLog::new(clock.clone()));
+    let scenario = Scenario::parse("complete").expect("a seed-003 scenario");
+    let transport =
+        ScriptedTransport::from_file(scenario.transcript(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")))
+            .expect("the transcript parses");
+    let start = engine::ledger::AgentRunStart { input: json!({"scenario": "complete"}), limits: RunLimits::default() };
+    let shared: Arc<dyn engine::log::EventLog> = log.clone();
+    let journal = LogJournal::new(shared, RunId::new("golden-agent-1"), Cause::command("golden"), Some(start));
+    let timer = ManualTimer::new(clock.clone());
+    let cancel = Cancellation::new();
+    let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
+    let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let outcome = tokio
+        .block_on(run(env, &transport, "golden-agent-1", scenario.limits(), scenario.capabilities()))
+        .expect("the run ends");
+    assert_eq!(outcome.exit_code(), 0, "the scenario completes");
+    log.events()
+}
+
 #[test]
 fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
-    let seen = check("every_variant_v1", every_variant);
+    let mut seen = check("every_variant_v1", every_variant);
+    seen.extend(check("agent_v1", agent_run));
     let all = [
         "RunStarted",
         "StepRecorded",
@@ -254,6 +280,7 @@ fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
         "IntentEscalated",
         "IntentCancelled",
         "IntentResolved",
+        "AgentRecorded",
     ];
     for variant in all {
         assert!(seen.contains(&variant), "the golden logs hold no {variant}");
