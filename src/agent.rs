@@ -238,8 +238,6 @@ pub async fn dispatch(
     Ok(u8::try_from(outcome.exit_code()).unwrap_or(exit::INTERNAL))
 }
 
-/// The spine's limits for the intents an agent run's effect tools reserve.
-
 fn plan_new(
     workflow: &str,
     scenario: Option<&str>,
