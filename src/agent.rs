@@ -12,6 +12,16 @@
 //! installed binary runs them without the repository. The run's stored input names the
 //! scenario or the transcript file, which is how `keel agent resume` finds the same script.
 //!
+//! # Live models
+//!
+//! `--model-api anthropic|openai --model NAME [--model-base-url URL]` runs against the real
+//! HTTP API instead ([`adapters::model::anthropic::AnthropicClient`],
+//! [`adapters::model::openai::OpenAiClient`]). The key is read here, from `ANTHROPIC_API_KEY`
+//! or `OPENAI_API_KEY`, on every `run` and `resume`, and goes straight into a
+//! [`engine::provider::Secret`]: it is never printed, logged or stored. The run's input
+//! records the API, the model and the base URL, so `keel agent resume` rebuilds the same
+//! client; answers already journaled are never requested again (the loop replays them).
+//!
 //! # Test facility
 //!
 //! `KEEL_TEST_ABORT_AT_MODEL_CALL=N` makes this process call `std::process::abort()` when
@@ -21,8 +31,11 @@
 use crate::output::Output;
 use crate::wiring::{SystemClock, open_store};
 use crate::{AgentCommand, exit};
-use adapters::model::TokioTimer;
+use adapters::model::anthropic::AnthropicClient;
+use adapters::model::http::HttpConfig;
+use adapters::model::openai::OpenAiClient;
 use adapters::model::scripted::{ScriptedTransport, Transcript};
+use adapters::model::{BoxTransport, TokioTimer};
 use anyhow::Context as _;
 use engine::agent::{
     AgentEnv, AgentJournal, AgentLimits, AgentState, Cancellation, LogJournal, ModelRequest, ModelResponse,
@@ -33,7 +46,7 @@ use engine::event::{Cause, RunId, RunLimits};
 use engine::intent_gate::IntentGate;
 use engine::ledger::AgentRunStart;
 use engine::log::EventLog;
-use engine::provider::BoxFuture;
+use engine::provider::{BoxFuture, Secret};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -70,12 +83,76 @@ fn support_transcript(scenario: support_agent::Scenario) -> &'static str {
     }
 }
 
+/// A live model API: which one, its model, where it is. Never the key.
+#[derive(Clone, Debug)]
+struct LiveModel {
+    api: ModelApi,
+    model: String,
+    base_url: String,
+}
+
+/// The model APIs `keel agent run --model-api` speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ModelApi {
+    /// Anthropic Messages.
+    Anthropic,
+    /// OpenAI Chat Completions.
+    Openai,
+}
+
+impl ModelApi {
+    /// Parses the `--model-api` value (and the name stored in a run's input).
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "anthropic" => Some(Self::Anthropic),
+            "openai" => Some(Self::Openai),
+            _ => None,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Anthropic => "anthropic",
+            Self::Openai => "openai",
+        }
+    }
+
+    /// The environment variable holding the key.
+    fn key_var(self) -> &'static str {
+        match self {
+            Self::Anthropic => "ANTHROPIC_API_KEY",
+            Self::Openai => "OPENAI_API_KEY",
+        }
+    }
+
+    fn default_base_url(self) -> &'static str {
+        match self {
+            Self::Anthropic => "https://api.anthropic.com",
+            Self::Openai => "https://api.openai.com",
+        }
+    }
+
+    fn wire(self) -> &'static str {
+        match self {
+            Self::Anthropic => "Anthropic Messages",
+            Self::Openai => "OpenAI Chat Completions",
+        }
+    }
+}
+
 /// Where a run's model answers come from, as stored in its `RunStarted` input.
 #[derive(Clone, Debug)]
 enum Script {
     Scenario(Scenario),
     Support(support_agent::Scenario),
     File(PathBuf),
+    Live(LiveModel),
+}
+
+/// A script made ready to run: a transcript, or a live client's configuration (with its key).
+enum Source {
+    Transcript(Transcript),
+    Http(ModelApi, HttpConfig),
 }
 
 impl Script {
@@ -84,10 +161,21 @@ impl Script {
             Self::Scenario(s) => json!({"transport": "scripted", "scenario": s.name()}),
             Self::Support(s) => json!({"transport": "scripted", "scenario": s.name()}),
             Self::File(path) => json!({"transport": "scripted", "transcript": path.display().to_string()}),
+            Self::Live(live) => {
+                json!({"transport": "http", "api": live.api.name(), "model": live.model, "base_url": live.base_url})
+            }
         }
     }
 
     fn from_input(workflow: &str, input: &Value) -> Result<Self, String> {
+        if input.get("transport").and_then(Value::as_str) == Some("http") {
+            let field = |name: &str| input.get(name).and_then(Value::as_str);
+            let api = field("api").and_then(ModelApi::parse).ok_or("the run's input names no known model API")?;
+            let (Some(model), Some(base_url)) = (field("model"), field("base_url")) else {
+                return Err("the run's input lacks the model or its base URL".into());
+            };
+            return Ok(Self::Live(LiveModel { api, model: model.to_owned(), base_url: base_url.to_owned() }));
+        }
         if let Some(name) = input.get("scenario").and_then(Value::as_str) {
             let script = if workflow == support_agent::WORKFLOW {
                 support_agent::Scenario::parse(name).map(Self::Support)
@@ -102,12 +190,23 @@ impl Script {
         }
     }
 
-    fn load(&self) -> Result<Transcript, String> {
-        match self {
-            Self::Scenario(s) => Transcript::parse(scenario_transcript(*s)).map_err(|e| e.to_string()),
-            Self::Support(s) => Transcript::parse(support_transcript(*s)).map_err(|e| e.to_string()),
-            Self::File(path) => Transcript::from_file(path).map_err(|e| e.to_string()),
-        }
+    /// Reads the transcript, or the live API's key from the environment (`keel` reads it
+    /// here and nowhere else).
+    fn load(&self) -> Result<Source, String> {
+        let parsed = match self {
+            Self::Scenario(s) => Transcript::parse(scenario_transcript(*s)),
+            Self::Support(s) => Transcript::parse(support_transcript(*s)),
+            Self::File(path) => Transcript::from_file(path),
+            Self::Live(live) => {
+                let var = live.api.key_var();
+                let key = std::env::var(var).ok().filter(|k| !k.trim().is_empty()).ok_or_else(|| {
+                    format!("--model-api {} needs its API key in the environment: set {var}", live.api.name())
+                })?;
+                let config = HttpConfig::new(live.base_url.clone(), live.model.clone(), Secret::new(key));
+                return Ok(Source::Http(live.api, config));
+            }
+        };
+        parsed.map(Source::Transcript).map_err(|e| e.to_string())
     }
 
     fn describe(&self) -> String {
@@ -115,13 +214,16 @@ impl Script {
             Self::Scenario(s) => format!("scripted (scenario {}, embedded transcript)", s.name()),
             Self::Support(s) => format!("scripted (scenario {}, embedded transcript)", s.name()),
             Self::File(path) => format!("scripted (transcript {})", path.display()),
+            Self::Live(live) => {
+                format!("http ({} API at {}, model {})", live.api.wire(), live.base_url, live.model)
+            }
         }
     }
 }
 
 /// A transport that aborts the process at its Nth call (the crash-test facility).
 struct AbortAt {
-    inner: ScriptedTransport,
+    inner: BoxTransport,
     at: Option<u32>,
     calls: AtomicU32,
 }
@@ -155,11 +257,12 @@ pub async fn dispatch(
     command: AgentCommand,
 ) -> anyhow::Result<u8> {
     let plan = match command {
-        AgentCommand::Run { workflow, scenario, transcript, limits, capabilities } => {
+        AgentCommand::Run { workflow, scenario, transcript, model, limits, capabilities } => {
             match plan_new(
                 &workflow,
                 scenario.as_deref(),
                 transcript.as_deref(),
+                &model,
                 limits.as_deref(),
                 capabilities.as_deref(),
             ) {
@@ -186,8 +289,9 @@ pub async fn dispatch(
             Plan { limits: header.limits.clone(), capabilities: header.capabilities.clone(), run_id, workflow, script }
         }
     };
-    let transcript = match plan.script.load() {
-        Ok(transcript) => transcript,
+    // Before anything is opened: a missing key or transcript writes nothing.
+    let source = match plan.script.load() {
+        Ok(source) => source,
         Err(message) => return Ok(out.usage_error(&message)),
     };
     // The support agent's refunds go through the provider; ticket review needs none.
@@ -197,7 +301,7 @@ pub async fn dispatch(
             let gate = Arc::new(IntentGate::new(node.executor.runtime().clone(), Cause::command("agent")));
             (node.store, Some(gate))
         }
-        Script::Scenario(_) | Script::File(_) => (open_store(db, durability)?, None),
+        Script::Scenario(_) | Script::File(_) | Script::Live(_) => (open_store(db, durability)?, None),
     };
     let log: Arc<dyn EventLog> = Arc::new(store.clone());
     let limits = if gate.is_some() { support_agent::spine_limits() } else { RunLimits::default() };
@@ -205,11 +309,23 @@ pub async fn dispatch(
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), Cause::command("agent"), Some(start));
     let recorded = AgentState::from_events(&journal.load().await?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());
-    let transport = AbortAt {
-        inner: ScriptedTransport::new(transcript).resuming(&recorded),
-        at: abort_at,
-        calls: AtomicU32::new(0),
+    let inner: BoxTransport = match source {
+        Source::Transcript(transcript) => Box::new(ScriptedTransport::new(transcript).resuming(&recorded)),
+        Source::Http(api, config) => {
+            let client: Result<BoxTransport, TransportError> = match api {
+                ModelApi::Anthropic => AnthropicClient::new(config).map(|c| Box::new(c) as BoxTransport),
+                ModelApi::Openai => OpenAiClient::new(config).map(|c| Box::new(c) as BoxTransport),
+            };
+            match client {
+                Ok(client) => client,
+                Err(error) => {
+                    store.shutdown()?;
+                    anyhow::bail!("cannot build the {} client: {error}", api.wire());
+                }
+            }
+        }
     };
+    let transport = AbortAt { inner, at: abort_at, calls: AtomicU32::new(0) };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let timer = TokioTimer::new(Arc::clone(&clock));
     let cancel = Cancellation::new();
@@ -242,13 +358,16 @@ fn plan_new(
     workflow: &str,
     scenario: Option<&str>,
     transcript: Option<&Path>,
+    model: &crate::ModelArgs,
     limits: Option<&str>,
     capabilities: Option<&str>,
 ) -> Result<Plan, String> {
     if workflow == support_agent::WORKFLOW {
         let known: Vec<&str> = support_agent::Scenario::ALL.iter().map(|s| s.name()).collect();
-        let scenario =
-            scenario.filter(|_| transcript.is_none()).and_then(support_agent::Scenario::parse).ok_or_else(|| {
+        let scenario = scenario
+            .filter(|_| transcript.is_none() && model.model_api.is_none())
+            .and_then(support_agent::Scenario::parse)
+            .ok_or_else(|| {
                 format!(
                     "support runs a named scenario (its ticket and order come with it): --scenario {}",
                     known.join("|")
@@ -270,19 +389,30 @@ fn plan_new(
             support_agent::WORKFLOW
         ));
     }
-    let (script, plan_limits, grants) = match (scenario, transcript) {
-        (Some(name), None) => {
+    let (script, plan_limits, grants) = match (scenario, transcript, model.model_api.as_deref()) {
+        (Some(name), None, None) => {
             let known: Vec<&str> = Scenario::ALL.iter().map(Scenario::name).collect();
             let scenario = Scenario::parse(name)
                 .ok_or_else(|| format!("unknown scenario {name:?} (known: {})", known.join(", ")))?;
             (Script::Scenario(scenario), scenario.limits(), scenario.capabilities())
         }
-        (None, Some(path)) => {
+        (None, Some(path), None) => {
             let path =
                 std::fs::canonicalize(path).map_err(|e| format!("cannot read transcript {}: {e}", path.display()))?;
             (Script::File(path), AgentLimits::default(), ticket_review::all_capabilities())
         }
-        _ => return Err("pass exactly one of --scenario NAME or --transcript FILE".into()),
+        (None, None, Some(api)) => {
+            let api = ModelApi::parse(api).ok_or_else(|| format!("unknown --model-api {api:?} (anthropic, openai)"))?;
+            let model_name =
+                model.model.as_deref().filter(|m| !m.trim().is_empty()).ok_or("--model-api needs --model NAME")?;
+            let base_url = model.model_base_url.as_deref().unwrap_or(api.default_base_url()).trim_end_matches('/');
+            if !(base_url.starts_with("https://") || base_url.starts_with("http://")) {
+                return Err(format!("--model-base-url {base_url:?} is not an http:// or https:// URL"));
+            }
+            let live = LiveModel { api, model: model_name.to_owned(), base_url: base_url.to_owned() };
+            (Script::Live(live), AgentLimits::default(), ticket_review::all_capabilities())
+        }
+        _ => return Err("pass exactly one of --scenario NAME, --transcript FILE or --model-api API".into()),
     };
     finish_plan(workflow, script, plan_limits, grants, limits, capabilities)
 }
@@ -329,7 +459,9 @@ fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
         );
         let completion = match plan.script {
             Script::Support(_) => "the ticket read, then a refund of its own order validated",
-            Script::Scenario(_) | Script::File(_) => "ticket 42 read, then finish_review(42) succeeded",
+            Script::Scenario(_) | Script::File(_) | Script::Live(_) => {
+                "ticket 42 read, then finish_review(42) succeeded"
+            }
         };
         println!("completion: {completion} (the model saying so is not enough)");
         for event in &outcome.events {

@@ -117,24 +117,53 @@ pub struct EffectArgs {
     input: Option<String>,
 }
 
+/// A live model API for `keel agent run` (ticket-review).
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Run against a live model API over HTTP(S) instead of a script: anthropic (Messages,
+    /// key in ANTHROPIC_API_KEY) or openai (Chat Completions, key in OPENAI_API_KEY).
+    #[arg(long, value_name = "API", value_parser = ["anthropic", "openai"], requires = "model")]
+    model_api: Option<String>,
+    /// The model name sent with each request (with --model-api), e.g. claude-sonnet-4-5.
+    #[arg(long, value_name = "NAME", requires = "model_api", conflicts_with_all = ["scenario", "transcript"])]
+    model: Option<String>,
+    /// The API's base URL (with --model-api). Default: https://api.anthropic.com or
+    /// https://api.openai.com.
+    #[arg(long, value_name = "URL", requires = "model_api", conflicts_with_all = ["scenario", "transcript"])]
+    model_base_url: Option<String>,
+}
+
 /// `keel agent …`: bounded agent runs on the event log.
 #[derive(Subcommand, Debug)]
 pub enum AgentCommand {
-    /// Run an agent workflow on a scripted transcript. Exit 0 completed; 2 incomplete or any
-    /// controlled stop (permission_denied, repeated_call, tool_budget, model_budget,
-    /// deadline_exceeded, provider_unavailable, awaiting approval…); 130 on ctrl-c.
+    /// Run an agent workflow on a scripted transcript or a live model API. Exit 0 completed; 2
+    /// incomplete or any controlled stop (permission_denied, repeated_call, tool_budget,
+    /// model_budget, deadline_exceeded, provider_unavailable, awaiting approval…); 130 on
+    /// ctrl-c.
+    ///
+    /// The model's answers come from exactly one of --scenario, --transcript or --model-api.
+    ///
+    /// Live (ticket-review): `--model-api anthropic --model NAME` reads the key from
+    /// ANTHROPIC_API_KEY, `--model-api openai --model NAME` from OPENAI_API_KEY (exit 64 when
+    /// it is unset). The key is never printed, logged or stored; the run records the API, the
+    /// model and the base URL, so `keel agent resume RUN_ID` rebuilds the same client (the
+    /// key again from the environment) and never requests a recorded answer again.
+    #[command(group(clap::ArgGroup::new("source").required(true).args(["scenario", "transcript", "model_api"])))]
     Run {
         /// The agent workflow: ticket-review, or support (refunds: needs --provider URL).
         workflow: String,
         /// A named scenario (ticket-review: complete, incomplete, forbidden, repeat, changing,
         /// budget, deadline, unavailable; support: refund, injection, repeat, approval-bound),
         /// its transcript embedded in the binary.
-        #[arg(long, conflicts_with = "transcript", required_unless_present = "transcript")]
+        #[arg(long)]
         scenario: Option<String>,
         /// A JSON array of model responses, each a complete Anthropic Messages or OpenAI Chat
         /// Completions response object (a captured transcript replays as is).
         #[arg(long, value_name = "FILE")]
         transcript: Option<PathBuf>,
+        /// A live model API instead of a script.
+        #[command(flatten)]
+        model: ModelArgs,
         /// JSON object overriding the default limits, e.g. {"model_calls_max": 1}.
         #[arg(long, value_name = "JSON")]
         limits: Option<String>,
@@ -152,7 +181,8 @@ pub enum AgentCommand {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Bounded agent runs: `keel agent run WORKFLOW --scenario S`, `keel agent resume RUN_ID`.
+    /// Bounded agent runs: `keel agent run WORKFLOW --scenario S | --transcript FILE |
+    /// --model-api API --model NAME`, `keel agent resume RUN_ID`.
     Agent {
         #[command(subcommand)]
         command: AgentCommand,

@@ -1,20 +1,34 @@
 //! `keel agent` end to end: seed 003's acceptance table through the real binary on a real
-//! event log, a real process death mid-run resumed from the log, and `keel verify` on logs
-//! holding agent runs.
+//! event log, a real process death mid-run resumed from the log, `keel verify` on logs
+//! holding agent runs, and live runs (`--model-api`) against a local model API server.
 
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
 use serde_json::Value;
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 
-fn keel(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
+/// Runs `keel --db DB --json ARGS` with exactly `env` added (no key inherited from the host);
+/// returns the exit code, stdout and stderr.
+fn keel_raw(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command.arg("--db").arg(db).arg("--json").env_remove("KEEL_DB").env_remove("KEEL_PROVIDER_URL");
+    command.env_remove("ANTHROPIC_API_KEY").env_remove("OPENAI_API_KEY");
     for (name, value) in env {
         command.env(name, value);
     }
     let output = command.args(args).output().expect("keel runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    (output.status.code().unwrap_or(-1), serde_json::from_str(&stdout).unwrap_or(Value::Null))
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.code().unwrap_or(-1), text(&output.stdout), text(&output.stderr))
+}
+
+fn keel(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
+    let (code, stdout, _) = keel_raw(db, args, env);
+    (code, serde_json::from_str(&stdout).unwrap_or(Value::Null))
 }
 
 fn temp() -> (tempfile::TempDir, PathBuf) {
@@ -190,4 +204,204 @@ fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
     assert_eq!(refunds(), 1, "three identical calls, one refund at the provider");
     let (exit, report) = keel(&db, &["verify"], &[]);
     assert_eq!(exit, 0, "verify passes on a log holding the agent's intents: {report}");
+}
+
+// ----- live model APIs (`--model-api`) against a local server -----------------------------------
+
+const KEY: &str = "sk-keel-live-test-4f9c2e71-never-stored";
+
+/// A local model API on 127.0.0.1: answers its fixture responses in order, on the route and
+/// with the authentication of one API, and 401 to a request without the right key.
+struct ModelServer {
+    base_url: String,
+    served: Served,
+    _runtime: tokio::runtime::Runtime,
+}
+
+#[derive(Clone)]
+struct Served {
+    openai: bool,
+    answers: Arc<Mutex<VecDeque<Value>>>,
+    requests: Arc<Mutex<Vec<Value>>>,
+}
+
+async fn answer(State(served): State<Served>, headers: HeaderMap, body: String) -> (StatusCode, String) {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let authenticated = if served.openai {
+        header("authorization") == Some(format!("Bearer {KEY}"))
+    } else {
+        header("x-api-key").as_deref() == Some(KEY) && header("anthropic-version").is_some()
+    };
+    if !authenticated {
+        return (StatusCode::UNAUTHORIZED, r#"{"error":"invalid api key"}"#.into());
+    }
+    served.requests.lock().expect("test mutex").push(serde_json::from_str(&body).unwrap_or(Value::Null));
+    match served.answers.lock().expect("test mutex").pop_front() {
+        Some(response) => (StatusCode::OK, response.to_string()),
+        None => (StatusCode::INTERNAL_SERVER_ERROR, r#"{"error":"no more answers"}"#.into()),
+    }
+}
+
+impl ModelServer {
+    fn start(openai: bool, transcript: &str) -> Self {
+        let text = std::fs::read_to_string(fixture(transcript)).expect("the fixture");
+        let answers: VecDeque<Value> = serde_json::from_str(&text).expect("a JSON array");
+        let served = Served { openai, answers: Arc::new(Mutex::new(answers)), requests: Arc::default() };
+        let path = if openai { "/v1/chat/completions" } else { "/v1/messages" };
+        let app = Router::new().route(path, post(answer)).with_state(served.clone());
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("a runtime");
+        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("binds a loopback port");
+        let addr = listener.local_addr().expect("an address");
+        runtime.spawn(async move { axum::serve(listener, app).await });
+        Self { base_url: format!("http://{addr}"), served, _runtime: runtime }
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        self.served.requests.lock().expect("test mutex").clone()
+    }
+}
+
+/// Every file of the database (main, WAL, shared memory) as bytes.
+fn database_bytes(db: &Path) -> Vec<u8> {
+    let dir = db.parent().expect("a parent");
+    let name = db.file_name().expect("a name").to_string_lossy().into_owned();
+    let mut bytes = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("the dir") {
+        let path = entry.expect("an entry").path();
+        if path.file_name().is_some_and(|f| f.to_string_lossy().starts_with(&name)) {
+            bytes.extend(std::fs::read(&path).expect("readable"));
+        }
+    }
+    assert!(!bytes.is_empty(), "the database exists");
+    bytes
+}
+
+fn assert_key_absent(what: &str, text: &[u8]) {
+    let key = KEY.as_bytes();
+    assert!(!text.windows(key.len()).any(|w| w == key), "the API key leaked into {what}");
+}
+
+fn live_complete(api: &str, key_var: &str, transcript: &str) {
+    let server = ModelServer::start(api == "openai", transcript);
+    let (_dir, db) = temp();
+    let args =
+        ["agent", "run", "ticket-review", "--model-api", api, "--model", "m", "--model-base-url", &server.base_url];
+    let (exit, stdout, stderr) = keel_raw(&db, &args, &[(key_var, KEY)]);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    assert_eq!(exit, 0, "{api}: {stdout} {stderr}");
+    assert_eq!(report["status"], "completed", "{api}");
+    assert_eq!(report["model_calls"], 3, "{api}");
+    assert_eq!(report["tool_calls"], 2, "{api}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3, "{api}: one authenticated request per model call");
+    assert!(requests.iter().all(|r| r["model"] == "m"), "{api}: the model name is sent");
+    let run_id = report["run_id"].as_str().expect("a run id");
+    let ledger = store::Reader::open(&db).expect("opens").ledger().expect("folds");
+    let run = ledger.run(&engine::event::RunId::new(run_id)).expect("the run");
+    assert_eq!(run.input["transport"], "http", "{api}");
+    assert_eq!(run.input["api"], api);
+    assert_eq!(run.input["model"], "m");
+    assert_eq!(run.input["base_url"], server.base_url.as_str());
+    assert_key_absent("stdout", stdout.as_bytes());
+    assert_key_absent("stderr", stderr.as_bytes());
+    assert_key_absent("the database", &database_bytes(&db));
+    let (exit, report) = keel(&db, &["verify"], &[]);
+    assert_eq!(exit, 0, "{report}");
+}
+
+#[test]
+fn a_live_anthropic_run_completes_against_the_messages_api() {
+    live_complete("anthropic", "ANTHROPIC_API_KEY", "agent/ticket-review/complete.json");
+}
+
+#[test]
+fn a_live_openai_run_completes_against_chat_completions() {
+    live_complete("openai", "OPENAI_API_KEY", "agent/ticket-review/complete-openai.json");
+}
+
+#[test]
+fn a_live_run_without_its_key_is_a_usage_error_that_writes_nothing() {
+    let (_dir, db) = temp();
+    for (api, var) in [("anthropic", "ANTHROPIC_API_KEY"), ("openai", "OPENAI_API_KEY")] {
+        let args = ["agent", "run", "ticket-review", "--model-api", api, "--model", "m"];
+        let (exit, report) = keel(&db, &args, &[]);
+        assert_eq!(exit, 64, "{api}: {report}");
+        assert_eq!(report["status"], "usage_error");
+        assert!(report["error"].as_str().is_some_and(|e| e.contains(var)), "{api}: names {var}: {report}");
+        assert!(!db.exists(), "{api}: nothing is written");
+    }
+    // One source of answers, exactly (clap refuses the rest).
+    let cases: [&[&str]; 4] = [
+        &["agent", "run", "ticket-review"],
+        &["agent", "run", "ticket-review", "--scenario", "complete", "--model-api", "anthropic", "--model", "m"],
+        &["agent", "run", "ticket-review", "--scenario", "complete", "--model", "m"],
+        &["agent", "run", "ticket-review", "--model-api", "anthropic"],
+    ];
+    for args in cases {
+        assert_eq!(keel(&db, args, &[("ANTHROPIC_API_KEY", KEY)]).0, 64, "{args:?}");
+    }
+    assert!(!db.exists(), "nothing is written");
+}
+
+#[test]
+fn a_live_run_with_a_wrong_key_stops_and_never_shows_either_key() {
+    let server = ModelServer::start(false, "agent/ticket-review/complete.json");
+    let (_dir, db) = temp();
+    let args = [
+        "agent",
+        "run",
+        "ticket-review",
+        "--model-api",
+        "anthropic",
+        "--model",
+        "m",
+        "--model-base-url",
+        &server.base_url,
+    ];
+    let wrong = "sk-keel-wrong-key-0000";
+    let (exit, stdout, stderr) = keel_raw(&db, &args, &[("ANTHROPIC_API_KEY", wrong)]);
+    assert_eq!(exit, 2, "{stdout} {stderr}");
+    assert!(server.requests().is_empty(), "the server refused every request");
+    for text in [&stdout, &stderr] {
+        assert!(!text.contains(wrong) && !text.contains(KEY), "{text}");
+    }
+}
+
+#[test]
+fn a_live_run_killed_mid_run_resumes_with_the_same_client_and_no_answer_requested_twice() {
+    let server = ModelServer::start(false, "agent/ticket-review/complete.json");
+    let (_dir, db) = temp();
+    let args = [
+        "agent",
+        "run",
+        "ticket-review",
+        "--model-api",
+        "anthropic",
+        "--model",
+        "m",
+        "--model-base-url",
+        &server.base_url,
+    ];
+    let env = [("ANTHROPIC_API_KEY", KEY), ("KEEL_TEST_ABORT_AT_MODEL_CALL", "2")];
+    let (exit, _, _) = keel_raw(&db, &args, &env);
+    assert_ne!(exit, 0, "the process died");
+    assert_eq!(server.requests().len(), 1, "one answer requested before the death");
+    let run_id = store::Reader::open(&db).expect("opens").runs().expect("runs")[0].run_id.clone();
+
+    let (exit, report) = keel(&db, &["agent", "resume", &run_id], &[]);
+    assert_eq!(exit, 64, "resume needs the key again: {report}");
+    assert!(report["error"].as_str().is_some_and(|e| e.contains("ANTHROPIC_API_KEY")), "{report}");
+
+    let (exit, stdout, stderr) = keel_raw(&db, &["agent", "resume", &run_id], &[("ANTHROPIC_API_KEY", KEY)]);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    assert_eq!(exit, 0, "{stdout} {stderr}");
+    assert_eq!(report["status"], "completed");
+    assert_eq!(report["tool_calls"], 2);
+    assert_eq!(report["model_calls"], 4, "the call reserved before the death stays counted");
+    assert_eq!(server.requests().len(), 3, "the recorded answer was not requested again");
+    assert_eq!(recorded_answers(&db, &run_id).len(), 3);
+    assert_key_absent("stdout", stdout.as_bytes());
+    assert_key_absent("stderr", stderr.as_bytes());
+    assert_key_absent("the database", &database_bytes(&db));
 }

@@ -1,5 +1,8 @@
 //! What the two HTTP model clients share: configuration, timeouts, failure mapping.
 //!
+//! reqwest is built with rustls and the webpki root certificates (no system OpenSSL), so
+//! `https://` base URLs — the real APIs — work; `http://` stays for local test servers.
+//!
 //! # Failure mapping
 //!
 //! | what happened                                   | [`TransportError`]            |

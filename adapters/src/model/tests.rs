@@ -576,3 +576,24 @@ fn model_text_blocks_round_trip_through_the_request_builders() {
     assert_eq!(o["messages"][1]["content"], "hi");
     assert_eq!(o["messages"][1]["tool_calls"][0]["function"]["arguments"], "{not json");
 }
+
+/// Both clients speak TLS: an `https://` base URL reaches the TLS handshake (here refused by a
+/// plain-HTTP server) instead of being turned away for its scheme, and no request is served.
+#[tokio::test]
+async fn model_clients_accept_https_base_urls() {
+    let request = ModelRequest { system: "s".into(), messages: vec![], tools: vec![], max_output_tokens: 10 };
+    let (base, served) = server(ok_answers("ticket-review/incomplete.json"), 0).await;
+    let https = base.replacen("http://", "https://", 1);
+    let anthropic = AnthropicClient::new(config(&https, "m")).expect("builds");
+    let openai = OpenAiClient::new(config(&https, "m")).expect("builds");
+    for error in [
+        anthropic.complete(&request).await.expect_err("no TLS on the other side"),
+        openai.complete(&request).await.expect_err("no TLS on the other side"),
+    ] {
+        let TransportError::Unavailable { detail } = &error else { panic!("{error:?}") };
+        assert!(detail.starts_with("connection failed"), "the TLS handshake was tried: {detail}");
+        assert!(!detail.contains("scheme"), "https is a supported scheme: {detail}");
+        assert!(!error.to_string().contains(KEY));
+    }
+    assert!(served.seen.lock().expect("test mutex").is_empty(), "nothing is sent in clear text");
+}
