@@ -12,7 +12,7 @@ use engine::executor::{Context, Prepared, Rejection, Workflow, WorkflowEnd, Work
 use engine::ledger::RejectCode;
 use engine::limits::PAYMENT_METHOD_TOKEN_MIN_CHARS;
 use engine::provider::{BoxFuture, EffectKind, Secret};
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// The fields a charge accepts.
@@ -36,13 +36,10 @@ impl Workflow for Charge {
 
     fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
         let mut fields = Fields::new(raw, &FIELDS);
-        let tenant_id = fields.uuid("tenant_id");
-        let intent_id = fields.intent_id("intent_id");
-        let order_id = fields.string("order_id", 1, 256);
-        let amount_minor = fields.amount_minor("amount_minor");
-        let currency = fields.currency("currency");
+        let mut stored = fields.effect();
         let token = fields.string("payment_method_token", PAYMENT_METHOD_TOKEN_MIN_CHARS, 4096);
         fields.finish().map_err(|details| Rejection { code: RejectCode::InvalidArguments, details })?;
+        let amount_minor = stored["amount_minor"].as_i64().unwrap_or_default();
         if let Some(max) = self.max_amount_minor
             && amount_minor > max
         {
@@ -52,14 +49,10 @@ impl Workflow for Charge {
             });
         }
         Ok(Prepared {
-            stored_input: json!({
-                "tenant_id": tenant_id,
-                "intent_id": intent_id,
-                "order_id": order_id,
-                "amount_minor": amount_minor,
-                "currency": currency,
-                "payment_method_sha256": sha256_hex(token.as_bytes()),
-            }),
+            stored_input: {
+                stored.insert("payment_method_sha256".to_owned(), Value::String(sha256_hex(token.as_bytes())));
+                Value::Object(stored)
+            },
             secrets: BTreeMap::from([(PAYMENT_METHOD.to_owned(), Secret::new(token))]),
         })
     }

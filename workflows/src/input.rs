@@ -111,6 +111,18 @@ impl<'a> Fields<'a> {
         value
     }
 
+    /// The five fields every single-effect input has (tenant UUID, intent id, order id,
+    /// amount, currency), as the stored input's object: read in that order, problems collected.
+    pub fn effect(&mut self) -> Map<String, Value> {
+        let mut stored = Map::new();
+        stored.insert("tenant_id".to_owned(), Value::String(self.uuid("tenant_id")));
+        stored.insert("intent_id".to_owned(), Value::String(self.intent_id("intent_id")));
+        stored.insert("order_id".to_owned(), Value::String(self.string("order_id", 1, 256)));
+        stored.insert("amount_minor".to_owned(), Value::from(self.amount_minor("amount_minor")));
+        stored.insert("currency".to_owned(), Value::String(self.currency("currency")));
+        stored
+    }
+
     /// Every problem found, or `Ok` when there are none.
     pub fn finish(self) -> Result<(), Vec<String>> {
         if self.problems.is_empty() { Ok(()) } else { Err(self.problems) }

@@ -9,7 +9,7 @@ use crate::input::{Fields, intent_request};
 use engine::executor::{Context, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
 use engine::ledger::RejectCode;
 use engine::provider::{BoxFuture, EffectKind};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 /// The fields a refund accepts.
 pub const FIELDS: [&str; 5] = ["tenant_id", "intent_id", "order_id", "amount_minor", "currency"];
@@ -25,22 +25,9 @@ impl Workflow for Refund {
 
     fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
         let mut fields = Fields::new(raw, &FIELDS);
-        let tenant_id = fields.uuid("tenant_id");
-        let intent_id = fields.intent_id("intent_id");
-        let order_id = fields.string("order_id", 1, 256);
-        let amount_minor = fields.amount_minor("amount_minor");
-        let currency = fields.currency("currency");
+        let stored = fields.effect();
         fields.finish().map_err(|details| Rejection { code: RejectCode::InvalidArguments, details })?;
-        Ok(Prepared {
-            stored_input: json!({
-                "tenant_id": tenant_id,
-                "intent_id": intent_id,
-                "order_id": order_id,
-                "amount_minor": amount_minor,
-                "currency": currency,
-            }),
-            secrets: Default::default(),
-        })
+        Ok(Prepared { stored_input: Value::Object(stored), secrets: Default::default() })
     }
 
     fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
