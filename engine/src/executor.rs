@@ -159,8 +159,6 @@ pub struct IntentRequest {
     pub payload: Value,
     /// The payment method, when the effect needs one.
     pub payment_method: Option<Secret>,
-    /// Whether the provider needs `payment_method` to act (charges).
-    pub needs_payment_method: bool,
 }
 
 /// Where an intent stands after Keel did everything it may do now.
@@ -436,7 +434,7 @@ impl Context {
                 // With everything needed to send at hand, the first attempt is written ahead in
                 // the reservation's own commit (the canary, which breaks write-ahead, never does).
                 let start_attempt = cfg!(not(feature = "canary-skip-write-ahead"))
-                    && (!request.needs_payment_method || request.payment_method.is_some());
+                    && (!request.kind.needs_payment_method() || request.payment_method.is_some());
                 let cause = self.cause.clone().for_run(&self.run_id);
                 let reserve = Action::Reserve {
                     run_id: self.run_id.clone(),
@@ -483,9 +481,7 @@ impl Context {
                 cause: self.cause.clone().for_run(&self.run_id),
                 failpoints: &self.failpoints,
             };
-            let outcome = driver
-                .drive(intent, &self.run_id, request.payment_method.as_ref(), request.needs_payment_method)
-                .await?;
+            let outcome = driver.drive(intent, &self.run_id, request.payment_method.as_ref()).await?;
             span.record("budget.remaining_attempts", outcome.attempts_max.saturating_sub(outcome.attempts));
             span.record(
                 "budget.remaining_reconciliations",
@@ -590,11 +586,9 @@ pub async fn reserve_for_run(
 /// an attempt in flight or unknown is reconciled (when due), never resent blindly.
 pub async fn drive_intent(runtime: &Runtime, cause: Cause, key: &IntentKey) -> Result<IntentOutcome, WorkflowError> {
     let intent = observe(&*runtime.log, key, &cause).await?;
-    let run_id = intent.run_id.clone();
-    let needs_payment_method = intent.definition.kind == EffectKind::Charge;
     // Agent effects are not on the crash-test failpoints' paths: they stay disarmed here.
     let failpoints = Failpoints::disarmed();
-    Driver { runtime, cause, failpoints: &failpoints }.drive(intent, &run_id, None, needs_payment_method).await
+    Driver { runtime, cause, failpoints: &failpoints }.drive_for_its_run(intent).await
 }
 
 async fn observe(log: &dyn EventLog, key: &IntentKey, cause: &Cause) -> Result<Intent, LogError> {
@@ -625,13 +619,20 @@ impl Driver<'_> {
         }
     }
 
+    /// Drives an intent on behalf of the run that reserved it, without any secret: what
+    /// operators and recovery do (a charge that must be resent waits for its caller).
+    async fn drive_for_its_run(&self, intent: Intent) -> Result<IntentOutcome, WorkflowError> {
+        let run_id = intent.run_id.clone();
+        self.drive(intent, &run_id, None).await
+    }
+
     async fn drive(
         &self,
         mut intent: Intent,
         run_id: &RunId,
         payment_method: Option<&Secret>,
-        needs_payment_method: bool,
     ) -> Result<IntentOutcome, WorkflowError> {
+        let needs_payment_method = intent.definition.kind.needs_payment_method();
         loop {
             let now = self.runtime.clock.now();
             intent = match intent.status {
@@ -1007,9 +1008,7 @@ impl Executor {
             || (intent.status == IntentStatus::Escalated && !intent.absence_proven);
         let intent =
             if reconcilable && intent.capability.lookup { driver.reconcile_once(&intent, true).await? } else { intent };
-        let run_id = intent.run_id.clone();
-        let needs_payment_method = intent.definition.kind == EffectKind::Charge;
-        driver.drive(intent, &run_id, None, needs_payment_method).await
+        driver.drive_for_its_run(intent).await
     }
 
     /// Start-up recovery: every attempt without an outcome becomes `outcome_unknown (crash)`
@@ -1043,9 +1042,7 @@ impl Executor {
                 continue; // Someone else got to it first.
             }
             let driver = Driver { runtime: &self.runtime, cause: cause.clone(), failpoints: &self.failpoints };
-            let run_id = intent.run_id.clone();
-            let needs_payment_method = intent.definition.kind == EffectKind::Charge;
-            outcomes.push(driver.drive(intent, &run_id, None, needs_payment_method).await?);
+            outcomes.push(driver.drive_for_its_run(intent).await?);
         }
         Ok(outcomes)
     }

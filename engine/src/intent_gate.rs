@@ -58,7 +58,6 @@ impl IntentGate {
             currency,
             payload: intent.payload.clone(),
             payment_method: None,
-            needs_payment_method: false,
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));
         match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request).await {

@@ -63,6 +63,12 @@ pub enum EffectKind {
 }
 
 impl EffectKind {
+    /// Whether the provider needs the payment method to act: a charge takes money from one,
+    /// a refund returns it along the original charge.
+    pub fn needs_payment_method(&self) -> bool {
+        *self == Self::Charge
+    }
+
     /// The operation name used in intent keys: `charge` or `refund`.
     pub fn as_str(&self) -> &'static str {
         match self {

@@ -50,7 +50,6 @@
 //!                 currency: "EUR".to_owned(),
 //!                 payload: json!({"invoice": input["invoice"], "cents": input["cents"]}),
 //!                 payment_method: ctx.secret("card"),
-//!                 needs_payment_method: true,
 //!             }).await?;
 //!             end_with(&outcome)
 //!         })

@@ -43,7 +43,6 @@ impl Workflow for PayInvoice {
                     currency: "EUR".to_owned(),
                     payload: json!({"invoice": input["invoice"], "cents": input["cents"], "supplier": input["supplier"]}),
                     payment_method: ctx.secret("card"),
-                    needs_payment_method: true,
                 })
                 .await?;
             end_with(&outcome)

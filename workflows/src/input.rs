@@ -153,7 +153,6 @@ pub fn intent_request(
         amount_minor: input.get("amount_minor").and_then(Value::as_i64).unwrap_or_default(),
         currency: text("currency"),
         payload: Value::Object(payload),
-        needs_payment_method: kind == EffectKind::Charge,
         payment_method,
     }
 }
