@@ -159,6 +159,15 @@ async fn invalid_input_and_policy_denial_write_nothing_and_do_not_burn_the_key()
             json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN, "extra": true}),
             "invalid_arguments",
         ),
+        (charge_input(&"i".repeat(121), "o", 4900), "invalid_arguments"),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 49.5, "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
+        (
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "currency": "EUR", "payment_method_token": TOKEN}),
+            "invalid_arguments",
+        ),
         (charge_input("order_1842_charge", "o", 2_000_000), "policy_denied"),
     ] {
         let out = h.run("charge", &bad, limits()).await;
