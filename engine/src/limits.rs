@@ -42,6 +42,11 @@ pub const WRITER_CHANNEL_CAPACITY: usize = 4_096;
 /// Largest JSON payload accepted for one event, in bytes. Checked before append.
 pub const EVENT_PAYLOAD_MAX_BYTES: usize = 64 * 1024;
 
+/// Deepest nesting of arrays and objects `engine::canonical::parse_strict` reads. Keel's own
+/// documents nest at most a handful of levels; 64 leaves room for any honest caller's input
+/// and stops a hostile one from making a reader recurse without bound.
+pub const JSON_DEPTH_MAX: usize = 64;
+
 /// Intent ids are 12 to 120 characters (seed 004's input contract). Enforced by workflows.
 pub const INTENT_ID_MIN_CHARS: usize = 12;
 /// See [`INTENT_ID_MIN_CHARS`].
