@@ -80,6 +80,7 @@ pub fn stripe_like() -> Capability {
         lookup: true,
         key_window_ms: STRIPE_KEY_WINDOW_MS,
         consistency_window_ms: STRIPE_LIKE_CONSISTENCY_WINDOW_MS,
+        request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
     }
 }
 
@@ -462,6 +463,58 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn a_lower_case_currency_is_normalised_and_a_blank_or_duplicated_answer_is_no_evidence() {
+        let r = request();
+        let lower = br#"{"id":"ch_1","object":"charge","amount":4900,"currency":"eur","status":"succeeded"}"#;
+        match classify_effect_answer(&r, ok(200), lower) {
+            CallOutcome::Succeeded(evidence) => assert_eq!(evidence.currency, "EUR"),
+            other => panic!("expected Succeeded, got {other:?}"),
+        }
+        match classify_lookup_answer(EffectKind::Charge, ok(200), lower) {
+            LookupOutcome::Found(evidence) => assert_eq!(evidence.currency, "EUR"),
+            other => panic!("expected Found, got {other:?}"),
+        }
+        for bad in [
+            &br#"{"id":"","object":"charge","amount":4900,"currency":"EUR","status":"succeeded"}"#[..],
+            br#"{"id":" ","object":"charge","amount":4900,"currency":"EUR","status":"succeeded"}"#,
+            br#"{"object":"charge","amount":4900,"currency":"EUR","status":"succeeded"}"#,
+            br#"{"id":"ch_1","object":"charge","amount":1,"amount":4900,"currency":"EUR","status":"succeeded"}"#,
+            br#"{"id":"ch_1","object":"charge","amount":4900,"currency":"EUR","status":"failed","status":"succeeded"}"#,
+            br#"{"id":"ch_1","object":"charge","amount":4900,"currency":"E\u0055R","status":"succeeded","id":"ch_2"}"#,
+            br#"{"id":"ch_1","object":"charge","amount":4900,"currency":"EURO","status":"succeeded"}"#,
+        ] {
+            assert!(
+                matches!(
+                    classify_effect_answer(&r, ok(200), bad),
+                    CallOutcome::Unknown { reason: UnknownReason::Protocol, .. }
+                ),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+            assert!(
+                matches!(classify_lookup_answer(EffectKind::Charge, ok(200), bad), LookupOutcome::Unavailable { .. }),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let duplicated = br#"{"error":{"type":"invalid_request_error","type":"card_error","code":"x"}}"#;
+        assert!(matches!(classify_effect_answer(&r, ok(402), duplicated), CallOutcome::Unknown { .. }));
+        let absent_twice = br#"{"error":{"type":"api_error","type":"not_found"}}"#;
+        assert!(matches!(
+            classify_lookup_answer(EffectKind::Charge, ok(404), absent_twice),
+            LookupOutcome::Unavailable { .. }
+        ));
+    }
+
+    #[test]
+    fn the_capability_carries_the_request_timeout() -> Result<(), Error> {
+        let mut config = HttpProviderConfig::new("http://127.0.0.1:9");
+        config.request_timeout_ms = 1_234;
+        assert_eq!(HttpProvider::new(config)?.capability().request_timeout_ms, 1_234);
+        Ok(())
     }
 
     #[test]

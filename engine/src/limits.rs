@@ -54,6 +54,14 @@ pub const INTENT_ID_MAX_CHARS: usize = 120;
 /// Payment method tokens are at least 20 characters (seed 004). Enforced by workflows.
 pub const PAYMENT_METHOD_TOKEN_MIN_CHARS: usize = 20;
 
+/// Largest amount one charge or refund may move, in minor units: 10^12 (ten billion of a
+/// two-decimal currency, a trillion XOF). Far above any single card payment (Stripe caps most
+/// currencies at 99 999 999), and small enough that nine million maximal amounts still sum
+/// inside `i64`. Enforced at input (workflows' field validation: `invalid_arguments`) and again
+/// by `Ledger::decide` on `Reserve`, so no caller of the engine's API can go around it; the
+/// ledger's sums are checked on top of it.
+pub const AMOUNT_MINOR_MAX: i64 = 1_000_000_000_000;
+
 /// Reconciliations `keel reconcile --due` runs in one pass, so a backlog cannot hold the
 /// writer for long. Enforced by the executor's reconciliation pass.
 pub const RECONCILE_PASS_MAX: usize = 1_000;

@@ -38,6 +38,16 @@ pub struct Capability {
     pub key_window_ms: u64,
     /// How long after an effect a lookup may still answer "absent" (eventual consistency).
     pub consistency_window_ms: u64,
+    /// How long one request to the provider may take before Keel gives up on its answer (the
+    /// adapter's whole-request timeout). Until it has passed since a send, that request may
+    /// still reach the provider and act. `0` in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub request_timeout_ms: u64,
+}
+
+/// Whether a stored duration is the default `0` (not written, so old payloads keep their bytes).
+fn is_zero(ms: &u64) -> bool {
+    *ms == 0
 }
 
 impl Capability {

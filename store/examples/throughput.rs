@@ -43,6 +43,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
             lookup: true,
             key_window_ms: 86_400_000,
             consistency_window_ms: 0,
+            request_timeout_ms: 0,
         },
     };
     let cause = Cause::command("bench").for_run(&run_id);

@@ -40,7 +40,7 @@ impl Drop for Sim {
     }
 }
 
-fn keel(db: &Path, url: Option<&str>, args: &[&str]) -> (i32, Value, String) {
+pub(crate) fn keel(db: &Path, url: Option<&str>, args: &[&str]) -> (i32, Value, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command.arg("--db").arg(db).arg("--json").env_remove("KEEL_PROVIDER_URL").env_remove("KEEL_DB");
     if let Some(url) = url {
@@ -70,7 +70,7 @@ pub(crate) fn charge_args<'a>(intent_id: &'a str, amount: &'a str) -> Vec<&'a st
     ]
 }
 
-fn temp() -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn temp() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let db = dir.path().join("keel.db");
     (dir, db)
@@ -180,8 +180,9 @@ fn operator_decisions_are_refused_or_recorded_with_the_operators_name() {
 
     let (code, refused, _) = keel(&db, None, &["cancel", &key, "--by", "ana", "--reason", "customer asked"]);
     assert_eq!(code, 2, "cancel is refused while the outcome is unknown: {refused}");
+    let landed = adapters::sim::list_effects(&dir.path().join("sim.db")).expect("effects")[0].id.clone();
     let (code, resolved, _) =
-        keel(&db, None, &["resolve", &key, "--landed", "ch_seen", "--by", "ana", "--reason", "in the dashboard"]);
+        keel(&db, Some(&sim.1), &["resolve", &key, "--landed", &landed, "--by", "ana", "--reason", "in the dashboard"]);
     assert_eq!(code, 0, "{resolved}");
     assert_eq!(resolved["status"], "validated");
     let (_, shown, _) = keel(&db, None, &["show", &key]);

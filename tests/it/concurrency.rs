@@ -30,6 +30,7 @@ fn eight_workers_on_one_database_reserve_each_key_once() {
         lookup: true,
         key_window_ms: 86_400_000,
         consistency_window_ms: 2_000,
+        request_timeout_ms: 0,
     }));
     let threads: Vec<_> = (0..WORKERS)
         .map(|worker| {
@@ -189,5 +190,11 @@ fn a_proposal_that_loses_the_race_for_the_attempt_reports_the_winners_outcome() 
 }
 
 fn stripe() -> Capability {
-    Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 2_000 }
+    Capability {
+        dedup_by_key: true,
+        lookup: true,
+        key_window_ms: 86_400_000,
+        consistency_window_ms: 2_000,
+        request_timeout_ms: 0,
+    }
 }

@@ -85,7 +85,13 @@ fn every_variant() -> Vec<StoredEvent> {
     let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2025, 3, 1, 12, 0, 0).single().expect("valid")));
     let log = MemoryLog::new(clock.clone());
     let run = RunId::new("golden-run-1");
-    let cap = Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 0 };
+    let cap = Capability {
+        dedup_by_key: true,
+        lookup: true,
+        key_window_ms: 86_400_000,
+        consistency_window_ms: 0,
+        request_timeout_ms: 0,
+    };
     let mut position = 0u32;
     let exec = |action: Action, start: Option<RunStart>| {
         log.execute_now(&Command { cause: Cause::command("golden").for_run(&run), start_run: start, action })

@@ -10,4 +10,5 @@ mod crash;
 mod golden;
 mod kills;
 mod model;
+mod money;
 mod testkit;

@@ -30,6 +30,12 @@ enum Op {
     Propose(u8),
     Mismatch(u8),
     Refund(u8),
+    /// A second, partial refund of the order under its own key.
+    RefundPart(u8, u8),
+    /// A refund whose amount would overflow the order's refunded total.
+    RefundHuge(u8),
+    /// A refund in another currency than the order's charge.
+    RefundOtherCurrency(u8),
     Provider(Scripted),
     LookupLies(u32),
     LookupUnavailable(u32),
@@ -63,6 +69,9 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..ORDERS).prop_map(Op::Propose),
         1 => (0..ORDERS).prop_map(Op::Mismatch),
         2 => (0..ORDERS).prop_map(Op::Refund),
+        1 => ((0..ORDERS), (1..4u8)).prop_map(|(i, n)| Op::RefundPart(i, n)),
+        1 => (0..ORDERS).prop_map(Op::RefundHuge),
+        1 => (0..ORDERS).prop_map(Op::RefundOtherCurrency),
         4 => scripted.prop_map(Op::Provider),
         1 => (1..3u32).prop_map(Op::LookupLies),
         1 => (1..3u32).prop_map(Op::LookupUnavailable),
@@ -81,6 +90,7 @@ fn capability() -> impl Strategy<Value = Capability> {
         lookup,
         key_window_ms: 86_400_000,
         consistency_window_ms: 2_000,
+        request_timeout_ms: 0,
     })
 }
 
@@ -94,8 +104,12 @@ fn charge(i: u8, bump: i64) -> Value {
 }
 
 fn refund(i: u8) -> Value {
-    json!({"tenant_id": TENANT, "intent_id": format!("model_order_{i}_refund"), "order_id": format!("order_{i}"),
-           "amount_minor": amount(i) / 2, "currency": "EUR"})
+    refund_of(i, "refund", amount(i) / 2, "EUR")
+}
+
+fn refund_of(i: u8, name: &str, amount_minor: i64, currency: &str) -> Value {
+    json!({"tenant_id": TENANT, "intent_id": format!("model_order_{i}_{name}"), "order_id": format!("order_{i}"),
+           "amount_minor": amount_minor, "currency": currency})
 }
 
 fn charge_key(i: u8) -> IntentKey {
@@ -216,6 +230,27 @@ async fn step(world: &mut World, op: &Op) -> Result<(), TestCaseError> {
         }
         Op::Refund(i) => {
             world.start("refund", refund(*i), Failpoints::disarmed()).await.expect("no crash armed");
+        }
+        Op::RefundPart(i, n) => {
+            world
+                .start("refund", refund_of(*i, &format!("part_{n}"), amount(*i) / 4, "EUR"), Failpoints::disarmed())
+                .await
+                .expect("no crash armed");
+        }
+        Op::RefundHuge(i) | Op::RefundOtherCurrency(i) => {
+            let (name, amount_minor, currency) = match op {
+                Op::RefundHuge(_) => ("huge", i64::MAX - amount(*i) / 4, "EUR"),
+                _ => ("other_currency", amount(*i) / 4, "USD"),
+            };
+            let before = world.log.events().len();
+            let effects_before = world.provider.effects().len();
+            let out = world
+                .start("refund", refund_of(*i, name, amount_minor, currency), Failpoints::disarmed())
+                .await
+                .expect("no crash armed");
+            prop_assert_eq!(&out["status"], "rejected", "{}", out);
+            prop_assert_eq!(world.log.events().len(), before, "a refused refund writes nothing");
+            prop_assert_eq!(world.provider.effects().len(), effects_before, "and reaches no provider");
         }
         Op::Provider(behaviour) => world.provider.script([behaviour.clone()]),
         // A lookup that lies "absent" defeats a provider that cannot deduplicate: no engine can

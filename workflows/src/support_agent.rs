@@ -386,6 +386,7 @@ mod tests {
                 lookup: true,
                 key_window_ms: 86_400_000,
                 consistency_window_ms: 2_000,
+                request_timeout_ms: 0,
             })),
             clock,
         };

@@ -19,7 +19,13 @@ const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 const TOKEN: &str = "pm_card_visa_4242424242";
 
 fn stripe() -> Capability {
-    Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 2_000 }
+    Capability {
+        dedup_by_key: true,
+        lookup: true,
+        key_window_ms: 86_400_000,
+        consistency_window_ms: 2_000,
+        request_timeout_ms: 0,
+    }
 }
 
 struct Harness {

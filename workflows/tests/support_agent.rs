@@ -32,8 +32,13 @@ impl Desk {
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
         let log = Arc::new(MemoryLog::new(clock.clone()));
-        let capability =
-            Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 2_000 };
+        let capability = Capability {
+            dedup_by_key: true,
+            lookup: true,
+            key_window_ms: 86_400_000,
+            consistency_window_ms: 2_000,
+            request_timeout_ms: 0,
+        };
         let provider = Arc::new(MemoryProvider::new(capability));
         let runtime = Runtime { log: log.clone(), provider: provider.clone(), clock: clock.clone() };
         let gate = Arc::new(IntentGate::new(runtime.clone(), Cause::command("agent")));

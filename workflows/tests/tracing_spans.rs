@@ -57,8 +57,13 @@ async fn spans_carry_the_seed_attributes_and_no_secret() {
     let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
     let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("an instant")));
     let log = Arc::new(MemoryLog::new(clock.clone()));
-    let capability =
-        Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 2_000 };
+    let capability = Capability {
+        dedup_by_key: true,
+        lookup: true,
+        key_window_ms: 86_400_000,
+        consistency_window_ms: 2_000,
+        request_timeout_ms: 0,
+    };
     let provider = Arc::new(MemoryProvider::new(capability));
     provider.script([Scripted::LoseAnswer]);
     let executor = Executor::new(Runtime { log, provider, clock }, workflows::builtin(None));

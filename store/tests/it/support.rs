@@ -81,7 +81,13 @@ pub fn run_start(run_id: &str) -> RunStart {
 }
 
 pub fn capability() -> Capability {
-    Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 1_000 }
+    Capability {
+        dedup_by_key: true,
+        lookup: true,
+        key_window_ms: 86_400_000,
+        consistency_window_ms: 1_000,
+        request_timeout_ms: 0,
+    }
 }
 
 /// A charge of `amount_minor` EUR for intent `id` of tenant `t1`, on its own order.
