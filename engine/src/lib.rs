@@ -8,6 +8,7 @@
 //! - [`executor`] — journaled workflows and the replaying executor.
 //! - [`failpoints`] — named crash points at every event boundary (disarmed by default).
 //! - [`intent_gate`] — the agent harness's effect gate over the executor's intent driver.
+//! - [`money`] — currency codes, bounded amounts and checked sums of minor units.
 //! - [`clock`] and [`limits`] — time as an input, and every bound in one file.
 //!
 //! The engine does no I/O and never reads a clock: the store appends, the adapters reach the
@@ -31,4 +32,5 @@ pub mod ledger;
 pub mod limits;
 pub mod log;
 pub mod memory;
+pub mod money;
 pub mod provider;

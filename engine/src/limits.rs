@@ -51,6 +51,9 @@ pub const JSON_DEPTH_MAX: usize = 64;
 pub const INTENT_ID_MIN_CHARS: usize = 12;
 /// See [`INTENT_ID_MIN_CHARS`].
 pub const INTENT_ID_MAX_CHARS: usize = 120;
+/// Order ids are 1 to 256 visible ASCII characters: enough for any provider's order
+/// reference, short enough to sit in one event and one header. Enforced by workflows.
+pub const ORDER_ID_MAX_CHARS: usize = 256;
 /// Payment method tokens are at least 20 characters (seed 004). Enforced by workflows.
 pub const PAYMENT_METHOD_TOKEN_MIN_CHARS: usize = 20;
 
@@ -62,6 +65,38 @@ pub const PAYMENT_METHOD_TOKEN_MIN_CHARS: usize = 20;
 /// ledger's sums are checked on top of it.
 pub const AMOUNT_MINOR_MAX: i64 = 1_000_000_000_000;
 
+/// Network retries a run may make (the SPEC's "network retries", attempts beyond the first):
+/// attempts started again after one proven never sent (connection refused, DNS failure, a
+/// request that could not be built). Such an attempt made no effect, so it does not spend
+/// [`ATTEMPTS_PER_INTENT_DEFAULT`]'s bound; this one bounds how long a run keeps knocking. Three,
+/// with [`network_retry_backoff_ms`] between them, rides out a provider restarting for about a
+/// second. Enforced by `Ledger::decide` on `StartAttempt`; past it the intent stays reserved
+/// and a new submission of the same request continues it.
+pub const NETWORK_RETRIES_PER_RUN_MAX: u32 = 3;
+
+/// First wait before a network retry; doubles per retry up to [`NETWORK_RETRY_BACKOFF_MAX_MS`].
+/// Enforced by the executor's intent driver, which waits through the `Clock`.
+pub const NETWORK_RETRY_BACKOFF_BASE_MS: u64 = 100;
+
+/// Cap of the network-retry backoff.
+pub const NETWORK_RETRY_BACKOFF_MAX_MS: u64 = 1_000;
+
+/// Longest run deadline a caller may ask for: 30 days. A run holds its money while it lives,
+/// and a deadline is an absolute instant that must stay representable. Enforced by the binary
+/// (`--deadline-ms`, usage error 64) and by `Executor::start`.
+pub const RUN_DEADLINE_MAX_MS: u64 = 30 * 24 * 60 * 60 * 1_000;
+
+/// Longest approval validity: 30 days. An approval is bound to a fingerprint and must go
+/// stale; its expiry must stay a representable instant. Enforced by the binary (`--ttl-ms`,
+/// usage error 64) and by `Ledger::decide` on `Approve` (a refusal past any date).
+pub const APPROVAL_TTL_MAX_MS: u64 = 30 * 24 * 60 * 60 * 1_000;
+
+/// Longest provider request timeout or consistency window an operator may declare: one hour.
+/// A resend after "absent" waits for both, so past this an intent would never be resent in a
+/// run's lifetime. Enforced by the binary (`--provider-timeout-ms`,
+/// `--provider-consistency-window-ms`, usage error 64).
+pub const PROVIDER_WAIT_MAX_MS: u64 = 60 * 60 * 1_000;
+
 /// Reconciliations `keel reconcile --due` runs in one pass, so a backlog cannot hold the
 /// writer for long. Enforced by the executor's reconciliation pass.
 pub const RECONCILE_PASS_MAX: usize = 1_000;
@@ -71,6 +106,18 @@ const _: () = assert!(RECONCILIATION_RESERVE_MS < RUN_DEADLINE_DEFAULT_MS);
 const _: () = assert!(WRITER_BATCH_MAX <= WRITER_CHANNEL_CAPACITY);
 const _: () = assert!(INTENT_ID_MIN_CHARS < INTENT_ID_MAX_CHARS);
 const _: () = assert!(ATTEMPTS_PER_INTENT_DEFAULT >= 1);
+const _: () = assert!(NETWORK_RETRY_BACKOFF_BASE_MS <= NETWORK_RETRY_BACKOFF_MAX_MS);
+const _: () = assert!(RUN_DEADLINE_DEFAULT_MS <= RUN_DEADLINE_MAX_MS);
+const _: () = assert!(APPROVAL_TTL_DEFAULT_MS <= APPROVAL_TTL_MAX_MS);
+const _: () = assert!(AMOUNT_MINOR_MAX > 0);
+// Nine million maximal amounts sum inside i64 (the checked sums are still there on top).
+const _: () = assert!(AMOUNT_MINOR_MAX.checked_mul(9_000_000).is_some());
+
+/// The wait before network retry number `n` (1-based).
+pub fn network_retry_backoff_ms(n: u32) -> u64 {
+    let shift = n.saturating_sub(1).min(16);
+    (NETWORK_RETRY_BACKOFF_BASE_MS << shift).min(NETWORK_RETRY_BACKOFF_MAX_MS)
+}
 
 /// The backoff before reconciliation number `n` (1-based).
 pub fn reconcile_backoff_ms(n: u32) -> u64 {
