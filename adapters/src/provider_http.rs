@@ -10,8 +10,8 @@
 //!
 //! | What happened | Outcome |
 //! |---|---|
-//! | 200, body with `object` = the kind, `status` = `succeeded`, same amount and currency (currency compared case-insensitively) | `Succeeded(Evidence { provider_ref: id, amount_minor, currency })` |
-//! | 200 with a body that does not parse, or another object/status/amount/currency | `Unknown { Protocol }` |
+//! | 200, body with a non-blank `id`, `object` = the kind, `status` = `succeeded`, same amount and currency (currency compared case-insensitively, recorded upper case) | `Succeeded(Evidence { provider_ref: id, amount_minor, currency })` |
+//! | 200 with a body that does not parse (duplicate keys included), a blank or missing `id`, or another object/status/amount/currency | `Unknown { Protocol }` |
 //! | other 2xx, 1xx, 3xx | `Unknown { Protocol }` |
 //! | 402 with `error.type` = `card_error` | `Declined { code: error.code }` (`card_error` if the code is missing) |
 //! | 402 without a `card_error` body | `Unknown { Protocol }` |
@@ -25,6 +25,9 @@
 //! | any other timeout (`is_timeout`), while sending or reading the answer | `Unknown { Timeout }` |
 //! | any other transport error (reset, closed after sending, body cut) | `Unknown { ConnectionLost }` |
 //!
+//! Every body is read with `engine::canonical::parse_strict`: an answer that repeats a key
+//! says two things, so it proves neither.
+//!
 //! Only `Declined` and `NotSent` mean "no effect". The only decline is a 402 `card_error`:
 //! every other refusal is treated as "may have happened", because releasing a reservation on
 //! a misread answer is the one mistake that can double-charge.
@@ -33,10 +36,10 @@
 //!
 //! | What happened | Outcome |
 //! |---|---|
-//! | 200, `object` = the kind and `status` = `succeeded` | `Found(Evidence)` |
+//! | 200, a non-blank `id`, `object` = the kind and `status` = `succeeded` | `Found(Evidence)` (currency upper case) |
 //! | 200 with another object or status | `Unavailable { "inconsistent: …" }` |
-//! | 200 that does not parse | `Unavailable { "protocol: …" }` |
-//! | 404 with `error.type` = `not_found` | `Absent` |
+//! | 200 that does not parse (duplicate keys included), a blank `id`, a currency that is not a code | `Unavailable { "protocol: …" }` |
+//! | 404 with `error.type` = `not_found` (parsed strictly: a repeated key is no answer) | `Absent` |
 //! | 404 without that body (a wrong base URL looks like this) | `Unavailable` |
 //! | 501, 5xx, any other status, timeout, any transport error | `Unavailable` |
 //!
@@ -48,6 +51,7 @@
 //! - Timeouts: connect [`DEFAULT_CONNECT_TIMEOUT_MS`], whole request (connect, send, answer)
 //!   [`DEFAULT_REQUEST_TIMEOUT_MS`], both overridable and both required to be non-zero.
 
+use engine::money::Currency;
 use engine::provider::{
     BoxFuture, CallOutcome, Capability, EffectKind, EffectRequest, Evidence, LookupOutcome, PaymentProvider,
     UnknownReason,
@@ -112,7 +116,8 @@ pub enum Error {
 pub struct HttpProviderConfig {
     /// E.g. `http://127.0.0.1:4242`; paths `/v1/...` are appended to it.
     pub base_url: String,
-    /// What the provider can do, declared to the engine as is.
+    /// What the provider can do, declared to the engine as is — except its
+    /// `request_timeout_ms`, which is this client's own `request_timeout_ms`.
     pub capability: Capability,
     /// How long to wait for a TCP connection. Default [`DEFAULT_CONNECT_TIMEOUT_MS`].
     pub connect_timeout_ms: u64,
@@ -172,7 +177,10 @@ impl HttpProvider {
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .build()?;
-        Ok(Self { client, base, capability: config.capability })
+        // How long a request may still be in flight is this client's timeout, whatever was
+        // declared: the ledger waits for it before believing an "absent".
+        let capability = Capability { request_timeout_ms: config.request_timeout_ms, ..config.capability };
+        Ok(Self { client, base, capability })
     }
 
     fn url(&self, path: &str) -> Result<Url, String> {
@@ -324,8 +332,25 @@ struct ErrorDetail {
     code: Option<String>,
 }
 
+/// Reads a body strictly (no duplicate key, see `engine::canonical::parse_strict`) into `T`.
+fn read_strict<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let value = engine::canonical::parse_strict(text).map_err(|e| e.to_string())?;
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
 fn error_body(bytes: &[u8]) -> Option<ErrorDetail> {
-    serde_json::from_slice::<ErrorBody>(bytes).ok().map(|b| b.error)
+    read_strict::<ErrorBody>(bytes).ok().map(|b| b.error)
+}
+
+/// The evidence in a provider's object: a non-blank visible-ASCII id and a currency code,
+/// upper-cased (ISO 4217 codes are case-insensitive on the wire; Stripe answers `eur`).
+fn evidence_of(object: ProviderObject) -> Result<Evidence, String> {
+    if object.id.is_empty() || !object.id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("the answer names no effect (id {:?})", object.id));
+    }
+    let currency = Currency::parse(&object.currency).map_err(|e| e.to_string())?;
+    Ok(Evidence { provider_ref: object.id, amount_minor: object.amount, currency: currency.into_string() })
 }
 
 /// A short, printable excerpt of an answer for details: never the whole body.
@@ -340,7 +365,7 @@ fn classify_effect_answer(request: &EffectRequest, status: StatusCode, bytes: &[
     let unavailable = |detail: String| unknown(UnknownReason::ProviderUnavailable, detail);
     match status.as_u16() {
         200 => {
-            let object: ProviderObject = match serde_json::from_slice(bytes) {
+            let object: ProviderObject = match read_strict(bytes) {
                 Ok(object) => object,
                 Err(e) => {
                     return protocol(format!("HTTP 200 with an unreadable body ({e}): {}", excerpt(bytes)));
@@ -352,17 +377,17 @@ fn classify_effect_answer(request: &EffectRequest, status: StatusCode, bytes: &[
             if object.status != "succeeded" {
                 return protocol(format!("HTTP 200 with status {:?}", object.status));
             }
-            if object.amount != request.amount_minor || !object.currency.eq_ignore_ascii_case(&request.currency) {
+            let evidence = match evidence_of(object) {
+                Ok(evidence) => evidence,
+                Err(e) => return protocol(format!("HTTP 200 without evidence: {e}")),
+            };
+            if evidence.amount_minor != request.amount_minor || evidence.currency != request.currency {
                 return protocol(format!(
                     "HTTP 200 for {} {} but {} {} was asked",
-                    object.amount, object.currency, request.amount_minor, request.currency
+                    evidence.amount_minor, evidence.currency, request.amount_minor, request.currency
                 ));
             }
-            CallOutcome::Succeeded(Evidence {
-                provider_ref: object.id,
-                amount_minor: object.amount,
-                currency: object.currency,
-            })
+            CallOutcome::Succeeded(evidence)
         }
         402 => match error_body(bytes) {
             Some(error) if error.kind == "card_error" => {
@@ -388,7 +413,7 @@ fn classify_lookup_answer(kind: EffectKind, status: StatusCode, bytes: &[u8]) ->
     let unavailable = |detail: String| LookupOutcome::Unavailable { detail };
     match status.as_u16() {
         200 => {
-            let object: ProviderObject = match serde_json::from_slice(bytes) {
+            let object: ProviderObject = match read_strict(bytes) {
                 Ok(object) => object,
                 Err(e) => {
                     return unavailable(format!("protocol: HTTP 200 with an unreadable body ({e})"));
@@ -400,11 +425,10 @@ fn classify_lookup_answer(kind: EffectKind, status: StatusCode, bytes: &[u8]) ->
             if object.status != "succeeded" {
                 return unavailable(format!("inconsistent: status {:?}", object.status));
             }
-            LookupOutcome::Found(Evidence {
-                provider_ref: object.id,
-                amount_minor: object.amount,
-                currency: object.currency,
-            })
+            match evidence_of(object) {
+                Ok(evidence) => LookupOutcome::Found(evidence),
+                Err(e) => unavailable(format!("protocol: HTTP 200 without evidence: {e}")),
+            }
         }
         404 => match error_body(bytes) {
             Some(error) if error.kind == "not_found" => LookupOutcome::Absent,
@@ -444,7 +468,7 @@ mod tests {
             CallOutcome::Succeeded(Evidence {
                 provider_ref: "ch_1".into(),
                 amount_minor: 4900,
-                currency: "eur".into()
+                currency: "EUR".into()
             })
         );
         for bad in [

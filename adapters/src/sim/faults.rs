@@ -65,6 +65,10 @@ pub enum PlanError {
         /// The underlying error.
         source: std::io::Error,
     },
+    /// The plan is not strict JSON: not JSON at all, or an object that repeats a key (which
+    /// would silently keep the last value), or nested too deep.
+    #[error("fault plan is not strict JSON: {0}")]
+    Strict(engine::canonical::StrictJsonError),
     /// The plan is not JSON of the expected shape (outside any single rule).
     #[error("fault plan is not valid JSON of the form {{\"seed\": N, \"rules\": [...]}}: {0}")]
     Json(serde_json::Error),
@@ -305,7 +309,8 @@ impl FaultPlan {
 
     /// Parses and validates a plan.
     pub fn from_json(text: &str) -> Result<Self, PlanError> {
-        let raw: RawPlan = serde_json::from_str(text).map_err(PlanError::Json)?;
+        let value = engine::canonical::parse_strict(text).map_err(PlanError::Strict)?;
+        let raw: RawPlan = serde_json::from_value(value).map_err(PlanError::Json)?;
         let rules = raw
             .rules
             .into_iter()

@@ -139,12 +139,13 @@ struct EffectBody {
 
 /// Parses and checks a charge or refund body; the error is the message for the client.
 fn validate(operation: Operation, body: &[u8]) -> Result<(Value, EffectBody), String> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
+    // Strict: a body that repeats a key (`"amount":100,"amount":999999`) is refused, never
+    // read as its last value.
+    let text = std::str::from_utf8(body).map_err(|e| format!("the body is not UTF-8: {e}"))?;
+    let value = engine::canonical::parse_strict(text).map_err(|e| format!("the body is not strict JSON: {e}"))?;
     let parsed: EffectBody =
         serde_json::from_value(value.clone()).map_err(|e| format!("the body is malformed: {e}"))?;
-    if parsed.amount <= 0 {
-        return Err("amount must be a positive integer of minor units".into());
-    }
+    engine::money::check_amount(parsed.amount).map_err(|e| format!("amount: {e}"))?;
     if parsed.currency.is_empty() {
         return Err("currency must not be empty".into());
     }

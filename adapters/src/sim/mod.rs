@@ -17,7 +17,7 @@
 //! | same key, same parameters (SHA-256 of the canonical body) | the stored answer, byte for byte, same status; no new effect |
 //! | same key, other parameters | 400 `idempotency_error` / `idempotency_key_reused` |
 //! | same key while the first request is still being answered | 409 `idempotency_error` / `request_in_progress` |
-//! | missing `Idempotency-Key`, malformed body | 400 `invalid_request_error` (nothing stored) |
+//! | missing `Idempotency-Key`, malformed body (a repeated key included), an amount outside 1..=`engine::limits::AMOUNT_MINOR_MAX` | 400 `invalid_request_error` (nothing stored) |
 //! | `GET /v1/effects/{percent-encoded key}` | 200 the effect's object, or 404 `not_found`; 501 `not_supported` with `--no-lookup` |
 //! | `GET /v1/effects` | 200 `{"object": "list", "data": [effect records]}` |
 //! | `GET /health` | 200 |
