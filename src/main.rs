@@ -60,12 +60,16 @@ pub struct ProviderArgs {
           value_parser = ["dedup+lookup", "lookup", "dedup", "none"])]
     tier: String,
 
-    /// How long a lookup may miss a fresh effect, in ms (resends wait at least this long).
-    #[arg(long = "provider-consistency-window-ms", global = true, default_value_t = 2_000)]
+    /// How long a lookup may miss a fresh effect, in ms (resends wait at least this long after
+    /// the request is certainly over). At most one hour.
+    #[arg(long = "provider-consistency-window-ms", global = true, default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(..=engine::limits::PROVIDER_WAIT_MAX_MS))]
     consistency_window_ms: u64,
 
-    /// Per-request timeout towards the provider, in ms. Past it the outcome is unknown.
-    #[arg(long = "provider-timeout-ms", global = true, default_value_t = 5_000)]
+    /// Per-request timeout towards the provider, in ms. Past it the outcome is unknown, and a
+    /// resend waits at least this long after the send. 1 ms to one hour.
+    #[arg(long = "provider-timeout-ms", global = true, default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(1..=engine::limits::PROVIDER_WAIT_MAX_MS))]
     timeout_ms: u64,
 }
 
@@ -73,10 +77,10 @@ pub struct ProviderArgs {
 #[derive(Args, Debug, Clone)]
 pub struct LimitArgs {
     /// Largest amount a single charge may take, in minor units (policy; `policy_denied` above).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     max_charge_minor: Option<i64>,
     /// Money the run may move, in minor units (`budget_exhausted` above).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     cost_budget_minor: Option<i64>,
     /// Attempts per intent, the first included.
     #[arg(long, default_value_t = engine::limits::ATTEMPTS_PER_INTENT_DEFAULT)]
@@ -85,10 +89,11 @@ pub struct LimitArgs {
     #[arg(long, default_value_t = engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT)]
     max_reconciliations: u32,
     /// Amount above which a human must approve (`keel approve`), in minor units.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     approval_threshold_minor: Option<i64>,
-    /// Run deadline from start, in ms (an absolute instant is stored).
-    #[arg(long, default_value_t = engine::limits::RUN_DEADLINE_DEFAULT_MS)]
+    /// Run deadline from start, in ms (an absolute instant is stored). At most 30 days.
+    #[arg(long, default_value_t = engine::limits::RUN_DEADLINE_DEFAULT_MS,
+          value_parser = clap::value_parser!(u64).range(..=engine::limits::RUN_DEADLINE_MAX_MS))]
     deadline_ms: u64,
 }
 
@@ -245,6 +250,11 @@ enum Command {
         reason: String,
     },
     /// Resolve an unknown or escalated intent by hand, with evidence.
+    ///
+    /// When the intent's provider can look effects up (its tier has a lookup), Keel asks it
+    /// first (--provider is then required) and refuses an answer it contradicts, saying what
+    /// it says (exit 2, nothing written), unless --override gives the reason you know better;
+    /// both are recorded. Without a lookup, the event records the resolution as unverified.
     Resolve {
         /// The intent key.
         key: String,
@@ -254,6 +264,9 @@ enum Command {
         /// Assert, from your own check, that the effect did not happen.
         #[arg(long)]
         absent: bool,
+        /// Record the resolution even though the provider contradicts it, for this reason.
+        #[arg(long = "override", value_name = "REASON")]
+        override_reason: Option<String>,
         /// The operator's name (recorded).
         #[arg(long)]
         by: String,
@@ -271,8 +284,9 @@ enum Command {
         /// The fingerprint you reviewed (from `keel show`); refused if it is not the intent's.
         #[arg(long)]
         fingerprint: Option<String>,
-        /// How long the approval stays valid, in ms.
-        #[arg(long, default_value_t = engine::limits::APPROVAL_TTL_DEFAULT_MS)]
+        /// How long the approval stays valid, in ms. At most 30 days.
+        #[arg(long, default_value_t = engine::limits::APPROVAL_TTL_DEFAULT_MS,
+              value_parser = clap::value_parser!(u64).range(..=engine::limits::APPROVAL_TTL_MAX_MS))]
         ttl_ms: u64,
     },
     /// Deny an intent awaiting approval: it ends rejected, its money released.
@@ -358,12 +372,18 @@ pub mod exit {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(error) => {
-            let code = if error.use_stderr() { exit::USAGE } else { exit::OK };
-            let _ = error.print();
-            return ExitCode::from(code);
+        Err(error) if error.use_stderr() => {
+            // `--json` may stand anywhere, even where parsing stopped: look for it in argv.
+            let json = std::env::args_os().skip(1).take_while(|a| a != "--").any(|a| a == "--json");
+            let out = output::Output { json };
+            return ExitCode::from(out.usage_error(error.render().to_string().trim_end()));
+        }
+        Err(help_or_version) => {
+            let _ = help_or_version.print();
+            return ExitCode::from(exit::OK);
         }
     };
+    let out = output::Output { json: cli.json };
     if let Command::ProviderSim { args } = &cli.command {
         return adapters::sim::cli_main_from(
             std::iter::once("keel-provider-sim".to_owned()).chain(args.iter().cloned()),
@@ -372,37 +392,26 @@ fn main() -> ExitCode {
     wiring::init_tracing();
     // Read once, here: libraries receive the parsed value, never the environment.
     if let Err(message) = wiring::init_failpoints(std::env::var("KEEL_FAILPOINT").ok().as_deref()) {
-        eprintln!("keel: KEEL_FAILPOINT: {message}");
-        return ExitCode::from(exit::USAGE);
+        return ExitCode::from(out.usage_error(&format!("KEEL_FAILPOINT: {message}")));
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("keel: cannot start the async runtime: {error}");
-            return ExitCode::from(exit::INTERNAL);
-        }
+        Err(error) => return ExitCode::from(out.internal_error(&format!("cannot start the async runtime: {error}"))),
     };
     // An agent run handles ctrl-c itself (it records its `cancelled` stop, then exits 130).
     if matches!(cli.command, Command::Agent { .. }) {
-        let code = runtime.block_on(dispatch(cli)).unwrap_or_else(|error| {
-            eprintln!("keel: error: {error:#}");
-            exit::INTERNAL
-        });
+        let code = runtime.block_on(dispatch(cli)).unwrap_or_else(|error| out.internal_error(&format!("{error:#}")));
         return ExitCode::from(code);
     }
     let code = runtime.block_on(async {
         tokio::select! {
             result = dispatch(cli) => match result {
                 Ok(code) => code,
-                Err(error) => {
-                    eprintln!("keel: error: {error:#}");
-                    exit::INTERNAL
-                }
+                Err(error) => out.internal_error(&format!("{error:#}")),
             },
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("keel: interrupted; whatever was acknowledged is durable, `keel resume` continues it");
-                exit::INTERRUPTED
-            }
+            _ = tokio::signal::ctrl_c() => out.interrupted(
+                "interrupted; whatever was acknowledged is durable, `keel resume` continues it",
+            ),
         }
     });
     ExitCode::from(code)
@@ -459,21 +468,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             )
             .await
         }
-        Command::Resolve { key, landed, absent: _, by, reason } => {
-            ops::operator(
-                &cli.db,
-                durability,
-                &out,
-                &key,
-                |key| engine::ledger::Action::Resolve {
-                    key,
-                    by: by.clone(),
-                    reason: reason.clone(),
-                    landed: landed.clone(),
-                },
-                &by,
-            )
-            .await
+        Command::Resolve { key, landed, absent: _, override_reason, by, reason } => {
+            let decision = ops::Resolution { landed, by, reason, override_reason };
+            ops::resolve(&cli.db, durability, &cli.provider, &out, &key, decision).await
         }
         Command::Approve { key, by, fingerprint, ttl_ms } => {
             ops::operator(

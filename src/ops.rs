@@ -5,13 +5,13 @@
 //! and exit code. It never touches SQL (the store does) nor decides a transition (the
 //! ledger does).
 
-use crate::output::Output;
+use crate::output::{Output, name_intent_keys};
 use crate::wiring::{Node, open_store};
-use crate::{EffectArgs, LimitArgs, exit};
+use crate::{EffectArgs, LimitArgs, ProviderArgs, exit};
 use anyhow::Context as _;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::executor::{IntentOutcome, RunRequest};
-use engine::ledger::{Action, Command, IntentStatus, Refusal, Reply};
+use engine::ledger::{Action, Command, Intent, IntentStatus, Refusal, Reply};
 use engine::log::{EventLog, LogError};
 use serde_json::{Map, Value, json};
 use std::io::Read as _;
@@ -28,7 +28,9 @@ pub fn effect_input(args: &EffectArgs, payment_method_token: Option<&str>) -> Re
             } else {
                 std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?
             };
-            serde_json::from_str::<Value>(&text).map_err(|e| format!("--input {path} is not valid JSON: {e}"))?
+            // Strict: `{"amount_minor":100,"amount_minor":999999}` is refused, never read as its
+            // last value.
+            engine::canonical::parse_strict(&text).map_err(|e| format!("--input {path} is not strict JSON: {e}"))?
         }
         None => {
             let mut map = Map::new();
@@ -126,7 +128,7 @@ pub fn list_intents(db: &Path, out: &Output, state: Option<&str>) -> anyhow::Res
     }
     let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
     let rows = reader.intents(state)?;
-    out.emit(&rows, || {
+    out.emit(&name_intent_keys(serde_json::to_value(&rows)?), || {
         if rows.is_empty() {
             println!("no intents{}", state.map(|s| format!(" in state {s}")).unwrap_or_default());
         }
@@ -175,7 +177,7 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         "intent": intent,
         "events": history,
     });
-    out.emit(&document, || {
+    out.emit(&name_intent_keys(document), || {
         println!("{key}: {}", intent.status.as_str());
         println!(
             "  {} {} {} for order {}, fingerprint {}",
@@ -280,19 +282,96 @@ pub async fn operator(
     let result = store.execute(Command { cause: Cause::operator(by), start_run: None, action: action(key) }).await;
     store.shutdown()?;
     match result {
-        Ok(Reply::Intent { intent, .. }) => {
-            out.emit(&*intent, || {
-                println!("{}: {}", intent.key(), intent.status.as_str());
-                if let Some(note) = &intent.note {
-                    println!("  note: {note}");
-                }
-            });
-            Ok(exit::OK)
-        }
+        Ok(Reply::Intent { intent, .. }) => print_decision(out, &intent),
         Ok(_) => anyhow::bail!("an operator command did not return its intent"),
         Err(LogError::Refused(
             refusal @ (Refusal::NotAllowed(_) | Refusal::UnknownIntent(_) | Refusal::Rejected { .. }),
         )) => Ok(out.refused(&refusal.to_string())),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// Prints the intent an operator decision left.
+fn print_decision(out: &Output, intent: &Intent) -> anyhow::Result<u8> {
+    out.emit(&name_intent_keys(serde_json::to_value(intent)?), || {
+        println!("{}: {}", intent.key(), intent.status.as_str());
+        if let Some(note) = &intent.note {
+            println!("  note: {note}");
+        }
+    });
+    Ok(exit::OK)
+}
+
+/// What an operator asserts with `keel resolve`.
+pub struct Resolution {
+    /// The provider's reference proving the effect; `None` for `--absent`.
+    pub landed: Option<String>,
+    /// The operator.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// Why the provider's contradicting answer is wrong, when the operator overrides it.
+    pub override_reason: Option<String>,
+}
+
+/// `keel resolve KEY --landed REF|--absent [--override REASON]`: checked with the provider
+/// when the intent's provider can look it up (`--provider` is then required).
+pub async fn resolve(
+    db: &Path,
+    durability: store::Durability,
+    provider: &ProviderArgs,
+    out: &Output,
+    key: &str,
+    decision: Resolution,
+) -> anyhow::Result<u8> {
+    let key = match parse_key(key) {
+        Ok(key) => key,
+        Err(message) => return Ok(out.usage_error(&message)),
+    };
+    if decision.by.trim().is_empty() {
+        return Ok(out.usage_error("--by needs the operator's name"));
+    }
+    if provider.url.is_none() {
+        let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
+        if reader.ledger()?.intent(&key).is_some_and(|intent| intent.capability.lookup) {
+            return Ok(out.usage_error(&format!(
+                "intent {key}'s provider can look it up, so resolve checks with it first: pass --provider URL \
+                 (or set KEEL_PROVIDER_URL)"
+            )));
+        }
+    }
+    let resolved = match &provider.url {
+        Some(_) => {
+            let node = Node::open(db, durability, provider, None)?;
+            let result = node
+                .executor
+                .resolve(&key, &decision.by, &decision.reason, decision.landed, decision.override_reason)
+                .await;
+            node.store.shutdown()?;
+            result
+        }
+        None => {
+            let store = open_store(db, durability)?;
+            let action = Action::Resolve {
+                key: key.clone(),
+                by: decision.by.clone(),
+                reason: decision.reason,
+                landed: decision.landed,
+                lookup: None,
+                override_reason: decision.override_reason,
+            };
+            let result = store.execute(Command { cause: Cause::operator(&decision.by), start_run: None, action }).await;
+            store.shutdown()?;
+            match result {
+                Ok(Reply::Intent { intent, .. }) => Ok(*intent),
+                Ok(_) => anyhow::bail!("a resolution did not return its intent"),
+                Err(error) => Err(error.into()),
+            }
+        }
+    };
+    match resolved {
+        Ok(intent) => print_decision(out, &intent),
+        Err(engine::executor::WorkflowError::Log(LogError::Refused(refusal))) => Ok(out.refused(&refusal.to_string())),
         Err(other) => Err(other.into()),
     }
 }

@@ -31,13 +31,19 @@ impl IntentKey {
     }
 
     /// Parses a key typed by an operator; `None` unless it has the `operation:tenant:id` shape.
+    /// A tenant that is a UUID is lower-cased, as the input path stores it, so a key copied
+    /// with an upper-case UUID finds its intent.
     pub fn parse(text: &str) -> Option<Self> {
         let mut parts = text.splitn(3, ':');
         let operation = parts.next()?;
         let tenant = parts.next()?;
         let intent_id = parts.next()?;
-        let known = operation == EffectKind::Charge.as_str() || operation == EffectKind::Refund.as_str();
-        (known && !tenant.is_empty() && !intent_id.is_empty()).then(|| Self(text.to_owned()))
+        let kind = [EffectKind::Charge, EffectKind::Refund].into_iter().find(|k| k.as_str() == operation)?;
+        if tenant.is_empty() || intent_id.is_empty() {
+            return None;
+        }
+        let tenant = if is_uuid(tenant) { tenant.to_ascii_lowercase() } else { tenant.to_owned() };
+        Some(Self::new(kind, &tenant, intent_id))
     }
 
     /// The key as text.
@@ -60,6 +66,16 @@ impl fmt::Display for IntentKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// Whether `text` is a UUID in its 8-4-4-4-12 hex form (either case).
+pub fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// A run id, chosen by whoever starts the run (the binary uses random UUIDs).
@@ -201,6 +217,51 @@ pub enum AfterLookup {
     },
     /// No further automatic step: an `IntentEscalated` follows in the same commit.
     Escalated,
+}
+
+/// How an operator's manual resolution was checked against the provider, as recorded.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum ResolutionCheck {
+    /// Recorded before Keel checked resolutions (logs older than the field): nothing is known.
+    /// Never written: it is what an `IntentResolved` without `check` decodes to.
+    #[default]
+    Unrecorded,
+    /// The provider's lookup agrees: the effect it holds is the one named, or it holds none
+    /// past the window in which a lookup may still miss one.
+    Confirmed,
+    /// The provider could not be asked (no lookup in its tier, the lookup unavailable, or too
+    /// early to believe an absence): the operator's word alone.
+    Unverified {
+        /// Why it could not be checked.
+        detail: String,
+    },
+    /// The provider contradicted the operator, who recorded the answer anyway.
+    Overridden {
+        /// What the provider said.
+        provider_says: String,
+        /// The operator's reason for overriding it.
+        reason: String,
+    },
+}
+
+impl ResolutionCheck {
+    /// Whether this is the default of logs older than the field (not written back).
+    pub fn is_unrecorded(&self) -> bool {
+        *self == Self::Unrecorded
+    }
+
+    /// How the intent's note shows it: nothing for old logs, ` (confirmed by the provider)`…
+    pub fn annotation(&self) -> String {
+        match self {
+            Self::Unrecorded => String::new(),
+            Self::Confirmed => " (confirmed by the provider)".to_owned(),
+            Self::Unverified { detail } => format!(" (unverified: {detail})"),
+            Self::Overridden { provider_says, reason } => {
+                format!(" (overriding the provider, which says {provider_says}, because {reason})")
+            }
+        }
+    }
 }
 
 /// Limits a run starts with. Part of `RunStarted`, so a restart never refills them.
@@ -548,6 +609,9 @@ pub enum Event {
         /// The provider reference proving the effect, or `None` for "proven absent".
         #[serde(default, skip_serializing_if = "Option::is_none")]
         landed: Option<String>,
+        /// How the resolution was checked against the provider (absent in older logs).
+        #[serde(default, skip_serializing_if = "ResolutionCheck::is_unrecorded")]
+        check: ResolutionCheck,
     },
 }
 

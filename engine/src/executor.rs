@@ -30,12 +30,16 @@
 //! This module does no I/O of its own: it talks to the log through [`EventLog`] and to the
 //! provider through [`PaymentProvider`].
 
-use crate::clock::{Clock, ms_between, plus_ms};
+use crate::clock::{Clock, checked_plus_ms, ms_between};
 use crate::event::{Cause, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, Source};
 use crate::failpoints::{Failpoints, Point};
 use crate::ledger::{Action, Command, Intent, IntentSpec, IntentStatus, Refusal, RejectCode, Reply, Run, RunStart};
 use crate::log::{EventLog, LogError};
 use crate::provider::{BoxFuture, CallOutcome, EffectKind, EffectRequest, LookupOutcome, PaymentProvider, Secret};
+
+/// The outcome status of an intent whose provider could not be reached within the run's
+/// network retries: nothing was sent, the intent stays reserved for a new submission.
+pub const PROVIDER_UNAVAILABLE: &str = "provider_unavailable";
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -167,7 +171,8 @@ pub struct IntentOutcome {
     /// The intent key.
     pub intent_key: String,
     /// `validated`, `rejected`, `declined`, `outcome_unknown`, `escalated`, `cancelled`,
-    /// `awaiting_approval`, `pending`… (the intent's status, or `rejected` when refused).
+    /// `awaiting_approval`, `pending`… (the intent's status, or `rejected` when refused, or
+    /// [`PROVIDER_UNAVAILABLE`] when no request could reach the provider).
     pub status: String,
     /// How it was validated: `provider`, `deduplicated` or `reconciled`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -237,6 +242,18 @@ impl IntentOutcome {
         }
     }
 
+    /// The provider could not be reached within the run's network retries: nothing was sent.
+    fn unreachable(intent: &Intent, retries: u32) -> Self {
+        let mut outcome = Self::of(intent, false).with_detail(format!(
+            "the provider could not be reached ({} attempt(s) proven never sent, {retries} network retries): no \
+             request left, the intent stays reserved; re-submit the same request (same key, same payload) to try \
+             again",
+            intent.not_sent
+        ));
+        outcome.status = PROVIDER_UNAVAILABLE.to_owned();
+        outcome
+    }
+
     fn with_detail(mut self, detail: impl Into<String>) -> Self {
         self.details.push(detail.into());
         self
@@ -250,6 +267,7 @@ impl IntentOutcome {
             "declined" => RunStatus::Declined,
             "escalated" => RunStatus::Escalated,
             "cancelled" => RunStatus::Cancelled,
+            PROVIDER_UNAVAILABLE => RunStatus::ProviderUnavailable,
             _ => RunStatus::OutcomeUnknown,
         }
     }
@@ -357,7 +375,9 @@ impl Context {
                 return Err(WorkflowError::Undecodable { position, detail: format!("timer output {other}") });
             }
             None => {
-                let fire_at = plus_ms(self.runtime.clock.now(), ms);
+                let fire_at = checked_plus_ms(self.runtime.clock.now(), ms).ok_or_else(|| {
+                    WorkflowError::DeadlineExceeded(format!("a timer of {ms} ms fires after any deadline"))
+                })?;
                 self.execute(Action::StartTimer { run_id: self.run_id.clone(), position, fire_at }).await?;
                 fire_at
             }
@@ -663,8 +683,16 @@ impl Driver<'_> {
                              request (same key, same payload) to send it",
                         ));
                     }
+                    if intent.network_retry_by(run_id) {
+                        // The last request never left: no effect, so wait and knock again.
+                        let wait_ms = crate::limits::network_retry_backoff_ms(intent.not_sent);
+                        self.runtime.clock.sleep_ms(wait_ms).await;
+                    }
                     match self.attempt(&intent, run_id, payment_method).await {
                         Ok(next) => next,
+                        Err(LogError::Refused(Refusal::NetworkRetriesSpent { spent, .. })) => {
+                            return Ok(IntentOutcome::unreachable(&intent, spent));
+                        }
                         Err(LogError::Refused(Refusal::NotAllowed(why))) if why.starts_with("deadline") => {
                             return Err(WorkflowError::DeadlineExceeded(why));
                         }
@@ -897,7 +925,24 @@ impl Executor {
                 });
             }
         };
-        let deadline_at = plus_ms(self.runtime.clock.now(), request.deadline_ms);
+        let deadline_at = checked_plus_ms(self.runtime.clock.now(), request.deadline_ms)
+            .filter(|_| request.deadline_ms <= crate::limits::RUN_DEADLINE_MAX_MS);
+        let Some(deadline_at) = deadline_at else {
+            return Ok(RunOutcome {
+                run_id: request.run_id.to_string(),
+                status: RunStatus::Rejected.as_str().to_owned(),
+                written: false,
+                output: serde_json::json!({
+                    "status": "rejected",
+                    "code": RejectCode::InvalidArguments.as_str(),
+                    "details": [format!(
+                        "deadline_ms: {} is above the maximum of {}",
+                        request.deadline_ms,
+                        crate::limits::RUN_DEADLINE_MAX_MS
+                    )],
+                }),
+            });
+        };
         let ctx = Context {
             runtime: self.runtime.clone(),
             run_id: request.run_id.clone(),
@@ -1009,6 +1054,38 @@ impl Executor {
         let intent =
             if reconcilable && intent.capability.lookup { driver.reconcile_once(&intent, true).await? } else { intent };
         driver.drive_for_its_run(intent).await
+    }
+
+    /// An operator's manual resolution of an unknown or escalated intent, checked with the
+    /// provider first when it can look effects up: an answer the lookup contradicts is refused
+    /// (nothing written) unless `override_reason` says why; where no lookup is possible the
+    /// recorded event says the resolution is unverified. `landed` is the provider's reference
+    /// proving the effect, `None` asserts it is absent.
+    pub async fn resolve(
+        &self,
+        key: &IntentKey,
+        by: &str,
+        reason: &str,
+        landed: Option<String>,
+        override_reason: Option<String>,
+    ) -> Result<Intent, WorkflowError> {
+        let cause = Cause::operator(by);
+        let intent = observe(&*self.runtime.log, key, &cause).await?;
+        let lookup = if intent.capability.lookup {
+            Some(self.runtime.provider.lookup(intent.definition.kind, key.as_str()).await)
+        } else {
+            None
+        };
+        let action = Action::Resolve {
+            key: key.clone(),
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            landed,
+            lookup,
+            override_reason,
+        };
+        let driver = Driver { runtime: &self.runtime, cause, failpoints: &self.failpoints };
+        Ok(driver.execute_intent(action).await?)
     }
 
     /// Start-up recovery: every attempt without an outcome becomes `outcome_unknown (crash)`

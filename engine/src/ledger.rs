@@ -15,12 +15,13 @@
 //! durable, so a restart after the fix is safe; folding past a corrupt fact is not.
 
 use crate::agent::{AgentEvent, AgentState};
-use crate::clock::{ms_between, plus_ms};
+use crate::clock::{checked_plus_ms, ms_between};
 use crate::event::{
-    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LookupStatus, RunId, RunLimits, RunStatus, Source,
-    StoredEvent, StreamId,
+    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LookupStatus, ResolutionCheck, RunId, RunLimits, RunStatus,
+    Source, StoredEvent, StreamId,
 };
 use crate::limits;
+use crate::money::{Currency, check_amount, checked_sum};
 use crate::provider::{CallOutcome, Capability, EffectKind, Evidence, LookupOutcome, UnknownReason};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -145,8 +146,22 @@ pub struct Intent {
     pub note: Option<String>,
     /// Times the same key and fingerprint were proposed again after validation.
     pub duplicates_suppressed: u32,
+    /// Attempts proven never sent (`AttemptNotSent`): they made no effect, so they do not
+    /// count against `attempts_max`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub not_sent: u32,
+    /// Whether the latest attempt was proven never sent (the next one is a network retry).
+    #[serde(skip)]
+    pub latest_not_sent: bool,
+    /// The run that started the latest attempt.
+    #[serde(skip)]
+    pub latest_attempt_run: Option<RunId>,
     /// Global sequence of the latest event on its stream.
     pub last_seq: u64,
+}
+
+fn is_zero(count: &u32) -> bool {
+    *count == 0
 }
 
 impl Intent {
@@ -170,9 +185,34 @@ impl Intent {
         }
     }
 
-    /// Whether the intent is still open: a second key for its business reference is refused.
+    /// Whether the intent is still open: for a charge, a second key for its business
+    /// reference is refused meanwhile.
     pub fn pending(&self) -> bool {
         self.status != IntentStatus::Validated && self.money_committed()
+    }
+
+    /// Attempts that may have reached the provider: those started, less those proven never
+    /// sent. This is what `attempts_max` bounds.
+    pub fn attempts_spent(&self) -> u32 {
+        // Every `AttemptNotSent` follows its own `AttemptStarted`, so this never goes below 0.
+        self.attempts.saturating_sub(self.not_sent)
+    }
+
+    /// Whether the next attempt by `run_id` retries a request that run proved never sent.
+    pub fn network_retry_by(&self, run_id: &RunId) -> bool {
+        self.status == IntentStatus::Reserved
+            && self.latest_not_sent
+            && self.latest_attempt_run.as_ref() == Some(run_id)
+    }
+
+    /// When the latest request is certainly over and a lookup's "absent" can be believed:
+    /// the send, plus the provider's request timeout (until then the request may still land),
+    /// plus its consistency window. `None` when never sent; an instant past chrono's range
+    /// reads as the latest one (a resend never comes).
+    pub fn resend_window_end(&self) -> Option<DateTime<Utc>> {
+        let sent = self.last_sent_at?;
+        let wait = self.capability.request_timeout_ms.checked_add(self.capability.consistency_window_ms);
+        Some(wait.and_then(|ms| checked_plus_ms(sent, ms)).unwrap_or(DateTime::<Utc>::MAX_UTC))
     }
 
     /// Whether the intent has reached an end no automatic step will change.
@@ -238,6 +278,10 @@ pub struct Run {
     /// The fold of `agent_events` (derived, so not part of the rendering).
     #[serde(skip)]
     pub agent: AgentState,
+    /// Attempts this run started again after one it proved never sent (network retries),
+    /// bounded by [`limits::NETWORK_RETRIES_PER_RUN_MAX`].
+    #[serde(skip_serializing_if = "is_zero")]
+    pub network_retries: u32,
     /// Global sequence of its latest event.
     pub last_seq: u64,
 }
@@ -392,7 +436,9 @@ pub enum Action {
         /// Why.
         reason: String,
     },
-    /// An operator resolves an unknown or escalated intent by hand.
+    /// An operator resolves an unknown or escalated intent by hand. When the intent's provider
+    /// can look effects up, `lookup` is what it said just before: an answer it contradicts is
+    /// refused unless `override_reason` says why the operator knows better.
     Resolve {
         /// The intent.
         key: IntentKey,
@@ -402,6 +448,11 @@ pub enum Action {
         reason: String,
         /// Provider reference proving the effect; `None` asserts it is absent.
         landed: Option<String>,
+        /// The provider's lookup, made by the executor before deciding; `None` when the
+        /// intent's provider offers none.
+        lookup: Option<LookupOutcome>,
+        /// The operator's reason for recording an answer the provider contradicts.
+        override_reason: Option<String>,
     },
     /// Record a journaled step's output.
     RecordStep {
@@ -506,6 +557,15 @@ pub enum Refusal {
     /// No such run.
     #[error("no run with id {0}")]
     UnknownRun(RunId),
+    /// A request proven never sent may not be retried again by this run: its network
+    /// retries are spent. The intent stays reserved; a new submission continues it.
+    #[error("run {run_id}: all {spent} network retries spent, the provider could not be reached")]
+    NetworkRetriesSpent {
+        /// The run.
+        run_id: RunId,
+        /// Retries it made.
+        spent: u32,
+    },
     /// Replayed code asked for something else than what is recorded at this position.
     #[error("nondeterministic replay at position {position}: recorded {recorded:?}, asked {asked:?}")]
     Nondeterministic {
@@ -618,44 +678,104 @@ impl Ledger {
         all
     }
 
-    /// Money the run has committed (reserved, held while unknown, or spent), in minor units.
+    /// Money the run has committed (reserved, held while unknown, or spent), in minor units of
+    /// the run's one currency.
     pub fn run_cost_committed_minor(&self, run_id: &RunId) -> i64 {
-        self.runs.get(run_id).map_or(0, |run| {
-            run.intents
-                .iter()
-                .filter_map(|key| self.intents.get(key))
-                .filter(|intent| intent.money_committed())
-                .map(|intent| intent.definition.amount_minor)
-                .sum()
-        })
+        self.run_sum(run_id, Intent::money_committed)
+            .expect("a run's reserved amounts sum inside i64: Reserve refuses one that would not, apply asserts it")
     }
 
-    /// Money left in the run's budget, `None` when unbounded.
+    /// Money left in the run's budget, `None` when unbounded (negative if over it, which the
+    /// ledger never lets happen).
     pub fn run_cost_remaining_minor(&self, run_id: &RunId) -> Option<i64> {
         let run = self.runs.get(run_id)?;
         let max = run.limits.cost_minor_max?;
-        Some(max - self.run_cost_committed_minor(run_id))
+        max.checked_sub(self.run_cost_committed_minor(run_id))
     }
 
-    /// Validated charges on an order, in minor units.
-    pub fn order_charged_minor(&self, tenant: &str, order_id: &str) -> i64 {
-        self.order_sum(tenant, order_id, EffectKind::Charge, |i| i.status == IntentStatus::Validated)
+    /// Validated charges on an order in `currency`, in minor units.
+    pub fn order_charged_minor(&self, tenant: &str, order_id: &str, currency: &str) -> i64 {
+        self.order_sum(tenant, order_id, EffectKind::Charge, currency, |i| i.status == IntentStatus::Validated)
+            .expect("an order's reserved amounts sum inside i64: Reserve refuses one that would not, apply asserts it")
     }
 
-    /// Refunds on an order that are reserved, unknown or validated, in minor units.
-    pub fn order_refunds_committed_minor(&self, tenant: &str, order_id: &str) -> i64 {
-        self.order_sum(tenant, order_id, EffectKind::Refund, Intent::money_committed)
+    /// Refunds on an order in `currency` that are reserved, unknown or validated, in minor
+    /// units.
+    pub fn order_refunds_committed_minor(&self, tenant: &str, order_id: &str, currency: &str) -> i64 {
+        self.order_sum(tenant, order_id, EffectKind::Refund, currency, Intent::money_committed)
+            .expect("an order's reserved amounts sum inside i64: Reserve refuses one that would not, apply asserts it")
     }
 
-    fn order_sum(&self, tenant: &str, order_id: &str, kind: EffectKind, counts: impl Fn(&Intent) -> bool) -> i64 {
+    /// The currencies an order's charges were reserved in (empty when it has none).
+    pub fn order_charge_currencies(&self, tenant: &str, order_id: &str) -> Vec<&str> {
+        let mut currencies: Vec<&str> = self
+            .order_intents(tenant, order_id)
+            .filter(|intent| intent.definition.kind == EffectKind::Charge)
+            .map(|intent| intent.definition.currency.as_str())
+            .collect();
+        currencies.sort_unstable();
+        currencies.dedup();
+        currencies
+    }
+
+    fn order_intents(&self, tenant: &str, order_id: &str) -> impl Iterator<Item = &Intent> {
         self.orders
             .get(&(tenant.to_owned(), order_id.to_owned()))
             .into_iter()
             .flatten()
             .filter_map(|key| self.intents.get(key))
-            .filter(|intent| intent.definition.kind == kind && counts(intent))
-            .map(|intent| intent.definition.amount_minor)
-            .sum()
+    }
+
+    /// The checked sum of an order's amounts of one kind and currency that `counts`.
+    fn order_sum(
+        &self,
+        tenant: &str,
+        order_id: &str,
+        kind: EffectKind,
+        currency: &str,
+        counts: impl Fn(&Intent) -> bool,
+    ) -> Option<i64> {
+        checked_sum(
+            self.order_intents(tenant, order_id)
+                .filter(|intent| {
+                    intent.definition.kind == kind && intent.definition.currency == currency && counts(intent)
+                })
+                .map(|intent| intent.definition.amount_minor),
+        )
+    }
+
+    /// The checked sum of a run's amounts that `counts`.
+    fn run_sum(&self, run_id: &RunId, counts: impl Fn(&Intent) -> bool) -> Option<i64> {
+        self.runs.get(run_id).map_or(Some(0), |run| {
+            checked_sum(
+                run.intents
+                    .iter()
+                    .filter_map(|key| self.intents.get(key))
+                    .filter(|intent| counts(intent))
+                    .map(|intent| intent.definition.amount_minor),
+            )
+        })
+    }
+
+    /// Why reserving `definition` for `run_id` would make a money sum overflow, if it would:
+    /// every amount the run reserved, and every amount of the order of the same kind and
+    /// currency, must sum inside `i64` whatever their statuses become.
+    fn reservation_overflows(&self, run_id: &RunId, definition: &IntentDefinition) -> Option<String> {
+        let amount = definition.amount_minor;
+        let run = self.run_sum(run_id, |_| true).and_then(|sum| sum.checked_add(amount));
+        let order = self
+            .order_sum(&definition.tenant, &definition.order_id, definition.kind, &definition.currency, |_| true)
+            .and_then(|sum| sum.checked_add(amount));
+        match (run, order) {
+            (None, _) => Some(format!("run {run_id}'s reserved amounts would overflow with {amount} more")),
+            (_, None) => Some(format!(
+                "order {}'s {} total in {} would overflow with {amount} more",
+                definition.order_id,
+                definition.kind.as_str(),
+                definition.currency
+            )),
+            _ => None,
+        }
     }
 
     /// Intents whose reconciliation is due at `now`, oldest due first.
@@ -739,6 +859,7 @@ impl Ledger {
                         intents: Vec::new(),
                         agent_events: Vec::new(),
                         agent: AgentState::default(),
+                        network_retries: 0,
                         last_seq: seq,
                     },
                 );
@@ -799,6 +920,12 @@ impl Ledger {
                 if self.intents.contains_key(&intent.key) {
                     fail("intent reserved twice");
                 }
+                if !self.runs.contains_key(run_id) {
+                    fail("intent reserved by an unknown run");
+                }
+                if self.reservation_overflows(run_id, intent).is_some() {
+                    fail("a reservation makes a money sum overflow");
+                }
                 let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("intent reserved by an unknown run"));
                 run.intents.push(intent.key.clone());
                 run.last_seq = seq;
@@ -837,6 +964,9 @@ impl Ledger {
                         absence_proven: false,
                         note: None,
                         duplicates_suppressed: 0,
+                        not_sent: 0,
+                        latest_not_sent: false,
+                        latest_attempt_run: None,
                         last_seq: seq,
                     },
                 );
@@ -844,8 +974,16 @@ impl Ledger {
             other => {
                 let key = other.intent_key().unwrap_or_else(|| fail("event without an intent key"));
                 let intent = self.intents.get_mut(key).unwrap_or_else(|| fail("event on an unknown intent"));
+                let retrying = match other {
+                    Event::AttemptStarted { run_id, .. } if intent.network_retry_by(run_id) => Some(run_id.clone()),
+                    _ => None,
+                };
                 apply_to_intent(intent, other, at).unwrap_or_else(|what| fail(what));
                 intent.last_seq = seq;
+                if let Some(run_id) = retrying {
+                    let run = self.runs.get_mut(&run_id).unwrap_or_else(|| fail("a retry by an unknown run"));
+                    run.network_retries += 1;
+                }
             }
         }
     }
@@ -913,11 +1051,14 @@ impl Ledger {
                         intent.definition.fingerprint
                     )));
                 }
+                let expires_at = checked_plus_ms(now, *ttl_ms).ok_or_else(|| {
+                    Refusal::NotAllowed(format!("an approval valid for {ttl_ms} ms would expire past any date"))
+                })?;
                 events.push(Event::ApprovalGranted {
                     key: key.clone(),
                     fingerprint: intent.definition.fingerprint.clone(),
                     by: by.clone(),
-                    expires_at: plus_ms(now, *ttl_ms),
+                    expires_at,
                 });
                 ReplyTarget::Intent(key.clone(), false)
             }
@@ -944,22 +1085,16 @@ impl Ledger {
                 events.push(Event::IntentCancelled { key: key.clone(), by: by.clone(), reason: reason.clone() });
                 ReplyTarget::Intent(key.clone(), false)
             }
-            Action::Resolve { key, by, reason, landed } => {
+            Action::Resolve { key, by, reason, landed, lookup, override_reason } => {
                 let intent = self.existing(key)?;
-                if !matches!(intent.status, IntentStatus::OutcomeUnknown | IntentStatus::Escalated) {
-                    return Err(Refusal::NotAllowed(format!(
-                        "intent {key} is {}: only an outcome_unknown or escalated intent can be resolved by hand",
-                        intent.status.as_str()
-                    )));
-                }
-                if landed.as_deref().is_some_and(str::is_empty) {
-                    return Err(Refusal::NotAllowed("--landed needs the provider's reference as evidence".to_owned()));
-                }
+                let check =
+                    decide_resolution(intent, landed.as_deref(), lookup.as_ref(), override_reason.as_deref(), now)?;
                 events.push(Event::IntentResolved {
                     key: key.clone(),
                     by: by.clone(),
                     reason: reason.clone(),
                     landed: landed.clone(),
+                    check,
                 });
                 ReplyTarget::Intent(key.clone(), false)
             }
@@ -1129,11 +1264,19 @@ impl Ledger {
             return Ok(ReplyTarget::Intent(key.clone(), false));
         }
 
-        if definition.amount_minor <= 0 {
-            return Err(Refusal::Rejected {
-                code: RejectCode::InvalidArguments,
-                detail: "amount_minor must be a positive integer".to_owned(),
-            });
+        let invalid = |detail: String| Refusal::Rejected { code: RejectCode::InvalidArguments, detail };
+        check_amount(definition.amount_minor).map_err(|e| invalid(format!("amount_minor: {e}")))?;
+        if !Currency::is_canonical(&definition.currency) {
+            return Err(invalid(format!(
+                "currency: {:?} is not an upper-case ISO 4217 code (parse it with engine::money::Currency)",
+                definition.currency
+            )));
+        }
+        if let Some(other) = self.run_currency(run_id).filter(|c| *c != definition.currency) {
+            return Err(invalid(format!(
+                "run {run_id} moves {other}: its money budget is one sum, so it cannot also move {}",
+                definition.currency
+            )));
         }
         if now >= deadline_at {
             return Err(Refusal::Rejected {
@@ -1141,6 +1284,9 @@ impl Ledger {
                 detail: format!("run {run_id} passed its deadline {deadline_at}"),
             });
         }
+        // A second charge key for the same reference asserts a second charge: refused while the
+        // first is open. Refunds are not bound by it: distinct refunds of one order are distinct
+        // intents, and the cumulative invariant below is what protects the order.
         let reference = (definition.tenant.clone(), definition.kind, definition.business_ref.clone());
         if let Some(pending) = self
             .references
@@ -1148,7 +1294,7 @@ impl Ledger {
             .into_iter()
             .flatten()
             .filter_map(|k| self.intents.get(k))
-            .find(|i| i.pending())
+            .find(|i| i.definition.kind == EffectKind::Charge && i.pending())
         {
             return Err(Refusal::Rejected {
                 code: RejectCode::ReferencePending,
@@ -1161,31 +1307,20 @@ impl Ledger {
                 ),
             });
         }
+        if let Some(detail) = self.reservation_overflows(run_id, definition) {
+            return Err(Refusal::Rejected { code: RejectCode::InvariantViolated, detail });
+        }
         if definition.kind == EffectKind::Refund {
-            let charged = self.order_charged_minor(&definition.tenant, &definition.order_id);
-            let refunded = self.order_refunds_committed_minor(&definition.tenant, &definition.order_id);
-            if refunded + definition.amount_minor > charged {
-                return Err(Refusal::Rejected {
-                    code: RejectCode::InvariantViolated,
-                    detail: format!(
-                        "refund of {} on order {} would bring refunds to {} (reserved, unknown or validated) \
-                         above the {} charged",
-                        definition.amount_minor,
-                        definition.order_id,
-                        refunded + definition.amount_minor,
-                        charged
-                    ),
-                });
-            }
+            self.check_refund(definition)?;
         }
         if let Some(max) = limits.cost_minor_max {
-            let committed = if self.runs.contains_key(run_id) { self.run_cost_committed_minor(run_id) } else { 0 };
-            if committed + definition.amount_minor > max {
+            let committed = self.run_cost_committed_minor(run_id);
+            let after = committed.checked_add(definition.amount_minor);
+            if after.is_none_or(|after| after > max) {
                 return Err(Refusal::Rejected {
                     code: RejectCode::BudgetExhausted,
                     detail: format!(
-                        "run {run_id} has {} of its {max} minor-unit budget left; {} asked",
-                        max - committed,
+                        "run {run_id} has committed {committed} of its {max} minor-unit budget; {} more asked",
                         definition.amount_minor
                     ),
                 });
@@ -1208,6 +1343,42 @@ impl Ledger {
             events.push(Event::AttemptStarted { key: key.clone(), attempt: 1, run_id: run_id.clone() });
         }
         Ok(ReplyTarget::Intent(key.clone(), true))
+    }
+
+    /// The currency of the money a run already reserved, if it reserved any.
+    fn run_currency(&self, run_id: &RunId) -> Option<&str> {
+        let run = self.runs.get(run_id)?;
+        run.intents.first().and_then(|key| self.intents.get(key)).map(|intent| intent.definition.currency.as_str())
+    }
+
+    /// A refund's currency must be its order's charge's, and refunds reserved, unknown or
+    /// validated in that currency never exceed what was charged in it.
+    fn check_refund(&self, definition: &IntentDefinition) -> Result<(), Refusal> {
+        let (tenant, order, currency) = (&definition.tenant, &definition.order_id, &definition.currency);
+        let charged_in = self.order_charge_currencies(tenant, order);
+        if !charged_in.is_empty() && !charged_in.contains(&currency.as_str()) {
+            return Err(Refusal::Rejected {
+                code: RejectCode::InvalidArguments,
+                detail: format!(
+                    "currency: order {order} was charged in {}, a refund of it cannot be in {currency}",
+                    charged_in.join(", ")
+                ),
+            });
+        }
+        let charged = self.order_charged_minor(tenant, order, currency);
+        let refunded = self.order_refunds_committed_minor(tenant, order, currency);
+        let after = refunded.checked_add(definition.amount_minor);
+        if after.is_none_or(|after| after > charged) {
+            return Err(Refusal::Rejected {
+                code: RejectCode::InvariantViolated,
+                detail: format!(
+                    "refund of {} {currency} on order {order} would bring refunds (reserved, unknown or validated) \
+                     from {refunded} above the {charged} {currency} charged",
+                    definition.amount_minor
+                ),
+            });
+        }
+        Ok(())
     }
 
     fn decide_start_attempt(
@@ -1253,13 +1424,19 @@ impl Ledger {
                 }
             }
         }
-        if intent.attempts >= intent.attempts_max {
+        if intent.attempts_spent() >= intent.attempts_max {
             events.push(Event::IntentEscalated {
                 key: key.clone(),
                 reason: format!("all {} attempts spent", intent.attempts_max),
                 absence_proven: intent.absence_proven,
             });
             return Ok(ReplyTarget::Intent(key.clone(), false));
+        }
+        if intent.network_retry_by(run_id) {
+            let spent = self.runs.get(run_id).map_or(0, |run| run.network_retries);
+            if spent >= limits::NETWORK_RETRIES_PER_RUN_MAX {
+                return Err(Refusal::NetworkRetriesSpent { run_id: run_id.clone(), spent });
+            }
         }
         if intent.capability.dedup_by_key && !intent.within_key_window(now) {
             events.push(Event::IntentEscalated {
@@ -1348,8 +1525,7 @@ impl Ledger {
             attempt,
             reason,
             detail,
-            reconcile_after: can_reconcile
-                .then(|| plus_ms(now, limits::reconcile_backoff_ms(intent.reconciliations + 1))),
+            reconcile_after: can_reconcile.then(|| after_backoff(now, intent.reconciliations + 1)),
         });
         if !can_reconcile {
             events.push(Event::IntentEscalated {
@@ -1446,32 +1622,24 @@ impl Ledger {
             if spent {
                 (AfterLookup::Escalated, Some((reason, false)))
             } else {
-                (
-                    AfterLookup::RetryAt {
-                        reconcile_after: plus_ms(now, limits::reconcile_backoff_ms(reconciliation + 1)),
-                    },
-                    None,
-                )
+                (AfterLookup::RetryAt { reconcile_after: after_backoff(now, reconciliation + 1) }, None)
             }
         };
         let (after, escalation) = match status {
             LookupStatus::Found => (AfterLookup::Validated, None),
             LookupStatus::Absent => {
-                let window_end = intent
-                    .last_sent_at
-                    .map(|sent| plus_ms(sent, intent.capability.consistency_window_ms))
-                    .unwrap_or(now);
+                let window_end = intent.resend_window_end().unwrap_or(now);
                 if now < window_end {
                     if spent {
                         (
                             AfterLookup::Escalated,
-                            Some(("absent, but only inside the consistency window".to_owned(), false)),
+                            Some(("absent, but only before the request was certainly over".to_owned(), false)),
                         )
                     } else {
-                        let backoff = plus_ms(now, limits::reconcile_backoff_ms(reconciliation + 1));
-                        (AfterLookup::RetryAt { reconcile_after: backoff.max(window_end) }, None)
+                        // Too early to believe: look again the moment the absence can be proof.
+                        (AfterLookup::RetryAt { reconcile_after: window_end }, None)
                     }
-                } else if intent.attempts >= intent.attempts_max {
+                } else if intent.attempts_spent() >= intent.attempts_max {
                     (
                         AfterLookup::Escalated,
                         Some((format!("proven absent, all {} attempts spent", intent.attempts_max), true)),
@@ -1560,7 +1728,86 @@ impl Ledger {
     }
 }
 
+/// When reconciliation number `n` is due after `now`.
+fn after_backoff(now: DateTime<Utc>, n: u32) -> DateTime<Utc> {
+    checked_plus_ms(now, limits::reconcile_backoff_ms(n))
+        .expect("a clock's now plus at most RECONCILE_BACKOFF_MAX_MS is an instant: clocks tell real times")
+}
+
+/// What an operator's resolution is, checked against what the provider's lookup said. A
+/// contradiction is refused unless overridden with a reason.
+fn decide_resolution(
+    intent: &Intent,
+    landed: Option<&str>,
+    lookup: Option<&LookupOutcome>,
+    override_reason: Option<&str>,
+    now: DateTime<Utc>,
+) -> Result<ResolutionCheck, Refusal> {
+    let key = intent.key();
+    if !matches!(intent.status, IntentStatus::OutcomeUnknown | IntentStatus::Escalated) {
+        return Err(Refusal::NotAllowed(format!(
+            "intent {key} is {}: only an outcome_unknown or escalated intent can be resolved by hand",
+            intent.status.as_str()
+        )));
+    }
+    if landed.is_some_and(|r| !is_provider_ref(r)) {
+        return Err(Refusal::NotAllowed("--landed needs the provider's reference as evidence".to_owned()));
+    }
+    if let Some(reason) = override_reason
+        && reason.trim().is_empty()
+    {
+        return Err(Refusal::NotAllowed("--override needs the reason the provider's answer is wrong".to_owned()));
+    }
+    let says = match (lookup, landed) {
+        (None, _) if intent.capability.lookup => {
+            return Err(Refusal::NotAllowed(format!(
+                "intent {key}: its provider can look it up, so a resolution must be checked with it first"
+            )));
+        }
+        (None, _) => {
+            let detail = format!("the provider (tier {}) offers no lookup", intent.capability.tier());
+            return Ok(ResolutionCheck::Unverified { detail });
+        }
+        (Some(LookupOutcome::Unavailable { detail }), _) => {
+            return Ok(ResolutionCheck::Unverified { detail: format!("the lookup was unavailable: {detail}") });
+        }
+        (Some(LookupOutcome::Found(evidence)), Some(landed))
+            if evidence.provider_ref == landed && evidence_mismatch(intent, evidence).is_none() =>
+        {
+            return Ok(ResolutionCheck::Confirmed);
+        }
+        (Some(LookupOutcome::Found(evidence)), _) => format!(
+            "it holds {} for {} {} under this key",
+            evidence.provider_ref, evidence.amount_minor, evidence.currency
+        ),
+        (Some(LookupOutcome::Absent), None) if intent.resend_window_end().is_none_or(|end| now >= end) => {
+            return Ok(ResolutionCheck::Confirmed);
+        }
+        (Some(LookupOutcome::Absent), None) => {
+            let detail = "absent, but the request may not be over yet: a lookup may still miss it".to_owned();
+            return Ok(ResolutionCheck::Unverified { detail });
+        }
+        (Some(LookupOutcome::Absent), Some(_)) => "it has no effect under this key".to_owned(),
+    };
+    match override_reason {
+        Some(reason) => Ok(ResolutionCheck::Overridden { provider_says: says, reason: reason.to_owned() }),
+        None => Err(Refusal::NotAllowed(format!(
+            "intent {key}: the provider contradicts this resolution: {says}; nothing was recorded \
+             (pass --override REASON to record it anyway)"
+        ))),
+    }
+}
+
+/// A provider reference an operator or a provider may give as evidence: not blank, no
+/// control or invisible characters, visible ASCII (what providers' ids are made of).
+fn is_provider_ref(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|b| b.is_ascii_graphic())
+}
+
 fn evidence_mismatch(intent: &Intent, evidence: &Evidence) -> Option<String> {
+    if !is_provider_ref(&evidence.provider_ref) {
+        return Some(format!("the provider's answer names no effect (id {:?})", evidence.provider_ref));
+    }
     let definition = &intent.definition;
     (evidence.amount_minor != definition.amount_minor || evidence.currency != definition.currency).then(|| {
         format!(
@@ -1600,7 +1847,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.status = S::Rejected;
             intent.note = Some(format!("denied by {by}: {reason}"));
         }
-        Event::AttemptStarted { attempt, .. } => {
+        Event::AttemptStarted { attempt, run_id, .. } => {
             if *attempt != intent.attempts + 1 {
                 return Err("attempt numbers must follow each other");
             }
@@ -1609,6 +1856,8 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.attempts = *attempt;
             intent.status = S::Attempting;
+            intent.latest_not_sent = false;
+            intent.latest_attempt_run = Some(run_id.clone());
             intent.first_sent_at.get_or_insert(at);
             intent.last_sent_at = Some(at);
             intent.absence_proven = false;
@@ -1620,6 +1869,8 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.status = S::Reserved;
             intent.absence_proven = true;
+            intent.not_sent += 1;
+            intent.latest_not_sent = true;
         }
         Event::IntentValidated { source, evidence, .. } => {
             intent.status = S::Validated;
@@ -1683,7 +1934,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.status = S::Cancelled;
             intent.note = Some(format!("cancelled by {by}: {reason}"));
         }
-        Event::IntentResolved { by, reason, landed, .. } => {
+        Event::IntentResolved { by, reason, landed, check, .. } => {
             if !matches!(intent.status, S::OutcomeUnknown | S::Escalated) {
                 return Err("manual resolution of an intent that is not unknown or escalated");
             }
@@ -1696,12 +1947,12 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
                         amount_minor: intent.definition.amount_minor,
                         currency: intent.definition.currency.clone(),
                     });
-                    intent.note = Some(format!("resolved landed by {by}: {reason}"));
+                    intent.note = Some(format!("resolved landed by {by}{}: {reason}", check.annotation()));
                 }
                 None => {
                     intent.status = S::Cancelled;
                     intent.absence_proven = true;
-                    intent.note = Some(format!("resolved absent by {by}: {reason}"));
+                    intent.note = Some(format!("resolved absent by {by}{}: {reason}", check.annotation()));
                 }
             }
             intent.reconcile_after = None;

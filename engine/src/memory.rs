@@ -112,6 +112,8 @@ pub struct MemoryEffect {
     pub order_id: String,
     /// The amount moved.
     pub amount_minor: i64,
+    /// The currency, as the request carried it.
+    pub currency: String,
     /// The provider's reference.
     pub provider_ref: String,
 }
@@ -236,6 +238,7 @@ impl crate::provider::PaymentProvider for MemoryProvider {
                         intent_id: request.intent_id.clone(),
                         order_id: request.order_id.clone(),
                         amount_minor: request.amount_minor,
+                        currency: request.currency.clone(),
                         provider_ref: evidence.provider_ref.clone(),
                     });
                     evidence

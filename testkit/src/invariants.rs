@@ -47,8 +47,25 @@ pub struct Effect {
     pub order_id: String,
     /// Amount moved.
     pub amount_minor: i64,
+    /// The currency it moved in, upper case (totals are per currency).
+    pub currency: String,
     /// The provider's id (the evidence a validated intent must carry).
     pub provider_ref: String,
+}
+
+impl From<engine::memory::MemoryEffect> for Effect {
+    fn from(effect: engine::memory::MemoryEffect) -> Self {
+        Self {
+            idempotency_key: effect.idempotency_key,
+            kind: effect.kind,
+            tenant: effect.tenant,
+            intent_id: effect.intent_id,
+            order_id: effect.order_id,
+            amount_minor: effect.amount_minor,
+            currency: effect.currency,
+            provider_ref: effect.provider_ref,
+        }
+    }
 }
 
 impl From<&adapters::sim::EffectRecord> for Effect {
@@ -60,6 +77,7 @@ impl From<&adapters::sim::EffectRecord> for Effect {
             intent_id: record.intent_id.clone(),
             order_id: record.order_id.clone(),
             amount_minor: record.amount_minor,
+            currency: record.currency.to_ascii_uppercase(),
             provider_ref: record.id.clone(),
         }
     }
@@ -182,12 +200,16 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
             report.budget_refills += 1;
             report.note(format!("seq {}: run {} is over its budget", stored.seq, after.run_id));
         }
-        let (tenant, order) = (&after.definition.tenant, &after.definition.order_id);
-        let refunds = ledger.order_refunds_committed_minor(tenant, order);
-        let charged = ledger.order_charged_minor(tenant, order);
+        let (tenant, order, currency) =
+            (&after.definition.tenant, &after.definition.order_id, &after.definition.currency);
+        let refunds = ledger.order_refunds_committed_minor(tenant, order, currency);
+        let charged = ledger.order_charged_minor(tenant, order, currency);
         if refunds > charged {
             report.refund_overdraws += 1;
-            report.note(format!("seq {}: order {order} has {refunds} refunded of {charged} charged", stored.seq));
+            report.note(format!(
+                "seq {}: order {order} has {refunds} {currency} refunded of {charged} charged",
+                stored.seq
+            ));
         }
     }
 
@@ -225,18 +247,20 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
             report.note(format!("{key}: {} effect(s) but {started} committed AttemptStarted", found.len()));
         }
     }
-    let mut per_order: HashMap<(&str, &str), (i64, i64)> = HashMap::new();
+    // Per order and currency, in i128: a provider that moved absurd amounts must be reported,
+    // not overflow the check.
+    let mut per_order: HashMap<(&str, &str, &str), (i128, i128)> = HashMap::new();
     for effect in effects {
-        let sums = per_order.entry((&effect.tenant, &effect.order_id)).or_default();
+        let sums = per_order.entry((&effect.tenant, &effect.order_id, &effect.currency)).or_default();
         match effect.kind {
-            EffectKind::Charge => sums.0 += effect.amount_minor,
-            EffectKind::Refund => sums.1 += effect.amount_minor,
+            EffectKind::Charge => sums.0 += i128::from(effect.amount_minor),
+            EffectKind::Refund => sums.1 += i128::from(effect.amount_minor),
         }
     }
-    for ((_, order), (charged, refunded)) in per_order {
+    for ((_, order, currency), (charged, refunded)) in per_order {
         if refunded > charged {
             report.refund_overdraws += 1;
-            report.note(format!("order {order}: the provider refunded {refunded} of {charged} charged"));
+            report.note(format!("order {order}: the provider refunded {refunded} {currency} of {charged} charged"));
         }
     }
 

@@ -100,19 +100,7 @@ fn eight_workers_on_one_database_reserve_each_key_once() {
     let distinct = WORKERS * (INTENTS_PER_WORKER - SHARED_KEYS) + SHARED_KEYS;
     assert_eq!(reservations.len(), distinct, "every key reserved");
     assert!(reservations.values().all(|n| *n == 1), "exactly one reservation wins per key");
-    let effects: Vec<testkit::Effect> = provider
-        .effects()
-        .into_iter()
-        .map(|e| testkit::Effect {
-            idempotency_key: e.idempotency_key,
-            kind: e.kind,
-            tenant: e.tenant,
-            intent_id: e.intent_id,
-            order_id: e.order_id,
-            amount_minor: e.amount_minor,
-            provider_ref: e.provider_ref,
-        })
-        .collect();
+    let effects: Vec<testkit::Effect> = provider.effects().into_iter().map(testkit::Effect::from).collect();
     assert_eq!(effects.len(), distinct, "one effect per key, none duplicated");
     let report = testkit::invariants::check(&events, &effects);
     assert!(report.is_ok(), "{report:#?}");

@@ -16,7 +16,13 @@ enum Step {
     Refund(Option<&'static str>),
     Resume(Option<&'static str>),
     Reconcile(Option<&'static str>),
+    /// Let the crashed attempt's request timeout pass: until then it may still land, so
+    /// Keel does not believe a lookup's "absent" (real time passing, not synchronisation).
+    WaitOutTimeout,
 }
+
+/// The provider request timeout every step runs with (the consistency window is 0).
+const REQUEST_TIMEOUT_MS: u64 = 300;
 
 const CHARGE_ID: &str = "order_5150_charge";
 const REFUND_ID: &str = "order_5150_refund";
@@ -34,7 +40,8 @@ fn run_step(dir: &Path, url: &str, step: Step) {
     command
         .arg("--db")
         .arg(&db)
-        .args(["--json", "--provider", url, "--provider-timeout-ms", "300", "--provider-consistency-window-ms", "0"])
+        .args(["--json", "--provider", url, "--provider-timeout-ms", &REQUEST_TIMEOUT_MS.to_string()])
+        .args(["--provider-consistency-window-ms", "0"])
         .env_remove("KEEL_PROVIDER_URL")
         .env_remove("KEEL_DB")
         .env_remove("KEEL_FAILPOINT");
@@ -57,6 +64,10 @@ fn run_step(dir: &Path, url: &str, step: Step) {
         Step::Reconcile(fp) => {
             command.args(["reconcile", &refund_key]);
             fp
+        }
+        Step::WaitOutTimeout => {
+            std::thread::sleep(std::time::Duration::from_millis(REQUEST_TIMEOUT_MS + 100));
+            return;
         }
     };
     if let Some(point) = failpoint {
@@ -99,16 +110,28 @@ fn check(plan: Option<&str>, steps: &[Step], kind: &str, id: &str, expected: &st
     assert_eq!(on_key, usize::from(expected == "validated"), "effects on {intent_key}");
 }
 
-use Step::{Charge, Reconcile, Refund, Resume};
+use Step::{Charge, Reconcile, Refund, Resume, WaitOutTimeout};
 
 #[test]
 fn after_reservation() {
-    check(None, &[Charge(Some("after_reservation")), Resume(None), Charge(None)], "charge", CHARGE_ID, "validated");
+    check(
+        None,
+        &[Charge(Some("after_reservation")), Resume(None), WaitOutTimeout, Charge(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
 }
 
 #[test]
 fn after_attempt_started_then_resubmitted() {
-    check(None, &[Charge(Some("after_attempt_started")), Resume(None), Charge(None)], "charge", CHARGE_ID, "validated");
+    check(
+        None,
+        &[Charge(Some("after_attempt_started")), Resume(None), WaitOutTimeout, Charge(None)],
+        "charge",
+        CHARGE_ID,
+        "validated",
+    );
 }
 
 #[test]
@@ -165,7 +188,13 @@ fn after_lookup() {
 fn a_second_crash_after_recover() {
     check(
         None,
-        &[Charge(Some("after_attempt_started")), Resume(Some("after_recover")), Resume(None), Charge(None)],
+        &[
+            Charge(Some("after_attempt_started")),
+            Resume(Some("after_recover")),
+            Resume(None),
+            WaitOutTimeout,
+            Charge(None),
+        ],
         "charge",
         CHARGE_ID,
         "validated",
@@ -188,7 +217,13 @@ fn a_second_crash_inside_recoverys_lookup() {
 fn a_second_crash_inside_recoverys_commit() {
     check(
         None,
-        &[Charge(Some("after_attempt_started")), Resume(Some("in_batch_before_commit")), Resume(None), Charge(None)],
+        &[
+            Charge(Some("after_attempt_started")),
+            Resume(Some("in_batch_before_commit")),
+            Resume(None),
+            WaitOutTimeout,
+            Charge(None),
+        ],
         "charge",
         CHARGE_ID,
         "validated",
@@ -197,7 +232,13 @@ fn a_second_crash_inside_recoverys_commit() {
 
 #[test]
 fn a_refund_crashed_mid_attempt_is_resent_by_resume_alone() {
-    check(None, &[Charge(None), Refund(Some("after_attempt_started")), Resume(None)], "refund", REFUND_ID, "validated");
+    check(
+        None,
+        &[Charge(None), Refund(Some("after_attempt_started")), WaitOutTimeout, Resume(None)],
+        "refund",
+        REFUND_ID,
+        "validated",
+    );
 }
 
 #[test]

@@ -200,6 +200,8 @@ fn every_variant() -> Vec<StoredEvent> {
         by: "ana".into(),
         reason: "not in dashboard".into(),
         landed: None,
+        lookup: Some(LookupOutcome::Absent),
+        override_reason: None,
     };
     ok(exec(resolve, None));
     // IntentCancelled.

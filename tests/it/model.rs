@@ -169,19 +169,7 @@ impl World {
     }
 
     fn effects(&self) -> Vec<Effect> {
-        self.provider
-            .effects()
-            .into_iter()
-            .map(|e| Effect {
-                idempotency_key: e.idempotency_key,
-                kind: e.kind,
-                tenant: e.tenant,
-                intent_id: e.intent_id,
-                order_id: e.order_id,
-                amount_minor: e.amount_minor,
-                provider_ref: e.provider_ref,
-            })
-            .collect()
+        self.provider.effects().into_iter().map(Effect::from).collect()
     }
 
     /// Invariants that hold after every step (liveness only at the end).
@@ -305,15 +293,13 @@ async fn step(world: &mut World, op: &Op) -> Result<(), TestCaseError> {
                     .into_iter()
                     .find(|e| e.idempotency_key == key.as_str())
                     .map(|e| e.provider_ref);
-                world
-                    .log
-                    .execute(Command {
-                        cause: Cause::operator("model"),
-                        start_run: None,
-                        action: Action::Resolve { key, by: "model".into(), reason: "checked".into(), landed },
-                    })
-                    .await
-                    .expect("an unknown or escalated intent can be resolved");
+                // Checked with the provider's lookup first; a lookup that lies is overridden.
+                let executor = world.executor(Failpoints::disarmed());
+                let checked = executor.resolve(&key, "model", "checked", landed.clone(), None).await;
+                if checked.is_err() {
+                    let overridden = executor.resolve(&key, "model", "checked", landed, Some("dashboard".into())).await;
+                    prop_assert!(overridden.is_ok(), "an overridden resolution is recorded: {:?}", overridden.err());
+                }
             }
         }
     }

@@ -337,7 +337,7 @@ async fn three_refunds_of_the_whole_amount_give_one_success_and_two_rejections()
     }
     statuses.sort();
     assert_eq!(statuses, ["rejected", "rejected", "validated"]);
-    assert_eq!(h.ledger().order_refunds_committed_minor(TENANT, "order_4000"), 8990);
+    assert_eq!(h.ledger().order_refunds_committed_minor(TENANT, "order_4000", "EUR"), 8990);
 }
 
 #[tokio::test]
@@ -371,17 +371,7 @@ async fn cancel_is_refused_while_an_outcome_is_unknown() {
         h.command(Action::Cancel { key: key.clone(), by: "ana".into(), reason: "customer asked".into() }).await;
     assert!(matches!(refused, Err(LogError::Refused(Refusal::NotAllowed(_)))));
     assert_eq!(h.status(&key), IntentStatus::OutcomeUnknown);
-    h.command_by(
-        "ana",
-        Action::Resolve {
-            key: key.clone(),
-            by: "ana".into(),
-            reason: "seen in dashboard".into(),
-            landed: Some("ch_1".into()),
-        },
-    )
-    .await
-    .expect("resolves");
+    h.executor.resolve(&key, "ana", "seen in dashboard", Some("ch_1".into()), None).await.expect("resolves");
     assert_eq!(h.status(&key), IntentStatus::Validated);
     let resolved = h.log.events().into_iter().last().expect("an event");
     assert_eq!(resolved.cause.actor, "operator:ana", "the operator's name is recorded");
