@@ -2,10 +2,17 @@
 //!
 //! Owns [`Fields`], a reader over a JSON object that collects every problem as
 //! `field: message` instead of stopping at the first, and refuses unknown fields. It never
-//! coerces: a string is not a number, `49.5` is not an amount in minor units.
+//! coerces: a string is not a number, `49.5` is not an amount in minor units. The one
+//! normalisation is the wire's own: a currency code is case-insensitive, so `eur` is `EUR`.
+//!
+//! Identifiers (intent ids, order ids) travel to the provider in headers and metadata, so
+//! they are visible ASCII only: a control character, a zero-width space or an accented letter
+//! would be accepted here and fail there, leaving an effect of unknown outcome.
 
+use engine::event::is_uuid;
 use engine::executor::IntentRequest;
-use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS};
+use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS, ORDER_ID_MAX_CHARS};
+use engine::money::{Currency, check_amount};
 use engine::provider::{EffectKind, Secret};
 use serde_json::{Map, Value};
 
@@ -73,18 +80,36 @@ impl<'a> Fields<'a> {
         value.to_ascii_lowercase()
     }
 
-    /// An intent id of 12 to 120 characters.
-    pub fn intent_id(&mut self, name: &str) -> String {
-        self.string(name, INTENT_ID_MIN_CHARS, INTENT_ID_MAX_CHARS)
+    /// An identifier of `min` to `max` characters, each visible ASCII (no space, no control,
+    /// invisible or non-ASCII character).
+    pub fn identifier(&mut self, name: &str, min: usize, max: usize) -> String {
+        let value = self.string(name, min, max);
+        if let Some(bad) = value.chars().find(|c| !c.is_ascii_graphic()) {
+            self.problems
+                .push(format!("{name}: must be visible ASCII characters only (found {:?}, U+{:04X})", bad, bad as u32));
+        }
+        value
     }
 
-    /// A positive amount in integer minor units.
+    /// An intent id of 12 to 120 visible ASCII characters.
+    pub fn intent_id(&mut self, name: &str) -> String {
+        self.identifier(name, INTENT_ID_MIN_CHARS, INTENT_ID_MAX_CHARS)
+    }
+
+    /// A positive amount in integer minor units, at most `engine::limits::AMOUNT_MINOR_MAX`.
     pub fn amount_minor(&mut self, name: &str) -> i64 {
         match self.get(name) {
             Some(Value::Number(n)) => match n.as_i64() {
-                Some(amount) if amount > 0 => amount,
-                Some(_) => {
-                    self.problems.push(format!("{name}: must be a positive integer (minor units)"));
+                Some(amount) => match check_amount(amount) {
+                    Ok(amount) => amount,
+                    Err(e) => {
+                        self.problems.push(format!("{name}: must be a positive integer of minor units: {e}"));
+                        0
+                    }
+                },
+                None if n.is_u64() => {
+                    self.problems
+                        .push(format!("{name}: {n} is above the maximum of {}", engine::limits::AMOUNT_MINOR_MAX));
                     0
                 }
                 None => {
@@ -100,15 +125,20 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// One of [`CURRENCIES`].
+    /// One of [`CURRENCIES`], in any case; returned upper case.
     pub fn currency(&mut self, name: &str) -> String {
         let value = self.string(name, 0, usize::MAX);
         let present = self.object.and_then(|o| o.get(name)).is_some_and(Value::is_string);
-        if present && !CURRENCIES.contains(&value.as_str()) {
-            self.problems
-                .push(format!("{name}: unsupported currency {value:?} (supported: {})", CURRENCIES.join(", ")));
+        match Currency::parse(&value) {
+            Ok(code) if CURRENCIES.contains(&code.as_str()) => code.into_string(),
+            _ => {
+                if present {
+                    self.problems
+                        .push(format!("{name}: unsupported currency {value:?} (supported: {})", CURRENCIES.join(", ")));
+                }
+                value
+            }
         }
-        value
     }
 
     /// The five fields every single-effect input has (tenant UUID, intent id, order id,
@@ -117,7 +147,7 @@ impl<'a> Fields<'a> {
         let mut stored = Map::new();
         stored.insert("tenant_id".to_owned(), Value::String(self.uuid("tenant_id")));
         stored.insert("intent_id".to_owned(), Value::String(self.intent_id("intent_id")));
-        stored.insert("order_id".to_owned(), Value::String(self.string("order_id", 1, 256)));
+        stored.insert("order_id".to_owned(), Value::String(self.identifier("order_id", 1, ORDER_ID_MAX_CHARS)));
         stored.insert("amount_minor".to_owned(), Value::from(self.amount_minor("amount_minor")));
         stored.insert("currency".to_owned(), Value::String(self.currency("currency")));
         stored
@@ -155,15 +185,6 @@ pub fn intent_request(
         payload: Value::Object(payload),
         payment_method,
     }
-}
-
-fn is_uuid(text: &str) -> bool {
-    let groups: Vec<&str> = text.split('-').collect();
-    groups.len() == 5
-        && groups
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(g, len)| g.len() == len && g.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
