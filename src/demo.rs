@@ -282,7 +282,8 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     let reader = store::Reader::open(&demo.db)?;
     let verify = reader.verify()?;
     let all_ok = demo.scenes.iter().all(|s| s.ok) && verify.is_ok();
-    out.emit(&json!({"ok": all_ok, "dir": dir, "scenes": demo.scenes, "verify": verify}), || {
+    let document = json!({"ok": all_ok, "dir": dir, "scenes": demo.scenes, "verify": verify});
+    out.emit(&crate::output::name_intent_keys(document), || {
         println!(
             "\n{} `keel verify`: {} events, hash chain and projections {}",
             if verify.is_ok() { "✔" } else { "✘" },

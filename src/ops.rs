@@ -383,7 +383,7 @@ pub fn verify(db: &Path, out: &Output) -> anyhow::Result<u8> {
     }
     let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
     let report = reader.verify()?;
-    out.emit(&report, || match report.first_mismatch() {
+    out.emit(&name_intent_keys(serde_json::to_value(&report)?), || match report.first_mismatch() {
         None => println!(
             "ok: {} events, hash chain intact, {} intents and {} runs match their replay",
             report.events, report.intents, report.runs

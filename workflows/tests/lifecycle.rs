@@ -438,7 +438,8 @@ async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
         run_id: run.clone(),
         workflow: "charge".into(),
         input: json!({}),
-        deadline_at: engine::clock::plus_ms(h.clock.now(), 120_000),
+        deadline_at: engine::clock::checked_plus_ms(h.clock.now(), 120_000)
+            .expect("two minutes from now is an instant"),
         limits: limits(),
     };
     h.log
