@@ -230,13 +230,14 @@ pub enum ResolutionCheck {
     /// The provider's lookup agrees: the effect it holds is the one named, or it holds none
     /// past the window in which a lookup may still miss one.
     Confirmed,
-    /// The provider could not be asked (no lookup in its tier, the lookup unavailable, or too
-    /// early to believe an absence): the operator's word alone.
+    /// The provider could not check it (no lookup in its tier, or an absence too early to be
+    /// proof): the operator's word alone.
     Unverified {
         /// Why it could not be checked.
         detail: String,
     },
-    /// The provider contradicted the operator, who recorded the answer anyway.
+    /// The provider contradicted the operator (or its lookup could not answer), who recorded
+    /// the answer anyway.
     Overridden {
         /// What the provider said.
         provider_says: String,

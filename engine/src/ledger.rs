@@ -1735,7 +1735,8 @@ fn after_backoff(now: DateTime<Utc>, n: u32) -> DateTime<Utc> {
 }
 
 /// What an operator's resolution is, checked against what the provider's lookup said. A
-/// contradiction is refused unless overridden with a reason.
+/// contradiction, or a lookup that could not answer, is refused unless overridden with a
+/// reason.
 fn decide_resolution(
     intent: &Intent,
     landed: Option<&str>,
@@ -1768,9 +1769,9 @@ fn decide_resolution(
             let detail = format!("the provider (tier {}) offers no lookup", intent.capability.tier());
             return Ok(ResolutionCheck::Unverified { detail });
         }
-        (Some(LookupOutcome::Unavailable { detail }), _) => {
-            return Ok(ResolutionCheck::Unverified { detail: format!("the lookup was unavailable: {detail}") });
-        }
+        // A provider that can look up but did not answer is not a provider that agrees: an
+        // unreachable --provider must not be a way around the check.
+        (Some(LookupOutcome::Unavailable { detail }), _) => format!("nothing: its lookup is unavailable ({detail})"),
         (Some(LookupOutcome::Found(evidence)), Some(landed))
             if evidence.provider_ref == landed && evidence_mismatch(intent, evidence).is_none() =>
         {

@@ -539,3 +539,23 @@ fn every_json_output_names_the_intent_key_intent_key() {
     assert!(rows.iter().all(|row| row["intent_key"].is_string()), "{rows:?}");
     assert_eq!(outputs[4].1["intent"]["intent_key"], key.as_str());
 }
+
+#[test]
+fn resolve_with_a_provider_that_cannot_answer_is_refused_unless_overridden() {
+    let (dir, db) = temp();
+    let sim = lost_answer_sim(dir.path());
+    let key = landed_but_unknown(&db, &sim);
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+        format!("http://{}", listener.local_addr().expect("an address"))
+    };
+    let before = event_count(&db);
+    let args = ["resolve", &key, "--absent", "--by", "ana", "--reason", "r"];
+    let (code, out, _) = keel(&db, Some(&closed), &args);
+    assert_eq!(code, 2, "an unreachable lookup is no check: {out}");
+    assert_eq!(event_count(&db), before);
+    let (code, out, _) =
+        keel(&db, Some(&closed), &[&args[..], &["--override", "provider down, bank says no"]].concat());
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(last_event(&db, &key)["payload"]["check"]["verdict"], "overridden");
+}
