@@ -1114,10 +1114,29 @@ impl Executor {
                 }
             };
             let written = ctx.started();
+            let mut output = output;
             if finish && written {
                 let detail = output.get("details").and_then(|d| d.get(0)).and_then(Value::as_str).map(str::to_owned);
                 let lease = ctx.lease.clone().map_or(LeaseUse::None, LeaseUse::Release);
-                ctx.execute_under(Action::FinishRun { run_id: ctx.run_id.clone(), status, detail }, lease).await?;
+                let finished =
+                    ctx.execute_under(Action::FinishRun { run_id: ctx.run_id.clone(), status, detail }, lease);
+                match finished.await {
+                    Ok(_) => {}
+                    // Another process took the run while this one finished its work (this one
+                    // was presumed dead): what it learned is recorded; the new holder ends the run.
+                    Err(LogError::Refused(refusal @ Refusal::Fenced { .. })) => {
+                        tracing::warn!(%refusal, "the run was taken over; its new holder finishes it");
+                        if let Some(details) = output.get_mut("details").and_then(Value::as_array_mut) {
+                            details.push(Value::String(format!("{refusal}; the new holder finishes the run")));
+                        } else if let Some(map) = output.as_object_mut() {
+                            map.insert(
+                                "details".into(),
+                                serde_json::json!([format!("{refusal}; the new holder finishes the run")]),
+                            );
+                        }
+                    }
+                    Err(other) => return Err(other.into()),
+                }
                 if let Some(grant) = &ctx.lease {
                     self.runtime.lessee.forget(&grant.run_id);
                 }

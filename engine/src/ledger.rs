@@ -2167,3 +2167,6 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;
