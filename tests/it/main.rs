@@ -4,6 +4,7 @@
 
 mod adversarial;
 mod agent;
+mod approvals;
 mod cli;
 mod concurrency;
 mod crash;
