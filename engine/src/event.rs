@@ -13,6 +13,7 @@
 //! that must keep decoding and folding to the same state.
 
 use crate::agent::AgentEvent;
+use crate::lease::LeaseOwner;
 use crate::provider::{Capability, EffectKind, Evidence, UnknownReason};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -265,6 +266,62 @@ impl ResolutionCheck {
     }
 }
 
+/// Why Keel released an intent without an effect.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum ReleaseReason {
+    /// The agent run that reserved it stopped before sending it; nobody else can.
+    RunEnded {
+        /// How the run ended.
+        status: RunStatus,
+    },
+    /// Its effect was proven absent after the agent run that reserved it had ended.
+    AbsentAfterRunEnded,
+}
+
+impl fmt::Display for ReleaseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::RunEnded { status } => {
+                write!(f, "its agent run stopped ({}) before sending it; nothing will", status.as_str())
+            }
+            Self::AbsentAfterRunEnded => f.write_str("proven absent after its agent run ended; nothing will send it"),
+        }
+    }
+}
+
+/// A definitive answer that arrived after its attempt stopped being awaited.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum LateAnswer {
+    /// The provider confirmed the effect.
+    Succeeded {
+        /// Its evidence.
+        evidence: Evidence,
+    },
+    /// The provider definitively refused it.
+    Declined {
+        /// The provider's code.
+        code: String,
+    },
+}
+
+/// What a late answer meant for its intent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum LateVerdict {
+    /// It settles an intent that was still open (unknown, reconciling, proven absent…).
+    Settled,
+    /// It agrees with what the intent already says.
+    Consistent,
+    /// It contradicts the intent (an effect Keel recorded as absent, a second receipt for
+    /// one key, another amount): the intent escalates to an operator.
+    Contradicted {
+        /// What disagrees.
+        detail: String,
+    },
+}
+
 /// Limits a run starts with. Part of `RunStarted`, so a restart never refills them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunLimits {
@@ -408,6 +465,18 @@ pub enum Event {
         deadline_at: DateTime<Utc>,
         /// The run's limits.
         limits: RunLimits,
+        /// The process that started the run, holding its lease first (fencing token 1).
+        /// Absent in logs written before leases.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<LeaseOwner>,
+    },
+    /// A run waited for a human (outside its working time): its deadline moved by the time
+    /// waited.
+    RunDeadlineExtended {
+        /// The run.
+        run_id: RunId,
+        /// The new absolute deadline (never earlier than the previous one).
+        deadline_at: DateTime<Utc>,
     },
     /// A journaled step produced its output (replay returns it instead of re-running).
     StepRecorded {
@@ -549,6 +618,10 @@ pub enum Event {
         key: IntentKey,
         /// 1, 2, …
         reconciliation: u32,
+        /// The run on whose behalf the lookup is made (its lease holder makes it). Absent in
+        /// logs written before leases: the intent's own run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run_id: Option<RunId>,
     },
     /// A reconciliation lookup answered, and what Keel decided.
     ReconciliationResolved {
@@ -599,6 +672,36 @@ pub enum Event {
         /// The agent fact.
         event: AgentEvent,
     },
+    /// The run waiting on this intent's approval opened its approval window: an approval is
+    /// refused once it closes, and the intent is then released.
+    ApprovalRequested {
+        /// The intent.
+        key: IntentKey,
+        /// When the window closes.
+        closes_at: DateTime<Utc>,
+    },
+    /// Keel released an intent that was never sent (or proven absent) and that nothing will
+    /// send any more: no effect, its money and its order reference freed.
+    IntentReleased {
+        /// The intent.
+        key: IntentKey,
+        /// Why nothing will send it.
+        reason: ReleaseReason,
+    },
+    /// A definitive provider answer arrived for an attempt Keel no longer awaited — its
+    /// worker was presumed dead, or its lease was taken — and was kept as evidence. What it
+    /// did to the intent is `verdict`; a settling or contradicting answer is followed, in the
+    /// same commit, by the `IntentValidated`, `IntentDeclined` or `IntentEscalated` it implies.
+    LateAnswerRecorded {
+        /// The intent.
+        key: IntentKey,
+        /// The attempt the answer is for.
+        attempt: u32,
+        /// What the provider said.
+        answer: LateAnswer,
+        /// What it means for the intent.
+        verdict: LateVerdict,
+    },
     /// An operator resolved an unknown or escalated intent by hand.
     IntentResolved {
         /// The intent.
@@ -621,6 +724,9 @@ impl Event {
     pub fn type_name(&self) -> &'static str {
         match self {
             Self::RunStarted { .. } => "RunStarted",
+            Self::RunDeadlineExtended { .. } => "RunDeadlineExtended",
+            Self::ApprovalRequested { .. } => "ApprovalRequested",
+            Self::IntentReleased { .. } => "IntentReleased",
             Self::StepRecorded { .. } => "StepRecorded",
             Self::TimerStarted { .. } => "TimerStarted",
             Self::SignalDelivered { .. } => "SignalDelivered",
@@ -640,6 +746,7 @@ impl Event {
             Self::ApprovalExpired { .. } => "ApprovalExpired",
             Self::IntentCancelled { .. } => "IntentCancelled",
             Self::IntentResolved { .. } => "IntentResolved",
+            Self::LateAnswerRecorded { .. } => "LateAnswerRecorded",
             Self::AgentRecorded { .. } => "AgentRecorded",
         }
     }
@@ -670,8 +777,12 @@ impl Event {
             | Self::IntentEscalated { key, .. }
             | Self::ApprovalExpired { key, .. }
             | Self::IntentCancelled { key, .. }
-            | Self::IntentResolved { key, .. } => Some(key),
+            | Self::IntentResolved { key, .. }
+            | Self::LateAnswerRecorded { key, .. }
+            | Self::ApprovalRequested { key, .. }
+            | Self::IntentReleased { key, .. } => Some(key),
             Self::RunStarted { .. }
+            | Self::RunDeadlineExtended { .. }
             | Self::StepRecorded { .. }
             | Self::TimerStarted { .. }
             | Self::SignalDelivered { .. }
@@ -684,6 +795,7 @@ impl Event {
     pub fn subject(&self) -> Option<&RunId> {
         match self {
             Self::RunStarted { run_id, .. }
+            | Self::RunDeadlineExtended { run_id, .. }
             | Self::StepRecorded { run_id, .. }
             | Self::TimerStarted { run_id, .. }
             | Self::SignalDelivered { run_id, .. }

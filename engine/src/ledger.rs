@@ -17,9 +17,10 @@
 use crate::agent::{AgentEvent, AgentState};
 use crate::clock::{checked_plus_ms, ms_between};
 use crate::event::{
-    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LookupStatus, ResolutionCheck, RunId, RunLimits, RunStatus,
-    Source, StoredEvent, StreamId,
+    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LateAnswer, LateVerdict, LookupStatus, ReleaseReason,
+    ResolutionCheck, RunId, RunLimits, RunStatus, Source, StoredEvent, StreamId,
 };
+use crate::lease::{ClaimVerdict, LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse, LeaseView, claim_verdict};
 use crate::limits;
 use crate::money::{Currency, check_amount, checked_sum};
 use crate::provider::{CallOutcome, Capability, EffectKind, Evidence, LookupOutcome, UnknownReason};
@@ -156,6 +157,14 @@ pub struct Intent {
     /// The run that started the latest attempt.
     #[serde(skip)]
     pub latest_attempt_run: Option<RunId>,
+    /// The run on whose behalf the attempt or lookup in flight was made (its lease holder
+    /// is the one process allowed to act on it; recovery checks that lease).
+    pub in_flight_run: Option<RunId>,
+    /// Definitive answers that arrived after their attempt stopped being awaited.
+    pub late_answers: u32,
+    /// When the approval window of the run waiting on it closes (an approval after it is
+    /// refused).
+    pub approval_closes_at: Option<DateTime<Utc>>,
     /// Global sequence of the latest event on its stream.
     pub last_seq: u64,
 }
@@ -282,6 +291,8 @@ pub struct Run {
     /// bounded by [`limits::NETWORK_RETRIES_PER_RUN_MAX`].
     #[serde(skip_serializing_if = "is_zero")]
     pub network_retries: u32,
+    /// The process that started the run (it held the run's lease first).
+    pub started_by: Option<LeaseOwner>,
     /// Global sequence of its latest event.
     pub last_seq: u64,
 }
@@ -304,6 +315,8 @@ pub struct AgentRunStart {
     pub input: Value,
     /// The spine's limits for the intents the agent's effect tools reserve.
     pub limits: RunLimits,
+    /// The process starting the run: it holds the run's lease (fencing token 1).
+    pub owner: Option<LeaseOwner>,
 }
 
 /// What a caller asks the ledger to decide.
@@ -316,6 +329,28 @@ pub struct Command {
     pub start_run: Option<RunStart>,
     /// The action.
     pub action: Action,
+    /// The lease the command writes under: a write for a run must present the run's current
+    /// fencing token (see [`crate::lease`]).
+    pub lease: LeaseUse,
+}
+
+impl Command {
+    /// `action` on behalf of `cause`, starting nothing, under no lease.
+    pub fn new(cause: Cause, action: Action) -> Self {
+        Self { cause, start_run: None, action, lease: LeaseUse::None }
+    }
+
+    /// The same command, starting `run` in its commit if accepted.
+    pub fn starting(mut self, run: Option<RunStart>) -> Self {
+        self.start_run = run;
+        self
+    }
+
+    /// The same command, written under `lease`.
+    pub fn under(mut self, lease: LeaseUse) -> Self {
+        self.lease = lease;
+        self
+    }
 }
 
 /// A run to start.
@@ -331,6 +366,8 @@ pub struct RunStart {
     pub deadline_at: DateTime<Utc>,
     /// Its limits.
     pub limits: RunLimits,
+    /// The process starting it: it holds the run's lease (fencing token 1).
+    pub owner: Option<LeaseOwner>,
 }
 
 /// The definition of an intent to reserve.
@@ -394,6 +431,8 @@ pub enum Action {
         key: IntentKey,
         /// Reconcile even if not yet due.
         force: bool,
+        /// The run on whose behalf (whose lease the command holds).
+        run_id: RunId,
     },
     /// Record a lookup's answer.
     RecordLookup {
@@ -404,9 +443,37 @@ pub enum Action {
         /// What the provider said.
         outcome: LookupOutcome,
     },
-    /// Start-up recovery: every attempt without an outcome becomes unknown (crash), every
-    /// interrupted lookup is recorded as such. Exactly once: a second pass finds nothing.
-    Recover,
+    /// Recovery: every attempt without an outcome whose run nobody holds live becomes
+    /// unknown (crash), every such interrupted lookup is recorded as such, and `owner` claims
+    /// those runs' leases in the same commit. An attempt whose run is held live by another
+    /// process is left alone: its owner is waiting for the answer. Exactly once: a second
+    /// pass finds nothing. `run` limits it to one run's intents.
+    Recover {
+        /// The recovering process.
+        owner: LeaseOwner,
+        /// Only the intents in flight for this run (`None`: every run).
+        run: Option<RunId>,
+    },
+    /// Take a run's lease, unless another process holds it live (see [`crate::lease`]).
+    ClaimRun {
+        /// The run.
+        run_id: RunId,
+        /// The claimant.
+        owner: LeaseOwner,
+    },
+    /// Extend the holds of `grants`; a grant whose token is no longer current is reported
+    /// lost (another process claimed the run).
+    RenewLeases {
+        /// The holder.
+        owner: LeaseOwner,
+        /// What it holds.
+        grants: Vec<LeaseGrant>,
+    },
+    /// End the holds of `grants` that are still current: the process is done with them.
+    ReleaseLeases {
+        /// What it gives back.
+        grants: Vec<LeaseGrant>,
+    },
     /// A human approves an intent, bound to its fingerprint.
     Approve {
         /// The intent.
@@ -417,6 +484,12 @@ pub enum Action {
         ttl_ms: u64,
         /// The fingerprint the approver saw; refused if it is not the intent's.
         fingerprint: Option<String>,
+    },
+    /// Checks an approved intent's approval at `now`: one that lapsed is recorded expired
+    /// (`ApprovalExpired`), so the intent awaits a fresh one instead of waiting on a dead one.
+    CheckApproval {
+        /// The intent.
+        key: IntentKey,
     },
     /// A human denies an intent.
     Deny {
@@ -505,6 +578,39 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The run this action writes for, whose lease it must hold (see [`crate::lease`]).
+    /// Reads, operator decisions on intents, signals and provider answers write for no run:
+    /// an answer is evidence whoever brings it.
+    pub fn fenced_run(&self) -> Option<&RunId> {
+        match self {
+            Self::Reserve { run_id, .. }
+            | Self::StartAttempt { run_id, .. }
+            | Self::StartReconciliation { run_id, .. }
+            | Self::RecordStep { run_id, .. }
+            | Self::StartTimer { run_id, .. }
+            | Self::RecordAgent { run_id, .. }
+            | Self::FinishRun { run_id, .. } => Some(run_id),
+            Self::StartRun
+            | Self::Observe { .. }
+            | Self::ObserveRun { .. }
+            | Self::Snapshot
+            | Self::RecordOutcome { .. }
+            | Self::RecordLookup { .. }
+            | Self::Recover { .. }
+            | Self::ClaimRun { .. }
+            | Self::RenewLeases { .. }
+            | Self::ReleaseLeases { .. }
+            | Self::Approve { .. }
+            | Self::CheckApproval { .. }
+            | Self::Deny { .. }
+            | Self::Cancel { .. }
+            | Self::Resolve { .. }
+            | Self::DeliverSignal { .. } => None,
+        }
+    }
+}
+
 /// Why a proposal was rejected before any reservation. Nothing is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -566,6 +672,31 @@ pub enum Refusal {
         /// Retries it made.
         spent: u32,
     },
+    /// The command writes for a run whose lease another process took: its token is stale.
+    #[error(
+        "run {run_id} is now held by {holder} (fencing token {current}); this writer presented {}: its writes are refused",
+        presented.map_or_else(|| "no token".to_owned(), |t| format!("token {t}"))
+    )]
+    Fenced {
+        /// The run.
+        run_id: RunId,
+        /// The token presented, if any.
+        presented: Option<u64>,
+        /// The current token.
+        current: u64,
+        /// The current holder.
+        holder: LeaseOwner,
+    },
+    /// Another process holds the run's lease live.
+    #[error("run {run_id} is held by {owner} until {expires_at} (it renews while it works)")]
+    LeaseHeld {
+        /// The run.
+        run_id: RunId,
+        /// The live holder.
+        owner: LeaseOwner,
+        /// Until when, unless renewed.
+        expires_at: DateTime<Utc>,
+    },
     /// Replayed code asked for something else than what is recorded at this position.
     #[error("nondeterministic replay at position {position}: recorded {recorded:?}, asked {asked:?}")]
     Nondeterministic {
@@ -593,8 +724,15 @@ pub enum Reply {
     },
     /// A run's state.
     Run(Box<Run>),
-    /// Intents recovery turned unknown (or whose lookups it recorded as interrupted).
-    Recovered(Vec<IntentKey>),
+    /// What recovery did.
+    Recovered(Recovery),
+    /// The run's lease, now held by the claimant.
+    Claimed(LeaseGrant),
+    /// Grants that could not be renewed: another process claimed their runs.
+    Renewed {
+        /// The runs lost.
+        lost: Vec<RunId>,
+    },
     /// Intents due for reconciliation and runs not yet finished.
     Snapshot {
         /// Due intents, oldest first.
@@ -613,10 +751,37 @@ pub enum ReplyTarget {
     Intent(IntentKey, bool),
     /// A run.
     Run(RunId),
-    /// Recovered intents.
-    Recovered(Vec<IntentKey>),
+    /// What recovery did.
+    Recovered(Recovery),
+    /// A claimed lease.
+    Claimed(LeaseGrant),
+    /// Renewal result.
+    Renewed(Vec<RunId>),
     /// Due intents and unfinished runs as of `now`.
     Snapshot(DateTime<Utc>),
+}
+
+/// What one recovery pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Intents whose attempt or lookup in flight it recorded as interrupted (`crash`).
+    pub recovered: Vec<IntentKey>,
+    /// The runs whose leases it claimed for them (the recovering process now holds them).
+    pub claimed: Vec<LeaseGrant>,
+    /// Intents left alone because another process holds their run live, with that holder.
+    pub held_elsewhere: Vec<(IntentKey, LeaseOwner)>,
+}
+
+/// What [`Ledger::decide`] decided: the events to append, what to answer, and the lease
+/// changes the store applies in the same transaction.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// Events to append, in order.
+    pub events: Vec<Event>,
+    /// What to answer after they are folded.
+    pub target: ReplyTarget,
+    /// Lease expiries to write.
+    pub leases: Vec<LeaseEffect>,
 }
 
 /// The fold of the whole log.
@@ -805,7 +970,9 @@ impl Ledger {
                 Some(run) => Reply::Run(Box::new(run.clone())),
                 None => Reply::Done,
             },
-            ReplyTarget::Recovered(keys) => Reply::Recovered(keys.clone()),
+            ReplyTarget::Recovered(recovery) => Reply::Recovered(recovery.clone()),
+            ReplyTarget::Claimed(grant) => Reply::Claimed(grant.clone()),
+            ReplyTarget::Renewed(lost) => Reply::Renewed { lost: lost.clone() },
             ReplyTarget::Snapshot(now) => Reply::Snapshot {
                 due: self.due_for_reconciliation(*now),
                 unfinished: self.unfinished_runs().iter().filter_map(|id| self.runs.get(id)).cloned().collect(),
@@ -839,7 +1006,7 @@ impl Ledger {
             |what: &str| -> ! { panic!("impossible transition at seq {seq} on stream {}: {what}", stored.stream) };
 
         match &stored.event {
-            Event::RunStarted { run_id, workflow, input, deadline_at, limits } => {
+            Event::RunStarted { run_id, workflow, input, deadline_at, limits, owner } => {
                 if self.runs.contains_key(run_id) {
                     fail("run started twice");
                 }
@@ -860,9 +1027,18 @@ impl Ledger {
                         agent_events: Vec::new(),
                         agent: AgentState::default(),
                         network_retries: 0,
+                        started_by: owner.clone(),
                         last_seq: seq,
                     },
                 );
+            }
+            Event::RunDeadlineExtended { run_id, deadline_at } => {
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("deadline of an unknown run"));
+                if *deadline_at < run.deadline_at {
+                    fail("a deadline moved back");
+                }
+                run.deadline_at = *deadline_at;
+                run.last_seq = seq;
             }
             Event::StepRecorded { run_id, position, name, output } => {
                 let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("step on an unknown run"));
@@ -967,6 +1143,9 @@ impl Ledger {
                         not_sent: 0,
                         latest_not_sent: false,
                         latest_attempt_run: None,
+                        in_flight_run: None,
+                        late_answers: 0,
+                        approval_closes_at: None,
                         last_seq: seq,
                     },
                 );
@@ -990,8 +1169,12 @@ impl Ledger {
 
     /// Decides what to append for `command` at `now`. Pure: the caller appends the events and
     /// then folds them with [`Ledger::apply`].
-    pub fn decide(&self, command: &Command, now: DateTime<Utc>) -> Result<(Vec<Event>, ReplyTarget), Refusal> {
+    ///
+    /// `leases` answers what the log itself does not hold: when each run's lease expires and
+    /// whether a holder still runs (see [`crate::lease`]).
+    pub fn decide(&self, command: &Command, now: DateTime<Utc>, leases: &dyn LeaseView) -> Result<Decision, Refusal> {
         let mut events = Vec::new();
+        let mut lease_effects = Vec::new();
         let run_start = command.start_run.as_ref();
         if let Some(start) = run_start {
             if self.runs.contains_key(&start.run_id) {
@@ -1003,7 +1186,19 @@ impl Ledger {
                 input: start.input.clone(),
                 deadline_at: start.deadline_at,
                 limits: start.limits.clone(),
+                owner: start.owner.clone(),
             });
+            if let Some(owner) = &start.owner {
+                lease_effects.push(LeaseEffect::Hold {
+                    run_id: start.run_id.clone(),
+                    owner: owner.clone(),
+                    token: 1,
+                    expires_at: bounded_later(now, leases.ttl_ms()),
+                });
+            }
+        }
+        if let Some(run_id) = command.action.fenced_run() {
+            check_fence(run_id, &command.lease, leases)?;
         }
         let target = match &command.action {
             Action::StartRun => match run_start {
@@ -1028,19 +1223,55 @@ impl Ledger {
             Action::RecordOutcome { key, attempt, outcome } => {
                 self.decide_outcome(key, *attempt, outcome, now, &mut events)?
             }
-            Action::StartReconciliation { key, force } => {
-                self.decide_start_reconciliation(key, *force, now, &mut events)?
+            Action::StartReconciliation { key, force, run_id } => {
+                self.decide_start_reconciliation(key, *force, run_id, now, &mut events)?
             }
             Action::RecordLookup { key, reconciliation, outcome } => {
                 self.decide_lookup(key, *reconciliation, outcome, now, &mut events)?
             }
-            Action::Recover => self.decide_recover(now, &mut events),
+            Action::Recover { owner, run } => {
+                self.decide_recover(owner, run.as_ref(), now, leases, &mut events, &mut lease_effects)
+            }
+            Action::ClaimRun { run_id, owner } => self.decide_claim(run_id, owner, now, leases, &mut lease_effects)?,
+            Action::RenewLeases { owner, grants } => {
+                let mut lost = Vec::new();
+                for grant in grants {
+                    match leases.holder(&grant.run_id) {
+                        Some(row) if row.token == grant.token && &row.owner == owner && row.expires_at.is_some() => {
+                            lease_effects.push(LeaseEffect::Hold {
+                                run_id: grant.run_id.clone(),
+                                owner: owner.clone(),
+                                token: grant.token,
+                                expires_at: bounded_later(now, leases.ttl_ms()),
+                            });
+                        }
+                        _ => lost.push(grant.run_id.clone()),
+                    }
+                }
+                ReplyTarget::Renewed(lost)
+            }
+            Action::ReleaseLeases { grants } => {
+                for grant in grants {
+                    if leases.holder(&grant.run_id).is_some_and(|row| row.token == grant.token) {
+                        lease_effects.push(LeaseEffect::Release { run_id: grant.run_id.clone() });
+                    }
+                }
+                ReplyTarget::Done
+            }
             Action::Approve { key, by, ttl_ms, fingerprint } => {
                 let intent = self.existing(key)?;
                 if intent.status != IntentStatus::AwaitingApproval {
                     return Err(Refusal::NotAllowed(format!(
                         "intent {key} is {}, not awaiting approval",
                         intent.status.as_str()
+                    )));
+                }
+                if let Some(closes_at) = intent.approval_closes_at
+                    && now >= closes_at
+                {
+                    return Err(Refusal::NotAllowed(format!(
+                        "approval refused: the approval window of intent {key} closed at {closes_at}; its run \
+                         stops deadline_exceeded and the intent is released when it resumes"
                     )));
                 }
                 if let Some(seen) = fingerprint
@@ -1060,6 +1291,17 @@ impl Ledger {
                     by: by.clone(),
                     expires_at,
                 });
+                ReplyTarget::Intent(key.clone(), false)
+            }
+            Action::CheckApproval { key } => {
+                let intent = self.existing(key)?;
+                let lapsed = intent.status == IntentStatus::Reserved
+                    && intent.approval_required
+                    && intent.attempts == 0
+                    && intent.approval.as_ref().is_some_and(|approval| approval.expires_at <= now);
+                if lapsed {
+                    events.push(Event::ApprovalExpired { key: key.clone() });
+                }
                 ReplyTarget::Intent(key.clone(), false)
             }
             Action::Deny { key, by, reason } => {
@@ -1129,7 +1371,7 @@ impl Ledger {
                 if run_start.is_some() {
                     return Err(Refusal::NotAllowed("an agent run starts with its first facts, not start_run".into()));
                 }
-                self.decide_record_agent(run_id, batch, start.as_ref(), &mut events)?
+                self.decide_record_agent(run_id, batch, start.as_ref(), now, leases, &mut events, &mut lease_effects)?
             }
             Action::FinishRun { run_id, status, detail } => {
                 let run = self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
@@ -1140,17 +1382,64 @@ impl Ledger {
                 ReplyTarget::Run(run_id.clone())
             }
         };
-        Ok((events, target))
+        if let LeaseUse::Release(grant) = &command.lease
+            && leases.holder(&grant.run_id).is_some_and(|row| row.token == grant.token)
+        {
+            lease_effects.push(LeaseEffect::Release { run_id: grant.run_id.clone() });
+        }
+        Ok(Decision { events, target, leases: lease_effects })
+    }
+
+    /// Claims `run_id` for `owner` unless another process holds it live.
+    fn decide_claim(
+        &self,
+        run_id: &RunId,
+        owner: &LeaseOwner,
+        now: DateTime<Utc>,
+        leases: &dyn LeaseView,
+        effects: &mut Vec<LeaseEffect>,
+    ) -> Result<ReplyTarget, Refusal> {
+        let run = self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
+        match self.claim(run, owner, now, leases, effects) {
+            Ok(grant) => Ok(ReplyTarget::Claimed(grant)),
+            Err((holder, expires_at)) => Err(Refusal::LeaseHeld { run_id: run_id.clone(), owner: holder, expires_at }),
+        }
+    }
+
+    /// The claim rule applied to one run: the grant (the next token when the hold changes
+    /// hands) or the live holder.
+    fn claim(
+        &self,
+        run: &Run,
+        owner: &LeaseOwner,
+        now: DateTime<Utc>,
+        leases: &dyn LeaseView,
+        effects: &mut Vec<LeaseEffect>,
+    ) -> Result<LeaseGrant, (LeaseOwner, DateTime<Utc>)> {
+        let run_id = &run.run_id;
+        let expires_at = bounded_later(now, leases.ttl_ms());
+        let holder = leases.holder(run_id);
+        let token = match claim_verdict(holder.as_ref(), owner, now, |o| leases.liveness(o)) {
+            ClaimVerdict::Held(token) => token,
+            ClaimVerdict::Free => holder.map_or(0, |row| row.token) + 1,
+            ClaimVerdict::HeldElsewhere { owner, expires_at } => return Err((owner, expires_at)),
+        };
+        effects.push(LeaseEffect::Hold { run_id: run_id.clone(), owner: owner.clone(), token, expires_at });
+        Ok(LeaseGrant { run_id: run_id.clone(), token })
     }
 
     /// Checks an agent batch by folding it onto a copy of the run's agent state: an
     /// impossible fact is refused and nothing is written.
+    #[allow(clippy::too_many_arguments)] // One call site; the lease pair is the decision's output.
     fn decide_record_agent(
         &self,
         run_id: &RunId,
         batch: &[AgentEvent],
         start: Option<&AgentRunStart>,
+        now: DateTime<Utc>,
+        leases: &dyn LeaseView,
         events: &mut Vec<Event>,
+        effects: &mut Vec<LeaseEffect>,
     ) -> Result<ReplyTarget, Refusal> {
         let refuse = |why: String| Refusal::NotAllowed(format!("run {run_id}: {why}"));
         if batch.is_empty() {
@@ -1175,22 +1464,58 @@ impl Ledger {
                     input: start.input.clone(),
                     deadline_at: *deadline,
                     limits: start.limits.clone(),
+                    owner: start.owner.clone(),
                 });
+                if let Some(owner) = &start.owner {
+                    effects.push(LeaseEffect::Hold {
+                        run_id: run_id.clone(),
+                        owner: owner.clone(),
+                        token: 1,
+                        expires_at: bounded_later(now, leases.ttl_ms()),
+                    });
+                }
                 AgentState::default()
             }
         };
         for event in batch {
             state.try_apply(event).map_err(refuse)?;
             events.push(Event::AgentRecorded { run_id: run_id.clone(), event: event.clone() });
+            events.extend(self.spine_side_of(run_id, event));
         }
         if let Some(stop) = &state.stop {
-            events.push(Event::RunFinished {
-                run_id: run_id.clone(),
-                status: stop.status.run_status(),
-                detail: stop.detail.clone(),
-            });
+            let status = stop.status.run_status();
+            events.push(Event::RunFinished { run_id: run_id.clone(), status, detail: stop.detail.clone() });
+            // Nothing will send what the run reserved and never sent: release it.
+            let run_intents = self.runs.get(run_id).map(|run| run.intents.as_slice()).unwrap_or_default();
+            for key in run_intents {
+                if self
+                    .intents
+                    .get(key)
+                    .is_some_and(|i| matches!(i.status, IntentStatus::Reserved | IntentStatus::AwaitingApproval))
+                {
+                    events.push(Event::IntentReleased { key: key.clone(), reason: ReleaseReason::RunEnded { status } });
+                }
+            }
         }
         Ok(ReplyTarget::Done)
+    }
+
+    /// What an agent fact means for the spine, in the same commit: a wait for approval opens
+    /// the intent's approval window; the end of a wait moves the run's deadline.
+    fn spine_side_of(&self, run_id: &RunId, event: &AgentEvent) -> Option<Event> {
+        match event {
+            AgentEvent::ApprovalAwaited { intent_key, closes_at, .. } => {
+                let key = IntentKey::parse(intent_key)?;
+                let awaiting = self.intents.get(&key)?.status == IntentStatus::AwaitingApproval;
+                awaiting.then_some(Event::ApprovalRequested { key, closes_at: *closes_at })
+            }
+            AgentEvent::ApprovalWaitEnded { deadline, .. } => {
+                let run = self.runs.get(run_id)?;
+                (*deadline > run.deadline_at)
+                    .then_some(Event::RunDeadlineExtended { run_id: run_id.clone(), deadline_at: *deadline })
+            }
+            _ => None,
+        }
     }
 
     fn existing(&self, key: &IntentKey) -> Result<&Intent, Refusal> {
@@ -1238,10 +1563,29 @@ impl Ledger {
             (None, Some(start)) if &start.run_id == run_id => (start.limits.clone(), start.deadline_at),
             (None, _) => return Err(Refusal::UnknownRun(run_id.clone())),
         };
+        let step_name = format!("intent:{key}");
+        // A run that already reserved this intent (an agent call polled while it waits for an
+        // approval, or resumed after a crash) asks again: it finds the intent, and nothing is
+        // written — polling never grows the log.
+        let already_linked =
+            self.runs.get(run_id).is_some_and(|run| run.journal.iter().any(|entry| entry.name == step_name));
+        if already_linked && let Some(existing) = self.intents.get(key) {
+            if existing.definition.fingerprint != definition.fingerprint {
+                return Err(Refusal::Rejected {
+                    code: RejectCode::IntentPayloadMismatch,
+                    detail: format!("intent {key} was reserved with another payload"),
+                });
+            }
+            // Proposed again once its effect is proven: a repetition prevented, worth a fact.
+            if existing.status == IntentStatus::Validated {
+                events.push(Event::IntentDeduplicated { key: key.clone(), run_id: run_id.clone() });
+            }
+            return Ok(ReplyTarget::Intent(key.clone(), false));
+        }
         let journal_link = Event::StepRecorded {
             run_id: run_id.clone(),
             position,
-            name: format!("intent:{key}"),
+            name: step_name,
             output: Value::String(key.as_str().to_owned()),
         };
         self.check_journal_position(run_start, run_id, position)?;
@@ -1467,44 +1811,133 @@ impl Ledger {
         events: &mut Vec<Event>,
     ) -> Result<ReplyTarget, Refusal> {
         let intent = self.existing(key)?;
-        if attempt != intent.attempts {
+        if attempt == 0 || attempt > intent.attempts {
             return Err(Refusal::NotAllowed(format!(
                 "outcome for attempt {attempt} of {key}, but the latest attempt is {}",
                 intent.attempts
             )));
         }
-        // A late answer after recovery marked the attempt unknown (the worker was alive after
-        // all) is still evidence when it is definitive; an unknown one adds nothing.
-        let late = matches!(intent.status, IntentStatus::OutcomeUnknown | IntentStatus::Escalated);
-        if intent.status != IntentStatus::Attempting && !late {
-            return Err(Refusal::NotAllowed(format!(
-                "intent {key} is {}: no attempt awaits an outcome",
-                intent.status.as_str()
-            )));
+        if intent.status != IntentStatus::Attempting || attempt != intent.attempts {
+            // The attempt stopped being awaited (recovery declared it crashed, its lease was
+            // taken, a later attempt went out): a definitive answer is still evidence.
+            self.decide_late_answer(intent, attempt, outcome, events);
+            return Ok(ReplyTarget::Intent(key.clone(), false));
         }
         match outcome {
             CallOutcome::Succeeded(evidence) => match evidence_mismatch(intent, evidence) {
                 None => events.push(Event::IntentValidated {
                     key: key.clone(),
                     attempt,
-                    source: if late { Source::Reconciled } else { Source::Provider },
+                    source: Source::Provider,
                     evidence: evidence.clone(),
                 }),
-                Some(why) if !late => self.unknown(intent, attempt, UnknownReason::Protocol, why, now, events),
-                Some(_) => {}
+                Some(why) => self.unknown(intent, attempt, UnknownReason::Protocol, why, now, events),
             },
-            CallOutcome::Declined { code } if !late => {
+            CallOutcome::Declined { code } => {
                 events.push(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() })
             }
-            CallOutcome::NotSent { detail } if !late => {
+            CallOutcome::NotSent { detail } => {
                 events.push(Event::AttemptNotSent { key: key.clone(), attempt, detail: detail.clone() })
             }
-            CallOutcome::Unknown { reason, detail } if !late => {
+            CallOutcome::Unknown { reason, detail } => {
                 self.unknown(intent, attempt, *reason, detail.clone(), now, events)
             }
-            CallOutcome::Declined { .. } | CallOutcome::NotSent { .. } | CallOutcome::Unknown { .. } => {}
         }
         Ok(ReplyTarget::Intent(key.clone(), false))
+    }
+
+    /// A definitive answer for an attempt no longer awaited: recorded, then it settles an
+    /// intent that is still open, agrees with one that is settled the same way, or
+    /// contradicts it (the intent escalates: a human must look). An answer that is not
+    /// definitive (unknown, not sent) adds nothing.
+    fn decide_late_answer(&self, intent: &Intent, attempt: u32, outcome: &CallOutcome, events: &mut Vec<Event>) {
+        use IntentStatus as S;
+        let key = intent.key().clone();
+        let latest = attempt == intent.attempts;
+        let (answer, verdict, follow) = match outcome {
+            CallOutcome::Unknown { .. } | CallOutcome::NotSent { .. } => return,
+            CallOutcome::Succeeded(evidence) => {
+                let answer = LateAnswer::Succeeded { evidence: evidence.clone() };
+                let contradicted = |detail: String| {
+                    let escalate = Event::IntentEscalated {
+                        key: key.clone(),
+                        reason: format!("a late provider answer contradicts the intent: {detail}"),
+                        absence_proven: false,
+                    };
+                    (LateVerdict::Contradicted { detail }, Some(escalate))
+                };
+                let (verdict, follow) = if let Some(why) = evidence_mismatch(intent, evidence) {
+                    contradicted(why)
+                } else {
+                    match intent.status {
+                        S::Validated => match &intent.evidence {
+                            Some(known) if known.provider_ref == evidence.provider_ref => {
+                                (LateVerdict::Consistent, None)
+                            }
+                            known => contradicted(format!(
+                                "the provider reports {} for attempt {attempt}, the intent was validated by {}",
+                                evidence.provider_ref,
+                                known.as_ref().map_or("nothing", |e| e.provider_ref.as_str())
+                            )),
+                        },
+                        S::Escalated if intent.absence_proven => contradicted(format!(
+                            "the provider reports {} for attempt {attempt}, the effect was proven absent",
+                            evidence.provider_ref
+                        )),
+                        S::Declined | S::Cancelled | S::Rejected => contradicted(format!(
+                            "the provider reports {} for attempt {attempt}, the intent was {}",
+                            evidence.provider_ref,
+                            intent.status.as_str()
+                        )),
+                        S::Attempting
+                        | S::OutcomeUnknown
+                        | S::Reconciling
+                        | S::Reserved
+                        | S::AwaitingApproval
+                        | S::Escalated => (
+                            LateVerdict::Settled,
+                            Some(Event::IntentValidated {
+                                key: key.clone(),
+                                attempt,
+                                source: Source::Reconciled,
+                                evidence: evidence.clone(),
+                            }),
+                        ),
+                    }
+                };
+                (answer, verdict, follow)
+            }
+            CallOutcome::Declined { code } => {
+                let answer = LateAnswer::Declined { code: code.clone() };
+                match intent.status {
+                    // A decline of the latest attempt is the definitive "no effect" the intent
+                    // was waiting for; of an earlier one, it says nothing about the later one.
+                    S::OutcomeUnknown | S::Reconciling | S::Reserved if latest => (
+                        answer,
+                        LateVerdict::Settled,
+                        Some(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() }),
+                    ),
+                    S::Escalated if latest && !intent.absence_proven => (
+                        answer,
+                        LateVerdict::Settled,
+                        Some(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() }),
+                    ),
+                    S::Validated if latest => {
+                        let detail =
+                            format!("the provider declined attempt {attempt} ({code}), the intent was validated");
+                        let escalate = Event::IntentEscalated {
+                            key: key.clone(),
+                            reason: format!("a late provider answer contradicts the intent: {detail}"),
+                            absence_proven: false,
+                        };
+                        (answer, LateVerdict::Contradicted { detail }, Some(escalate))
+                    }
+                    _ => (answer, LateVerdict::Consistent, None),
+                }
+            }
+        };
+        events.push(Event::LateAnswerRecorded { key, attempt, answer, verdict });
+        events.extend(follow);
     }
 
     /// Records an unknown outcome, and escalates at once when the tier allows no
@@ -1542,6 +1975,7 @@ impl Ledger {
         &self,
         key: &IntentKey,
         force: bool,
+        run_id: &RunId,
         now: DateTime<Utc>,
         events: &mut Vec<Event>,
     ) -> Result<ReplyTarget, Refusal> {
@@ -1573,7 +2007,11 @@ impl Ledger {
             });
             return Ok(ReplyTarget::Intent(key.clone(), false));
         }
-        events.push(Event::ReconciliationStarted { key: key.clone(), reconciliation: intent.reconciliations + 1 });
+        events.push(Event::ReconciliationStarted {
+            key: key.clone(),
+            reconciliation: intent.reconciliations + 1,
+            run_id: Some(run_id.clone()),
+        });
         Ok(ReplyTarget::Intent(key.clone(), false))
     }
 
@@ -1671,6 +2109,11 @@ impl Ledger {
             detail,
             after: after.clone(),
         });
+        let run_ended = self.runs.get(&intent.run_id).is_some_and(|run| run.is_agent() && run.status.is_some());
+        if after == AfterLookup::ResendAllowed && run_ended {
+            // Its agent run is over: nobody will send it again, so its money is freed now.
+            events.push(Event::IntentReleased { key: key.clone(), reason: ReleaseReason::AbsentAfterRunEnded });
+        }
         if after == AfterLookup::Validated
             && let Some(evidence) = evidence
         {
@@ -1686,52 +2129,114 @@ impl Ledger {
         }
     }
 
-    fn decide_recover(&self, now: DateTime<Utc>, events: &mut Vec<Event>) -> ReplyTarget {
+    /// Recovery for `owner`: claims the run of every attempt or lookup in flight that no
+    /// process holds live, and records those as interrupted; leaves the others alone.
+    fn decide_recover(
+        &self,
+        owner: &LeaseOwner,
+        only: Option<&RunId>,
+        now: DateTime<Utc>,
+        leases: &dyn LeaseView,
+        events: &mut Vec<Event>,
+        effects: &mut Vec<LeaseEffect>,
+    ) -> ReplyTarget {
+        let driving_run = |intent: &Intent| intent.in_flight_run.clone().unwrap_or_else(|| intent.run_id.clone());
         let mut touched: Vec<&Intent> = self
             .intents
             .values()
             .filter(|i| matches!(i.status, IntentStatus::Attempting | IntentStatus::Reconciling))
+            .filter(|i| only.is_none_or(|run| &driving_run(i) == run))
             .collect();
         touched.sort_by(|a, b| a.key().cmp(b.key()));
+        // One claim per run, decided before any intent of it is touched.
+        let mut verdicts: BTreeMap<RunId, Result<Option<LeaseGrant>, LeaseOwner>> = BTreeMap::new();
         for intent in &touched {
-            match intent.status {
-                IntentStatus::Attempting => {
-                    let can_reconcile = intent.capability.lookup || intent.capability.dedup_by_key;
-                    events.push(Event::OutcomeUnknown {
-                        key: intent.key().clone(),
-                        attempt: intent.attempts,
-                        reason: UnknownReason::Crash,
-                        detail: "the process died with this attempt in flight".to_owned(),
-                        reconcile_after: can_reconcile.then_some(now),
-                    });
-                    if !can_reconcile {
-                        events.push(Event::IntentEscalated {
-                            key: intent.key().clone(),
-                            reason: "crashed mid-attempt on a provider with neither idempotency keys nor a lookup"
-                                .to_owned(),
-                            absence_proven: false,
-                        });
-                    }
+            let run_id = driving_run(intent);
+            if verdicts.contains_key(&run_id) {
+                continue;
+            }
+            let verdict = match self.runs.get(&run_id) {
+                Some(run) => self.claim(run, owner, now, leases, effects).map(Some).map_err(|(holder, _)| holder),
+                None => Ok(None),
+            };
+            verdicts.insert(run_id, verdict);
+        }
+        let mut recovery = Recovery::default();
+        for intent in touched {
+            match &verdicts[&driving_run(intent)] {
+                Err(holder) => recovery.held_elsewhere.push((intent.key().clone(), holder.clone())),
+                Ok(_) => {
+                    self.recover_intent(intent, now, events);
+                    recovery.recovered.push(intent.key().clone());
                 }
-                _ => self.resolve_lookup(
-                    intent,
-                    intent.reconciliations,
-                    LookupStatus::Interrupted,
-                    None,
-                    "the process died during the lookup".to_owned(),
-                    now,
-                    events,
-                ),
             }
         }
-        ReplyTarget::Recovered(touched.into_iter().map(|i| i.key().clone()).collect())
+        recovery.claimed = verdicts.into_values().filter_map(|verdict| verdict.ok().flatten()).collect();
+        ReplyTarget::Recovered(recovery)
+    }
+
+    /// The interrupted attempt or lookup of one intent, as recovery records it.
+    fn recover_intent(&self, intent: &Intent, now: DateTime<Utc>, events: &mut Vec<Event>) {
+        match intent.status {
+            IntentStatus::Attempting => {
+                let can_reconcile = intent.capability.lookup || intent.capability.dedup_by_key;
+                events.push(Event::OutcomeUnknown {
+                    key: intent.key().clone(),
+                    attempt: intent.attempts,
+                    reason: UnknownReason::Crash,
+                    detail: "the process died with this attempt in flight".to_owned(),
+                    reconcile_after: can_reconcile.then_some(now),
+                });
+                if !can_reconcile {
+                    events.push(Event::IntentEscalated {
+                        key: intent.key().clone(),
+                        reason: "crashed mid-attempt on a provider with neither idempotency keys nor a lookup"
+                            .to_owned(),
+                        absence_proven: false,
+                    });
+                }
+            }
+            _ => self.resolve_lookup(
+                intent,
+                intent.reconciliations,
+                LookupStatus::Interrupted,
+                None,
+                "the process died during the lookup".to_owned(),
+                now,
+                events,
+            ),
+        }
+    }
+}
+
+/// Refuses a write for `run_id` that does not present the run's current fencing token. A
+/// run never leased (one started by this very command, or before leases existed) is not
+/// fenced.
+fn check_fence(run_id: &RunId, lease: &LeaseUse, leases: &dyn LeaseView) -> Result<(), Refusal> {
+    let Some(current) = leases.holder(run_id) else {
+        return Ok(());
+    };
+    match lease.grant() {
+        Some(grant) if &grant.run_id == run_id && grant.token == current.token => Ok(()),
+        presented => Err(Refusal::Fenced {
+            run_id: run_id.clone(),
+            presented: presented.filter(|g| &g.run_id == run_id).map(|g| g.token),
+            current: current.token,
+            holder: current.owner,
+        }),
     }
 }
 
 /// When reconciliation number `n` is due after `now`.
 fn after_backoff(now: DateTime<Utc>, n: u32) -> DateTime<Utc> {
-    checked_plus_ms(now, limits::reconcile_backoff_ms(n))
-        .expect("a clock's now plus at most RECONCILE_BACKOFF_MAX_MS is an instant: clocks tell real times")
+    bounded_later(now, limits::reconcile_backoff_ms(n))
+}
+
+/// `now` plus a delay that a bound in [`limits`] keeps short (a backoff, a lease TTL: at most
+/// an hour). A clock tells real times, millennia away from chrono's limits, so this is an
+/// instant; a clock that does not is a bug worth stopping for.
+fn bounded_later(now: DateTime<Utc>, ms: u64) -> DateTime<Utc> {
+    checked_plus_ms(now, ms).expect("a clock's now plus a delay bounded by limits.rs is a representable instant")
 }
 
 /// What an operator's resolution is, checked against what the provider's lookup said. A
@@ -1863,6 +2368,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.last_sent_at = Some(at);
             intent.absence_proven = false;
             intent.reconcile_after = None;
+            intent.in_flight_run = Some(run_id.clone());
         }
         Event::AttemptNotSent { .. } => {
             if intent.status != S::Attempting {
@@ -1872,8 +2378,10 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.absence_proven = true;
             intent.not_sent += 1;
             intent.latest_not_sent = true;
+            intent.in_flight_run = None;
         }
         Event::IntentValidated { source, evidence, .. } => {
+            intent.in_flight_run = None;
             intent.status = S::Validated;
             intent.source = Some(*source);
             intent.evidence = Some(evidence.clone());
@@ -1881,9 +2389,12 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.unknown_reason = None;
         }
         Event::IntentDeclined { code, .. } => {
-            if intent.status != S::Attempting {
-                return Err("decline without an attempt in flight");
+            // In flight, or a late answer settling an intent that was still open.
+            if !matches!(intent.status, S::Attempting | S::OutcomeUnknown | S::Reconciling | S::Reserved | S::Escalated)
+            {
+                return Err("decline of an intent that is neither in flight nor open");
             }
+            intent.in_flight_run = None;
             intent.status = S::Declined;
             intent.decline_code = Some(code.clone());
         }
@@ -1894,8 +2405,9 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.status = S::OutcomeUnknown;
             intent.unknown_reason = Some(*reason);
             intent.reconcile_after = *reconcile_after;
+            intent.in_flight_run = None;
         }
-        Event::ReconciliationStarted { reconciliation, .. } => {
+        Event::ReconciliationStarted { reconciliation, run_id, .. } => {
             if !matches!(intent.status, S::OutcomeUnknown | S::Escalated) {
                 return Err("reconciliation of an intent that is not unknown");
             }
@@ -1904,11 +2416,13 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.reconciliations = *reconciliation;
             intent.status = S::Reconciling;
+            intent.in_flight_run = Some(run_id.clone().unwrap_or_else(|| intent.run_id.clone()));
         }
         Event::ReconciliationResolved { after, .. } => {
             if intent.status != S::Reconciling {
                 return Err("lookup answer without a reconciliation in flight");
             }
+            intent.in_flight_run = None;
             match after {
                 AfterLookup::Validated | AfterLookup::Escalated => intent.status = S::OutcomeUnknown,
                 AfterLookup::ResendAllowed => {
@@ -1923,6 +2437,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
         }
         Event::IntentEscalated { reason, absence_proven, .. } => {
+            intent.in_flight_run = None;
             intent.status = S::Escalated;
             intent.absence_proven = *absence_proven;
             intent.reconcile_after = None;
@@ -1958,8 +2473,28 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.reconcile_after = None;
         }
+        Event::ApprovalRequested { closes_at, .. } => {
+            if intent.status != S::AwaitingApproval {
+                return Err("an approval window for an intent not awaiting approval");
+            }
+            intent.approval_closes_at = Some(*closes_at);
+        }
+        Event::IntentReleased { reason, .. } => {
+            if !matches!(intent.status, S::Reserved | S::AwaitingApproval) {
+                return Err("release of an intent that may have an effect in flight or unknown");
+            }
+            intent.status = S::Rejected;
+            intent.note = Some(format!("released: {reason}"));
+        }
+        Event::LateAnswerRecorded { verdict, .. } => {
+            intent.late_answers += 1;
+            if let LateVerdict::Contradicted { detail } = verdict {
+                intent.note = Some(format!("a late provider answer contradicts the intent: {detail}"));
+            }
+        }
         Event::IntentReserved { .. }
         | Event::RunStarted { .. }
+        | Event::RunDeadlineExtended { .. }
         | Event::StepRecorded { .. }
         | Event::TimerStarted { .. }
         | Event::SignalDelivered { .. }
@@ -1968,3 +2503,6 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -27,6 +27,20 @@ pub const RECONCILIATION_RESERVE_MS: u64 = 2_000;
 /// Default run deadline, from run start.
 pub const RUN_DEADLINE_DEFAULT_MS: u64 = 120_000;
 
+/// How long a run's lease lasts unless its holder renews it (see `engine::lease`). A holder
+/// renews at a third of it, so two missed renewals — a long GC-free pause, a slow disk — do
+/// not cost it the run; a process that died on another machine is taken over after at most
+/// this long (on the same machine, a dead holder is proven dead at once). Enforced by the
+/// ledger's claim rule; the binary may lower it for tests (`--lease-ttl-ms`).
+pub const LEASE_TTL_DEFAULT_MS: u64 = 30_000;
+
+/// The shortest lease the binary accepts: below it a renewal loop could not keep up with
+/// the writer's own commit latency under load.
+pub const LEASE_TTL_MIN_MS: u64 = 300;
+
+/// The longest lease: a dead holder on another machine blocks its runs at most this long.
+pub const LEASE_TTL_MAX_MS: u64 = 600_000;
+
 /// Default approval validity.
 pub const APPROVAL_TTL_DEFAULT_MS: u64 = 3_600_000;
 
@@ -118,6 +132,8 @@ pub fn network_retry_backoff_ms(n: u32) -> u64 {
     let shift = n.saturating_sub(1).min(16);
     (NETWORK_RETRY_BACKOFF_BASE_MS << shift).min(NETWORK_RETRY_BACKOFF_MAX_MS)
 }
+const _: () = assert!(LEASE_TTL_MIN_MS <= LEASE_TTL_DEFAULT_MS);
+const _: () = assert!(LEASE_TTL_DEFAULT_MS <= LEASE_TTL_MAX_MS);
 
 /// The backoff before reconciliation number `n` (1-based).
 pub fn reconcile_backoff_ms(n: u32) -> u64 {
@@ -160,6 +176,13 @@ pub const AGENT_NO_PROGRESS_ITERATIONS_DEFAULT: u32 = 5;
 /// Default output-token cap sent with each model call (seed 003: `MaxOutputTokens = 800`).
 /// A per-call option, not a budget: the budgets are the token and cost totals.
 pub const AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT: u32 = 800;
+
+/// Default time an agent's effect call may wait for a human approval (24 h): an operator
+/// acts within a working day. The wait is outside the run's working time — its deadline moves
+/// by the time waited — so an approval given an hour later does not find the run out of time;
+/// past it the run stops `deadline_exceeded` and its intent is released. Enforced by the guard
+/// (step 9) and by the ledger, which refuses an approval once the window closed.
+pub const AGENT_APPROVAL_WAIT_DEFAULT_MS: u64 = 86_400_000;
 
 /// Longest tool-call argument text the guard parses. Larger arguments are refused as a
 /// schema correction before parsing, so a runaway model cannot make the guard allocate.

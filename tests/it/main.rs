@@ -4,11 +4,13 @@
 
 mod adversarial;
 mod agent;
+mod approvals;
 mod cli;
 mod concurrency;
 mod crash;
 mod golden;
 mod kills;
+mod leases;
 mod model;
 mod money;
 mod testkit;

@@ -45,7 +45,12 @@ struct Harness {
 impl Harness {
     fn new(provider: Arc<dyn PaymentProvider>, clock: Arc<ManualClock>) -> Self {
         let log = Arc::new(MemoryLog::new(clock.clone()));
-        let runtime = Runtime { log: log.clone(), provider, clock: clock.clone() };
+        let runtime = Runtime {
+            log: log.clone(),
+            provider,
+            clock: clock.clone(),
+            lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("money-test")),
+        };
         let mut workflows = workflows::builtin(None);
         workflows.push(Arc::new(Unchecked));
         Self { executor: Executor::new(runtime, workflows), clock, log }
