@@ -37,10 +37,6 @@ use crate::lease::{LeaseGrant, LeaseUse, Lessee};
 use crate::ledger::{Action, Command, Intent, IntentSpec, IntentStatus, Refusal, RejectCode, Reply, Run, RunStart};
 use crate::log::{EventLog, LogError};
 use crate::provider::{BoxFuture, CallOutcome, EffectKind, EffectRequest, LookupOutcome, PaymentProvider, Secret};
-
-/// The outcome status of an intent whose provider could not be reached within the run's
-/// network retries: nothing was sent, the intent stays reserved for a new submission.
-pub const PROVIDER_UNAVAILABLE: &str = "provider_unavailable";
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -49,6 +45,10 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use tracing::{Instrument, info_span};
+
+/// The outcome status of an intent whose provider could not be reached within the run's
+/// network retries: nothing was sent, the intent stays reserved for a new submission.
+pub const PROVIDER_UNAVAILABLE: &str = "provider_unavailable";
 
 /// What a workflow run needs from the outside world.
 #[derive(Clone)]
