@@ -346,9 +346,13 @@ pub async fn dispatch(
     let timer = TokioTimer::new(Arc::clone(&clock));
     let cancel = Cancellation::new();
     let on_interrupt = cancel.clone();
+    // ctrl-c cancels the run (recorded `cancelled`, exit 130); SIGTERM pauses it between two
+    // steps, resumable (exit 143).
     let watcher = tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_interrupt.cancel();
+        let mut terminate = crate::wiring::sigterm();
+        tokio::select! {
+            interrupted = tokio::signal::ctrl_c() => if interrupted.is_ok() { on_interrupt.cancel() },
+            () = terminate.recv() => on_interrupt.terminate(),
         }
     });
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
@@ -376,17 +380,35 @@ pub async fn dispatch(
 }
 
 /// Takes the run's lease for this process and recovers the run's own attempts and lookups
-/// in flight. `Err` says, for the operator, who holds the run.
+/// in flight. While another live process holds the run (a concurrent `keel agent resume`),
+/// waits for it to let go — it finished the run, suspended it, or died — telling the operator
+/// so on stderr, at most [`engine::limits::AGENT_RESUME_WAIT_MAX_MS`]; then this resume goes
+/// on from what that one recorded, so both report the run's true status. `Err` says, for the
+/// operator, who still holds the run.
 async fn claim_and_recover(
     log: &dyn EventLog,
     lessee: &engine::lease::Lessee,
     cause: &Cause,
     run_id: &RunId,
 ) -> anyhow::Result<(), String> {
-    match engine::executor::claim_run(log, lessee, cause, run_id).await {
-        Ok(_) => {}
-        Err(engine::executor::WorkflowError::Busy(refusal)) => return Err(refusal.to_string()),
-        Err(other) => return Err(format!("cannot take run {run_id}: {other}")),
+    let started = std::time::Instant::now();
+    let patience = std::time::Duration::from_millis(engine::limits::AGENT_RESUME_WAIT_MAX_MS);
+    let mut told = false;
+    loop {
+        match engine::executor::claim_run(log, lessee, cause, run_id).await {
+            Ok(_) => break,
+            Err(engine::executor::WorkflowError::Busy(refusal)) => {
+                if started.elapsed() >= patience {
+                    return Err(format!("{refusal}; still held after waiting, try again later"));
+                }
+                if !told {
+                    eprintln!("keel: {refusal}: waiting for it to finish or suspend the run");
+                    told = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(engine::limits::LEASE_POLL_MS)).await;
+            }
+            Err(other) => return Err(format!("cannot take run {run_id}: {other}")),
+        }
     }
     let recover = engine::ledger::Action::Recover { owner: lessee.owner().clone(), run: Some(run_id.clone()) };
     log.execute(engine::ledger::Command::new(cause.clone(), recover))

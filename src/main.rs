@@ -360,6 +360,8 @@ pub mod exit {
     pub const USAGE: u8 = 64;
     /// Interrupted by the caller (SIGINT).
     pub const INTERRUPTED: u8 = 130;
+    /// Stopped by SIGTERM: a graceful stop, the run resumable.
+    pub const TERMINATED: u8 = 143;
 }
 
 fn main() -> ExitCode {
@@ -399,17 +401,34 @@ fn main() -> ExitCode {
         return ExitCode::from(code);
     }
     let code = runtime.block_on(async {
+        let command = dispatch(cli);
+        tokio::pin!(command);
+        let finished = |result: anyhow::Result<u8>| match result {
+            Ok(code) => code,
+            Err(error) => {
+                eprintln!("keel: error: {error:#}");
+                exit::INTERNAL
+            }
+        };
+        let mut terminate = wiring::sigterm();
         tokio::select! {
-            result = dispatch(cli) => match result {
-                Ok(code) => code,
-                Err(error) => {
-                    eprintln!("keel: error: {error:#}");
-                    exit::INTERNAL
-                }
-            },
+            result = &mut command => finished(result),
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("keel: interrupted; whatever was acknowledged is durable, `keel resume` continues it");
                 exit::INTERRUPTED
+            }
+            () = terminate.recv() => {
+                // A graceful stop: the step in progress (an attempt at the provider, a commit)
+                // gets a grace period to finish and be recorded; then the process stops.
+                let grace = std::time::Duration::from_millis(engine::limits::SHUTDOWN_GRACE_MS);
+                match tokio::time::timeout(grace, &mut command).await {
+                    Ok(result) => {
+                        finished(result);
+                    }
+                    Err(_) => eprintln!("keel: the step in progress did not finish within the grace period"),
+                }
+                eprintln!("keel: stopped by SIGTERM; whatever was acknowledged is durable, `keel resume` continues it");
+                exit::TERMINATED
             }
         }
     });

@@ -15,7 +15,7 @@ use crate::agent::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, Ef
 use crate::event::{Cause, IntentKey, RunId};
 use crate::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
 use crate::ledger::{Action, Command, IntentStatus, Reply};
-use crate::provider::{BoxFuture, EffectKind};
+use crate::provider::{BoxFuture, CallOutcome, EffectKind, UnknownReason};
 
 /// The intent lifecycle behind an agent's effect tools.
 #[derive(Clone)]
@@ -119,9 +119,27 @@ impl EffectGate for IntentGate {
         Box::pin(self.approval(ticket))
     }
 
-    /// Nothing to do: the driver recorded the outcome in the ledger before the body returned
-    /// (and an attempt cut short by a crash becomes `outcome_unknown` through recovery).
-    fn settle<'a>(&'a self, _ticket: &'a EffectTicket, _outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
+    /// A body that returned recorded its outcome through the driver already. A body cut
+    /// short (the caller's interrupt, the deadline) leaves an attempt in flight without an
+    /// answer: it is recorded unknown now, so reconciliation takes it on at once instead of
+    /// waiting for a recovery. An attempt that was not in flight is left as it is.
+    fn settle<'a>(&'a self, ticket: &'a EffectTicket, outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let (EffectOutcome::Unknown { detail }, Some(key)) = (outcome, IntentKey::parse(&ticket.key)) else {
+                return;
+            };
+            let observed =
+                self.runtime.log.execute(Command::new(self.cause.clone(), Action::Observe { key: key.clone() }));
+            let Ok(Reply::Intent { intent, .. }) = observed.await else {
+                return;
+            };
+            if intent.status == IntentStatus::Attempting {
+                let unknown = CallOutcome::Unknown { reason: UnknownReason::Interrupted, detail: detail.clone() };
+                let record = Action::RecordOutcome { key, attempt: intent.attempts, outcome: unknown };
+                if let Err(error) = self.runtime.log.execute(Command::new(self.cause.clone(), record)).await {
+                    tracing::warn!(%error, "the interrupted attempt stays in flight: recovery will declare it unknown");
+                }
+            }
+        })
     }
 }

@@ -41,6 +41,21 @@ pub const LEASE_TTL_MIN_MS: u64 = 300;
 /// The longest lease: a dead holder on another machine blocks its runs at most this long.
 pub const LEASE_TTL_MAX_MS: u64 = 600_000;
 
+/// How often a process waiting for another one to let go of a run (a second `keel agent
+/// resume` of the same run) asks again. Short against a human's patience, long against the
+/// writer's commit latency.
+pub const LEASE_POLL_MS: u64 = 200;
+
+/// How long a second `keel agent resume` of a run waits for the first one to finish or
+/// suspend it before it gives up, saying who holds the run. Ten minutes covers a model call
+/// and a provider call at their own timeouts several times over.
+pub const AGENT_RESUME_WAIT_MAX_MS: u64 = 600_000;
+
+/// How long a `keel` command stopped by SIGTERM lets its step in progress finish (an
+/// attempt at the provider waits at most its request timeout, 5 s by default) before the
+/// process exits.
+pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
+
 /// Default approval validity.
 pub const APPROVAL_TTL_DEFAULT_MS: u64 = 3_600_000;
 

@@ -147,6 +147,9 @@ pub enum UnknownReason {
     Protocol,
     /// The process died with the attempt in flight (recorded by recovery).
     Crash,
+    /// The caller stopped waiting for the answer (an interrupt, a deadline) with the attempt
+    /// in flight.
+    Interrupted,
 }
 
 impl UnknownReason {
@@ -158,6 +161,7 @@ impl UnknownReason {
             Self::ProviderUnavailable => "provider_unavailable",
             Self::Protocol => "protocol",
             Self::Crash => "crash",
+            Self::Interrupted => "interrupted",
         }
     }
 }

@@ -571,8 +571,9 @@ impl AgentState {
             }
             AgentEvent::RunStopped { status, subject, count, detail, text } => {
                 ensure!(
-                    *status != AgentStatus::AwaitingApproval,
-                    "agent journal position {position}: awaiting_approval is a suspension, not a stop"
+                    !matches!(status, AgentStatus::AwaitingApproval | AgentStatus::Terminated),
+                    "agent journal position {position}: {} is a pause, not a stop",
+                    status.as_str()
                 );
                 if status.is_controlled_stop() {
                     self.push_control(status.as_str(), subject, *count);
@@ -677,6 +678,22 @@ impl AgentState {
             detail: stop.detail.clone(),
             awaiting_approval: None,
         })
+    }
+
+    /// What a run paused by a graceful stop reports (nothing is recorded).
+    pub fn terminated(&self) -> RunOutcome {
+        RunOutcome {
+            status: AgentStatus::Terminated,
+            model_calls: self.model_calls,
+            tool_calls: self.tool_calls,
+            events: self.control.clone(),
+            text: None,
+            detail: Some(format!(
+                "stopped by SIGTERM between two steps; every step is recorded: keel agent resume {} continues it",
+                self.header().run_id
+            )),
+            awaiting_approval: None,
+        }
     }
 
     /// The wait of `call_id` for a human decision, if it ever waited.

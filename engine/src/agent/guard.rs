@@ -387,15 +387,19 @@ impl Registry {
         let output = match raced {
             Raced::Done(output) => output,
             Raced::Deadline | Raced::Cancelled => {
-                let status = if effect != EffectClass::Read {
-                    AgentStatus::OutcomeUnknown
-                } else if matches!(raced, Raced::Cancelled) {
-                    AgentStatus::Cancelled
-                } else {
-                    AgentStatus::DeadlineExceeded
+                // The caller's interrupt is the run's status (exit 130); an effect it cut short
+                // is left ambiguous for reconciliation, never cancelled while it may have landed.
+                let status = match raced {
+                    Raced::Cancelled => AgentStatus::Cancelled,
+                    _ if effect != EffectClass::Read => AgentStatus::OutcomeUnknown,
+                    _ => AgentStatus::DeadlineExceeded,
                 };
                 if let (Some(gate), Some(reserved)) = (env.gate, &ticket) {
-                    gate.settle(reserved, &EffectOutcome::Unknown { detail: "interrupted".into() }).await;
+                    let detail = match raced {
+                        Raced::Cancelled => "the caller interrupted the run while the attempt was in flight",
+                        _ => "the run's deadline passed while the attempt was in flight",
+                    };
+                    gate.settle(reserved, &EffectOutcome::Unknown { detail: detail.into() }).await;
                 }
                 scope
                     .record(vec![

@@ -41,6 +41,10 @@ pub enum AgentStatus {
     OutcomeUnknown,
     /// The caller cancelled the run.
     Cancelled,
+    /// Not a stop: the process was asked to stop gracefully (SIGTERM) and paused the run
+    /// between two steps, every step so far recorded; `keel agent resume` continues it.
+    /// Never recorded.
+    Terminated,
     /// Not a stop: the run is suspended on an effect call reserved without a result until a
     /// human approves (`keel approve KEY --by NAME`) or denies its intent; `keel agent resume`
     /// continues it. Never recorded: `AgentState::try_apply` refuses it in `RunStopped`.
@@ -67,6 +71,7 @@ impl AgentStatus {
             Self::OutcomeUnknown => "outcome_unknown",
             Self::Cancelled => "cancelled",
             Self::AwaitingApproval => "awaiting_approval",
+            Self::Terminated => "terminated",
         }
     }
 
@@ -89,8 +94,8 @@ impl AgentStatus {
             Self::ProviderUnavailable => R::ProviderUnavailable,
             Self::OutcomeUnknown => R::OutcomeUnknown,
             Self::Cancelled => R::Cancelled,
-            Self::AwaitingApproval => {
-                unreachable!("awaiting_approval suspends a run, it never finishes one: try_apply refuses it")
+            Self::AwaitingApproval | Self::Terminated => {
+                unreachable!("a suspension or a pause never finishes a run: try_apply refuses it")
             }
         }
     }
@@ -98,16 +103,17 @@ impl AgentStatus {
     /// True for every controlled stop (everything but `completed`, `incomplete` and the
     /// `awaiting_approval` suspension).
     pub fn is_controlled_stop(&self) -> bool {
-        !matches!(self, Self::Completed | Self::Incomplete | Self::AwaitingApproval)
+        !matches!(self, Self::Completed | Self::Incomplete | Self::AwaitingApproval | Self::Terminated)
     }
 
-    /// The process exit code (SPEC): 0 completed, 130 cancelled by the caller, 2 any other
-    /// controlled stop, incomplete, or a suspension awaiting approval. Internal errors (exit 1) are not statuses: they are
-    /// the `Err` of the run.
+    /// The process exit code (SPEC): 0 completed, 130 cancelled by the caller, 143 paused by
+    /// SIGTERM (resumable), 2 any other controlled stop, incomplete, or a suspension awaiting
+    /// approval. Internal errors (exit 1) are not statuses: they are the `Err` of the run.
     pub fn exit_code(&self) -> i32 {
         match self {
             Self::Completed => 0,
             Self::Cancelled => 130,
+            Self::Terminated => 143,
             _ => 2,
         }
     }

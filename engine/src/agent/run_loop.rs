@@ -98,6 +98,9 @@ pub async fn run(
         if let Some(outcome) = scope.state().outcome() {
             return Ok(outcome);
         }
+        if env.cancel.is_terminating() && !env.cancel.is_cancelled() {
+            return Ok(scope.state().terminated());
+        }
         if let Some(event) = conclusion(scope.state(), completion) {
             scope.record(vec![event]).await?;
             continue;
@@ -151,7 +154,7 @@ async fn answer_turn(scope: &mut GuardedScope<'_>, registry: &Registry) -> Resul
     let call = turn.call;
     let calls = turn.response.tool_calls();
     for tool_call in calls {
-        if scope.state().stop.is_some() {
+        if scope.state().stop.is_some() || scope.env().cancel.is_terminating() {
             return Ok(None);
         }
         let turn = scope.state().turns.last().expect("the open turn is still the last one: only this loop appends");
