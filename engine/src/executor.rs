@@ -730,6 +730,12 @@ impl Driver<'_> {
         let span = self.attempt_span(started, after_absence);
         let request = self.request(started, payment_method);
         let outcome = self.runtime.provider.execute(&request).instrument(span.clone()).await;
+        // A provider may echo the payment method back (an error quoting the request): it is
+        // scrubbed before the outcome is logged or stored.
+        let outcome = match payment_method {
+            Some(secret) => outcome.scrubbed(secret),
+            None => outcome,
+        };
         self.failpoints.hit(Point::AfterProviderAnswer);
         self.record(started, &span, outcome).await
     }
