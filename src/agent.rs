@@ -274,6 +274,7 @@ pub async fn dispatch(
     out: &Output,
     command: AgentCommand,
 ) -> anyhow::Result<u8> {
+    let resuming = matches!(command, AgentCommand::Resume { .. });
     let plan = match command {
         AgentCommand::Run { workflow, scenario, transcript, model, limits, capabilities } => {
             match plan_new(
@@ -318,18 +319,33 @@ pub async fn dispatch(
             "the support agent's refunds need the payment provider: pass --provider URL or set KEEL_PROVIDER_URL",
         ));
     }
-    let (store, gate) = match plan.script {
+    let (node, gate) = match plan.script {
         Script::Support(_) => {
             let node = crate::wiring::Node::open(db, durability, provider, None)?;
             let gate = Arc::new(IntentGate::new(node.executor.runtime().clone(), Cause::command("agent")));
-            (node.store, Some(gate))
+            (node, Some(gate))
         }
-        Script::Scenario(_) | Script::File(_) | Script::Live(_) => (open_store(db, durability)?, None),
+        Script::Scenario(_) | Script::File(_) | Script::Live(_) => {
+            let store = open_store(db, durability)?;
+            let log: Arc<dyn EventLog> = Arc::new(store.clone());
+            (crate::wiring::Node::without_provider(store, log), None)
+        }
     };
-    let log: Arc<dyn EventLog> = Arc::new(store.clone());
+    let log: Arc<dyn EventLog> = Arc::new(node.store.clone());
+    let lessee = crate::wiring::lessee();
+    let cause = Cause::command("agent");
+    if resuming {
+        // One process acts for a run at a time: take its lease (refused while another
+        // process holds it live), then recover what the run had in flight — an attempt its
+        // dead owner sent becomes unknown and is reconciled before the run goes on.
+        if let Err(refused) = claim_and_recover(&*log, &lessee, &cause, &plan.run_id).await {
+            node.shutdown()?;
+            return Ok(out.refused(&refused));
+        }
+    }
     let limits = if gate.is_some() { support_agent::spine_limits() } else { RunLimits::default() };
-    let start = AgentRunStart { input: plan.script.input(), limits };
-    let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), Cause::command("agent"), Some(start));
+    let start = AgentRunStart { input: plan.script.input(), limits, owner: Some(lessee.owner().clone()) };
+    let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), cause.clone(), Some(start), lessee.clone());
     let recorded = AgentState::from_events(&journal.load().await?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());
     let after_answer = std::env::var(ABORT_AFTER_MODEL_ANSWER).ok().and_then(|v| v.parse().ok());
@@ -343,7 +359,7 @@ pub async fn dispatch(
             match client {
                 Ok(client) => client,
                 Err(error) => {
-                    store.shutdown()?;
+                    node.shutdown()?;
                     anyhow::bail!("cannot build the {} client: {error}", api.wire());
                 }
             }
@@ -372,10 +388,35 @@ pub async fn dispatch(
         }
     };
     watcher.abort();
-    store.shutdown()?;
+    // A run that stopped gave its lease back with its last facts; a suspended one (or one
+    // cut short by an error) is given back here, so whoever resumes it need not wait.
+    if let Some(grant) = lessee.grant(&plan.run_id) {
+        engine::executor::release_runs(&*log, &lessee, &cause, vec![grant]).await?;
+    }
+    node.shutdown()?;
     let outcome = result.with_context(|| format!("agent run {} failed", plan.run_id))?;
     print_outcome(out, &plan, &outcome);
     Ok(u8::try_from(outcome.exit_code()).unwrap_or(exit::INTERNAL))
+}
+
+/// Takes the run's lease for this process and recovers the run's own attempts and lookups
+/// in flight. `Err` says, for the operator, who holds the run.
+async fn claim_and_recover(
+    log: &dyn EventLog,
+    lessee: &engine::lease::Lessee,
+    cause: &Cause,
+    run_id: &RunId,
+) -> anyhow::Result<(), String> {
+    match engine::executor::claim_run(log, lessee, cause, run_id).await {
+        Ok(_) => {}
+        Err(engine::executor::WorkflowError::Busy(refusal)) => return Err(refusal.to_string()),
+        Err(other) => return Err(format!("cannot take run {run_id}: {other}")),
+    }
+    let recover = engine::ledger::Action::Recover { owner: lessee.owner().clone(), run: Some(run_id.clone()) };
+    log.execute(engine::ledger::Command::new(cause.clone(), recover))
+        .await
+        .map(drop)
+        .map_err(|error| format!("cannot recover run {run_id}: {error}"))
 }
 
 fn plan_new(

@@ -74,7 +74,7 @@ pub async fn run(
     let effects_first = provider.effect_count();
     let (deduplicated, _, _) = pass(&node, &inputs, concurrency, "deduplicated").await?;
     let effects_after = provider.effect_count();
-    node.store.shutdown()?;
+    node.shutdown()?;
     for suffix in ["", "-wal", "-shm"] {
         let _ = std::fs::remove_file(format!("{}{suffix}", bench_db.display()));
     }

@@ -155,7 +155,7 @@ impl Demo {
     async fn run_effect(&self, sim: &Sim, workflow: &str, input: &Value, timeout_ms: u64) -> anyhow::Result<String> {
         let node = Node::open(&self.db, store::Durability::Full, &provider_args(&sim.url, timeout_ms), None)?;
         let outcome = node.executor.start(workflow, input, request(workflow)).await?;
-        node.store.shutdown()?;
+        node.shutdown()?;
         Ok(describe(&outcome.output))
     }
 }
@@ -221,7 +221,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     demo.check("a charge whose answer is lost (timeout after effect)", &lost, "outcome_unknown", got, 1)?;
     let node = Node::open(&demo.db, store::Durability::Full, &provider_args(&sim.url, 5_000), None)?;
     let reconciled = node.executor.reconcile(&lost, Cause::command("demo reconcile")).await?;
-    node.store.shutdown()?;
+    node.shutdown()?;
     let got = describe(&serde_json::to_value(&reconciled)?);
     demo.check("… then `keel reconcile` looks it up by its key", &lost, "validated (reconciled)", got, 1)?;
     sim.stop();
@@ -238,7 +238,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     }
     let node = Node::open(&demo.db, store::Durability::Full, &provider_args(&sim.url, 5_000), None)?;
     let report = node.executor.recover_and_resume(Cause::command("demo resume")).await?;
-    node.store.shutdown()?;
+    node.shutdown()?;
     let recovered = report.recovered.iter().any(|k| k == killed.as_str());
     let ledger = store::Reader::open(&demo.db)?.ledger()?;
     let got = match ledger.intent(&killed) {

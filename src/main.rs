@@ -40,6 +40,13 @@ pub struct Cli {
     #[arg(long, global = true, env = "KEEL_DURABILITY", default_value = "full", value_parser = ["full", "normal"])]
     durability: String,
 
+    /// How long a run's lease lasts unless its holder renews it, in ms. Another process may
+    /// take a run over (and reconcile its attempts) only once its holder's lease expired or
+    /// the holder is proven dead on this host; a holder renews at a third of it.
+    #[arg(long, global = true, env = "KEEL_LEASE_TTL_MS", default_value_t = engine::limits::LEASE_TTL_DEFAULT_MS,
+          value_parser = clap::value_parser!(u64).range(engine::limits::LEASE_TTL_MIN_MS..=engine::limits::LEASE_TTL_MAX_MS))]
+    lease_ttl_ms: u64,
+
     #[command(flatten)]
     provider: ProviderArgs,
 
@@ -370,6 +377,7 @@ fn main() -> ExitCode {
         );
     }
     wiring::init_tracing();
+    wiring::init_lease_ttl(cli.lease_ttl_ms);
     // Read once, here: libraries receive the parsed value, never the environment.
     if let Err(message) = wiring::init_failpoints(std::env::var("KEEL_FAILPOINT").ok().as_deref()) {
         eprintln!("keel: KEEL_FAILPOINT: {message}");

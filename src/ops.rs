@@ -71,7 +71,7 @@ pub async fn run_effect(
         cause: Cause::command(workflow),
     };
     let outcome = node.executor.start(workflow, input, request).await?;
-    node.store.shutdown()?;
+    node.shutdown()?;
     let mut document = outcome.output.clone();
     if let Some(map) = document.as_object_mut() {
         map.insert("run_id".to_owned(), json!(outcome.run_id));
@@ -227,7 +227,7 @@ pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) 
             Err(other) => return Err(other.into()),
         }
     };
-    node.store.shutdown()?;
+    node.shutdown()?;
     out.emit(&outcomes, || {
         if outcomes.is_empty() {
             println!("nothing due for reconciliation");
@@ -241,7 +241,7 @@ pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) 
 /// `keel resume`.
 pub async fn resume(node: &Node, out: &Output) -> anyhow::Result<u8> {
     let report = node.executor.recover_and_resume(Cause::command("resume")).await?;
-    node.store.shutdown()?;
+    node.shutdown()?;
     out.emit(&report, || {
         println!(
             "recovered {} in-flight intent(s), resumed {} run(s), reconciled {} intent(s)",
@@ -277,7 +277,7 @@ pub async fn operator(
         return Ok(out.usage_error("--by needs the operator's name"));
     }
     let store = open_store(db, durability)?;
-    let result = store.execute(Command { cause: Cause::operator(by), start_run: None, action: action(key) }).await;
+    let result = store.execute(Command::new(Cause::operator(by), action(key))).await;
     store.shutdown()?;
     match result {
         Ok(Reply::Intent { intent, .. }) => {

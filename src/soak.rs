@@ -125,7 +125,7 @@ pub async fn worker(node: &Node, seed: u64, round: u64) -> anyhow::Result<u8> {
     for result in futures_join(runs).await {
         result?;
     }
-    node.store.shutdown()?;
+    node.shutdown()?;
     Ok(exit::OK)
 }
 
@@ -272,7 +272,7 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
             .map(|i| i.key().clone())
             .collect();
         if open.is_empty() {
-            node.store.shutdown()?;
+            node.shutdown()?;
             break;
         }
         for key in &open {
@@ -291,7 +291,7 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
                 node.executor.start("charge", &charge_input(seed, n, bump), request("charge")).await?;
             }
         }
-        node.store.shutdown()?;
+        node.shutdown()?;
     }
     sim.stop();
 

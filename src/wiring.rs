@@ -1,6 +1,7 @@
 //! Composition: the system clock, tracing, the store, the provider and the executor.
 //!
-//! Owns [`SystemClock`] (the one reader of the system clock in Keel's own crates) and
+//! Owns [`SystemClock`] (the one reader of the system clock in Keel's own crates),
+//! [`ProcProbe`] and this process's lease identity ([`lessee`]), the lease renewal loop, and
 //! [`Node`], everything a command needs to run workflows. It never decides anything.
 
 use crate::ProviderArgs;
@@ -10,6 +11,7 @@ use chrono::{DateTime, Utc};
 use engine::clock::Clock;
 use engine::executor::{Executor, Runtime};
 use engine::failpoints::Failpoints;
+use engine::lease::{LeaseOwner, Lessee, Liveness, OwnerProbe};
 use engine::provider::{Capability, PaymentProvider};
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -83,11 +85,139 @@ pub fn failpoints() -> Failpoints {
     FAILPOINTS.get().cloned().unwrap_or_default()
 }
 
+/// The run lease time to live for this process, set once by `main` from `--lease-ttl-ms`.
+static LEASE_TTL_MS: OnceLock<u64> = OnceLock::new();
+
+/// Records the lease time to live (checked by `main` against the limits).
+pub fn init_lease_ttl(ttl_ms: u64) {
+    let _ = LEASE_TTL_MS.set(ttl_ms);
+}
+
+fn lease_ttl_ms() -> u64 {
+    LEASE_TTL_MS.get().copied().unwrap_or(engine::limits::LEASE_TTL_DEFAULT_MS)
+}
+
+/// This process as a lease holder: host, pid, start time, and a random nonce. One per
+/// process, shared by every store handle and executor in it.
+pub fn lessee() -> Lessee {
+    static LESSEE: OnceLock<Lessee> = OnceLock::new();
+    LESSEE
+        .get_or_init(|| {
+            let pid = std::process::id();
+            Lessee::new(LeaseOwner {
+                host: host_name(),
+                pid,
+                started: proc_stat(pid).map_or(0, |stat| stat.started),
+                nonce: uuid::Uuid::new_v4().simple().to_string(),
+            })
+        })
+        .clone()
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .ok()
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// What `/proc/PID/stat` says about a process.
+struct ProcStat {
+    /// Field 22: start time, in clock ticks since boot.
+    started: u64,
+    /// Field 3 is `Z`: exited, not yet reaped — dead.
+    zombie: bool,
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`: comm may hold spaces and parentheses, so read after the
+    // last ')'. The fields after it start at field 3.
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some(ProcStat { zombie: fields.first() == Some(&"Z"), started: fields.get(19)?.parse().ok()? })
+}
+
+/// Tells whether a lease holder on this host still runs, from `/proc`: the same pid with
+/// the same start time, not a zombie. Holders on other hosts are unknown (their expiry
+/// counts).
+pub struct ProcProbe;
+
+impl OwnerProbe for ProcProbe {
+    fn liveness(&self, owner: &LeaseOwner) -> Liveness {
+        if owner.host != host_name() || owner.started == 0 {
+            return Liveness::Unknown;
+        }
+        match proc_stat(owner.pid) {
+            Some(stat) if stat.started == owner.started && !stat.zombie => Liveness::Alive,
+            _ => Liveness::Dead,
+        }
+    }
+}
+
+/// Renews this process's leases at a third of their time to live, for as long as the
+/// process runs. A lease it loses (another process took the run) is dropped from its book:
+/// its writes for that run are refused from then on.
+pub fn keep_leases(log: Arc<dyn engine::log::EventLog>) -> tokio::task::JoinHandle<()> {
+    let lessee = lessee();
+    tokio::spawn(async move {
+        let period = std::time::Duration::from_millis(lease_ttl_ms() / 3);
+        let cause = engine::event::Cause::command("lease renewal");
+        loop {
+            tokio::time::sleep(period).await;
+            match engine::executor::renew_leases(&*log, &lessee, &cause).await {
+                Ok(lost) => {
+                    for run_id in lost {
+                        tracing::warn!(%run_id, "another process took this run over: this one stops acting for it");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "lease renewal failed; retrying"),
+            }
+        }
+    })
+}
+
 /// Opens the event log.
 pub fn open_store(db: &Path, durability: store::Durability) -> anyhow::Result<store::Store> {
-    let options = store::Options { durability, failpoints: failpoints(), ..Default::default() };
+    let options = store::Options {
+        durability,
+        failpoints: failpoints(),
+        lease_ttl_ms: lease_ttl_ms(),
+        owner_probe: Arc::new(ProcProbe),
+        ..Default::default()
+    };
     store::Store::open(db, options, Arc::new(SystemClock))
         .with_context(|| format!("cannot open the event log {}", db.display()))
+}
+
+/// The provider of a node that must never reach one: every call is a bug, reported as
+/// "never sent" so nothing is believed to have happened.
+struct NoProvider;
+
+impl PaymentProvider for NoProvider {
+    fn capability(&self) -> Capability {
+        Capability { dedup_by_key: false, lookup: false, ..stripe_like() }
+    }
+
+    fn execute<'a>(
+        &'a self,
+        _request: &'a engine::provider::EffectRequest,
+    ) -> engine::provider::BoxFuture<'a, engine::provider::CallOutcome> {
+        Box::pin(async {
+            engine::provider::CallOutcome::NotSent { detail: "this command has no payment provider".to_owned() }
+        })
+    }
+
+    fn lookup<'a>(
+        &'a self,
+        _kind: engine::provider::EffectKind,
+        _idempotency_key: &'a str,
+    ) -> engine::provider::BoxFuture<'a, engine::provider::LookupOutcome> {
+        Box::pin(async {
+            engine::provider::LookupOutcome::Unavailable { detail: "this command has no payment provider".to_owned() }
+        })
+    }
 }
 
 /// Everything a command that runs workflows needs.
@@ -96,9 +226,24 @@ pub struct Node {
     pub store: store::Store,
     /// The executor over the store and the provider.
     pub executor: Executor,
+    /// The lease renewal loop, stopped with the node.
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.keeper.abort();
+    }
 }
 
 impl Node {
+    /// Stops the lease renewal loop, then lets the store finish every queued command.
+    pub fn shutdown(&self) -> anyhow::Result<()> {
+        self.keeper.abort();
+        self.store.shutdown()?;
+        Ok(())
+    }
+
     /// Opens the log and connects to the provider (the provider URL is required).
     pub fn open(
         db: &Path,
@@ -118,6 +263,14 @@ impl Node {
         Self::with_provider(db, durability, provider, max_charge_minor)
     }
 
+    /// A node over an open store for commands that never reach a payment provider (the
+    /// ticket-review agent): the lease renewal loop only.
+    pub fn without_provider(store: store::Store, log: Arc<dyn engine::log::EventLog>) -> Self {
+        let keeper = keep_leases(Arc::clone(&log));
+        let runtime = Runtime { log, provider: Arc::new(NoProvider), clock: Arc::new(SystemClock), lessee: lessee() };
+        Self { store, executor: Executor::new(runtime, Vec::new()), keeper }
+    }
+
     /// Opens the log with an already-built provider.
     pub fn with_provider(
         db: &Path,
@@ -126,8 +279,10 @@ impl Node {
         max_charge_minor: Option<i64>,
     ) -> anyhow::Result<Self> {
         let store = open_store(db, durability)?;
-        let runtime = Runtime { log: Arc::new(store.clone()), provider, clock: Arc::new(SystemClock) };
+        let log: Arc<dyn engine::log::EventLog> = Arc::new(store.clone());
+        let keeper = keep_leases(Arc::clone(&log));
+        let runtime = Runtime { log, provider, clock: Arc::new(SystemClock), lessee: lessee() };
         let executor = Executor::new(runtime, workflows::builtin(max_charge_minor)).with_failpoints(failpoints());
-        Ok(Self { store, executor })
+        Ok(Self { store, executor, keeper })
     }
 }

@@ -4,6 +4,13 @@
 //! normalised so that `42`, `42.0` and `4.2e1` give the same bytes, no insignificant
 //! whitespace. String case and whitespace, array order and `null` stay significant.
 //! It must never lowercase, trim or reorder anything a typed reader would see as different.
+//!
+//! Its submodule `strict` owns [`parse_strict`], the reader every outside JSON door uses
+//! (duplicate keys, excessive nesting and inexact integers refused).
+
+mod strict;
+
+pub use strict::{StrictJsonError, StrictJsonErrorKind, parse_strict};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};

@@ -13,6 +13,7 @@
 //! that must keep decoding and folding to the same state.
 
 use crate::agent::AgentEvent;
+use crate::lease::LeaseOwner;
 use crate::provider::{Capability, EffectKind, Evidence, UnknownReason};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -203,6 +204,38 @@ pub enum AfterLookup {
     Escalated,
 }
 
+/// A definitive answer that arrived after its attempt stopped being awaited.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum LateAnswer {
+    /// The provider confirmed the effect.
+    Succeeded {
+        /// Its evidence.
+        evidence: Evidence,
+    },
+    /// The provider definitively refused it.
+    Declined {
+        /// The provider's code.
+        code: String,
+    },
+}
+
+/// What a late answer meant for its intent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum LateVerdict {
+    /// It settles an intent that was still open (unknown, reconciling, proven absent…).
+    Settled,
+    /// It agrees with what the intent already says.
+    Consistent,
+    /// It contradicts the intent (an effect Keel recorded as absent, a second receipt for
+    /// one key, another amount): the intent escalates to an operator.
+    Contradicted {
+        /// What disagrees.
+        detail: String,
+    },
+}
+
 /// Limits a run starts with. Part of `RunStarted`, so a restart never refills them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunLimits {
@@ -349,6 +382,21 @@ pub enum Event {
         deadline_at: DateTime<Utc>,
         /// The run's limits.
         limits: RunLimits,
+        /// The process that holds the run's lease from its start (fencing token 1). Absent in
+        /// logs written before leases: such a run is unfenced until someone claims it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<LeaseOwner>,
+    },
+    /// Another process took the run's lease over (the holder's lease expired, or it was
+    /// proven dead): `token` is the new fencing token, and writes presenting an older one
+    /// are refused from now on.
+    RunClaimed {
+        /// The run.
+        run_id: RunId,
+        /// The new holder.
+        owner: LeaseOwner,
+        /// The new fencing token (the previous one + 1).
+        token: u64,
     },
     /// A journaled step produced its output (replay returns it instead of re-running).
     StepRecorded {
@@ -490,6 +538,10 @@ pub enum Event {
         key: IntentKey,
         /// 1, 2, …
         reconciliation: u32,
+        /// The run on whose behalf the lookup is made (its lease holder makes it). Absent in
+        /// logs written before leases: the intent's own run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        run_id: Option<RunId>,
     },
     /// A reconciliation lookup answered, and what Keel decided.
     ReconciliationResolved {
@@ -540,6 +592,20 @@ pub enum Event {
         /// The agent fact.
         event: AgentEvent,
     },
+    /// A definitive provider answer arrived for an attempt Keel no longer awaited — its
+    /// worker was presumed dead, or its lease was taken — and was kept as evidence. What it
+    /// did to the intent is `verdict`; a settling or contradicting answer is followed, in the
+    /// same commit, by the `IntentValidated`, `IntentDeclined` or `IntentEscalated` it implies.
+    LateAnswerRecorded {
+        /// The intent.
+        key: IntentKey,
+        /// The attempt the answer is for.
+        attempt: u32,
+        /// What the provider said.
+        answer: LateAnswer,
+        /// What it means for the intent.
+        verdict: LateVerdict,
+    },
     /// An operator resolved an unknown or escalated intent by hand.
     IntentResolved {
         /// The intent.
@@ -559,6 +625,7 @@ impl Event {
     pub fn type_name(&self) -> &'static str {
         match self {
             Self::RunStarted { .. } => "RunStarted",
+            Self::RunClaimed { .. } => "RunClaimed",
             Self::StepRecorded { .. } => "StepRecorded",
             Self::TimerStarted { .. } => "TimerStarted",
             Self::SignalDelivered { .. } => "SignalDelivered",
@@ -578,6 +645,7 @@ impl Event {
             Self::ApprovalExpired { .. } => "ApprovalExpired",
             Self::IntentCancelled { .. } => "IntentCancelled",
             Self::IntentResolved { .. } => "IntentResolved",
+            Self::LateAnswerRecorded { .. } => "LateAnswerRecorded",
             Self::AgentRecorded { .. } => "AgentRecorded",
         }
     }
@@ -608,8 +676,10 @@ impl Event {
             | Self::IntentEscalated { key, .. }
             | Self::ApprovalExpired { key, .. }
             | Self::IntentCancelled { key, .. }
-            | Self::IntentResolved { key, .. } => Some(key),
+            | Self::IntentResolved { key, .. }
+            | Self::LateAnswerRecorded { key, .. } => Some(key),
             Self::RunStarted { .. }
+            | Self::RunClaimed { .. }
             | Self::StepRecorded { .. }
             | Self::TimerStarted { .. }
             | Self::SignalDelivered { .. }
@@ -622,6 +692,7 @@ impl Event {
     pub fn subject(&self) -> Option<&RunId> {
         match self {
             Self::RunStarted { run_id, .. }
+            | Self::RunClaimed { run_id, .. }
             | Self::StepRecorded { run_id, .. }
             | Self::TimerStarted { run_id, .. }
             | Self::SignalDelivered { run_id, .. }

@@ -33,6 +33,7 @@
 use crate::clock::{Clock, ms_between, plus_ms};
 use crate::event::{Cause, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, Source};
 use crate::failpoints::{Failpoints, Point};
+use crate::lease::{LeaseGrant, LeaseUse, Lessee};
 use crate::ledger::{Action, Command, Intent, IntentSpec, IntentStatus, Refusal, RejectCode, Reply, Run, RunStart};
 use crate::log::{EventLog, LogError};
 use crate::provider::{BoxFuture, CallOutcome, EffectKind, EffectRequest, LookupOutcome, PaymentProvider, Secret};
@@ -54,6 +55,8 @@ pub struct Runtime {
     pub provider: Arc<dyn PaymentProvider>,
     /// The clock.
     pub clock: Arc<dyn Clock>,
+    /// This process's identity and the run leases it holds.
+    pub lessee: Lessee,
 }
 
 /// Why a workflow stopped without an outcome of its own.
@@ -82,6 +85,10 @@ pub enum WorkflowError {
         /// The decoder's message.
         detail: String,
     },
+    /// Another process holds the run's lease live (it is working on it), or took it from
+    /// this one: this process must not act for the run.
+    #[error(transparent)]
+    Busy(Refusal),
     /// The log failed.
     #[error(transparent)]
     Log(LogError),
@@ -94,6 +101,7 @@ impl From<LogError> for WorkflowError {
     fn from(error: LogError) -> Self {
         match error {
             LogError::Refused(refusal @ Refusal::Nondeterministic { .. }) => Self::Nondeterministic(refusal),
+            LogError::Refused(refusal @ (Refusal::Fenced { .. } | Refusal::LeaseHeld { .. })) => Self::Busy(refusal),
             other => Self::Log(other),
         }
     }
@@ -269,6 +277,8 @@ pub struct Context {
     secrets: BTreeMap<String, Secret>,
     cause: Cause,
     failpoints: Failpoints,
+    /// The run's lease, once this process holds it: every write for the run presents it.
+    lease: Option<LeaseGrant>,
 }
 
 impl Context {
@@ -311,11 +321,28 @@ impl Context {
     }
 
     async fn execute(&mut self, action: Action) -> Result<Reply, LogError> {
-        let command =
-            Command { cause: self.cause.clone().for_run(&self.run_id), start_run: self.pending_start.clone(), action };
+        self.execute_under(action, self.lease.clone().map_or(LeaseUse::None, LeaseUse::Hold)).await
+    }
+
+    async fn execute_under(&mut self, action: Action, lease: LeaseUse) -> Result<Reply, LogError> {
+        let command = Command::new(self.cause.clone().for_run(&self.run_id), action)
+            .starting(self.pending_start.clone())
+            .under(lease);
         let reply = self.runtime.log.execute(command).await?;
-        self.pending_start = None;
+        self.started_now();
         Ok(reply)
+    }
+
+    /// The run exists from now on; when this command started it, this process holds its
+    /// lease with the first fencing token.
+    fn started_now(&mut self) {
+        if let Some(start) = self.pending_start.take()
+            && start.owner.is_some()
+        {
+            let grant = LeaseGrant { run_id: start.run_id, token: 1 };
+            self.runtime.lessee.hold(&grant);
+            self.lease = Some(grant);
+        }
     }
 
     fn check_deadline(&self) -> Result<(), WorkflowError> {
@@ -436,16 +463,21 @@ impl Context {
                 let start_attempt = cfg!(not(feature = "canary-skip-write-ahead"))
                     && (!request.kind.needs_payment_method() || request.payment_method.is_some());
                 let cause = self.cause.clone().for_run(&self.run_id);
-                let reserve = Action::Reserve {
-                    run_id: self.run_id.clone(),
-                    position,
-                    spec: intent_spec(&self.runtime, &key, &request),
-                    start_attempt,
-                };
-                match reserve_intent(&self.runtime, &cause, &key, reserve, self.pending_start.clone()).await? {
+                let reserve = Command::new(
+                    cause.clone(),
+                    Action::Reserve {
+                        run_id: self.run_id.clone(),
+                        position,
+                        spec: intent_spec(&self.runtime, &key, &request),
+                        start_attempt,
+                    },
+                )
+                .starting(self.pending_start.clone())
+                .under(self.lease.clone().map_or(LeaseUse::None, LeaseUse::Hold));
+                match reserve_intent(&self.runtime, &key, reserve).await? {
                     Reservation::Rejected(outcome) => return Ok(outcome),
                     Reservation::Reserved { intent, fresh } => {
-                        self.pending_start = None;
+                        self.started_now();
                         let deduplicated = !fresh && intent.status == IntentStatus::Validated;
                         // Proposed again while validated, in flight or unknown: no new attempt.
                         let prevented = !fresh
@@ -461,7 +493,7 @@ impl Context {
                             self.failpoints.hit(Point::AfterReservation);
                         }
                         let intent = if fresh && intent.status == IntentStatus::Attempting {
-                            let driver = Driver { runtime: &self.runtime, cause, failpoints: &self.failpoints };
+                            let driver = self.driver();
                             driver.send(&intent, false, request.payment_method.as_ref()).await?
                         } else {
                             *intent
@@ -476,12 +508,7 @@ impl Context {
                 tracing::info!("same key and fingerprint already validated: stored result returned");
                 return Ok(IntentOutcome::of(&intent, true));
             }
-            let driver = Driver {
-                runtime: &self.runtime,
-                cause: self.cause.clone().for_run(&self.run_id),
-                failpoints: &self.failpoints,
-            };
-            let outcome = driver.drive(intent, &self.run_id, request.payment_method.as_ref()).await?;
+            let outcome = self.driver().drive(intent, request.payment_method.as_ref()).await?;
             span.record("budget.remaining_attempts", outcome.attempts_max.saturating_sub(outcome.attempts));
             span.record(
                 "budget.remaining_reconciliations",
@@ -491,6 +518,17 @@ impl Context {
         }
         .instrument(span)
         .await
+    }
+
+    /// The intent driver acting for this run, under its lease.
+    fn driver(&self) -> Driver<'_> {
+        Driver {
+            runtime: &self.runtime,
+            cause: self.cause.clone().for_run(&self.run_id),
+            failpoints: &self.failpoints,
+            run_id: self.run_id.clone(),
+            lease: self.lease.clone(),
+        }
     }
 }
 
@@ -528,14 +566,8 @@ fn intent_spec(runtime: &Runtime, key: &IntentKey, request: &IntentRequest) -> I
 }
 
 /// One `Reserve` command: key + fingerprint + money and the journal link, atomically.
-async fn reserve_intent(
-    runtime: &Runtime,
-    cause: &Cause,
-    key: &IntentKey,
-    reserve: Action,
-    start_run: Option<RunStart>,
-) -> Result<Reservation, WorkflowError> {
-    match runtime.log.execute(Command { cause: cause.clone(), start_run, action: reserve }).await {
+async fn reserve_intent(runtime: &Runtime, key: &IntentKey, reserve: Command) -> Result<Reservation, WorkflowError> {
+    match runtime.log.execute(reserve).await {
         Ok(Reply::Intent { intent, fresh }) => Ok(Reservation::Reserved { intent, fresh }),
         Ok(_) => Err(WorkflowError::Failed("a reservation did not return its intent".to_owned())),
         Err(LogError::Refused(Refusal::Rejected { code, detail })) => {
@@ -551,7 +583,8 @@ async fn reserve_intent(
 /// Reserves one intent for an already started run (an agent's effect call), journaled at the
 /// run's next free position, without sending anything: the caller checks approval, then
 /// [`drive_intent`] takes it on. The same key with the same fingerprint returns the existing
-/// intent (`fresh: false`), so a resumed call finds what its first try reserved.
+/// intent (`fresh: false`), so a resumed call finds what its first try reserved. The run's
+/// lease must be held by this process (`runtime.lessee`).
 pub async fn reserve_for_run(
     runtime: &Runtime,
     cause: &Cause,
@@ -559,26 +592,23 @@ pub async fn reserve_for_run(
     request: &IntentRequest,
 ) -> Result<Reservation, WorkflowError> {
     let key = IntentKey::new(request.kind, &request.tenant, &request.intent_id);
-    let position = match runtime
-        .log
-        .execute(Command {
-            cause: cause.clone(),
-            start_run: None,
-            action: Action::ObserveRun { run_id: run_id.clone() },
-        })
-        .await?
-    {
-        Reply::Run(run) => u32::try_from(run.journal.len())
-            .map_err(|_| WorkflowError::Failed(format!("run {run_id}: journal longer than u32")))?,
-        _ => return Err(WorkflowError::Failed("observing a run did not return it".to_owned())),
-    };
-    let reserve = Action::Reserve {
-        run_id: run_id.clone(),
-        position,
-        spec: intent_spec(runtime, &key, request),
-        start_attempt: false,
-    };
-    reserve_intent(runtime, cause, &key, reserve, None).await
+    let position =
+        match runtime.log.execute(Command::new(cause.clone(), Action::ObserveRun { run_id: run_id.clone() })).await? {
+            Reply::Run(run) => u32::try_from(run.journal.len())
+                .map_err(|_| WorkflowError::Failed(format!("run {run_id}: journal longer than u32")))?,
+            _ => return Err(WorkflowError::Failed("observing a run did not return it".to_owned())),
+        };
+    let reserve = Command::new(
+        cause.clone(),
+        Action::Reserve {
+            run_id: run_id.clone(),
+            position,
+            spec: intent_spec(runtime, &key, request),
+            start_attempt: false,
+        },
+    )
+    .under(runtime.lessee.grant(run_id).map_or(LeaseUse::None, LeaseUse::Hold));
+    reserve_intent(runtime, &key, reserve).await
 }
 
 /// Takes one reserved intent as far as the lifecycle allows now — the same [`Driver`] a
@@ -587,30 +617,110 @@ pub async fn reserve_for_run(
 pub async fn drive_intent(runtime: &Runtime, cause: Cause, key: &IntentKey) -> Result<IntentOutcome, WorkflowError> {
     let intent = observe(&*runtime.log, key, &cause).await?;
     // Agent effects are not on the crash-test failpoints' paths: they stay disarmed here.
-    let failpoints = Failpoints::disarmed();
-    Driver { runtime, cause, failpoints: &failpoints }.drive_for_its_run(intent).await
+    drive_for_its_run(runtime, cause, &Failpoints::disarmed(), intent).await
+}
+
+/// Drives an intent on behalf of the run that reserved it, without any secret: what
+/// operators, recovery and an agent's effect call do (a charge that must be resent waits for
+/// its caller). Acts under the run's lease: the one this process holds, or one claimed for
+/// the time of the drive and released after; a run another process holds live is left to it
+/// ([`WorkflowError::Busy`]).
+async fn drive_for_its_run(
+    runtime: &Runtime,
+    cause: Cause,
+    failpoints: &Failpoints,
+    intent: Intent,
+) -> Result<IntentOutcome, WorkflowError> {
+    let run_id = intent.run_id.clone();
+    let (lease, claimed) = match runtime.lessee.grant(&run_id) {
+        Some(grant) => (grant, false),
+        None => (claim_run(&*runtime.log, &runtime.lessee, &cause, &run_id).await?, true),
+    };
+    let driver = Driver { runtime, cause: cause.clone(), failpoints, run_id, lease: Some(lease.clone()) };
+    let outcome = driver.drive(intent, None).await;
+    if claimed {
+        release_runs(&*runtime.log, &runtime.lessee, &cause, vec![lease]).await?;
+    }
+    outcome
+}
+
+/// Takes `run_id`'s lease for `lessee`, unless another process holds it live
+/// ([`WorkflowError::Busy`]).
+pub async fn claim_run(
+    log: &dyn EventLog,
+    lessee: &Lessee,
+    cause: &Cause,
+    run_id: &RunId,
+) -> Result<LeaseGrant, WorkflowError> {
+    let claim = Action::ClaimRun { run_id: run_id.clone(), owner: lessee.owner().clone() };
+    match log.execute(Command::new(cause.clone(), claim)).await? {
+        Reply::Claimed(grant) => {
+            lessee.hold(&grant);
+            Ok(grant)
+        }
+        _ => Err(WorkflowError::Failed("a claim did not return its grant".to_owned())),
+    }
+}
+
+/// Gives back leases `lessee` is done with.
+pub async fn release_runs(
+    log: &dyn EventLog,
+    lessee: &Lessee,
+    cause: &Cause,
+    grants: Vec<LeaseGrant>,
+) -> Result<(), WorkflowError> {
+    if grants.is_empty() {
+        return Ok(());
+    }
+    for grant in &grants {
+        lessee.forget(&grant.run_id);
+    }
+    log.execute(Command::new(cause.clone(), Action::ReleaseLeases { grants })).await?;
+    Ok(())
+}
+
+/// Renews every lease `lessee` holds; returns the runs it lost to another process (whose
+/// later writes from here will be fenced). The binary calls it at a third of the lease's
+/// time to live.
+pub async fn renew_leases(log: &dyn EventLog, lessee: &Lessee, cause: &Cause) -> Result<Vec<RunId>, WorkflowError> {
+    let grants = lessee.grants();
+    if grants.is_empty() {
+        return Ok(Vec::new());
+    }
+    let renew = Action::RenewLeases { owner: lessee.owner().clone(), grants };
+    match log.execute(Command::new(cause.clone(), renew)).await? {
+        Reply::Renewed { lost } => {
+            for run_id in &lost {
+                lessee.forget(run_id);
+            }
+            Ok(lost)
+        }
+        _ => Err(WorkflowError::Failed("a renewal did not return what it lost".to_owned())),
+    }
 }
 
 async fn observe(log: &dyn EventLog, key: &IntentKey, cause: &Cause) -> Result<Intent, LogError> {
-    match log
-        .execute(Command { cause: cause.clone(), start_run: None, action: Action::Observe { key: key.clone() } })
-        .await?
-    {
+    match log.execute(Command::new(cause.clone(), Action::Observe { key: key.clone() })).await? {
         Reply::Intent { intent, .. } => Ok(*intent),
         _ => Err(LogError::Refused(Refusal::UnknownIntent(key.clone()))),
     }
 }
 
-/// Drives one intent through the lifecycle, as far as allowed now.
+/// Drives one intent through the lifecycle, as far as allowed now, acting for `run_id`.
 struct Driver<'a> {
     runtime: &'a Runtime,
     cause: Cause,
     failpoints: &'a Failpoints,
+    /// The run on whose behalf attempts and lookups are made.
+    run_id: RunId,
+    /// That run's lease, presented with every write for it.
+    lease: Option<LeaseGrant>,
 }
 
 impl Driver<'_> {
     async fn execute_intent(&self, action: Action) -> Result<Intent, LogError> {
-        match self.runtime.log.execute(Command { cause: self.cause.clone(), start_run: None, action }).await? {
+        let lease = self.lease.clone().map_or(LeaseUse::None, LeaseUse::Hold);
+        match self.runtime.log.execute(Command::new(self.cause.clone(), action).under(lease)).await? {
             Reply::Intent { intent, .. } => Ok(*intent),
             _ => Err(LogError::Unavailable {
                 detail: "an intent command did not return its intent".to_owned(),
@@ -619,19 +729,7 @@ impl Driver<'_> {
         }
     }
 
-    /// Drives an intent on behalf of the run that reserved it, without any secret: what
-    /// operators and recovery do (a charge that must be resent waits for its caller).
-    async fn drive_for_its_run(&self, intent: Intent) -> Result<IntentOutcome, WorkflowError> {
-        let run_id = intent.run_id.clone();
-        self.drive(intent, &run_id, None).await
-    }
-
-    async fn drive(
-        &self,
-        mut intent: Intent,
-        run_id: &RunId,
-        payment_method: Option<&Secret>,
-    ) -> Result<IntentOutcome, WorkflowError> {
+    async fn drive(&self, mut intent: Intent, payment_method: Option<&Secret>) -> Result<IntentOutcome, WorkflowError> {
         let needs_payment_method = intent.definition.kind.needs_payment_method();
         loop {
             let now = self.runtime.clock.now();
@@ -663,7 +761,7 @@ impl Driver<'_> {
                              request (same key, same payload) to send it",
                         ));
                     }
-                    match self.attempt(&intent, run_id, payment_method).await {
+                    match self.attempt(&intent, payment_method).await {
                         Ok(next) => next,
                         Err(LogError::Refused(Refusal::NotAllowed(why))) if why.starts_with("deadline") => {
                             return Err(WorkflowError::DeadlineExceeded(why));
@@ -692,12 +790,7 @@ impl Driver<'_> {
     }
 
     /// One write-ahead attempt: `AttemptStarted` durable, then the provider, then the outcome.
-    async fn attempt(
-        &self,
-        intent: &Intent,
-        run_id: &RunId,
-        payment_method: Option<&Secret>,
-    ) -> Result<Intent, LogError> {
+    async fn attempt(&self, intent: &Intent, payment_method: Option<&Secret>) -> Result<Intent, LogError> {
         let key = intent.key().clone();
         #[cfg(feature = "canary-skip-write-ahead")]
         let early_outcome = {
@@ -708,7 +801,8 @@ impl Driver<'_> {
             self.failpoints.hit(Point::AfterProviderAnswer);
             outcome
         };
-        let started = self.execute_intent(Action::StartAttempt { key: key.clone(), run_id: run_id.clone() }).await?;
+        let started =
+            self.execute_intent(Action::StartAttempt { key: key.clone(), run_id: self.run_id.clone() }).await?;
         if started.status != IntentStatus::Attempting {
             // Escalated (attempts or key window spent) or approval expired: nothing was sent.
             return Ok(started);
@@ -783,7 +877,9 @@ impl Driver<'_> {
     /// One reconciliation: `ReconciliationStarted` durable, then the lookup, then its answer.
     async fn reconcile_once(&self, intent: &Intent, force: bool) -> Result<Intent, LogError> {
         let key = intent.key().clone();
-        let started = self.execute_intent(Action::StartReconciliation { key: key.clone(), force }).await?;
+        let started = self
+            .execute_intent(Action::StartReconciliation { key: key.clone(), force, run_id: self.run_id.clone() })
+            .await?;
         if started.status != IntentStatus::Reconciling {
             return Ok(started); // Escalated: reconciliations spent.
         }
@@ -859,6 +955,18 @@ pub struct ResumeReport {
     pub resumed: Vec<RunOutcome>,
     /// Reconciliations performed, with the intents' new status.
     pub reconciled: Vec<IntentOutcome>,
+    /// What was left alone because another process holds it live: the intent key or run
+    /// id, and why (the holder and until when).
+    pub left_to_their_owner: Vec<LeftAlone>,
+}
+
+/// Something recovery left alone: another live process is working on it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeftAlone {
+    /// The intent key or run id.
+    pub subject: String,
+    /// Who holds it, in words.
+    pub held_by: String,
 }
 
 impl Executor {
@@ -914,6 +1022,7 @@ impl Executor {
                 input: prepared.stored_input.clone(),
                 deadline_at,
                 limits: request.limits.clone(),
+                owner: Some(self.runtime.lessee.owner().clone()),
             }),
             journal: Vec::new(),
             position: 0,
@@ -921,14 +1030,20 @@ impl Executor {
             secrets: prepared.secrets,
             cause: request.cause,
             failpoints: self.failpoints.clone(),
+            lease: None,
         };
         self.drive_run(workflow_impl, ctx, prepared.stored_input).await
     }
 
-    /// Resumes one unfinished run by replaying its journal. `secrets` may re-present what a
-    /// caller still holds.
+    /// Resumes one unfinished run by replaying its journal, under its lease: the one this
+    /// process holds, or one it claims ([`WorkflowError::Busy`] when another process holds
+    /// it live). The lease is given back when the replay stops.
     pub async fn resume(&self, run: &Run, cause: Cause) -> Result<RunOutcome, WorkflowError> {
         let workflow_impl = self.workflow(&run.workflow)?;
+        let lease = match self.runtime.lessee.grant(&run.run_id) {
+            Some(grant) => grant,
+            None => claim_run(&*self.runtime.log, &self.runtime.lessee, &cause, &run.run_id).await?,
+        };
         let ctx = Context {
             runtime: self.runtime.clone(),
             run_id: run.run_id.clone(),
@@ -938,10 +1053,17 @@ impl Executor {
             position: 0,
             deadline_at: run.deadline_at,
             secrets: BTreeMap::new(),
-            cause,
+            cause: cause.clone(),
             failpoints: self.failpoints.clone(),
+            lease: Some(lease.clone()),
         };
-        self.drive_run(workflow_impl, ctx, run.input.clone()).await
+        let outcome = self.drive_run(workflow_impl, ctx, run.input.clone()).await;
+        // A finished run released its lease with its `RunFinished`; a suspended one is given
+        // back here, so whoever continues it later can claim it.
+        if self.runtime.lessee.grant(&run.run_id).is_some() {
+            release_runs(&*self.runtime.log, &self.runtime.lessee, &cause, vec![lease]).await?;
+        }
+        outcome
     }
 
     fn workflow(&self, name: &str) -> Result<Arc<dyn Workflow>, WorkflowError> {
@@ -988,14 +1110,42 @@ impl Executor {
                     serde_json::json!({"status": "nondeterministic_replay", "details": [refusal.to_string()]}),
                     true,
                 ),
-                Err(other @ (WorkflowError::Log(_) | WorkflowError::Undecodable { .. } | WorkflowError::Failed(_))) => {
+                Err(
+                    other @ (WorkflowError::Log(_)
+                    | WorkflowError::Busy(_)
+                    | WorkflowError::Undecodable { .. }
+                    | WorkflowError::Failed(_)),
+                ) => {
                     return Err(other);
                 }
             };
             let written = ctx.started();
+            let mut output = output;
             if finish && written {
                 let detail = output.get("details").and_then(|d| d.get(0)).and_then(Value::as_str).map(str::to_owned);
-                ctx.execute(Action::FinishRun { run_id: ctx.run_id.clone(), status, detail }).await?;
+                let lease = ctx.lease.clone().map_or(LeaseUse::None, LeaseUse::Release);
+                let finished =
+                    ctx.execute_under(Action::FinishRun { run_id: ctx.run_id.clone(), status, detail }, lease);
+                match finished.await {
+                    Ok(_) => {}
+                    // Another process took the run while this one finished its work (this one
+                    // was presumed dead): what it learned is recorded; the new holder ends the run.
+                    Err(LogError::Refused(refusal @ Refusal::Fenced { .. })) => {
+                        tracing::warn!(%refusal, "the run was taken over; its new holder finishes it");
+                        if let Some(details) = output.get_mut("details").and_then(Value::as_array_mut) {
+                            details.push(Value::String(format!("{refusal}; the new holder finishes the run")));
+                        } else if let Some(map) = output.as_object_mut() {
+                            map.insert(
+                                "details".into(),
+                                serde_json::json!([format!("{refusal}; the new holder finishes the run")]),
+                            );
+                        }
+                    }
+                    Err(other) => return Err(other.into()),
+                }
+                if let Some(grant) = &ctx.lease {
+                    self.runtime.lessee.forget(&grant.run_id);
+                }
             }
             tracing::info!(status = status.as_str(), written, "run ended");
             Ok(RunOutcome { run_id: ctx.run_id.to_string(), status: status.as_str().to_owned(), written, output })
@@ -1006,51 +1156,112 @@ impl Executor {
 
     /// Reconciles one intent now (an operator's explicit request: even if not yet due), then
     /// takes it as far as allowed (a proven absence past the window resends with the same key
-    /// when no secret is needed).
+    /// when no secret is needed), under its run's lease ([`WorkflowError::Busy`] when another
+    /// process holds that run live).
     pub async fn reconcile(&self, key: &IntentKey, cause: Cause) -> Result<IntentOutcome, WorkflowError> {
         let intent = observe(&*self.runtime.log, key, &cause).await?;
-        let driver = Driver { runtime: &self.runtime, cause, failpoints: &self.failpoints };
-        let reconcilable = matches!(intent.status, IntentStatus::OutcomeUnknown)
-            || (intent.status == IntentStatus::Escalated && !intent.absence_proven);
-        let intent =
-            if reconcilable && intent.capability.lookup { driver.reconcile_once(&intent, true).await? } else { intent };
-        driver.drive_for_its_run(intent).await
+        let run_id = intent.run_id.clone();
+        let (lease, claimed) = match self.runtime.lessee.grant(&run_id) {
+            Some(grant) => (grant, false),
+            None => (claim_run(&*self.runtime.log, &self.runtime.lessee, &cause, &run_id).await?, true),
+        };
+        let driver = Driver {
+            runtime: &self.runtime,
+            cause: cause.clone(),
+            failpoints: &self.failpoints,
+            run_id,
+            lease: Some(lease.clone()),
+        };
+        let outcome = async {
+            let reconcilable = matches!(intent.status, IntentStatus::OutcomeUnknown)
+                || (intent.status == IntentStatus::Escalated && !intent.absence_proven);
+            let intent = if reconcilable && intent.capability.lookup {
+                driver.reconcile_once(&intent, true).await?
+            } else {
+                intent
+            };
+            driver.drive(intent, None).await
+        }
+        .await;
+        if claimed {
+            release_runs(&*self.runtime.log, &self.runtime.lessee, &cause, vec![lease]).await?;
+        }
+        outcome
     }
 
-    /// Start-up recovery: every attempt without an outcome becomes `outcome_unknown (crash)`
-    /// exactly once; then unfinished runs are replayed and due reconciliations run.
+    /// Recovery: every attempt without an outcome whose run no live process holds becomes
+    /// `outcome_unknown (crash)` exactly once, this process taking those runs' leases; then
+    /// unfinished runs are replayed and due reconciliations run. What another live process
+    /// holds is left to it and reported.
     pub async fn recover_and_resume(&self, cause: Cause) -> Result<ResumeReport, WorkflowError> {
         let mut report = ResumeReport::default();
-        let recovered = self
-            .runtime
-            .log
-            .execute(Command { cause: cause.clone(), start_run: None, action: Action::Recover })
-            .await?;
-        if let Reply::Recovered(keys) = recovered {
-            report.recovered = keys.iter().map(ToString::to_string).collect();
+        let recover = Action::Recover { owner: self.runtime.lessee.owner().clone(), run: None };
+        let claimed = match self.runtime.log.execute(Command::new(cause.clone(), recover)).await? {
+            Reply::Recovered(recovery) => {
+                report.recovered = recovery.recovered.iter().map(ToString::to_string).collect();
+                report.left_to_their_owner = recovery
+                    .held_elsewhere
+                    .iter()
+                    .map(|(key, owner)| LeftAlone { subject: key.to_string(), held_by: owner.to_string() })
+                    .collect();
+                recovery.claimed
+            }
+            _ => return Err(WorkflowError::Failed("recovery did not report what it did".to_owned())),
+        };
+        for grant in &claimed {
+            self.runtime.lessee.hold(grant);
         }
         self.failpoints.hit(Point::AfterRecover);
-        // Agent runs need their transport and tools: `keel agent resume` continues them.
-        for run in self.unfinished_runs(&cause).await?.into_iter().filter(|run| !run.is_agent()) {
-            report.resumed.push(self.resume(&run, cause.clone()).await?);
+        let result = async {
+            // Agent runs need their transport and tools: `keel agent resume` continues them.
+            for run in self.unfinished_runs(&cause).await?.into_iter().filter(|run| !run.is_agent()) {
+                match self.resume(&run, cause.clone()).await {
+                    Ok(outcome) => report.resumed.push(outcome),
+                    Err(WorkflowError::Busy(refusal)) => report
+                        .left_to_their_owner
+                        .push(LeftAlone { subject: run.run_id.to_string(), held_by: refusal.to_string() }),
+                    Err(other) => return Err(other),
+                }
+            }
+            let (reconciled, busy) = self.reconcile_due_reporting(cause.clone()).await?;
+            report.reconciled = reconciled;
+            report.left_to_their_owner.extend(busy);
+            Ok(())
         }
-        report.reconciled = self.reconcile_due(cause).await?;
-        Ok(report)
+        .await;
+        let still_held: Vec<LeaseGrant> =
+            claimed.into_iter().filter(|grant| self.runtime.lessee.grant(&grant.run_id).is_some()).collect();
+        release_runs(&*self.runtime.log, &self.runtime.lessee, &cause, still_held).await?;
+        result.map(|()| report)
     }
 
     /// Reconciles every intent whose reconciliation is due, at most
-    /// [`crate::limits::RECONCILE_PASS_MAX`] per pass.
+    /// [`crate::limits::RECONCILE_PASS_MAX`] per pass; an intent whose run another live
+    /// process holds is left to it.
     pub async fn reconcile_due(&self, cause: Cause) -> Result<Vec<IntentOutcome>, WorkflowError> {
+        Ok(self.reconcile_due_reporting(cause).await?.0)
+    }
+
+    async fn reconcile_due_reporting(
+        &self,
+        cause: Cause,
+    ) -> Result<(Vec<IntentOutcome>, Vec<LeftAlone>), WorkflowError> {
         let mut outcomes = Vec::new();
+        let mut busy = Vec::new();
         for key in self.due(&cause).await?.into_iter().take(crate::limits::RECONCILE_PASS_MAX) {
             let intent = observe(&*self.runtime.log, &key, &cause).await?;
             if !intent.reconcile_due(self.runtime.clock.now()) {
                 continue; // Someone else got to it first.
             }
-            let driver = Driver { runtime: &self.runtime, cause: cause.clone(), failpoints: &self.failpoints };
-            outcomes.push(driver.drive_for_its_run(intent).await?);
+            match drive_for_its_run(&self.runtime, cause.clone(), &self.failpoints, intent).await {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(WorkflowError::Busy(refusal)) => {
+                    busy.push(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() })
+                }
+                Err(other) => return Err(other),
+            }
         }
-        Ok(outcomes)
+        Ok((outcomes, busy))
     }
 
     async fn unfinished_runs(&self, cause: &Cause) -> Result<Vec<Run>, WorkflowError> {
@@ -1063,12 +1274,7 @@ impl Executor {
 
     /// Due intents and unfinished runs, read through the log so they include every commit.
     async fn snapshot(&self, cause: &Cause) -> Result<(Vec<IntentKey>, Vec<Run>), WorkflowError> {
-        match self
-            .runtime
-            .log
-            .execute(Command { cause: cause.clone(), start_run: None, action: Action::Snapshot })
-            .await?
-        {
+        match self.runtime.log.execute(Command::new(cause.clone(), Action::Snapshot)).await? {
             Reply::Snapshot { due, unfinished } => Ok((due, unfinished)),
             _ => Err(WorkflowError::Failed("a snapshot did not return one".to_owned())),
         }

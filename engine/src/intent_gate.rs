@@ -91,11 +91,7 @@ impl IntentGate {
         let Some(key) = IntentKey::parse(&ticket.key) else {
             return ApprovalDecision::Denied { reason: format!("{} is not an intent key", ticket.key) };
         };
-        let observed = self
-            .runtime
-            .log
-            .execute(Command { cause: self.cause.clone(), start_run: None, action: Action::Observe { key } })
-            .await;
+        let observed = self.runtime.log.execute(Command::new(self.cause.clone(), Action::Observe { key })).await;
         match observed {
             Ok(Reply::Intent { intent, .. }) => match intent.status {
                 // Never approved, or its approval expired at dispatch.

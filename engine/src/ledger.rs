@@ -17,9 +17,10 @@
 use crate::agent::{AgentEvent, AgentState};
 use crate::clock::{ms_between, plus_ms};
 use crate::event::{
-    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LookupStatus, RunId, RunLimits, RunStatus, Source,
-    StoredEvent, StreamId,
+    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LateAnswer, LateVerdict, LookupStatus, RunId, RunLimits,
+    RunStatus, Source, StoredEvent, StreamId,
 };
+use crate::lease::{ClaimVerdict, LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse, LeaseView, RunLease, claim_verdict};
 use crate::limits;
 use crate::provider::{CallOutcome, Capability, EffectKind, Evidence, LookupOutcome, UnknownReason};
 use chrono::{DateTime, Utc};
@@ -145,6 +146,11 @@ pub struct Intent {
     pub note: Option<String>,
     /// Times the same key and fingerprint were proposed again after validation.
     pub duplicates_suppressed: u32,
+    /// The run on whose behalf the attempt or lookup in flight was made (its lease holder
+    /// is the one process allowed to act on it; recovery checks that lease).
+    pub in_flight_run: Option<RunId>,
+    /// Definitive answers that arrived after their attempt stopped being awaited.
+    pub late_answers: u32,
     /// Global sequence of the latest event on its stream.
     pub last_seq: u64,
 }
@@ -238,6 +244,9 @@ pub struct Run {
     /// The fold of `agent_events` (derived, so not part of the rendering).
     #[serde(skip)]
     pub agent: AgentState,
+    /// Who holds the run's lease, with the current fencing token (`None`: a run from before
+    /// leases, unfenced until claimed).
+    pub lease: Option<RunLease>,
     /// Global sequence of its latest event.
     pub last_seq: u64,
 }
@@ -260,6 +269,8 @@ pub struct AgentRunStart {
     pub input: Value,
     /// The spine's limits for the intents the agent's effect tools reserve.
     pub limits: RunLimits,
+    /// The process starting the run: it holds the run's lease (fencing token 1).
+    pub owner: Option<LeaseOwner>,
 }
 
 /// What a caller asks the ledger to decide.
@@ -272,6 +283,28 @@ pub struct Command {
     pub start_run: Option<RunStart>,
     /// The action.
     pub action: Action,
+    /// The lease the command writes under: a write for a run must present the run's current
+    /// fencing token (see [`crate::lease`]).
+    pub lease: LeaseUse,
+}
+
+impl Command {
+    /// `action` on behalf of `cause`, starting nothing, under no lease.
+    pub fn new(cause: Cause, action: Action) -> Self {
+        Self { cause, start_run: None, action, lease: LeaseUse::None }
+    }
+
+    /// The same command, starting `run` in its commit if accepted.
+    pub fn starting(mut self, run: Option<RunStart>) -> Self {
+        self.start_run = run;
+        self
+    }
+
+    /// The same command, written under `lease`.
+    pub fn under(mut self, lease: LeaseUse) -> Self {
+        self.lease = lease;
+        self
+    }
 }
 
 /// A run to start.
@@ -287,6 +320,8 @@ pub struct RunStart {
     pub deadline_at: DateTime<Utc>,
     /// Its limits.
     pub limits: RunLimits,
+    /// The process starting it: it holds the run's lease (fencing token 1).
+    pub owner: Option<LeaseOwner>,
 }
 
 /// The definition of an intent to reserve.
@@ -350,6 +385,8 @@ pub enum Action {
         key: IntentKey,
         /// Reconcile even if not yet due.
         force: bool,
+        /// The run on whose behalf (whose lease the command holds).
+        run_id: RunId,
     },
     /// Record a lookup's answer.
     RecordLookup {
@@ -360,9 +397,37 @@ pub enum Action {
         /// What the provider said.
         outcome: LookupOutcome,
     },
-    /// Start-up recovery: every attempt without an outcome becomes unknown (crash), every
-    /// interrupted lookup is recorded as such. Exactly once: a second pass finds nothing.
-    Recover,
+    /// Recovery: every attempt without an outcome whose run nobody holds live becomes
+    /// unknown (crash), every such interrupted lookup is recorded as such, and `owner` claims
+    /// those runs' leases in the same commit. An attempt whose run is held live by another
+    /// process is left alone: its owner is waiting for the answer. Exactly once: a second
+    /// pass finds nothing. `run` limits it to one run's intents.
+    Recover {
+        /// The recovering process.
+        owner: LeaseOwner,
+        /// Only the intents in flight for this run (`None`: every run).
+        run: Option<RunId>,
+    },
+    /// Take a run's lease, unless another process holds it live (see [`crate::lease`]).
+    ClaimRun {
+        /// The run.
+        run_id: RunId,
+        /// The claimant.
+        owner: LeaseOwner,
+    },
+    /// Extend the holds of `grants`; a grant whose token is no longer current is reported
+    /// lost (another process claimed the run).
+    RenewLeases {
+        /// The holder.
+        owner: LeaseOwner,
+        /// What it holds.
+        grants: Vec<LeaseGrant>,
+    },
+    /// End the holds of `grants` that are still current: the process is done with them.
+    ReleaseLeases {
+        /// What it gives back.
+        grants: Vec<LeaseGrant>,
+    },
     /// A human approves an intent, bound to its fingerprint.
     Approve {
         /// The intent.
@@ -454,6 +519,38 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// The run this action writes for, whose lease it must hold (see [`crate::lease`]).
+    /// Reads, operator decisions on intents, signals and provider answers write for no run:
+    /// an answer is evidence whoever brings it.
+    pub fn fenced_run(&self) -> Option<&RunId> {
+        match self {
+            Self::Reserve { run_id, .. }
+            | Self::StartAttempt { run_id, .. }
+            | Self::StartReconciliation { run_id, .. }
+            | Self::RecordStep { run_id, .. }
+            | Self::StartTimer { run_id, .. }
+            | Self::RecordAgent { run_id, .. }
+            | Self::FinishRun { run_id, .. } => Some(run_id),
+            Self::StartRun
+            | Self::Observe { .. }
+            | Self::ObserveRun { .. }
+            | Self::Snapshot
+            | Self::RecordOutcome { .. }
+            | Self::RecordLookup { .. }
+            | Self::Recover { .. }
+            | Self::ClaimRun { .. }
+            | Self::RenewLeases { .. }
+            | Self::ReleaseLeases { .. }
+            | Self::Approve { .. }
+            | Self::Deny { .. }
+            | Self::Cancel { .. }
+            | Self::Resolve { .. }
+            | Self::DeliverSignal { .. } => None,
+        }
+    }
+}
+
 /// Why a proposal was rejected before any reservation. Nothing is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -506,6 +603,31 @@ pub enum Refusal {
     /// No such run.
     #[error("no run with id {0}")]
     UnknownRun(RunId),
+    /// The command writes for a run whose lease another process took: its token is stale.
+    #[error(
+        "run {run_id} is now held by {holder} (fencing token {current}); this writer presented {}: its writes are refused",
+        presented.map_or_else(|| "no token".to_owned(), |t| format!("token {t}"))
+    )]
+    Fenced {
+        /// The run.
+        run_id: RunId,
+        /// The token presented, if any.
+        presented: Option<u64>,
+        /// The current token.
+        current: u64,
+        /// The current holder.
+        holder: LeaseOwner,
+    },
+    /// Another process holds the run's lease live.
+    #[error("run {run_id} is held by {owner} until {expires_at} (it renews while it works)")]
+    LeaseHeld {
+        /// The run.
+        run_id: RunId,
+        /// The live holder.
+        owner: LeaseOwner,
+        /// Until when, unless renewed.
+        expires_at: DateTime<Utc>,
+    },
     /// Replayed code asked for something else than what is recorded at this position.
     #[error("nondeterministic replay at position {position}: recorded {recorded:?}, asked {asked:?}")]
     Nondeterministic {
@@ -533,8 +655,15 @@ pub enum Reply {
     },
     /// A run's state.
     Run(Box<Run>),
-    /// Intents recovery turned unknown (or whose lookups it recorded as interrupted).
-    Recovered(Vec<IntentKey>),
+    /// What recovery did.
+    Recovered(Recovery),
+    /// The run's lease, now held by the claimant.
+    Claimed(LeaseGrant),
+    /// Grants that could not be renewed: another process claimed their runs.
+    Renewed {
+        /// The runs lost.
+        lost: Vec<RunId>,
+    },
     /// Intents due for reconciliation and runs not yet finished.
     Snapshot {
         /// Due intents, oldest first.
@@ -553,10 +682,37 @@ pub enum ReplyTarget {
     Intent(IntentKey, bool),
     /// A run.
     Run(RunId),
-    /// Recovered intents.
-    Recovered(Vec<IntentKey>),
+    /// What recovery did.
+    Recovered(Recovery),
+    /// A claimed lease.
+    Claimed(LeaseGrant),
+    /// Renewal result.
+    Renewed(Vec<RunId>),
     /// Due intents and unfinished runs as of `now`.
     Snapshot(DateTime<Utc>),
+}
+
+/// What one recovery pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Intents whose attempt or lookup in flight it recorded as interrupted (`crash`).
+    pub recovered: Vec<IntentKey>,
+    /// The runs whose leases it claimed for them (the recovering process now holds them).
+    pub claimed: Vec<LeaseGrant>,
+    /// Intents left alone because another process holds their run live, with that holder.
+    pub held_elsewhere: Vec<(IntentKey, LeaseOwner)>,
+}
+
+/// What [`Ledger::decide`] decided: the events to append, what to answer, and the lease
+/// changes the store applies in the same transaction.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// Events to append, in order.
+    pub events: Vec<Event>,
+    /// What to answer after they are folded.
+    pub target: ReplyTarget,
+    /// Lease expiries to write.
+    pub leases: Vec<LeaseEffect>,
 }
 
 /// The fold of the whole log.
@@ -685,7 +841,9 @@ impl Ledger {
                 Some(run) => Reply::Run(Box::new(run.clone())),
                 None => Reply::Done,
             },
-            ReplyTarget::Recovered(keys) => Reply::Recovered(keys.clone()),
+            ReplyTarget::Recovered(recovery) => Reply::Recovered(recovery.clone()),
+            ReplyTarget::Claimed(grant) => Reply::Claimed(grant.clone()),
+            ReplyTarget::Renewed(lost) => Reply::Renewed { lost: lost.clone() },
             ReplyTarget::Snapshot(now) => Reply::Snapshot {
                 due: self.due_for_reconciliation(*now),
                 unfinished: self.unfinished_runs().iter().filter_map(|id| self.runs.get(id)).cloned().collect(),
@@ -719,10 +877,11 @@ impl Ledger {
             |what: &str| -> ! { panic!("impossible transition at seq {seq} on stream {}: {what}", stored.stream) };
 
         match &stored.event {
-            Event::RunStarted { run_id, workflow, input, deadline_at, limits } => {
+            Event::RunStarted { run_id, workflow, input, deadline_at, limits, owner } => {
                 if self.runs.contains_key(run_id) {
                     fail("run started twice");
                 }
+                let lease = owner.clone().map(|owner| RunLease { owner, token: 1 });
                 self.runs.insert(
                     run_id.clone(),
                     Run {
@@ -739,9 +898,19 @@ impl Ledger {
                         intents: Vec::new(),
                         agent_events: Vec::new(),
                         agent: AgentState::default(),
+                        lease,
                         last_seq: seq,
                     },
                 );
+            }
+            Event::RunClaimed { run_id, owner, token } => {
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("claim of an unknown run"));
+                let current = run.lease.as_ref().map_or(0, |lease| lease.token);
+                if *token != current + 1 {
+                    fail("fencing tokens must follow each other");
+                }
+                run.lease = Some(RunLease { owner: owner.clone(), token: *token });
+                run.last_seq = seq;
             }
             Event::StepRecorded { run_id, position, name, output } => {
                 let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("step on an unknown run"));
@@ -837,6 +1006,8 @@ impl Ledger {
                         absence_proven: false,
                         note: None,
                         duplicates_suppressed: 0,
+                        in_flight_run: None,
+                        late_answers: 0,
                         last_seq: seq,
                     },
                 );
@@ -852,8 +1023,12 @@ impl Ledger {
 
     /// Decides what to append for `command` at `now`. Pure: the caller appends the events and
     /// then folds them with [`Ledger::apply`].
-    pub fn decide(&self, command: &Command, now: DateTime<Utc>) -> Result<(Vec<Event>, ReplyTarget), Refusal> {
+    ///
+    /// `leases` answers what the log itself does not hold: when each run's lease expires and
+    /// whether a holder still runs (see [`crate::lease`]).
+    pub fn decide(&self, command: &Command, now: DateTime<Utc>, leases: &dyn LeaseView) -> Result<Decision, Refusal> {
         let mut events = Vec::new();
+        let mut lease_effects = Vec::new();
         let run_start = command.start_run.as_ref();
         if let Some(start) = run_start {
             if self.runs.contains_key(&start.run_id) {
@@ -865,7 +1040,18 @@ impl Ledger {
                 input: start.input.clone(),
                 deadline_at: start.deadline_at,
                 limits: start.limits.clone(),
+                owner: start.owner.clone(),
             });
+            if start.owner.is_some() {
+                lease_effects.push(LeaseEffect::Hold {
+                    run_id: start.run_id.clone(),
+                    token: 1,
+                    expires_at: plus_ms(now, leases.ttl_ms()),
+                });
+            }
+        }
+        if let Some(run_id) = command.action.fenced_run() {
+            self.check_fence(run_id, &command.lease)?;
         }
         let target = match &command.action {
             Action::StartRun => match run_start {
@@ -890,13 +1076,48 @@ impl Ledger {
             Action::RecordOutcome { key, attempt, outcome } => {
                 self.decide_outcome(key, *attempt, outcome, now, &mut events)?
             }
-            Action::StartReconciliation { key, force } => {
-                self.decide_start_reconciliation(key, *force, now, &mut events)?
+            Action::StartReconciliation { key, force, run_id } => {
+                self.decide_start_reconciliation(key, *force, run_id, now, &mut events)?
             }
             Action::RecordLookup { key, reconciliation, outcome } => {
                 self.decide_lookup(key, *reconciliation, outcome, now, &mut events)?
             }
-            Action::Recover => self.decide_recover(now, &mut events),
+            Action::Recover { owner, run } => {
+                self.decide_recover(owner, run.as_ref(), now, leases, &mut events, &mut lease_effects)
+            }
+            Action::ClaimRun { run_id, owner } => {
+                self.decide_claim(run_id, owner, now, leases, &mut events, &mut lease_effects)?
+            }
+            Action::RenewLeases { owner, grants } => {
+                let mut lost = Vec::new();
+                for grant in grants {
+                    let current = self.runs.get(&grant.run_id).and_then(|run| run.lease.as_ref());
+                    match current {
+                        Some(lease) if lease.token == grant.token && &lease.owner == owner => {
+                            lease_effects.push(LeaseEffect::Hold {
+                                run_id: grant.run_id.clone(),
+                                token: grant.token,
+                                expires_at: plus_ms(now, leases.ttl_ms()),
+                            });
+                        }
+                        _ => lost.push(grant.run_id.clone()),
+                    }
+                }
+                ReplyTarget::Renewed(lost)
+            }
+            Action::ReleaseLeases { grants } => {
+                for grant in grants {
+                    if self
+                        .runs
+                        .get(&grant.run_id)
+                        .and_then(|run| run.lease.as_ref())
+                        .is_some_and(|l| l.token == grant.token)
+                    {
+                        lease_effects.push(LeaseEffect::Release { run_id: grant.run_id.clone() });
+                    }
+                }
+                ReplyTarget::Done
+            }
             Action::Approve { key, by, ttl_ms, fingerprint } => {
                 let intent = self.existing(key)?;
                 if intent.status != IntentStatus::AwaitingApproval {
@@ -994,7 +1215,7 @@ impl Ledger {
                 if run_start.is_some() {
                     return Err(Refusal::NotAllowed("an agent run starts with its first facts, not start_run".into()));
                 }
-                self.decide_record_agent(run_id, batch, start.as_ref(), &mut events)?
+                self.decide_record_agent(run_id, batch, start.as_ref(), now, leases, &mut events, &mut lease_effects)?
             }
             Action::FinishRun { run_id, status, detail } => {
                 let run = self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
@@ -1005,17 +1226,88 @@ impl Ledger {
                 ReplyTarget::Run(run_id.clone())
             }
         };
-        Ok((events, target))
+        if let LeaseUse::Release(grant) = &command.lease
+            && self.runs.get(&grant.run_id).and_then(|run| run.lease.as_ref()).is_some_and(|l| l.token == grant.token)
+        {
+            lease_effects.push(LeaseEffect::Release { run_id: grant.run_id.clone() });
+        }
+        Ok(Decision { events, target, leases: lease_effects })
+    }
+
+    /// Refuses a write for `run_id` that does not present the run's current fencing token.
+    /// A run that does not exist yet (started by this very command) or that was started
+    /// before leases existed (no holder recorded) is not fenced.
+    fn check_fence(&self, run_id: &RunId, lease: &LeaseUse) -> Result<(), Refusal> {
+        let Some(current) = self.runs.get(run_id).and_then(|run| run.lease.as_ref()) else {
+            return Ok(());
+        };
+        match lease.grant() {
+            Some(grant) if &grant.run_id == run_id && grant.token == current.token => Ok(()),
+            presented => Err(Refusal::Fenced {
+                run_id: run_id.clone(),
+                presented: presented.filter(|g| &g.run_id == run_id).map(|g| g.token),
+                current: current.token,
+                holder: current.owner.clone(),
+            }),
+        }
+    }
+
+    /// Claims `run_id` for `owner` unless another process holds it live.
+    fn decide_claim(
+        &self,
+        run_id: &RunId,
+        owner: &LeaseOwner,
+        now: DateTime<Utc>,
+        leases: &dyn LeaseView,
+        events: &mut Vec<Event>,
+        effects: &mut Vec<LeaseEffect>,
+    ) -> Result<ReplyTarget, Refusal> {
+        let run = self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
+        match self.claim(run, owner, now, leases, events, effects) {
+            Ok(grant) => Ok(ReplyTarget::Claimed(grant)),
+            Err((holder, expires_at)) => Err(Refusal::LeaseHeld { run_id: run_id.clone(), owner: holder, expires_at }),
+        }
+    }
+
+    /// The claim rule applied to one run: the grant (with a `RunClaimed` event when the
+    /// token moves) or the live holder.
+    fn claim(
+        &self,
+        run: &Run,
+        owner: &LeaseOwner,
+        now: DateTime<Utc>,
+        leases: &dyn LeaseView,
+        events: &mut Vec<Event>,
+        effects: &mut Vec<LeaseEffect>,
+    ) -> Result<LeaseGrant, (LeaseOwner, DateTime<Utc>)> {
+        let run_id = &run.run_id;
+        let expires_at = plus_ms(now, leases.ttl_ms());
+        let verdict = claim_verdict(run.lease.as_ref(), leases.expires_at(run_id), owner, now, |o| leases.liveness(o));
+        let token = match verdict {
+            ClaimVerdict::Held(token) => token,
+            ClaimVerdict::Free => {
+                let token = run.lease.as_ref().map_or(0, |lease| lease.token) + 1;
+                events.push(Event::RunClaimed { run_id: run_id.clone(), owner: owner.clone(), token });
+                token
+            }
+            ClaimVerdict::HeldElsewhere { owner, expires_at } => return Err((owner, expires_at)),
+        };
+        effects.push(LeaseEffect::Hold { run_id: run_id.clone(), token, expires_at });
+        Ok(LeaseGrant { run_id: run_id.clone(), token })
     }
 
     /// Checks an agent batch by folding it onto a copy of the run's agent state: an
     /// impossible fact is refused and nothing is written.
+    #[allow(clippy::too_many_arguments)] // One call site; the lease pair is the decision's output.
     fn decide_record_agent(
         &self,
         run_id: &RunId,
         batch: &[AgentEvent],
         start: Option<&AgentRunStart>,
+        now: DateTime<Utc>,
+        leases: &dyn LeaseView,
         events: &mut Vec<Event>,
+        effects: &mut Vec<LeaseEffect>,
     ) -> Result<ReplyTarget, Refusal> {
         let refuse = |why: String| Refusal::NotAllowed(format!("run {run_id}: {why}"));
         if batch.is_empty() {
@@ -1040,7 +1332,15 @@ impl Ledger {
                     input: start.input.clone(),
                     deadline_at: *deadline,
                     limits: start.limits.clone(),
+                    owner: start.owner.clone(),
                 });
+                if start.owner.is_some() {
+                    effects.push(LeaseEffect::Hold {
+                        run_id: run_id.clone(),
+                        token: 1,
+                        expires_at: plus_ms(now, leases.ttl_ms()),
+                    });
+                }
                 AgentState::default()
             }
         };
@@ -1290,44 +1590,133 @@ impl Ledger {
         events: &mut Vec<Event>,
     ) -> Result<ReplyTarget, Refusal> {
         let intent = self.existing(key)?;
-        if attempt != intent.attempts {
+        if attempt == 0 || attempt > intent.attempts {
             return Err(Refusal::NotAllowed(format!(
                 "outcome for attempt {attempt} of {key}, but the latest attempt is {}",
                 intent.attempts
             )));
         }
-        // A late answer after recovery marked the attempt unknown (the worker was alive after
-        // all) is still evidence when it is definitive; an unknown one adds nothing.
-        let late = matches!(intent.status, IntentStatus::OutcomeUnknown | IntentStatus::Escalated);
-        if intent.status != IntentStatus::Attempting && !late {
-            return Err(Refusal::NotAllowed(format!(
-                "intent {key} is {}: no attempt awaits an outcome",
-                intent.status.as_str()
-            )));
+        if intent.status != IntentStatus::Attempting || attempt != intent.attempts {
+            // The attempt stopped being awaited (recovery declared it crashed, its lease was
+            // taken, a later attempt went out): a definitive answer is still evidence.
+            self.decide_late_answer(intent, attempt, outcome, events);
+            return Ok(ReplyTarget::Intent(key.clone(), false));
         }
         match outcome {
             CallOutcome::Succeeded(evidence) => match evidence_mismatch(intent, evidence) {
                 None => events.push(Event::IntentValidated {
                     key: key.clone(),
                     attempt,
-                    source: if late { Source::Reconciled } else { Source::Provider },
+                    source: Source::Provider,
                     evidence: evidence.clone(),
                 }),
-                Some(why) if !late => self.unknown(intent, attempt, UnknownReason::Protocol, why, now, events),
-                Some(_) => {}
+                Some(why) => self.unknown(intent, attempt, UnknownReason::Protocol, why, now, events),
             },
-            CallOutcome::Declined { code } if !late => {
+            CallOutcome::Declined { code } => {
                 events.push(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() })
             }
-            CallOutcome::NotSent { detail } if !late => {
+            CallOutcome::NotSent { detail } => {
                 events.push(Event::AttemptNotSent { key: key.clone(), attempt, detail: detail.clone() })
             }
-            CallOutcome::Unknown { reason, detail } if !late => {
+            CallOutcome::Unknown { reason, detail } => {
                 self.unknown(intent, attempt, *reason, detail.clone(), now, events)
             }
-            CallOutcome::Declined { .. } | CallOutcome::NotSent { .. } | CallOutcome::Unknown { .. } => {}
         }
         Ok(ReplyTarget::Intent(key.clone(), false))
+    }
+
+    /// A definitive answer for an attempt no longer awaited: recorded, then it settles an
+    /// intent that is still open, agrees with one that is settled the same way, or
+    /// contradicts it (the intent escalates: a human must look). An answer that is not
+    /// definitive (unknown, not sent) adds nothing.
+    fn decide_late_answer(&self, intent: &Intent, attempt: u32, outcome: &CallOutcome, events: &mut Vec<Event>) {
+        use IntentStatus as S;
+        let key = intent.key().clone();
+        let latest = attempt == intent.attempts;
+        let (answer, verdict, follow) = match outcome {
+            CallOutcome::Unknown { .. } | CallOutcome::NotSent { .. } => return,
+            CallOutcome::Succeeded(evidence) => {
+                let answer = LateAnswer::Succeeded { evidence: evidence.clone() };
+                let contradicted = |detail: String| {
+                    let escalate = Event::IntentEscalated {
+                        key: key.clone(),
+                        reason: format!("a late provider answer contradicts the intent: {detail}"),
+                        absence_proven: false,
+                    };
+                    (LateVerdict::Contradicted { detail }, Some(escalate))
+                };
+                let (verdict, follow) = if let Some(why) = evidence_mismatch(intent, evidence) {
+                    contradicted(why)
+                } else {
+                    match intent.status {
+                        S::Validated => match &intent.evidence {
+                            Some(known) if known.provider_ref == evidence.provider_ref => {
+                                (LateVerdict::Consistent, None)
+                            }
+                            known => contradicted(format!(
+                                "the provider reports {} for attempt {attempt}, the intent was validated by {}",
+                                evidence.provider_ref,
+                                known.as_ref().map_or("nothing", |e| e.provider_ref.as_str())
+                            )),
+                        },
+                        S::Escalated if intent.absence_proven => contradicted(format!(
+                            "the provider reports {} for attempt {attempt}, the effect was proven absent",
+                            evidence.provider_ref
+                        )),
+                        S::Declined | S::Cancelled | S::Rejected => contradicted(format!(
+                            "the provider reports {} for attempt {attempt}, the intent was {}",
+                            evidence.provider_ref,
+                            intent.status.as_str()
+                        )),
+                        S::Attempting
+                        | S::OutcomeUnknown
+                        | S::Reconciling
+                        | S::Reserved
+                        | S::AwaitingApproval
+                        | S::Escalated => (
+                            LateVerdict::Settled,
+                            Some(Event::IntentValidated {
+                                key: key.clone(),
+                                attempt,
+                                source: Source::Reconciled,
+                                evidence: evidence.clone(),
+                            }),
+                        ),
+                    }
+                };
+                (answer, verdict, follow)
+            }
+            CallOutcome::Declined { code } => {
+                let answer = LateAnswer::Declined { code: code.clone() };
+                match intent.status {
+                    // A decline of the latest attempt is the definitive "no effect" the intent
+                    // was waiting for; of an earlier one, it says nothing about the later one.
+                    S::OutcomeUnknown | S::Reconciling | S::Reserved if latest => (
+                        answer,
+                        LateVerdict::Settled,
+                        Some(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() }),
+                    ),
+                    S::Escalated if latest && !intent.absence_proven => (
+                        answer,
+                        LateVerdict::Settled,
+                        Some(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() }),
+                    ),
+                    S::Validated if latest => {
+                        let detail =
+                            format!("the provider declined attempt {attempt} ({code}), the intent was validated");
+                        let escalate = Event::IntentEscalated {
+                            key: key.clone(),
+                            reason: format!("a late provider answer contradicts the intent: {detail}"),
+                            absence_proven: false,
+                        };
+                        (answer, LateVerdict::Contradicted { detail }, Some(escalate))
+                    }
+                    _ => (answer, LateVerdict::Consistent, None),
+                }
+            }
+        };
+        events.push(Event::LateAnswerRecorded { key, attempt, answer, verdict });
+        events.extend(follow);
     }
 
     /// Records an unknown outcome, and escalates at once when the tier allows no
@@ -1366,6 +1755,7 @@ impl Ledger {
         &self,
         key: &IntentKey,
         force: bool,
+        run_id: &RunId,
         now: DateTime<Utc>,
         events: &mut Vec<Event>,
     ) -> Result<ReplyTarget, Refusal> {
@@ -1397,7 +1787,11 @@ impl Ledger {
             });
             return Ok(ReplyTarget::Intent(key.clone(), false));
         }
-        events.push(Event::ReconciliationStarted { key: key.clone(), reconciliation: intent.reconciliations + 1 });
+        events.push(Event::ReconciliationStarted {
+            key: key.clone(),
+            reconciliation: intent.reconciliations + 1,
+            run_id: Some(run_id.clone()),
+        });
         Ok(ReplyTarget::Intent(key.clone(), false))
     }
 
@@ -1518,45 +1912,85 @@ impl Ledger {
         }
     }
 
-    fn decide_recover(&self, now: DateTime<Utc>, events: &mut Vec<Event>) -> ReplyTarget {
+    /// Recovery for `owner`: claims the run of every attempt or lookup in flight that no
+    /// process holds live, and records those as interrupted; leaves the others alone.
+    fn decide_recover(
+        &self,
+        owner: &LeaseOwner,
+        only: Option<&RunId>,
+        now: DateTime<Utc>,
+        leases: &dyn LeaseView,
+        events: &mut Vec<Event>,
+        effects: &mut Vec<LeaseEffect>,
+    ) -> ReplyTarget {
+        let driving_run = |intent: &Intent| intent.in_flight_run.clone().unwrap_or_else(|| intent.run_id.clone());
         let mut touched: Vec<&Intent> = self
             .intents
             .values()
             .filter(|i| matches!(i.status, IntentStatus::Attempting | IntentStatus::Reconciling))
+            .filter(|i| only.is_none_or(|run| &driving_run(i) == run))
             .collect();
         touched.sort_by(|a, b| a.key().cmp(b.key()));
+        // One claim per run, decided before any intent of it is touched.
+        let mut verdicts: BTreeMap<RunId, Result<Option<LeaseGrant>, LeaseOwner>> = BTreeMap::new();
         for intent in &touched {
-            match intent.status {
-                IntentStatus::Attempting => {
-                    let can_reconcile = intent.capability.lookup || intent.capability.dedup_by_key;
-                    events.push(Event::OutcomeUnknown {
-                        key: intent.key().clone(),
-                        attempt: intent.attempts,
-                        reason: UnknownReason::Crash,
-                        detail: "the process died with this attempt in flight".to_owned(),
-                        reconcile_after: can_reconcile.then_some(now),
-                    });
-                    if !can_reconcile {
-                        events.push(Event::IntentEscalated {
-                            key: intent.key().clone(),
-                            reason: "crashed mid-attempt on a provider with neither idempotency keys nor a lookup"
-                                .to_owned(),
-                            absence_proven: false,
-                        });
-                    }
+            let run_id = driving_run(intent);
+            if verdicts.contains_key(&run_id) {
+                continue;
+            }
+            let verdict = match self.runs.get(&run_id) {
+                Some(run) => {
+                    self.claim(run, owner, now, leases, events, effects).map(Some).map_err(|(holder, _)| holder)
                 }
-                _ => self.resolve_lookup(
-                    intent,
-                    intent.reconciliations,
-                    LookupStatus::Interrupted,
-                    None,
-                    "the process died during the lookup".to_owned(),
-                    now,
-                    events,
-                ),
+                None => Ok(None),
+            };
+            verdicts.insert(run_id, verdict);
+        }
+        let mut recovery = Recovery::default();
+        for intent in touched {
+            match &verdicts[&driving_run(intent)] {
+                Err(holder) => recovery.held_elsewhere.push((intent.key().clone(), holder.clone())),
+                Ok(_) => {
+                    self.recover_intent(intent, now, events);
+                    recovery.recovered.push(intent.key().clone());
+                }
             }
         }
-        ReplyTarget::Recovered(touched.into_iter().map(|i| i.key().clone()).collect())
+        recovery.claimed = verdicts.into_values().filter_map(|verdict| verdict.ok().flatten()).collect();
+        ReplyTarget::Recovered(recovery)
+    }
+
+    /// The interrupted attempt or lookup of one intent, as recovery records it.
+    fn recover_intent(&self, intent: &Intent, now: DateTime<Utc>, events: &mut Vec<Event>) {
+        match intent.status {
+            IntentStatus::Attempting => {
+                let can_reconcile = intent.capability.lookup || intent.capability.dedup_by_key;
+                events.push(Event::OutcomeUnknown {
+                    key: intent.key().clone(),
+                    attempt: intent.attempts,
+                    reason: UnknownReason::Crash,
+                    detail: "the process died with this attempt in flight".to_owned(),
+                    reconcile_after: can_reconcile.then_some(now),
+                });
+                if !can_reconcile {
+                    events.push(Event::IntentEscalated {
+                        key: intent.key().clone(),
+                        reason: "crashed mid-attempt on a provider with neither idempotency keys nor a lookup"
+                            .to_owned(),
+                        absence_proven: false,
+                    });
+                }
+            }
+            _ => self.resolve_lookup(
+                intent,
+                intent.reconciliations,
+                LookupStatus::Interrupted,
+                None,
+                "the process died during the lookup".to_owned(),
+                now,
+                events,
+            ),
+        }
     }
 }
 
@@ -1600,7 +2034,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.status = S::Rejected;
             intent.note = Some(format!("denied by {by}: {reason}"));
         }
-        Event::AttemptStarted { attempt, .. } => {
+        Event::AttemptStarted { attempt, run_id, .. } => {
             if *attempt != intent.attempts + 1 {
                 return Err("attempt numbers must follow each other");
             }
@@ -1613,6 +2047,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.last_sent_at = Some(at);
             intent.absence_proven = false;
             intent.reconcile_after = None;
+            intent.in_flight_run = Some(run_id.clone());
         }
         Event::AttemptNotSent { .. } => {
             if intent.status != S::Attempting {
@@ -1620,8 +2055,10 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.status = S::Reserved;
             intent.absence_proven = true;
+            intent.in_flight_run = None;
         }
         Event::IntentValidated { source, evidence, .. } => {
+            intent.in_flight_run = None;
             intent.status = S::Validated;
             intent.source = Some(*source);
             intent.evidence = Some(evidence.clone());
@@ -1629,9 +2066,12 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.unknown_reason = None;
         }
         Event::IntentDeclined { code, .. } => {
-            if intent.status != S::Attempting {
-                return Err("decline without an attempt in flight");
+            // In flight, or a late answer settling an intent that was still open.
+            if !matches!(intent.status, S::Attempting | S::OutcomeUnknown | S::Reconciling | S::Reserved | S::Escalated)
+            {
+                return Err("decline of an intent that is neither in flight nor open");
             }
+            intent.in_flight_run = None;
             intent.status = S::Declined;
             intent.decline_code = Some(code.clone());
         }
@@ -1642,8 +2082,9 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             intent.status = S::OutcomeUnknown;
             intent.unknown_reason = Some(*reason);
             intent.reconcile_after = *reconcile_after;
+            intent.in_flight_run = None;
         }
-        Event::ReconciliationStarted { reconciliation, .. } => {
+        Event::ReconciliationStarted { reconciliation, run_id, .. } => {
             if !matches!(intent.status, S::OutcomeUnknown | S::Escalated) {
                 return Err("reconciliation of an intent that is not unknown");
             }
@@ -1652,11 +2093,13 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.reconciliations = *reconciliation;
             intent.status = S::Reconciling;
+            intent.in_flight_run = Some(run_id.clone().unwrap_or_else(|| intent.run_id.clone()));
         }
         Event::ReconciliationResolved { after, .. } => {
             if intent.status != S::Reconciling {
                 return Err("lookup answer without a reconciliation in flight");
             }
+            intent.in_flight_run = None;
             match after {
                 AfterLookup::Validated | AfterLookup::Escalated => intent.status = S::OutcomeUnknown,
                 AfterLookup::ResendAllowed => {
@@ -1671,6 +2114,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
         }
         Event::IntentEscalated { reason, absence_proven, .. } => {
+            intent.in_flight_run = None;
             intent.status = S::Escalated;
             intent.absence_proven = *absence_proven;
             intent.reconcile_after = None;
@@ -1706,8 +2150,15 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.reconcile_after = None;
         }
+        Event::LateAnswerRecorded { verdict, .. } => {
+            intent.late_answers += 1;
+            if let LateVerdict::Contradicted { detail } = verdict {
+                intent.note = Some(format!("a late provider answer contradicts the intent: {detail}"));
+            }
+        }
         Event::IntentReserved { .. }
         | Event::RunStarted { .. }
+        | Event::RunClaimed { .. }
         | Event::StepRecorded { .. }
         | Event::TimerStarted { .. }
         | Event::SignalDelivered { .. }
@@ -1716,3 +2167,6 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -8,6 +8,7 @@
 //! - [`executor`] — journaled workflows and the replaying executor.
 //! - [`failpoints`] — named crash points at every event boundary (disarmed by default).
 //! - [`intent_gate`] — the agent harness's effect gate over the executor's intent driver.
+//! - [`lease`] — run leases and fencing tokens: who may act for a run.
 //! - [`clock`] and [`limits`] — time as an input, and every bound in one file.
 //!
 //! The engine does no I/O and never reads a clock: the store appends, the adapters reach the
@@ -27,6 +28,7 @@ pub mod event;
 pub mod executor;
 pub mod failpoints;
 pub mod intent_gate;
+pub mod lease;
 pub mod ledger;
 pub mod limits;
 pub mod log;

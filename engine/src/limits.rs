@@ -27,6 +27,20 @@ pub const RECONCILIATION_RESERVE_MS: u64 = 2_000;
 /// Default run deadline, from run start.
 pub const RUN_DEADLINE_DEFAULT_MS: u64 = 120_000;
 
+/// How long a run's lease lasts unless its holder renews it (see `engine::lease`). A holder
+/// renews at a third of it, so two missed renewals — a long GC-free pause, a slow disk — do
+/// not cost it the run; a process that died on another machine is taken over after at most
+/// this long (on the same machine, a dead holder is proven dead at once). Enforced by the
+/// ledger's claim rule; the binary may lower it for tests (`--lease-ttl-ms`).
+pub const LEASE_TTL_DEFAULT_MS: u64 = 30_000;
+
+/// The shortest lease the binary accepts: below it a renewal loop could not keep up with
+/// the writer's own commit latency under load.
+pub const LEASE_TTL_MIN_MS: u64 = 300;
+
+/// The longest lease: a dead holder on another machine blocks its runs at most this long.
+pub const LEASE_TTL_MAX_MS: u64 = 600_000;
+
 /// Default approval validity.
 pub const APPROVAL_TTL_DEFAULT_MS: u64 = 3_600_000;
 
@@ -41,6 +55,11 @@ pub const WRITER_CHANNEL_CAPACITY: usize = 4_096;
 
 /// Largest JSON payload accepted for one event, in bytes. Checked before append.
 pub const EVENT_PAYLOAD_MAX_BYTES: usize = 64 * 1024;
+
+/// Deepest nesting of arrays and objects `engine::canonical::parse_strict` reads. Keel's own
+/// documents nest at most a handful of levels; 64 leaves room for any honest caller's input
+/// and stops a hostile one from making a reader recurse without bound.
+pub const JSON_DEPTH_MAX: usize = 64;
 
 /// Intent ids are 12 to 120 characters (seed 004's input contract). Enforced by workflows.
 pub const INTENT_ID_MIN_CHARS: usize = 12;
@@ -63,6 +82,8 @@ const _: () = assert!(RECONCILIATION_RESERVE_MS < RUN_DEADLINE_DEFAULT_MS);
 const _: () = assert!(WRITER_BATCH_MAX <= WRITER_CHANNEL_CAPACITY);
 const _: () = assert!(INTENT_ID_MIN_CHARS < INTENT_ID_MAX_CHARS);
 const _: () = assert!(ATTEMPTS_PER_INTENT_DEFAULT >= 1);
+const _: () = assert!(LEASE_TTL_MIN_MS <= LEASE_TTL_DEFAULT_MS);
+const _: () = assert!(LEASE_TTL_DEFAULT_MS <= LEASE_TTL_MAX_MS);
 
 /// The backoff before reconciliation number `n` (1-based).
 pub fn reconcile_backoff_ms(n: u32) -> u64 {

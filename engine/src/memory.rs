@@ -6,50 +6,100 @@
 //! command, which is what the store's single writer does too.
 
 use crate::clock::Clock;
-use crate::event::{StoredEvent, chain_hash};
+use crate::event::{RunId, StoredEvent, chain_hash};
+use crate::lease::{ExpiryOnly, LeaseEffect, LeaseOwner, LeaseView, Liveness, OwnerProbe};
 use crate::ledger::{Command, Ledger, Reply};
 use crate::log::{EventLog, LogError};
 use crate::provider::BoxFuture;
-use chrono::SubsecRound;
+use chrono::{DateTime, SubsecRound, Utc};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 /// A log kept in memory.
 pub struct MemoryLog {
     clock: Arc<dyn Clock>,
-    state: Mutex<(Ledger, Vec<StoredEvent>)>,
+    probe: Arc<dyn OwnerProbe>,
+    state: Mutex<State>,
+}
+
+/// The fold, the events, and the lease expiries (operational state, like the store's
+/// `leases` table: not in the events, so a restart from events starts with none).
+struct State {
+    ledger: Ledger,
+    events: Vec<StoredEvent>,
+    expiries: BTreeMap<RunId, DateTime<Utc>>,
+}
+
+/// The expiries as the ledger reads them while deciding.
+struct Expiries<'a> {
+    expiries: &'a BTreeMap<RunId, DateTime<Utc>>,
+    probe: &'a dyn OwnerProbe,
+}
+
+impl LeaseView for Expiries<'_> {
+    fn expires_at(&self, run_id: &RunId) -> Option<DateTime<Utc>> {
+        self.expiries.get(run_id).copied()
+    }
+
+    fn liveness(&self, owner: &LeaseOwner) -> Liveness {
+        self.probe.liveness(owner)
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        crate::limits::LEASE_TTL_DEFAULT_MS
+    }
 }
 
 impl MemoryLog {
     /// An empty log stamping times from `clock`.
     pub fn new(clock: Arc<dyn Clock>) -> Self {
-        Self { clock, state: Mutex::new((Ledger::new(), Vec::new())) }
+        Self::from_events(clock, Vec::new())
     }
 
     /// A log holding `events`, folded afresh: what a process sees when it restarts on a log
-    /// whose committed prefix is `events`.
+    /// whose committed prefix is `events`. No lease is live: every earlier process is gone.
     pub fn from_events(clock: Arc<dyn Clock>, events: Vec<StoredEvent>) -> Self {
         let mut ledger = Ledger::new();
         events.iter().for_each(|event| ledger.apply(event));
-        Self { clock, state: Mutex::new((ledger, events)) }
+        let state = State { ledger, events, expiries: BTreeMap::new() };
+        Self { clock, probe: Arc::new(ExpiryOnly), state: Mutex::new(state) }
+    }
+
+    /// The same log, telling owners' liveness with `probe` (tests that keep two "processes"
+    /// on one log say which of them is dead).
+    pub fn with_probe(mut self, probe: Arc<dyn OwnerProbe>) -> Self {
+        self.probe = probe;
+        self
     }
 
     /// Every event appended so far.
     pub fn events(&self) -> Vec<StoredEvent> {
-        self.lock().1.clone()
+        self.lock().events.clone()
     }
 
     /// A copy of the current fold.
     pub fn ledger(&self) -> Ledger {
-        self.lock().0.clone()
+        self.lock().ledger.clone()
     }
 
     /// Decides and appends one command synchronously.
     pub fn execute_now(&self, command: &Command) -> Result<Reply, LogError> {
         let now = self.clock.now().trunc_subsecs(6);
         let mut state = self.lock();
-        let (ledger, events) = &mut *state;
-        let (decided, target) = ledger.decide(command, now)?;
-        for event in decided {
+        let State { ledger, events, expiries } = &mut *state;
+        let decision = ledger.decide(command, now, &Expiries { expiries, probe: &*self.probe })?;
+        for effect in decision.leases {
+            match effect {
+                LeaseEffect::Hold { run_id, expires_at, .. } => {
+                    expiries.insert(run_id, expires_at);
+                }
+                LeaseEffect::Release { run_id } => {
+                    expiries.remove(&run_id);
+                }
+            }
+        }
+        let target = decision.target;
+        for event in decision.events {
             let stream = event.stream();
             let seq = ledger.last_seq() + 1;
             let stream_seq = ledger.stream_length(&stream) + 1;
@@ -63,7 +113,7 @@ impl MemoryLog {
         Ok(ledger.reply_after(&target))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Ledger, Vec<StoredEvent>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic while holding the lock is an impossible transition in `apply`: the state is
         // then unusable, and so is every later test step. Propagating is right.
         self.state.lock().expect("the memory log's mutex is poisoned only after an impossible transition panicked")

@@ -34,22 +34,19 @@
 //! let store = Store::open(&path, Options::default(), Arc::new(ManualClock::new(start)))?;
 //!
 //! let run_id = RunId::new("run-1");
-//! let command = Command {
-//!     cause: Cause::command("example"),
-//!     start_run: Some(RunStart {
-//!         run_id: run_id.clone(),
-//!         workflow: "charge".to_owned(),
-//!         input: serde_json::json!({}),
-//!         deadline_at: start + chrono::TimeDelta::minutes(2),
-//!         limits: RunLimits {
-//!             cost_minor_max: None,
-//!             attempts_per_intent_max: 3,
-//!             reconciliations_per_intent_max: 5,
-//!             approval_threshold_minor: None,
-//!         },
-//!     }),
-//!     action: Action::StartRun,
-//! };
+//! let command = Command::new(Cause::command("example"), Action::StartRun).starting(Some(RunStart {
+//!     run_id: run_id.clone(),
+//!     workflow: "charge".to_owned(),
+//!     input: serde_json::json!({}),
+//!     deadline_at: start + chrono::TimeDelta::minutes(2),
+//!     limits: RunLimits {
+//!         cost_minor_max: None,
+//!         attempts_per_intent_max: 3,
+//!         reconciliations_per_intent_max: 5,
+//!         approval_threshold_minor: None,
+//!     },
+//!     owner: None,
+//! }));
 //! // Outside an async runtime; async callers use `store.execute(command).await`.
 //! let reply = store.execute_blocking(command)?;
 //! assert!(matches!(reply, Reply::Run(_)));
@@ -83,6 +80,7 @@
 mod checkpoint;
 mod codec;
 mod error;
+mod leases;
 mod projection;
 mod reader;
 mod schema;

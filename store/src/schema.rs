@@ -42,7 +42,7 @@ impl Durability {
 }
 
 /// How [`crate::Store::open`] sets up the database.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Options {
     /// What an acknowledged commit survives. Default [`Durability::Full`].
     pub durability: Durability,
@@ -51,6 +51,22 @@ pub struct Options {
     /// Crash points inside the writer (`in_batch_before_commit`, `after_commit_before_answer`).
     /// Disarmed by default; only crash tests arm them, through the binary's `KEEL_FAILPOINT`.
     pub failpoints: engine::failpoints::Failpoints,
+    /// How long a run lease lasts unless renewed. Default
+    /// [`engine::limits::LEASE_TTL_DEFAULT_MS`].
+    pub lease_ttl_ms: u64,
+    /// What the host can tell about another lease holder. Default: nothing (leases are taken
+    /// only once expired); the binary passes a probe that reads `/proc`.
+    pub owner_probe: std::sync::Arc<dyn engine::lease::OwnerProbe>,
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("durability", &self.durability)
+            .field("busy_timeout_ms", &self.busy_timeout_ms)
+            .field("lease_ttl_ms", &self.lease_ttl_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for Options {
@@ -59,6 +75,8 @@ impl Default for Options {
             durability: Durability::Full,
             busy_timeout_ms: BUSY_TIMEOUT_DEFAULT_MS,
             failpoints: engine::failpoints::Failpoints::disarmed(),
+            lease_ttl_ms: engine::limits::LEASE_TTL_DEFAULT_MS,
+            owner_probe: std::sync::Arc::new(engine::lease::ExpiryOnly),
         }
     }
 }
@@ -154,8 +172,23 @@ CREATE TABLE intents (
 CREATE INDEX intents_by_status ON intents (status, key);
 "#;
 
+/// Version 2: run lease expiries (`engine::lease`). The holder and the fencing token are
+/// facts in the events (`RunStarted.owner`, `RunClaimed`); when the current hold expires is
+/// operational state its holder renews every few seconds, so it lives here, outside the hash
+/// chain and outside `verify`'s rebuild.
+const V2: &str = r#"
+-- One row per run held now; a released hold has no row. Read by primary key when a
+-- process claims a run (`ClaimRun`, `Recover`) and written when it starts, claims, renews or
+-- releases one.
+CREATE TABLE leases (
+    run_id     TEXT    PRIMARY KEY,
+    token      INTEGER NOT NULL CHECK (token >= 1),
+    expires_at TEXT    NOT NULL
+) STRICT, WITHOUT ROWID;
+"#;
+
 /// The migrations, in order: entry `i` takes `user_version` from `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1];
+pub const MIGRATIONS: &[&str] = &[V1, V2];
 
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

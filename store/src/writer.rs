@@ -46,6 +46,7 @@
 use crate::checkpoint::Checkpointer;
 use crate::codec::{self, NewEvent, format_time};
 use crate::error::{Error, Result};
+use crate::leases;
 use crate::projection;
 use crate::reader::Reader;
 use crate::schema::{self, Options};
@@ -54,7 +55,8 @@ use engine::canonical;
 use engine::clock::Clock;
 use engine::event::{Event, IntentKey, RunId, StoredEvent, chain_hash};
 use engine::failpoints::Point;
-use engine::ledger::{Command, Ledger, Refusal, Reply, ReplyTarget};
+use engine::lease::OwnerProbe;
+use engine::ledger::{Command, Decision, Ledger, Refusal, Reply, ReplyTarget};
 use engine::limits::{EVENT_PAYLOAD_MAX_BYTES, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
 use engine::log::{EventLog, LogError};
 use engine::provider::BoxFuture;
@@ -184,8 +186,17 @@ impl Store {
         let counters = Arc::new(Counters::default());
         let checkpointer = Checkpointer::start(path, options.busy_timeout_ms)?;
         let failpoints = options.failpoints.clone();
-        let writer =
-            Writer { conn, checkpointer, ledger, clock, counters: Arc::clone(&counters), broken: None, failpoints };
+        let writer = Writer {
+            conn,
+            checkpointer,
+            ledger,
+            clock,
+            counters: Arc::clone(&counters),
+            broken: None,
+            failpoints,
+            lease_ttl_ms: options.lease_ttl_ms,
+            owner_probe: Arc::clone(&options.owner_probe),
+        };
         let thread =
             std::thread::Builder::new().name("keel-store-writer".to_owned()).spawn(move || writer.run(receiver))?;
         Ok(Store {
@@ -263,7 +274,7 @@ impl EventLog for Store {
 }
 
 /// What a command came to inside a batch, before the commit.
-type Decision = std::result::Result<ReplyTarget, Refusal>;
+type Outcome = std::result::Result<ReplyTarget, Refusal>;
 
 /// A batch that did not commit (or may not have).
 struct BatchFailure {
@@ -305,6 +316,10 @@ struct Writer {
     broken: Option<String>,
     /// Crash points inside a batch (disarmed outside crash tests).
     failpoints: engine::failpoints::Failpoints,
+    /// How long a lease hold lasts.
+    lease_ttl_ms: u64,
+    /// What the host can tell about other lease holders.
+    owner_probe: Arc<dyn OwnerProbe>,
 }
 
 impl Writer {
@@ -374,7 +389,7 @@ impl Writer {
         }
     }
 
-    fn write_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> std::result::Result<Vec<Decision>, BatchFailure> {
+    fn write_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> std::result::Result<Vec<Outcome>, BatchFailure> {
         if self.broken.is_some() {
             self.reload();
             if let Some(detail) = &self.broken {
@@ -408,7 +423,7 @@ impl Writer {
         Ok(decisions)
     }
 
-    fn append_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> Result<Vec<Decision>> {
+    fn append_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> Result<Vec<Outcome>> {
         let at = format_time(now);
         let mut touched = Touched::default();
         let mut decisions = Vec::with_capacity(jobs.len());
@@ -448,9 +463,12 @@ impl Writer {
         now: DateTime<Utc>,
         at: &str,
         touched: &mut Touched,
-    ) -> Result<Decision> {
-        let (events, target) = match self.ledger.decide(command, now) {
-            Ok(decided) => decided,
+    ) -> Result<Outcome> {
+        let view = leases::TableView::new(&self.conn, &*self.owner_probe, self.lease_ttl_ms);
+        let decided = self.ledger.decide(command, now, &view);
+        view.finish()?;
+        let Decision { events, target, leases: lease_effects } = match decided {
+            Ok(decision) => decision,
             Err(refusal) => return Ok(Err(refusal)),
         };
         // Encode every payload before writing any, so a too-large one refuses the whole
@@ -468,6 +486,7 @@ impl Writer {
             }
             payloads.push(payload);
         }
+        leases::apply(&self.conn, &lease_effects)?;
         if events.is_empty() {
             return Ok(Ok(target));
         }

@@ -74,6 +74,7 @@ use engine::clock::ManualClock;
 use engine::event::{Cause, RunId, RunLimits};
 use engine::executor::{Executor, RunOutcome, RunRequest, Runtime, Workflow};
 use engine::failpoints::{Failpoints, Point};
+use engine::lease::{LeaseOwner, Lessee, SoleSurvivor};
 use engine::provider::PaymentProvider;
 pub use invariants::{Effect, Report};
 use serde::Serialize;
@@ -312,6 +313,8 @@ struct SeedRun<'k> {
     keel_db: PathBuf,
     sim_db: PathBuf,
     runs: u64,
+    /// Executors opened so far: each is a "process" with its own lease owner.
+    processes: u64,
     out: SeedReport,
 }
 
@@ -332,6 +335,7 @@ impl<'k> SeedRun<'k> {
             keel_db: dir.join("keel.db"),
             sim_db: dir.join("provider-sim.db"),
             runs: 0,
+            processes: 0,
             out: SeedReport {
                 seed,
                 crashes: 0,
@@ -428,18 +432,28 @@ impl<'k> SeedRun<'k> {
         (point, 1 + self.rng.below(2) as u32)
     }
 
+    /// A new "process" on the same files: its own store, executor and lease owner. Every
+    /// earlier one crashed or stopped, so the probe proves their leases' holders dead.
     fn executor(
-        &self,
+        &mut self,
         provider: &Arc<dyn PaymentProvider>,
         failpoints: Failpoints,
     ) -> Result<(Executor, store::Store), String> {
+        self.processes += 1;
+        let owner = LeaseOwner::named(&format!("kit-process-{}", self.processes));
         let options = store::Options {
             durability: store::Durability::Normal,
             failpoints: failpoints.clone(),
+            owner_probe: Arc::new(SoleSurvivor(owner.clone())),
             ..Default::default()
         };
         let store = store::Store::open(&self.keel_db, options, self.clock.clone()).map_err(|e| e.to_string())?;
-        let runtime = Runtime { log: Arc::new(store.clone()), provider: provider.clone(), clock: self.clock.clone() };
+        let runtime = Runtime {
+            log: Arc::new(store.clone()),
+            provider: provider.clone(),
+            clock: self.clock.clone(),
+            lessee: Lessee::new(owner),
+        };
         Ok((Executor::new(runtime, self.kit.workflows.clone()).with_failpoints(failpoints), store))
     }
 

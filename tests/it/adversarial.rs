@@ -67,7 +67,12 @@ async fn check(path: &Path) {
         }
     };
     let executor = |server: &Server| {
-        let runtime = Runtime { log: log.clone(), provider: provider(server, tier), clock: clock.clone() };
+        let runtime = Runtime {
+            log: log.clone(),
+            provider: provider(server, tier),
+            clock: clock.clone(),
+            lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("adversarial-test")),
+        };
         Executor::new(runtime, workflows::builtin(None))
     };
 

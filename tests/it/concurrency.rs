@@ -42,7 +42,12 @@ fn eight_workers_on_one_database_reserve_each_key_once() {
                     ..Default::default()
                 };
                 let store = store::Store::open(&db, options, clock.clone()).expect("opens");
-                let runtime = Runtime { log: Arc::new(store.clone()), provider, clock };
+                let runtime = Runtime {
+                    log: Arc::new(store.clone()),
+                    provider,
+                    clock,
+                    lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("worker")),
+                };
                 let executor = Executor::new(runtime, workflows::builtin(None));
                 let tokio = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
                 tokio.block_on(async {
@@ -143,7 +148,8 @@ impl engine::log::EventLog for Interleaved {
             if let Action::StartAttempt { key, run_id } = &command.action
                 && !self.raced.swap(true, std::sync::atomic::Ordering::SeqCst)
             {
-                let other = |action| Command { cause: Cause::command("other worker"), start_run: None, action };
+                // Another task acting for the same run, under its lease.
+                let other = |action| Command::new(Cause::command("other worker"), action).under(command.lease.clone());
                 self.inner.execute_now(&other(Action::StartAttempt { key: key.clone(), run_id: run_id.clone() }))?;
                 let evidence =
                     Evidence { provider_ref: "ch_other".into(), amount_minor: 2_500, currency: "EUR".into() };
@@ -167,7 +173,15 @@ fn a_proposal_that_loses_the_race_for_the_attempt_reports_the_winners_outcome() 
     let inner = Arc::new(engine::memory::MemoryLog::new(clock.clone()));
     let log = Arc::new(Interleaved { inner: inner.clone(), raced: std::sync::atomic::AtomicBool::new(false) });
     let provider = Arc::new(MemoryProvider::new(stripe()));
-    let executor = Executor::new(Runtime { log, provider: provider.clone(), clock }, workflows::builtin(None));
+    let executor = Executor::new(
+        Runtime {
+            log,
+            provider: provider.clone(),
+            clock,
+            lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("executor")),
+        },
+        workflows::builtin(None),
+    );
     let input = json!({"tenant_id": TENANT, "intent_id": "order_3001_charge", "order_id": "order_3001",
                        "amount_minor": 2_500, "currency": "EUR", "payment_method_token": "pm_card_visa_4242424242"});
     let request = RunRequest {

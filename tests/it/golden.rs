@@ -88,7 +88,7 @@ fn every_variant() -> Vec<StoredEvent> {
     let cap = Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 0 };
     let mut position = 0u32;
     let exec = |action: Action, start: Option<RunStart>| {
-        log.execute_now(&Command { cause: Cause::command("golden").for_run(&run), start_run: start, action })
+        log.execute_now(&Command::new(Cause::command("golden").for_run(&run), action).starting(start))
     };
     let key = |id: &str| IntentKey::new(EffectKind::Charge, TENANT, id);
     let spec = |id: &str, amount: i64| IntentSpec {
@@ -128,6 +128,7 @@ fn every_variant() -> Vec<StoredEvent> {
             reconciliations_per_intent_max: 2,
             approval_threshold_minor: Some(50_000),
         },
+        owner: None,
     };
     let evidence = |r: &str, amount| Evidence { provider_ref: r.into(), amount_minor: amount, currency: "EUR".into() };
     // RunStarted, StepRecorded, IntentReserved; AttemptStarted, AttemptNotSent, IntentValidated.
@@ -170,10 +171,10 @@ fn every_variant() -> Vec<StoredEvent> {
     ok(exec(Action::StartAttempt { key: k.clone(), run_id: run.clone() }, None));
     let lost = CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer".into() };
     ok(exec(Action::RecordOutcome { key: k.clone(), attempt: 1, outcome: lost.clone() }, None));
-    ok(exec(Action::StartReconciliation { key: k.clone(), force: true }, None));
+    ok(exec(Action::StartReconciliation { key: k.clone(), force: true, run_id: run.clone() }, None));
     let unavailable = LookupOutcome::Unavailable { detail: "503".into() };
     ok(exec(Action::RecordLookup { key: k.clone(), reconciliation: 1, outcome: unavailable.clone() }, None));
-    ok(exec(Action::StartReconciliation { key: k.clone(), force: true }, None));
+    ok(exec(Action::StartReconciliation { key: k.clone(), force: true, run_id: run.clone() }, None));
     let found = LookupOutcome::Found(evidence("ch_2", 2_500));
     ok(exec(Action::RecordLookup { key: k, reconciliation: 2, outcome: found }, None));
     // IntentEscalated: every reconciliation unavailable.
@@ -182,13 +183,13 @@ fn every_variant() -> Vec<StoredEvent> {
     ok(exec(Action::StartAttempt { key: k.clone(), run_id: run.clone() }, None));
     ok(exec(Action::RecordOutcome { key: k.clone(), attempt: 1, outcome: lost }, None));
     for n in 1..=2 {
-        ok(exec(Action::StartReconciliation { key: k.clone(), force: true }, None));
+        ok(exec(Action::StartReconciliation { key: k.clone(), force: true, run_id: run.clone() }, None));
         ok(exec(Action::RecordLookup { key: k.clone(), reconciliation: n, outcome: unavailable.clone() }, None));
     }
     // Recovery's OutcomeUnknown (crash), then IntentResolved by an operator.
     reserve("golden_crashed_1", 1_500, None);
     ok(exec(Action::StartAttempt { key: key("golden_crashed_1"), run_id: run.clone() }, None));
-    ok(exec(Action::Recover, None));
+    ok(exec(Action::Recover { owner: engine::lease::LeaseOwner::named("golden"), run: None }, None));
     let resolve = Action::Resolve {
         key: key("golden_crashed_1"),
         by: "ana".into(),
@@ -241,9 +242,14 @@ fn agent_run() -> Vec<StoredEvent> {
     let transport =
         ScriptedTransport::from_file(scenario.transcript(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")))
             .expect("the transcript parses");
-    let start = engine::ledger::AgentRunStart { input: json!({"scenario": "complete"}), limits: RunLimits::default() };
+    let start = engine::ledger::AgentRunStart {
+        input: json!({"scenario": "complete"}),
+        limits: RunLimits::default(),
+        owner: None,
+    };
     let shared: Arc<dyn engine::log::EventLog> = log.clone();
-    let journal = LogJournal::new(shared, RunId::new("golden-agent-1"), Cause::command("golden"), Some(start));
+    let lessee = engine::lease::Lessee::new(engine::lease::LeaseOwner::named("golden"));
+    let journal = LogJournal::new(shared, RunId::new("golden-agent-1"), Cause::command("golden"), Some(start), lessee);
     let timer = ManualTimer::new(clock.clone());
     let cancel = Cancellation::new();
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };

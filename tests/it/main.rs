@@ -10,5 +10,6 @@ mod concurrency;
 mod crash;
 mod golden;
 mod kills;
+mod leases;
 mod model;
 mod testkit;

@@ -114,7 +114,12 @@ struct World {
 
 impl World {
     fn executor(&self, failpoints: Failpoints) -> Executor {
-        let runtime = Runtime { log: self.log.clone(), provider: self.provider.clone(), clock: self.clock.clone() };
+        let runtime = Runtime {
+            log: self.log.clone(),
+            provider: self.provider.clone(),
+            clock: self.clock.clone(),
+            lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("model-test")),
+        };
         Executor::new(runtime, workflows::builtin(None)).with_failpoints(failpoints)
     }
 
@@ -247,11 +252,10 @@ async fn step(world: &mut World, op: &Op) -> Result<(), TestCaseError> {
             let status = world.log.ledger().intent(&charge_key(*i)).map(|x| x.status);
             let result = world
                 .log
-                .execute(Command {
-                    cause: Cause::operator("model"),
-                    start_run: None,
-                    action: Action::Cancel { key: charge_key(*i), by: "model".into(), reason: "test".into() },
-                })
+                .execute(Command::new(
+                    Cause::operator("model"),
+                    Action::Cancel { key: charge_key(*i), by: "model".into(), reason: "test".into() },
+                ))
                 .await;
             let allowed = matches!(status, Some(IntentStatus::Reserved | IntentStatus::AwaitingApproval));
             prop_assert_eq!(result.is_ok(), allowed);
@@ -272,11 +276,10 @@ async fn step(world: &mut World, op: &Op) -> Result<(), TestCaseError> {
                     .map(|e| e.provider_ref);
                 world
                     .log
-                    .execute(Command {
-                        cause: Cause::operator("model"),
-                        start_run: None,
-                        action: Action::Resolve { key, by: "model".into(), reason: "checked".into(), landed },
-                    })
+                    .execute(Command::new(
+                        Cause::operator("model"),
+                        Action::Resolve { key, by: "model".into(), reason: "checked".into(), landed },
+                    ))
                     .await
                     .expect("an unknown or escalated intent can be resolved");
             }

@@ -388,6 +388,7 @@ mod tests {
                 consistency_window_ms: 2_000,
             })),
             clock,
+            lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("test")),
         };
         let gate = Arc::new(IntentGate::new(runtime, Cause::command("test")));
         let registry = registry("r1", &Scenario::Injection.case(), &gate);

@@ -39,7 +39,12 @@ impl Harness {
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
         let log = Arc::new(MemoryLog::new(clock.clone()));
         let provider = Arc::new(MemoryProvider::new(capability));
-        let runtime = Runtime { log: log.clone(), provider: provider.clone(), clock: clock.clone() };
+        let runtime = Runtime {
+            log: log.clone(),
+            provider: provider.clone(),
+            clock: clock.clone(),
+            lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("lifecycle-test")),
+        };
         Self { executor: Executor::new(runtime, workflows), clock, log, provider }
     }
 
@@ -76,7 +81,7 @@ impl Harness {
     }
 
     async fn command_by(&self, operator: &str, action: Action) -> Result<engine::ledger::Reply, LogError> {
-        self.log.execute(Command { cause: Cause::operator(operator), start_run: None, action }).await
+        self.log.execute(Command::new(Cause::operator(operator), action)).await
     }
 }
 
@@ -444,20 +449,24 @@ async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
         input: json!({}),
         deadline_at: engine::clock::plus_ms(h.clock.now(), 120_000),
         limits: limits(),
+        owner: None,
     };
     h.log
-        .execute(Command {
-            cause: Cause::command("test"),
-            start_run: Some(start),
-            action: Action::Reserve { run_id: run.clone(), position: 0, spec, start_attempt: false },
-        })
+        .execute(
+            Command::new(
+                Cause::command("test"),
+                Action::Reserve { run_id: run.clone(), position: 0, spec, start_attempt: false },
+            )
+            .starting(Some(start)),
+        )
         .await
         .expect("reserves");
     h.command(Action::StartAttempt { key: key.clone(), run_id: run }).await.expect("starts");
-    let first = h.command(Action::Recover).await.expect("recovers");
-    let second = h.command(Action::Recover).await.expect("recovers");
-    assert!(matches!(first, engine::ledger::Reply::Recovered(ref keys) if keys == &vec![key.clone()]));
-    assert!(matches!(second, engine::ledger::Reply::Recovered(ref keys) if keys.is_empty()));
+    let recover = || Action::Recover { owner: engine::lease::LeaseOwner::named("recovery"), run: None };
+    let first = h.command(recover()).await.expect("recovers");
+    let second = h.command(recover()).await.expect("recovers");
+    assert!(matches!(first, engine::ledger::Reply::Recovered(ref r) if r.recovered == vec![key.clone()]));
+    assert!(matches!(second, engine::ledger::Reply::Recovered(ref r) if r.recovered.is_empty()));
     let unknowns = h.log.events().iter().filter(|e| matches!(e.event, Event::OutcomeUnknown { .. })).count();
     assert_eq!(unknowns, 1);
     assert_eq!(h.provider.effect_count(), 0, "recovery never resends");

@@ -35,7 +35,12 @@ impl Desk {
         let capability =
             Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 2_000 };
         let provider = Arc::new(MemoryProvider::new(capability));
-        let runtime = Runtime { log: log.clone(), provider: provider.clone(), clock: clock.clone() };
+        let runtime = Runtime {
+            log: log.clone(),
+            provider: provider.clone(),
+            clock: clock.clone(),
+            lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("support-test")),
+        };
         let gate = Arc::new(IntentGate::new(runtime.clone(), Cause::command("agent")));
         Self { executor: Executor::new(runtime, workflows::builtin(None)), clock, log, provider, gate }
     }
@@ -57,10 +62,14 @@ impl Desk {
 
     /// Starts or resumes the support run `run_id` of `scenario`.
     async fn agent(&self, scenario: Scenario, run_id: &str) -> RunOutcome {
-        let start =
-            AgentRunStart { input: json!({"scenario": scenario.name()}), limits: support_agent::spine_limits() };
+        let lessee = self.executor.runtime().lessee.clone();
+        let start = AgentRunStart {
+            input: json!({"scenario": scenario.name()}),
+            limits: support_agent::spine_limits(),
+            owner: Some(lessee.owner().clone()),
+        };
         let log: Arc<dyn EventLog> = self.log.clone();
-        let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start));
+        let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
         let recorded = self.log.ledger().run(&RunId::new(run_id)).map(|r| r.agent.clone()).unwrap_or_default();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("fixtures");
         let transcript = Transcript::from_file(scenario.transcript(root)).expect("the transcript parses");
@@ -82,7 +91,7 @@ impl Desk {
     }
 
     fn operator(&self, action: Action) -> Result<Reply, engine::log::LogError> {
-        self.log.execute_now(&Command { cause: Cause::operator("ana"), start_run: None, action })
+        self.log.execute_now(&Command::new(Cause::operator("ana"), action))
     }
 
     fn approve(&self, key: &str, fingerprint: Option<String>) -> Result<Reply, engine::log::LogError> {

@@ -61,7 +61,15 @@ async fn spans_carry_the_seed_attributes_and_no_secret() {
         Capability { dedup_by_key: true, lookup: true, key_window_ms: 86_400_000, consistency_window_ms: 2_000 };
     let provider = Arc::new(MemoryProvider::new(capability));
     provider.script([Scripted::LoseAnswer]);
-    let executor = Executor::new(Runtime { log, provider, clock }, workflows::builtin(None));
+    let executor = Executor::new(
+        Runtime {
+            log,
+            provider,
+            clock,
+            lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("tracing-test")),
+        },
+        workflows::builtin(None),
+    );
     let input = json!({"tenant_id": TENANT, "intent_id": "order_1900_charge", "order_id": "order_1900",
                        "amount_minor": 2500, "currency": "EUR", "payment_method_token": TOKEN});
     let request = RunRequest {

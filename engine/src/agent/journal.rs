@@ -14,6 +14,7 @@
 
 use super::event::AgentEvent;
 use crate::event::{Cause, RunId};
+use crate::lease::{LeaseGrant, LeaseUse, Lessee};
 use crate::ledger::{Action, AgentRunStart, Command, Refusal, Reply};
 use crate::log::{EventLog, LogError};
 use crate::provider::BoxFuture;
@@ -45,25 +46,36 @@ pub trait AgentJournal: Send + Sync {
     fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>>;
 }
 
-/// The journal of one run in the spine's event log.
+/// The journal of one run in the spine's event log, written under the run's lease.
+///
+/// A new run is started by its first batch (`start`, whose `owner` then holds the lease with
+/// token 1); an existing run must have been claimed by `lessee` before (`executor::claim_run`).
+/// Every batch presents the lease; the batch that stops the run gives it back.
 #[derive(Clone)]
 pub struct LogJournal {
     log: Arc<dyn EventLog>,
     run_id: RunId,
     cause: Cause,
     start: Option<AgentRunStart>,
+    lessee: Lessee,
 }
 
 impl LogJournal {
     /// The journal of `run_id`. `start` is what `RunStarted` records if the run does not
     /// exist yet (`None` to only resume an existing run).
-    pub fn new(log: Arc<dyn EventLog>, run_id: RunId, cause: Cause, start: Option<AgentRunStart>) -> Self {
+    pub fn new(
+        log: Arc<dyn EventLog>,
+        run_id: RunId,
+        cause: Cause,
+        start: Option<AgentRunStart>,
+        lessee: Lessee,
+    ) -> Self {
         let cause = cause.for_run(&run_id);
-        Self { log, run_id, cause, start }
+        Self { log, run_id, cause, start, lessee }
     }
 
     fn command(&self, action: Action) -> Command {
-        Command { cause: self.cause.clone(), start_run: None, action }
+        Command::new(self.cause.clone(), action)
     }
 }
 
@@ -73,8 +85,26 @@ fn unavailable(error: &LogError) -> JournalError {
 
 impl AgentJournal for LogJournal {
     fn append(&self, events: Vec<AgentEvent>) -> BoxFuture<'_, Result<(), JournalError>> {
+        let stops = events.iter().any(|e| matches!(e, AgentEvent::RunStopped { .. }));
+        let grant = self.lessee.grant(&self.run_id);
+        let lease = match (&grant, stops) {
+            (Some(grant), true) => LeaseUse::Release(grant.clone()),
+            (Some(grant), false) => LeaseUse::Hold(grant.clone()),
+            (None, _) => LeaseUse::None,
+        };
         let action = Action::RecordAgent { run_id: self.run_id.clone(), events, start: self.start.clone() };
-        Box::pin(async move { self.log.execute(self.command(action)).await.map(drop).map_err(|e| unavailable(&e)) })
+        Box::pin(async move {
+            self.log.execute(self.command(action).under(lease)).await.map_err(|e| unavailable(&e))?;
+            match grant {
+                Some(_) if stops => self.lessee.forget(&self.run_id),
+                // The first batch of a new run started it under this process's lease.
+                None if !stops && self.start.as_ref().is_some_and(|s| s.owner.is_some()) => {
+                    self.lessee.hold(&LeaseGrant { run_id: self.run_id.clone(), token: 1 })
+                }
+                _ => {}
+            }
+            Ok(())
+        })
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>> {
@@ -176,7 +206,11 @@ mod tests {
         }
     }
 
-    fn journal(log: &Arc<MemoryLog>, start: bool) -> LogJournal {
+    fn process(pid: u32) -> Lessee {
+        Lessee::new(crate::lease::LeaseOwner { host: "h".into(), pid, started: 1, nonce: format!("n{pid}") })
+    }
+
+    fn journal_of(log: &Arc<MemoryLog>, start: bool, lessee: Lessee) -> LogJournal {
         let start = start.then(|| AgentRunStart {
             input: serde_json::json!({}),
             limits: crate::event::RunLimits {
@@ -185,8 +219,59 @@ mod tests {
                 reconciliations_per_intent_max: 1,
                 approval_threshold_minor: None,
             },
+            owner: Some(lessee.owner().clone()),
         });
-        LogJournal::new(Arc::clone(log) as Arc<dyn EventLog>, RunId::new("r1"), Cause::command("test"), start)
+        LogJournal::new(Arc::clone(log) as Arc<dyn EventLog>, RunId::new("r1"), Cause::command("test"), start, lessee)
+    }
+
+    fn journal(log: &Arc<MemoryLog>, start: bool) -> LogJournal {
+        journal_of(log, start, process(1))
+    }
+
+    struct DeadOwner(u32);
+
+    impl crate::lease::OwnerProbe for DeadOwner {
+        fn liveness(&self, owner: &crate::lease::LeaseOwner) -> crate::lease::Liveness {
+            if owner.pid == self.0 { crate::lease::Liveness::Dead } else { crate::lease::Liveness::Alive }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_process_whose_run_was_taken_over_is_fenced_and_the_new_holder_goes_on() {
+        let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
+        let log = Arc::new(MemoryLog::new(clock).with_probe(Arc::new(DeadOwner(1))));
+        let first = journal_of(&log, true, process(1));
+        first.append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1, hold: None }]).await.expect("appends");
+
+        // Process 2 claims the run: the host proves process 1 dead.
+        let second = process(2);
+        let claim = Action::ClaimRun { run_id: RunId::new("r1"), owner: second.owner().clone() };
+        let Ok(Reply::Claimed(grant)) = log.execute_now(&Command::new(Cause::command("resume"), claim)) else {
+            panic!("a run whose holder is dead can be claimed");
+        };
+        assert_eq!(grant.token, 2);
+        second.hold(&grant);
+
+        // Process 1 was not dead after all: its next batch is refused, nothing written.
+        let before = log.events().len();
+        let stale = first.append(vec![AgentEvent::ModelCallFailed { call: 1, detail: "late".into() }]).await;
+        assert!(
+            matches!(stale, Err(JournalError::Unavailable { ref detail }) if detail.contains("fencing token 2")),
+            "{stale:?}"
+        );
+        assert_eq!(log.events().len(), before, "a fenced writer writes nothing");
+
+        journal_of(&log, false, second)
+            .append(vec![AgentEvent::ModelCallFailed { call: 1, detail: "lost".into() }])
+            .await
+            .expect("the new holder writes");
+        let claimed: Vec<_> = log.events().into_iter().filter(|e| e.event.type_name() == "RunClaimed").collect();
+        assert_eq!(claimed.len(), 1, "the takeover is a recorded fact");
+
+        // A third process cannot take it from a live holder.
+        let third = Action::ClaimRun { run_id: RunId::new("r1"), owner: process(3).owner().clone() };
+        let held = log.execute_now(&Command::new(Cause::command("resume"), third));
+        assert!(matches!(held, Err(LogError::Refused(Refusal::LeaseHeld { .. }))), "{held:?}");
     }
 
     #[tokio::test]

@@ -77,6 +77,7 @@ pub fn run_start(run_id: &str) -> RunStart {
         input: json!({"run": run_id}),
         deadline_at: start() + TimeDelta::minutes(10),
         limits: limits(),
+        owner: None,
     }
 }
 
@@ -113,6 +114,7 @@ pub fn start_and_reserve(run_id: &str, spec: IntentSpec) -> Command {
     Command {
         cause: Cause::command("test").for_run(&RunId::new(run_id)),
         start_run: Some(run_start(run_id)),
+        lease: engine::lease::LeaseUse::None,
         action: Action::Reserve { run_id: RunId::new(run_id), position: 0, spec, start_attempt: false },
     }
 }
@@ -121,6 +123,7 @@ pub fn start_attempt(run_id: &str, id: &str) -> Command {
     Command {
         cause: Cause::command("test"),
         start_run: None,
+        lease: engine::lease::LeaseUse::None,
         action: Action::StartAttempt { key: key(id), run_id: RunId::new(run_id) },
     }
 }
@@ -129,6 +132,7 @@ pub fn succeed(id: &str, attempt: u32, amount_minor: i64) -> Command {
     Command {
         cause: Cause::command("test"),
         start_run: None,
+        lease: engine::lease::LeaseUse::None,
         action: Action::RecordOutcome {
             key: key(id),
             attempt,
@@ -145,6 +149,7 @@ pub fn outcome(id: &str, attempt: u32, outcome: CallOutcome) -> Command {
     Command {
         cause: Cause::command("test"),
         start_run: None,
+        lease: engine::lease::LeaseUse::None,
         action: Action::RecordOutcome { key: key(id), attempt, outcome },
     }
 }

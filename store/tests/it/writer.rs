@@ -99,6 +99,7 @@ fn varied_workload(fixture: &Fixture) {
     let finish = Command {
         cause: Cause::command("test"),
         start_run: None,
+        lease: engine::lease::LeaseUse::None,
         action: Action::FinishRun {
             run_id: RunId::new("run-0"),
             status: engine::event::RunStatus::Completed,
