@@ -492,7 +492,7 @@ fn finish_plan(
     capabilities: Option<&str>,
 ) -> Result<Plan, String> {
     if let Some(text) = limits {
-        let overrides: Value = serde_json::from_str(text).map_err(|e| format!("--limits is not JSON: {e}"))?;
+        let overrides = engine::canonical::parse_strict(text).map_err(|e| format!("--limits: {e}"))?;
         plan_limits = plan_limits.overridden_by(&overrides).map_err(|e| format!("--limits: {e}"))?;
     }
     plan_limits.validate().map_err(|e| format!("limits: {e}"))?;

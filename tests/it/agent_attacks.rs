@@ -585,3 +585,80 @@ fn a_transcript_edited_between_a_kill_and_a_resume_stops_the_run_nondeterministi
     let (exit, report) = keel(&db2, &["agent", "resume", &run_id], &[]);
     assert_eq!((exit, report["status"].as_str()), (2, Some("tool_budget")), "{report}");
 }
+
+// ----- issue 7 item 14, issue 15 item 11: duplicate keys and inexact numbers at every door ------
+
+fn openai_call(id: &str, name: &str, arguments: &str) -> Value {
+    json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion", "model": "gpt-4.1", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": null, "tool_calls": [{"id": id, "type": "function",
+        "function": {"name": name, "arguments": arguments}}]}, "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 10}})
+}
+
+#[test]
+fn tool_arguments_with_a_duplicate_key_or_an_inexact_integer_are_corrections_never_bound() {
+    let (dir, db) = temp();
+    let done = json!({"id": "chatcmpl-done", "object": "chat.completion", "model": "gpt-4.1", "choices": [{"index": 0,
+        "message": {"role": "assistant", "content": "Review finished."}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 10}});
+    let answers = [
+        openai_call("call_1", "read_ticket", r#"{"input": 7, "input": 42}"#),
+        openai_call("call_2", "read_ticket", r#"{"input": 41.99999999999999999}"#),
+        openai_call("call_3", "read_ticket", r#"{"input": 42}"#),
+        openai_call("call_4", "finish_review", r#"{"input": 4.2e1}"#),
+        done,
+    ];
+    let path = write(dir.path(), "strict.json", &transcript(&answers));
+    let (exit, report) = keel(&db, &["agent", "run", "ticket-review", "--transcript", &path], &[]);
+    assert_eq!((exit, report["status"].as_str()), (0, Some("completed")), "{report}");
+    assert_eq!(report["tool_calls"], 2, "neither refused call ran");
+    let kinds: Vec<&str> =
+        report["events"].as_array().expect("events").iter().filter_map(|e| e["kind"].as_str()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "schema_correction").count(), 2, "{kinds:?}");
+    let state = agent_state(&db, report["run_id"].as_str().expect("a run id"));
+    let refused: Vec<&str> = state.turns[..2].iter().map(|t| t.results[0].content.as_str()).collect();
+    assert!(refused[0].contains("duplicate key"), "{refused:?}");
+    assert!(refused[1].contains("not exactly an integer"), "{refused:?}");
+}
+
+#[test]
+fn limits_and_transcripts_with_duplicate_keys_are_usage_errors_that_write_nothing() {
+    let (dir, db) = temp();
+    let limits = r#"{"model_calls_max": 1, "model_calls_max": 6}"#;
+    let args = ["agent", "run", "ticket-review", "--scenario", "complete", "--limits", limits];
+    let (exit, report) = keel(&db, &args, &[]);
+    assert_eq!(exit, 64, "{report}");
+    assert!(report["error"].as_str().is_some_and(|e| e.contains("duplicate key")), "{report}");
+    let text = std::fs::read_to_string(fixture("agent/ticket-review/complete.json")).expect("the fixture");
+    let doubled = text.replacen(
+        "\"stop_reason\": \"tool_use\",",
+        "\"stop_reason\": \"end_turn\", \"stop_reason\": \"tool_use\",",
+        1,
+    );
+    assert_ne!(doubled, text);
+    let path = write(dir.path(), "doubled.json", &doubled);
+    let (exit, report) = keel(&db, &["agent", "run", "ticket-review", "--transcript", &path], &[]);
+    assert_eq!(exit, 64, "{report}");
+    assert!(report["error"].as_str().is_some_and(|e| e.contains("duplicate key")), "{report}");
+    assert!(!db.exists(), "nothing is written");
+}
+
+#[test]
+fn a_model_api_answer_with_a_duplicate_key_is_a_protocol_error() {
+    let text = std::fs::read_to_string(fixture("agent/ticket-review/complete.json")).expect("the fixture");
+    let answers: Vec<Value> = serde_json::from_str(&text).expect("a JSON array");
+    let first = answers[0].to_string().replacen(
+        "\"stop_reason\":\"tool_use\"",
+        "\"stop_reason\":\"end_turn\",\"stop_reason\":\"tool_use\"",
+        1,
+    );
+    assert_ne!(first, answers[0].to_string());
+    let server = Api::start(move |_, _| Reply::Json(StatusCode::OK, first.clone()));
+    let (_dir, db) = temp();
+    let url = server.url();
+    let (exit, stdout, stderr) = keel_raw(&db, &live_args("anthropic", &url), &[("ANTHROPIC_API_KEY", KEY)]);
+    assert_eq!((exit, json_of(&stdout)["status"].as_str()), (2, Some("provider_unavailable")), "{stdout} {stderr}");
+    assert_eq!(json_of(&stdout)["tool_calls"], 0, "nothing of the ambiguous answer ran");
+    let detail = run_row(&db, json_of(&stdout)["run_id"].as_str().expect("a run id")).detail.unwrap_or_default();
+    assert!(detail.contains("duplicate key"), "{detail}");
+}

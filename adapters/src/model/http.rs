@@ -157,7 +157,7 @@ impl HttpTransport {
         let status = response.status();
         let bytes = self.read_bounded(response, timeout_ms).await?;
         let text = String::from_utf8_lossy(&bytes);
-        let parsed = serde_json::from_str::<Value>(&text).map(|mut value| {
+        let parsed = engine::canonical::parse_strict(&text).map(|mut value| {
             key.scrub_json(&mut value);
             value
         });

@@ -74,7 +74,8 @@ pub struct Transcript {
 impl Transcript {
     /// Parses transcript text.
     pub fn parse(text: &str) -> Result<Self, TranscriptError> {
-        let value: Value = serde_json::from_str(text).map_err(|e| TranscriptError::Shape { detail: e.to_string() })?;
+        let value: Value =
+            engine::canonical::parse_strict(text).map_err(|e| TranscriptError::Shape { detail: e.to_string() })?;
         let (declared, entries) = match &value {
             Value::Array(entries) => (None, entries),
             Value::Object(map) => {

@@ -241,7 +241,10 @@ mod tests {
         let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
         let log = Arc::new(MemoryLog::new(clock).with_probe(Arc::new(DeadOwner(1))));
         let first = journal_of(&log, true, process(1));
-        first.append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1, hold: None }]).await.expect("appends");
+        first
+            .append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1, hold: None }])
+            .await
+            .expect("appends");
 
         // Process 2 claims the run: the host proves process 1 dead.
         let second = process(2);
