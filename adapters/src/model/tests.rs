@@ -227,7 +227,7 @@ struct FakeGate {
 }
 
 impl EffectGate for FakeGate {
-    fn reserve<'a>(&'a self, _: &'a str, intent: &'a EffectIntent) -> BoxFuture<'a, GateDecision> {
+    fn reserve<'a>(&'a self, _: &'a str, intent: &'a EffectIntent, approval: bool) -> BoxFuture<'a, GateDecision> {
         let mut keys = self.keys.lock().expect("test mutex");
         let decision = match keys.get(&intent.key()) {
             Some(fp) if *fp == intent.fingerprint() => {
@@ -239,7 +239,11 @@ impl EffectGate for FakeGate {
             },
             None => {
                 keys.insert(intent.key(), intent.fingerprint());
-                GateDecision::Proceed(EffectTicket { key: intent.key(), fingerprint: intent.fingerprint() })
+                GateDecision::Proceed(EffectTicket {
+                    key: intent.key(),
+                    fingerprint: intent.fingerprint(),
+                    approval_required: approval,
+                })
             }
         };
         Box::pin(async move { decision })

@@ -10,7 +10,8 @@
 //! 6. tool budget, total and per tool → else the run stops `tool_budget`
 //! 7. repetition budget by canonical signature → else the run stops `repeated_call`
 //! 8. intent reservation (effect tools, through [`EffectGate`])
-//! 9. approval (tools whose policy requires it, through [`EffectGate`]) → pending: the run
+//! 9. approval (when the tool's policy or the spine's threshold requires it, whichever is
+//!    stricter: the reservation's ticket says so, through [`EffectGate`]) → pending: the run
 //!    suspends `awaiting_approval` with the call reserved and no result; denied: error result
 //! 10. execute, raced against the deadline and the caller's cancellation
 //! 11. classify the result and record it
@@ -403,7 +404,7 @@ impl Registry {
                 return Ok(Invoked::Recorded);
             };
             let run_id = scope.state().header().run_id.clone();
-            let reserved = match gate.reserve(&run_id, intent).await {
+            let reserved = match gate.reserve(&run_id, intent, approval.requires(intent.amount_minor)).await {
                 GateDecision::Proceed(reserved) => reserved,
                 GateDecision::Deduplicated { content } => {
                     scope
@@ -423,7 +424,9 @@ impl Registry {
                     return Ok(Invoked::Recorded);
                 }
             };
-            if approval.requires(intent.amount_minor) {
+            // The reservation's own flag, not the policy alone: the spine's threshold may ask
+            // for a human where the tool's policy does not.
+            if reserved.approval_required {
                 match gate.approval(&reserved, intent).await {
                     ApprovalDecision::Approved => {}
                     ApprovalDecision::Denied { reason } => {

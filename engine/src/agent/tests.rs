@@ -182,7 +182,12 @@ struct FakeGate {
 }
 
 impl EffectGate for FakeGate {
-    fn reserve<'a>(&'a self, _run_id: &'a str, intent: &'a EffectIntent) -> BoxFuture<'a, GateDecision> {
+    fn reserve<'a>(
+        &'a self,
+        _run_id: &'a str,
+        intent: &'a EffectIntent,
+        approval_required: bool,
+    ) -> BoxFuture<'a, GateDecision> {
         let mut intents = self.intents.lock().expect("test mutex");
         let (key, fingerprint) = (intent.key(), intent.fingerprint());
         let decision = match intents.get(&key) {
@@ -195,7 +200,7 @@ impl EffectGate for FakeGate {
             },
             None => {
                 intents.insert(key.clone(), fingerprint.clone());
-                GateDecision::Proceed(EffectTicket { key, fingerprint })
+                GateDecision::Proceed(EffectTicket { key, fingerprint, approval_required })
             }
         };
         Box::pin(async move { decision })
