@@ -204,6 +204,30 @@ pub enum AfterLookup {
     Escalated,
 }
 
+/// Why Keel released an intent without an effect.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum ReleaseReason {
+    /// The agent run that reserved it stopped before sending it; nobody else can.
+    RunEnded {
+        /// How the run ended.
+        status: RunStatus,
+    },
+    /// Its effect was proven absent after the agent run that reserved it had ended.
+    AbsentAfterRunEnded,
+}
+
+impl fmt::Display for ReleaseReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::RunEnded { status } => {
+                write!(f, "its agent run stopped ({}) before sending it; nothing will", status.as_str())
+            }
+            Self::AbsentAfterRunEnded => f.write_str("proven absent after its agent run ended; nothing will send it"),
+        }
+    }
+}
+
 /// A definitive answer that arrived after its attempt stopped being awaited.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]
@@ -382,21 +406,18 @@ pub enum Event {
         deadline_at: DateTime<Utc>,
         /// The run's limits.
         limits: RunLimits,
-        /// The process that holds the run's lease from its start (fencing token 1). Absent in
-        /// logs written before leases: such a run is unfenced until someone claims it.
+        /// The process that started the run, holding its lease first (fencing token 1).
+        /// Absent in logs written before leases.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         owner: Option<LeaseOwner>,
     },
-    /// Another process took the run's lease over (the holder's lease expired, or it was
-    /// proven dead): `token` is the new fencing token, and writes presenting an older one
-    /// are refused from now on.
-    RunClaimed {
+    /// A run waited for a human (outside its working time): its deadline moved by the time
+    /// waited.
+    RunDeadlineExtended {
         /// The run.
         run_id: RunId,
-        /// The new holder.
-        owner: LeaseOwner,
-        /// The new fencing token (the previous one + 1).
-        token: u64,
+        /// The new absolute deadline (never earlier than the previous one).
+        deadline_at: DateTime<Utc>,
     },
     /// A journaled step produced its output (replay returns it instead of re-running).
     StepRecorded {
@@ -592,6 +613,22 @@ pub enum Event {
         /// The agent fact.
         event: AgentEvent,
     },
+    /// The run waiting on this intent's approval opened its approval window: an approval is
+    /// refused once it closes, and the intent is then released.
+    ApprovalRequested {
+        /// The intent.
+        key: IntentKey,
+        /// When the window closes.
+        closes_at: DateTime<Utc>,
+    },
+    /// Keel released an intent that was never sent (or proven absent) and that nothing will
+    /// send any more: no effect, its money and its order reference freed.
+    IntentReleased {
+        /// The intent.
+        key: IntentKey,
+        /// Why nothing will send it.
+        reason: ReleaseReason,
+    },
     /// A definitive provider answer arrived for an attempt Keel no longer awaited — its
     /// worker was presumed dead, or its lease was taken — and was kept as evidence. What it
     /// did to the intent is `verdict`; a settling or contradicting answer is followed, in the
@@ -625,7 +662,9 @@ impl Event {
     pub fn type_name(&self) -> &'static str {
         match self {
             Self::RunStarted { .. } => "RunStarted",
-            Self::RunClaimed { .. } => "RunClaimed",
+            Self::RunDeadlineExtended { .. } => "RunDeadlineExtended",
+            Self::ApprovalRequested { .. } => "ApprovalRequested",
+            Self::IntentReleased { .. } => "IntentReleased",
             Self::StepRecorded { .. } => "StepRecorded",
             Self::TimerStarted { .. } => "TimerStarted",
             Self::SignalDelivered { .. } => "SignalDelivered",
@@ -677,9 +716,11 @@ impl Event {
             | Self::ApprovalExpired { key, .. }
             | Self::IntentCancelled { key, .. }
             | Self::IntentResolved { key, .. }
-            | Self::LateAnswerRecorded { key, .. } => Some(key),
+            | Self::LateAnswerRecorded { key, .. }
+            | Self::ApprovalRequested { key, .. }
+            | Self::IntentReleased { key, .. } => Some(key),
             Self::RunStarted { .. }
-            | Self::RunClaimed { .. }
+            | Self::RunDeadlineExtended { .. }
             | Self::StepRecorded { .. }
             | Self::TimerStarted { .. }
             | Self::SignalDelivered { .. }
@@ -692,7 +733,7 @@ impl Event {
     pub fn subject(&self) -> Option<&RunId> {
         match self {
             Self::RunStarted { run_id, .. }
-            | Self::RunClaimed { run_id, .. }
+            | Self::RunDeadlineExtended { run_id, .. }
             | Self::StepRecorded { run_id, .. }
             | Self::TimerStarted { run_id, .. }
             | Self::SignalDelivered { run_id, .. }

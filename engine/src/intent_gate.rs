@@ -93,16 +93,17 @@ impl IntentGate {
         let Some(key) = IntentKey::parse(&ticket.key) else {
             return ApprovalDecision::Denied { reason: format!("{} is not an intent key", ticket.key) };
         };
-        let observed = self.runtime.log.execute(Command::new(self.cause.clone(), Action::Observe { key })).await;
-        match observed {
+        // Checked, not just read: an approval that lapsed is recorded expired, so the intent
+        // awaits a fresh one (and `keel approve` accepts it) instead of stranding the run.
+        let checked = self.runtime.log.execute(Command::new(self.cause.clone(), Action::CheckApproval { key })).await;
+        match checked {
             Ok(Reply::Intent { intent, .. }) => match intent.status {
-                // Never approved, or its approval expired at dispatch.
                 IntentStatus::AwaitingApproval => ApprovalDecision::Pending,
                 IntentStatus::Rejected => ApprovalDecision::Denied {
                     reason: intent.note.clone().unwrap_or_else(|| "the intent was rejected".to_owned()),
                 },
-                // Approved (the ledger re-checks fingerprint and expiry when the attempt
-                // starts), or already past approval: the driver takes it from there.
+                // Approved and still valid (the ledger re-checks fingerprint and expiry when the
+                // attempt starts), or already past approval: the driver takes it from there.
                 _ => ApprovalDecision::Approved,
             },
             // The log cannot say: waiting is the only safe answer.

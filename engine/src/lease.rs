@@ -1,24 +1,26 @@
 //! Run leases: who may act for a run, and the fencing token that refuses a stale owner.
 //!
-//! Owns [`LeaseOwner`] (a process's identity), [`RunLease`] (the holder a run's events name),
-//! [`LeaseGrant`] (what a holder presents with every write it makes for the run),
-//! [`LeaseUse`] (how a command relates to a lease), [`Liveness`] and [`OwnerProbe`] (what the
-//! host can tell about another process), [`LeaseView`] (what the ledger reads about lease
-//! expiries inside the transaction), [`LeaseEffect`] (what the store writes back) and
-//! [`claim_verdict`], the one rule deciding whether a run may be taken.
+//! Owns [`LeaseOwner`] (a process's identity), [`LeaseRow`] (a run's holder, fencing token
+//! and expiry), [`LeaseGrant`] (what a holder presents with every write it makes for the
+//! run), [`LeaseUse`] (how a command relates to a lease), [`Liveness`] and [`OwnerProbe`]
+//! (what the host can tell about another process), [`LeaseView`] (what the ledger reads about
+//! leases inside the transaction), [`LeaseEffect`] (what the store writes back), [`Lessee`]
+//! (one process's book of grants) and [`claim_verdict`], the one rule deciding whether a run
+//! may be taken.
 //!
 //! # The rule
 //!
-//! A run is held by the owner its events name last (`RunStarted.owner`, then each
-//! `RunClaimed`), with the fencing token counting those acquisitions (1, 2, …). The hold is
-//! *live* while its expiry — operational state the store keeps outside the hash chain and
-//! the holder renews — lies in the future and the host cannot prove the owner dead. A run
-//! whose hold is not live may be claimed: the claim is a `RunClaimed` event with the next
-//! token. A write for a run (reservation, attempt, journal step, agent fact, finish) must
-//! present the current token: a stale holder's write is refused (`Refusal::Fenced`), so a
-//! worker that was presumed dead and wakes up cannot act for a run another process took.
-//! An attempt's *answer* is never fenced: a definitive provider answer is evidence whoever
-//! brings it.
+//! A run's lease is operational state the store keeps beside the log, outside the hash chain:
+//! who holds it, a fencing token that grows at every acquisition (1, 2, …) and never goes
+//! back, and an expiry the holder renews. The process that starts a run holds it with token 1
+//! (`RunStarted` names that owner, for the record). The hold is *live* while its expiry lies
+//! in the future and the host cannot prove the owner dead. A run whose hold is not live may be
+//! claimed with the next token. A write for a run (reservation, attempt, lookup, journal step,
+//! agent fact, finish) must present the current token: a stale holder's write is refused
+//! (`Refusal::Fenced`), so a worker that was presumed dead and wakes up cannot act for a run
+//! another process took. An attempt's *answer* is never fenced: a definitive provider answer
+//! is evidence whoever brings it. Claims, renewals and releases never append an event, so
+//! polling a suspended run never grows the log.
 //!
 //! # Clocks
 //!
@@ -69,13 +71,15 @@ impl fmt::Display for LeaseOwner {
     }
 }
 
-/// The holder of a run as its events name it.
+/// A run's lease as the store keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RunLease {
-    /// Who.
+pub struct LeaseRow {
+    /// The current (or last) holder.
     pub owner: LeaseOwner,
-    /// The fencing token: 1 for the run's starter, +1 at every claim.
+    /// The fencing token: 1 for the run's starter, +1 at every claim, never reused.
     pub token: u64,
+    /// Until when the hold is live unless renewed; `None` once released.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// What a holder presents with a write: the run and the token it was granted.
@@ -150,8 +154,8 @@ impl OwnerProbe for SoleSurvivor {
 
 /// What the ledger reads about leases while it decides, inside the store's transaction.
 pub trait LeaseView {
-    /// When the current hold of `run_id` expires (`None`: released, or never held).
-    fn expires_at(&self, run_id: &RunId) -> Option<DateTime<Utc>>;
+    /// The lease of `run_id` (`None`: never held — a run from before leases, unfenced).
+    fn holder(&self, run_id: &RunId) -> Option<LeaseRow>;
     /// What the host can tell about `owner`.
     fn liveness(&self, owner: &LeaseOwner) -> Liveness;
     /// How long a new or renewed hold lasts.
@@ -161,16 +165,18 @@ pub trait LeaseView {
 /// A lease change the store applies in the same transaction as the command's events.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeaseEffect {
-    /// The run is held with `token` until `expires_at` (a start, a claim, a renewal).
+    /// `owner` holds the run with `token` until `expires_at` (a start, a claim, a renewal).
     Hold {
         /// The run.
         run_id: RunId,
-        /// Its current token.
+        /// The holder.
+        owner: LeaseOwner,
+        /// Its token.
         token: u64,
         /// Until when.
         expires_at: DateTime<Utc>,
     },
-    /// The run's hold ends now.
+    /// The run's hold ends now (its token stays, so the next claim takes the one after).
     Release {
         /// The run.
         run_id: RunId,
@@ -196,13 +202,12 @@ pub enum ClaimVerdict {
 /// The one rule: a run is free unless its holder's expiry is in the future and the host
 /// cannot prove that holder dead.
 pub fn claim_verdict(
-    holder: Option<&RunLease>,
-    expires_at: Option<DateTime<Utc>>,
+    holder: Option<&LeaseRow>,
     claimant: &LeaseOwner,
     now: DateTime<Utc>,
     liveness: impl Fn(&LeaseOwner) -> Liveness,
 ) -> ClaimVerdict {
-    let (Some(holder), Some(expires_at)) = (holder, expires_at) else {
+    let Some((holder, expires_at)) = holder.and_then(|h| h.expires_at.map(|at| (h, at))) else {
         return ClaimVerdict::Free;
     };
     if expires_at <= now {
@@ -278,23 +283,23 @@ mod tests {
 
     #[test]
     fn a_live_hold_is_kept_an_expired_or_dead_one_is_free() {
-        let holder = RunLease { owner: owner(1), token: 3 };
+        let held = |expires_at| LeaseRow { owner: owner(1), token: 3, expires_at };
         let alive = |_: &LeaseOwner| Liveness::Alive;
         let dead = |_: &LeaseOwner| Liveness::Dead;
         let unknown = |_: &LeaseOwner| Liveness::Unknown;
-        assert_eq!(claim_verdict(None, None, &owner(2), at(10), alive), ClaimVerdict::Free);
-        assert_eq!(claim_verdict(Some(&holder), None, &owner(2), at(10), alive), ClaimVerdict::Free, "released");
+        assert_eq!(claim_verdict(None, &owner(2), at(10), alive), ClaimVerdict::Free);
+        assert_eq!(claim_verdict(Some(&held(None)), &owner(2), at(10), alive), ClaimVerdict::Free, "released");
         assert_eq!(
-            claim_verdict(Some(&holder), Some(at(20)), &owner(2), at(10), alive),
+            claim_verdict(Some(&held(Some(at(20)))), &owner(2), at(10), alive),
             ClaimVerdict::HeldElsewhere { owner: owner(1), expires_at: at(20) }
         );
         assert_eq!(
-            claim_verdict(Some(&holder), Some(at(20)), &owner(2), at(10), unknown),
+            claim_verdict(Some(&held(Some(at(20)))), &owner(2), at(10), unknown),
             ClaimVerdict::HeldElsewhere { owner: owner(1), expires_at: at(20) },
             "a holder the host cannot see is trusted until its expiry"
         );
-        assert_eq!(claim_verdict(Some(&holder), Some(at(20)), &owner(2), at(10), dead), ClaimVerdict::Free);
-        assert_eq!(claim_verdict(Some(&holder), Some(at(20)), &owner(2), at(20), alive), ClaimVerdict::Free);
-        assert_eq!(claim_verdict(Some(&holder), Some(at(20)), &owner(1), at(10), dead), ClaimVerdict::Held(3));
+        assert_eq!(claim_verdict(Some(&held(Some(at(20)))), &owner(2), at(10), dead), ClaimVerdict::Free);
+        assert_eq!(claim_verdict(Some(&held(Some(at(20)))), &owner(2), at(20), alive), ClaimVerdict::Free);
+        assert_eq!(claim_verdict(Some(&held(Some(at(20)))), &owner(1), at(10), dead), ClaimVerdict::Held(3));
     }
 }

@@ -17,10 +17,10 @@
 use crate::agent::{AgentEvent, AgentState};
 use crate::clock::{ms_between, plus_ms};
 use crate::event::{
-    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LateAnswer, LateVerdict, LookupStatus, RunId, RunLimits,
-    RunStatus, Source, StoredEvent, StreamId,
+    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LateAnswer, LateVerdict, LookupStatus, ReleaseReason,
+    RunId, RunLimits, RunStatus, Source, StoredEvent, StreamId,
 };
-use crate::lease::{ClaimVerdict, LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse, LeaseView, RunLease, claim_verdict};
+use crate::lease::{ClaimVerdict, LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse, LeaseView, claim_verdict};
 use crate::limits;
 use crate::provider::{CallOutcome, Capability, EffectKind, Evidence, LookupOutcome, UnknownReason};
 use chrono::{DateTime, Utc};
@@ -151,6 +151,9 @@ pub struct Intent {
     pub in_flight_run: Option<RunId>,
     /// Definitive answers that arrived after their attempt stopped being awaited.
     pub late_answers: u32,
+    /// When the approval window of the run waiting on it closes (an approval after it is
+    /// refused).
+    pub approval_closes_at: Option<DateTime<Utc>>,
     /// Global sequence of the latest event on its stream.
     pub last_seq: u64,
 }
@@ -244,9 +247,8 @@ pub struct Run {
     /// The fold of `agent_events` (derived, so not part of the rendering).
     #[serde(skip)]
     pub agent: AgentState,
-    /// Who holds the run's lease, with the current fencing token (`None`: a run from before
-    /// leases, unfenced until claimed).
-    pub lease: Option<RunLease>,
+    /// The process that started the run (it held the run's lease first).
+    pub started_by: Option<LeaseOwner>,
     /// Global sequence of its latest event.
     pub last_seq: u64,
 }
@@ -442,6 +444,12 @@ pub enum Action {
         /// The fingerprint the approver saw; refused if it is not the intent's.
         fingerprint: Option<String>,
     },
+    /// Checks an approved intent's approval at `now`: one that lapsed is recorded expired
+    /// (`ApprovalExpired`), so the intent awaits a fresh one instead of waiting on a dead one.
+    CheckApproval {
+        /// The intent.
+        key: IntentKey,
+    },
     /// A human denies an intent.
     Deny {
         /// The intent.
@@ -546,6 +554,7 @@ impl Action {
             | Self::RenewLeases { .. }
             | Self::ReleaseLeases { .. }
             | Self::Approve { .. }
+            | Self::CheckApproval { .. }
             | Self::Deny { .. }
             | Self::Cancel { .. }
             | Self::Resolve { .. }
@@ -884,7 +893,6 @@ impl Ledger {
                 if self.runs.contains_key(run_id) {
                     fail("run started twice");
                 }
-                let lease = owner.clone().map(|owner| RunLease { owner, token: 1 });
                 self.runs.insert(
                     run_id.clone(),
                     Run {
@@ -901,18 +909,17 @@ impl Ledger {
                         intents: Vec::new(),
                         agent_events: Vec::new(),
                         agent: AgentState::default(),
-                        lease,
+                        started_by: owner.clone(),
                         last_seq: seq,
                     },
                 );
             }
-            Event::RunClaimed { run_id, owner, token } => {
-                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("claim of an unknown run"));
-                let current = run.lease.as_ref().map_or(0, |lease| lease.token);
-                if *token != current + 1 {
-                    fail("fencing tokens must follow each other");
+            Event::RunDeadlineExtended { run_id, deadline_at } => {
+                let run = self.runs.get_mut(run_id).unwrap_or_else(|| fail("deadline of an unknown run"));
+                if *deadline_at < run.deadline_at {
+                    fail("a deadline moved back");
                 }
-                run.lease = Some(RunLease { owner: owner.clone(), token: *token });
+                run.deadline_at = *deadline_at;
                 run.last_seq = seq;
             }
             Event::StepRecorded { run_id, position, name, output } => {
@@ -1011,6 +1018,7 @@ impl Ledger {
                         duplicates_suppressed: 0,
                         in_flight_run: None,
                         late_answers: 0,
+                        approval_closes_at: None,
                         last_seq: seq,
                     },
                 );
@@ -1045,16 +1053,17 @@ impl Ledger {
                 limits: start.limits.clone(),
                 owner: start.owner.clone(),
             });
-            if start.owner.is_some() {
+            if let Some(owner) = &start.owner {
                 lease_effects.push(LeaseEffect::Hold {
                     run_id: start.run_id.clone(),
+                    owner: owner.clone(),
                     token: 1,
                     expires_at: plus_ms(now, leases.ttl_ms()),
                 });
             }
         }
         if let Some(run_id) = command.action.fenced_run() {
-            self.check_fence(run_id, &command.lease)?;
+            check_fence(run_id, &command.lease, leases)?;
         }
         let target = match &command.action {
             Action::StartRun => match run_start {
@@ -1088,17 +1097,15 @@ impl Ledger {
             Action::Recover { owner, run } => {
                 self.decide_recover(owner, run.as_ref(), now, leases, &mut events, &mut lease_effects)
             }
-            Action::ClaimRun { run_id, owner } => {
-                self.decide_claim(run_id, owner, now, leases, &mut events, &mut lease_effects)?
-            }
+            Action::ClaimRun { run_id, owner } => self.decide_claim(run_id, owner, now, leases, &mut lease_effects)?,
             Action::RenewLeases { owner, grants } => {
                 let mut lost = Vec::new();
                 for grant in grants {
-                    let current = self.runs.get(&grant.run_id).and_then(|run| run.lease.as_ref());
-                    match current {
-                        Some(lease) if lease.token == grant.token && &lease.owner == owner => {
+                    match leases.holder(&grant.run_id) {
+                        Some(row) if row.token == grant.token && &row.owner == owner && row.expires_at.is_some() => {
                             lease_effects.push(LeaseEffect::Hold {
                                 run_id: grant.run_id.clone(),
+                                owner: owner.clone(),
                                 token: grant.token,
                                 expires_at: plus_ms(now, leases.ttl_ms()),
                             });
@@ -1110,12 +1117,7 @@ impl Ledger {
             }
             Action::ReleaseLeases { grants } => {
                 for grant in grants {
-                    if self
-                        .runs
-                        .get(&grant.run_id)
-                        .and_then(|run| run.lease.as_ref())
-                        .is_some_and(|l| l.token == grant.token)
-                    {
+                    if leases.holder(&grant.run_id).is_some_and(|row| row.token == grant.token) {
                         lease_effects.push(LeaseEffect::Release { run_id: grant.run_id.clone() });
                     }
                 }
@@ -1127,6 +1129,14 @@ impl Ledger {
                     return Err(Refusal::NotAllowed(format!(
                         "intent {key} is {}, not awaiting approval",
                         intent.status.as_str()
+                    )));
+                }
+                if let Some(closes_at) = intent.approval_closes_at
+                    && now >= closes_at
+                {
+                    return Err(Refusal::NotAllowed(format!(
+                        "approval refused: the approval window of intent {key} closed at {closes_at}; its run \
+                         stops deadline_exceeded and the intent is released when it resumes"
                     )));
                 }
                 if let Some(seen) = fingerprint
@@ -1143,6 +1153,17 @@ impl Ledger {
                     by: by.clone(),
                     expires_at: plus_ms(now, *ttl_ms),
                 });
+                ReplyTarget::Intent(key.clone(), false)
+            }
+            Action::CheckApproval { key } => {
+                let intent = self.existing(key)?;
+                let lapsed = intent.status == IntentStatus::Reserved
+                    && intent.approval_required
+                    && intent.attempts == 0
+                    && intent.approval.as_ref().is_some_and(|approval| approval.expires_at <= now);
+                if lapsed {
+                    events.push(Event::ApprovalExpired { key: key.clone() });
+                }
                 ReplyTarget::Intent(key.clone(), false)
             }
             Action::Deny { key, by, reason } => {
@@ -1230,29 +1251,11 @@ impl Ledger {
             }
         };
         if let LeaseUse::Release(grant) = &command.lease
-            && self.runs.get(&grant.run_id).and_then(|run| run.lease.as_ref()).is_some_and(|l| l.token == grant.token)
+            && leases.holder(&grant.run_id).is_some_and(|row| row.token == grant.token)
         {
             lease_effects.push(LeaseEffect::Release { run_id: grant.run_id.clone() });
         }
         Ok(Decision { events, target, leases: lease_effects })
-    }
-
-    /// Refuses a write for `run_id` that does not present the run's current fencing token.
-    /// A run that does not exist yet (started by this very command) or that was started
-    /// before leases existed (no holder recorded) is not fenced.
-    fn check_fence(&self, run_id: &RunId, lease: &LeaseUse) -> Result<(), Refusal> {
-        let Some(current) = self.runs.get(run_id).and_then(|run| run.lease.as_ref()) else {
-            return Ok(());
-        };
-        match lease.grant() {
-            Some(grant) if &grant.run_id == run_id && grant.token == current.token => Ok(()),
-            presented => Err(Refusal::Fenced {
-                run_id: run_id.clone(),
-                presented: presented.filter(|g| &g.run_id == run_id).map(|g| g.token),
-                current: current.token,
-                holder: current.owner.clone(),
-            }),
-        }
     }
 
     /// Claims `run_id` for `owner` unless another process holds it live.
@@ -1262,40 +1265,34 @@ impl Ledger {
         owner: &LeaseOwner,
         now: DateTime<Utc>,
         leases: &dyn LeaseView,
-        events: &mut Vec<Event>,
         effects: &mut Vec<LeaseEffect>,
     ) -> Result<ReplyTarget, Refusal> {
         let run = self.runs.get(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
-        match self.claim(run, owner, now, leases, events, effects) {
+        match self.claim(run, owner, now, leases, effects) {
             Ok(grant) => Ok(ReplyTarget::Claimed(grant)),
             Err((holder, expires_at)) => Err(Refusal::LeaseHeld { run_id: run_id.clone(), owner: holder, expires_at }),
         }
     }
 
-    /// The claim rule applied to one run: the grant (with a `RunClaimed` event when the
-    /// token moves) or the live holder.
+    /// The claim rule applied to one run: the grant (the next token when the hold changes
+    /// hands) or the live holder.
     fn claim(
         &self,
         run: &Run,
         owner: &LeaseOwner,
         now: DateTime<Utc>,
         leases: &dyn LeaseView,
-        events: &mut Vec<Event>,
         effects: &mut Vec<LeaseEffect>,
     ) -> Result<LeaseGrant, (LeaseOwner, DateTime<Utc>)> {
         let run_id = &run.run_id;
         let expires_at = plus_ms(now, leases.ttl_ms());
-        let verdict = claim_verdict(run.lease.as_ref(), leases.expires_at(run_id), owner, now, |o| leases.liveness(o));
-        let token = match verdict {
+        let holder = leases.holder(run_id);
+        let token = match claim_verdict(holder.as_ref(), owner, now, |o| leases.liveness(o)) {
             ClaimVerdict::Held(token) => token,
-            ClaimVerdict::Free => {
-                let token = run.lease.as_ref().map_or(0, |lease| lease.token) + 1;
-                events.push(Event::RunClaimed { run_id: run_id.clone(), owner: owner.clone(), token });
-                token
-            }
+            ClaimVerdict::Free => holder.map_or(0, |row| row.token) + 1,
             ClaimVerdict::HeldElsewhere { owner, expires_at } => return Err((owner, expires_at)),
         };
-        effects.push(LeaseEffect::Hold { run_id: run_id.clone(), token, expires_at });
+        effects.push(LeaseEffect::Hold { run_id: run_id.clone(), owner: owner.clone(), token, expires_at });
         Ok(LeaseGrant { run_id: run_id.clone(), token })
     }
 
@@ -1337,9 +1334,10 @@ impl Ledger {
                     limits: start.limits.clone(),
                     owner: start.owner.clone(),
                 });
-                if start.owner.is_some() {
+                if let Some(owner) = &start.owner {
                     effects.push(LeaseEffect::Hold {
                         run_id: run_id.clone(),
+                        owner: owner.clone(),
                         token: 1,
                         expires_at: plus_ms(now, leases.ttl_ms()),
                     });
@@ -1350,15 +1348,42 @@ impl Ledger {
         for event in batch {
             state.try_apply(event).map_err(refuse)?;
             events.push(Event::AgentRecorded { run_id: run_id.clone(), event: event.clone() });
+            events.extend(self.spine_side_of(run_id, event));
         }
         if let Some(stop) = &state.stop {
-            events.push(Event::RunFinished {
-                run_id: run_id.clone(),
-                status: stop.status.run_status(),
-                detail: stop.detail.clone(),
-            });
+            let status = stop.status.run_status();
+            events.push(Event::RunFinished { run_id: run_id.clone(), status, detail: stop.detail.clone() });
+            // Nothing will send what the run reserved and never sent: release it.
+            let run_intents = self.runs.get(run_id).map(|run| run.intents.as_slice()).unwrap_or_default();
+            for key in run_intents {
+                if self
+                    .intents
+                    .get(key)
+                    .is_some_and(|i| matches!(i.status, IntentStatus::Reserved | IntentStatus::AwaitingApproval))
+                {
+                    events.push(Event::IntentReleased { key: key.clone(), reason: ReleaseReason::RunEnded { status } });
+                }
+            }
         }
         Ok(ReplyTarget::Done)
+    }
+
+    /// What an agent fact means for the spine, in the same commit: a wait for approval opens
+    /// the intent's approval window; the end of a wait moves the run's deadline.
+    fn spine_side_of(&self, run_id: &RunId, event: &AgentEvent) -> Option<Event> {
+        match event {
+            AgentEvent::ApprovalAwaited { intent_key, closes_at, .. } => {
+                let key = IntentKey::parse(intent_key)?;
+                let awaiting = self.intents.get(&key)?.status == IntentStatus::AwaitingApproval;
+                awaiting.then_some(Event::ApprovalRequested { key, closes_at: *closes_at })
+            }
+            AgentEvent::ApprovalWaitEnded { deadline, .. } => {
+                let run = self.runs.get(run_id)?;
+                (*deadline > run.deadline_at)
+                    .then_some(Event::RunDeadlineExtended { run_id: run_id.clone(), deadline_at: *deadline })
+            }
+            _ => None,
+        }
     }
 
     fn existing(&self, key: &IntentKey) -> Result<&Intent, Refusal> {
@@ -1406,10 +1431,29 @@ impl Ledger {
             (None, Some(start)) if &start.run_id == run_id => (start.limits.clone(), start.deadline_at),
             (None, _) => return Err(Refusal::UnknownRun(run_id.clone())),
         };
+        let step_name = format!("intent:{key}");
+        // A run that already reserved this intent (an agent call polled while it waits for an
+        // approval, or resumed after a crash) asks again: it finds the intent, and nothing is
+        // written — polling never grows the log.
+        let already_linked =
+            self.runs.get(run_id).is_some_and(|run| run.journal.iter().any(|entry| entry.name == step_name));
+        if already_linked && let Some(existing) = self.intents.get(key) {
+            if existing.definition.fingerprint != definition.fingerprint {
+                return Err(Refusal::Rejected {
+                    code: RejectCode::IntentPayloadMismatch,
+                    detail: format!("intent {key} was reserved with another payload"),
+                });
+            }
+            // Proposed again once its effect is proven: a repetition prevented, worth a fact.
+            if existing.status == IntentStatus::Validated {
+                events.push(Event::IntentDeduplicated { key: key.clone(), run_id: run_id.clone() });
+            }
+            return Ok(ReplyTarget::Intent(key.clone(), false));
+        }
         let journal_link = Event::StepRecorded {
             run_id: run_id.clone(),
             position,
-            name: format!("intent:{key}"),
+            name: step_name,
             output: Value::String(key.as_str().to_owned()),
         };
         self.check_journal_position(run_start, run_id, position)?;
@@ -1900,6 +1944,11 @@ impl Ledger {
             detail,
             after: after.clone(),
         });
+        let run_ended = self.runs.get(&intent.run_id).is_some_and(|run| run.is_agent() && run.status.is_some());
+        if after == AfterLookup::ResendAllowed && run_ended {
+            // Its agent run is over: nobody will send it again, so its money is freed now.
+            events.push(Event::IntentReleased { key: key.clone(), reason: ReleaseReason::AbsentAfterRunEnded });
+        }
         if after == AfterLookup::Validated
             && let Some(evidence) = evidence
         {
@@ -1942,9 +1991,7 @@ impl Ledger {
                 continue;
             }
             let verdict = match self.runs.get(&run_id) {
-                Some(run) => {
-                    self.claim(run, owner, now, leases, events, effects).map(Some).map_err(|(holder, _)| holder)
-                }
+                Some(run) => self.claim(run, owner, now, leases, effects).map(Some).map_err(|(holder, _)| holder),
                 None => Ok(None),
             };
             verdicts.insert(run_id, verdict);
@@ -1994,6 +2041,24 @@ impl Ledger {
                 events,
             ),
         }
+    }
+}
+
+/// Refuses a write for `run_id` that does not present the run's current fencing token. A
+/// run never leased (one started by this very command, or before leases existed) is not
+/// fenced.
+fn check_fence(run_id: &RunId, lease: &LeaseUse, leases: &dyn LeaseView) -> Result<(), Refusal> {
+    let Some(current) = leases.holder(run_id) else {
+        return Ok(());
+    };
+    match lease.grant() {
+        Some(grant) if &grant.run_id == run_id && grant.token == current.token => Ok(()),
+        presented => Err(Refusal::Fenced {
+            run_id: run_id.clone(),
+            presented: presented.filter(|g| &g.run_id == run_id).map(|g| g.token),
+            current: current.token,
+            holder: current.owner,
+        }),
     }
 }
 
@@ -2153,6 +2218,19 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.reconcile_after = None;
         }
+        Event::ApprovalRequested { closes_at, .. } => {
+            if intent.status != S::AwaitingApproval {
+                return Err("an approval window for an intent not awaiting approval");
+            }
+            intent.approval_closes_at = Some(*closes_at);
+        }
+        Event::IntentReleased { reason, .. } => {
+            if !matches!(intent.status, S::Reserved | S::AwaitingApproval) {
+                return Err("release of an intent that may have an effect in flight or unknown");
+            }
+            intent.status = S::Rejected;
+            intent.note = Some(format!("released: {reason}"));
+        }
         Event::LateAnswerRecorded { verdict, .. } => {
             intent.late_answers += 1;
             if let LateVerdict::Contradicted { detail } = verdict {
@@ -2161,7 +2239,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
         }
         Event::IntentReserved { .. }
         | Event::RunStarted { .. }
-        | Event::RunClaimed { .. }
+        | Event::RunDeadlineExtended { .. }
         | Event::StepRecorded { .. }
         | Event::TimerStarted { .. }
         | Event::SignalDelivered { .. }

@@ -127,6 +127,13 @@ pub const AGENT_NO_PROGRESS_ITERATIONS_DEFAULT: u32 = 5;
 /// A per-call option, not a budget: the budgets are the token and cost totals.
 pub const AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT: u32 = 800;
 
+/// Default time an agent's effect call may wait for a human approval (24 h): an operator
+/// acts within a working day. The wait is outside the run's working time — its deadline moves
+/// by the time waited — so an approval given an hour later does not find the run out of time;
+/// past it the run stops `deadline_exceeded` and its intent is released. Enforced by the guard
+/// (step 9) and by the ledger, which refuses an approval once the window closed.
+pub const AGENT_APPROVAL_WAIT_DEFAULT_MS: u64 = 86_400_000;
+
 /// Longest tool-call argument text the guard parses. Larger arguments are refused as a
 /// schema correction before parsing, so a runaway model cannot make the guard allocate.
 pub const AGENT_TOOL_ARGUMENTS_MAX_BYTES: usize = 16 * 1024;

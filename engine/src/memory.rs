@@ -7,11 +7,11 @@
 
 use crate::clock::Clock;
 use crate::event::{RunId, StoredEvent, chain_hash};
-use crate::lease::{ExpiryOnly, LeaseEffect, LeaseOwner, LeaseView, Liveness, OwnerProbe};
+use crate::lease::{ExpiryOnly, LeaseEffect, LeaseOwner, LeaseRow, LeaseView, Liveness, OwnerProbe};
 use crate::ledger::{Command, Ledger, Reply};
 use crate::log::{EventLog, LogError};
 use crate::provider::BoxFuture;
-use chrono::{DateTime, SubsecRound, Utc};
+use chrono::SubsecRound;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -22,23 +22,23 @@ pub struct MemoryLog {
     state: Mutex<State>,
 }
 
-/// The fold, the events, and the lease expiries (operational state, like the store's
-/// `leases` table: not in the events, so a restart from events starts with none).
+/// The fold, the events, and the run leases (operational state, like the store's `leases`
+/// table: not in the events, so a restart from events starts with none).
 struct State {
     ledger: Ledger,
     events: Vec<StoredEvent>,
-    expiries: BTreeMap<RunId, DateTime<Utc>>,
+    leases: BTreeMap<RunId, LeaseRow>,
 }
 
-/// The expiries as the ledger reads them while deciding.
-struct Expiries<'a> {
-    expiries: &'a BTreeMap<RunId, DateTime<Utc>>,
+/// The leases as the ledger reads them while deciding.
+struct Leases<'a> {
+    rows: &'a BTreeMap<RunId, LeaseRow>,
     probe: &'a dyn OwnerProbe,
 }
 
-impl LeaseView for Expiries<'_> {
-    fn expires_at(&self, run_id: &RunId) -> Option<DateTime<Utc>> {
-        self.expiries.get(run_id).copied()
+impl LeaseView for Leases<'_> {
+    fn holder(&self, run_id: &RunId) -> Option<LeaseRow> {
+        self.rows.get(run_id).cloned()
     }
 
     fn liveness(&self, owner: &LeaseOwner) -> Liveness {
@@ -61,7 +61,7 @@ impl MemoryLog {
     pub fn from_events(clock: Arc<dyn Clock>, events: Vec<StoredEvent>) -> Self {
         let mut ledger = Ledger::new();
         events.iter().for_each(|event| ledger.apply(event));
-        let state = State { ledger, events, expiries: BTreeMap::new() };
+        let state = State { ledger, events, leases: BTreeMap::new() };
         Self { clock, probe: Arc::new(ExpiryOnly), state: Mutex::new(state) }
     }
 
@@ -86,15 +86,17 @@ impl MemoryLog {
     pub fn execute_now(&self, command: &Command) -> Result<Reply, LogError> {
         let now = self.clock.now().trunc_subsecs(6);
         let mut state = self.lock();
-        let State { ledger, events, expiries } = &mut *state;
-        let decision = ledger.decide(command, now, &Expiries { expiries, probe: &*self.probe })?;
+        let State { ledger, events, leases } = &mut *state;
+        let decision = ledger.decide(command, now, &Leases { rows: leases, probe: &*self.probe })?;
         for effect in decision.leases {
             match effect {
-                LeaseEffect::Hold { run_id, expires_at, .. } => {
-                    expiries.insert(run_id, expires_at);
+                LeaseEffect::Hold { run_id, owner, token, expires_at } => {
+                    leases.insert(run_id, LeaseRow { owner, token, expires_at: Some(expires_at) });
                 }
                 LeaseEffect::Release { run_id } => {
-                    expiries.remove(&run_id);
+                    if let Some(row) = leases.get_mut(&run_id) {
+                        row.expires_at = None;
+                    }
                 }
             }
         }

@@ -1,15 +1,13 @@
-//! The `leases` table: when each run's current hold expires.
+//! The `leases` table: who holds each run, its fencing token, and until when.
 //!
 //! Owns [`TableView`], the [`LeaseView`] the ledger reads inside the writer's transaction,
 //! and [`apply`], which writes a decision's [`LeaseEffect`]s in the same transaction as its
-//! events. The holder and fencing token of a run are facts in the events; only the expiry
-//! lives here (see `engine::lease` and `store/FORMAT.md`). Nothing else writes the table.
+//! events (see `engine::lease` and `store/FORMAT.md`). Nothing else writes the table.
 
 use crate::codec::{format_time, parse_time, to_i64};
 use crate::error::{Error, Result};
-use chrono::{DateTime, Utc};
 use engine::event::RunId;
-use engine::lease::{LeaseEffect, LeaseOwner, LeaseView, Liveness, OwnerProbe};
+use engine::lease::{LeaseEffect, LeaseOwner, LeaseRow, LeaseView, Liveness, OwnerProbe};
 use rusqlite::{Connection, OptionalExtension, params};
 use std::cell::RefCell;
 
@@ -32,21 +30,28 @@ impl<'a> TableView<'a> {
         self.failure.into_inner().map_or(Ok(()), Err)
     }
 
-    fn read(&self, run_id: &RunId) -> Result<Option<DateTime<Utc>>> {
-        let text: Option<String> = self
+    fn read(&self, run_id: &RunId) -> Result<Option<LeaseRow>> {
+        let row: Option<(String, i64, Option<String>)> = self
             .conn
-            .prepare_cached("SELECT expires_at FROM leases WHERE run_id = ?1")?
-            .query_row([run_id.as_str()], |row| row.get(0))
+            .prepare_cached("SELECT owner, token, expires_at FROM leases WHERE run_id = ?1")?
+            .query_row([run_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
             .optional()?;
-        text.map(|t| parse_time(&t).map_err(|e| Error::corrupt(0, format!("lease expiry {t:?} of run {run_id}: {e}"))))
-            .transpose()
+        let Some((owner, token, expires_at)) = row else {
+            return Ok(None);
+        };
+        let bad = |what: String| Error::corrupt(0, format!("lease of run {run_id}: {what}"));
+        let owner: LeaseOwner = serde_json::from_str(&owner).map_err(|e| bad(format!("owner {owner:?}: {e}")))?;
+        let token = u64::try_from(token).map_err(|_| bad(format!("token {token}")))?;
+        let expires_at =
+            expires_at.map(|t| parse_time(&t).map_err(|e| bad(format!("expiry {t:?}: {e}")))).transpose()?;
+        Ok(Some(LeaseRow { owner, token, expires_at }))
     }
 }
 
 impl LeaseView for TableView<'_> {
-    fn expires_at(&self, run_id: &RunId) -> Option<DateTime<Utc>> {
+    fn holder(&self, run_id: &RunId) -> Option<LeaseRow> {
         match self.read(run_id) {
-            Ok(expiry) => expiry,
+            Ok(row) => row,
             Err(error) => {
                 self.failure.borrow_mut().get_or_insert(error);
                 None
@@ -67,15 +72,18 @@ impl LeaseView for TableView<'_> {
 pub(crate) fn apply(conn: &Connection, effects: &[LeaseEffect]) -> Result<()> {
     for effect in effects {
         match effect {
-            LeaseEffect::Hold { run_id, token, expires_at } => {
+            LeaseEffect::Hold { run_id, owner, token, expires_at } => {
+                let owner = serde_json::to_string(owner).expect("a lease owner serializes: plain fields");
                 conn.prepare_cached(
-                    "INSERT INTO leases (run_id, token, expires_at) VALUES (?1, ?2, ?3) \
-                     ON CONFLICT (run_id) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at",
+                    "INSERT INTO leases (run_id, owner, token, expires_at) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+                     expires_at = excluded.expires_at",
                 )?
-                .execute(params![run_id.as_str(), to_i64(*token), format_time(*expires_at)])?;
+                .execute(params![run_id.as_str(), owner, to_i64(*token), format_time(*expires_at)])?;
             }
             LeaseEffect::Release { run_id } => {
-                conn.prepare_cached("DELETE FROM leases WHERE run_id = ?1")?.execute([run_id.as_str()])?;
+                conn.prepare_cached("UPDATE leases SET expires_at = NULL WHERE run_id = ?1")?
+                    .execute([run_id.as_str()])?;
             }
         }
     }

@@ -172,18 +172,19 @@ CREATE TABLE intents (
 CREATE INDEX intents_by_status ON intents (status, key);
 "#;
 
-/// Version 2: run lease expiries (`engine::lease`). The holder and the fencing token are
-/// facts in the events (`RunStarted.owner`, `RunClaimed`); when the current hold expires is
-/// operational state its holder renews every few seconds, so it lives here, outside the hash
-/// chain and outside `verify`'s rebuild.
+/// Version 2: run leases (`engine::lease`): who holds each run, its fencing token and until
+/// when. Operational state the holder renews every few seconds and that a claim, a renewal or
+/// a release changes without any event, so it lives here, outside the hash chain and outside
+/// `verify`'s rebuild (`RunStarted.owner` records who started a run, for the record).
 const V2: &str = r#"
--- One row per run held now; a released hold has no row. Read by primary key when a
--- process claims a run (`ClaimRun`, `Recover`) and written when it starts, claims, renews or
--- releases one.
+-- One row per run ever leased; a released hold keeps its row (and its token, so the next
+-- claim takes the one after) with no expiry. Read by primary key when a command writes for a
+-- run (the fencing check) or claims one (`ClaimRun`, `Recover`).
 CREATE TABLE leases (
     run_id     TEXT    PRIMARY KEY,
+    owner      TEXT    NOT NULL,
     token      INTEGER NOT NULL CHECK (token >= 1),
-    expires_at TEXT    NOT NULL
+    expires_at TEXT
 ) STRICT, WITHOUT ROWID;
 "#;
 

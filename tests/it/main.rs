@@ -5,6 +5,7 @@
 mod adversarial;
 mod agent;
 mod agent_attacks;
+mod approvals;
 mod cli;
 mod concurrency;
 mod crash;

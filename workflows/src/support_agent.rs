@@ -235,7 +235,11 @@ async fn refund_body(gate: &IntentGate, order: Order, args: RefundArgs, ctx: Too
             ToolOutput::error(format!("the provider declined the refund ({code}); nothing was refunded."))
                 .with_effect(EffectOutcome::Declined { code })
         }
-        status @ ("awaiting_approval" | "rejected" | "cancelled") => {
+        // The approval lapsed between the check and the dispatch: nothing was sent; the run
+        // waits for a fresh one.
+        "awaiting_approval" => ToolOutput::error("the refund's approval lapsed; nothing was sent.")
+            .with_effect(EffectOutcome::AwaitingApproval),
+        status @ ("rejected" | "cancelled") => {
             ToolOutput::error(format!("the refund is {status} ({}); nothing was sent.", outcome.details.join("; ")))
         }
         status => {

@@ -36,6 +36,13 @@ pub struct AgentLimits {
     pub no_progress_iterations_max: u32,
     /// Output-token cap sent with each call.
     pub output_tokens_per_call: u32,
+    /// How long an effect call may wait for a human decision, from the moment the run
+    /// suspends on it. The wait is outside the run's working time (the deadline moves by it);
+    /// past it the run stops `deadline_exceeded` and the intent is released. `None` — runs
+    /// recorded before the bound existed — means the default: the field is left out of their
+    /// stored form, so their hash chain still checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_wait_ms: Option<u64>,
     /// Prices per model, to measure cost.
     pub prices: PriceTable,
 }
@@ -54,12 +61,18 @@ impl Default for AgentLimits {
             schema_corrections_max: limits::AGENT_SCHEMA_CORRECTIONS_DEFAULT,
             no_progress_iterations_max: limits::AGENT_NO_PROGRESS_ITERATIONS_DEFAULT,
             output_tokens_per_call: limits::AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT,
+            approval_wait_ms: Some(limits::AGENT_APPROVAL_WAIT_DEFAULT_MS),
             prices: PriceTable::default(),
         }
     }
 }
 
 impl AgentLimits {
+    /// How long an effect call may wait for a human decision.
+    pub fn approval_wait_ms(&self) -> u64 {
+        self.approval_wait_ms.unwrap_or(limits::AGENT_APPROVAL_WAIT_DEFAULT_MS)
+    }
+
     /// Applies a JSON object of overrides (the CLI's `--limits`) on top of `self`: only the
     /// keys present change. Unknown keys are refused, so a typo cannot silently be ignored;
     /// the result is [`validated`](Self::validate), so every bound stays within its maximum.

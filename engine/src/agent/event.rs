@@ -228,6 +228,28 @@ pub enum AgentEvent {
         /// Consecutive turns without progress, this one included.
         without_progress: u32,
     },
+    /// A reserved effect call's intent awaits a human decision: the run suspends and its
+    /// working time stops. The wait is bounded: past `closes_at` without a decision the run
+    /// stops `deadline_exceeded` and the intent is released. Recorded once per wait, never
+    /// per poll.
+    ApprovalAwaited {
+        /// The reserved call.
+        call_id: String,
+        /// The intent a human must approve or deny.
+        intent_key: String,
+        /// When the wait began.
+        since: DateTime<Utc>,
+        /// When the approval window closes.
+        closes_at: DateTime<Utc>,
+    },
+    /// A human decided (approved or denied) on a call's intent: the run's working time goes
+    /// on, its deadline moved by the time spent waiting.
+    ApprovalWaitEnded {
+        /// The call that waited.
+        call_id: String,
+        /// The run's new absolute deadline.
+        deadline: DateTime<Utc>,
+    },
     /// The run ended. Always the last event.
     RunStopped {
         /// How.
@@ -259,6 +281,8 @@ impl AgentEvent {
             Self::ToolCallReserved { .. } => "ToolCallReserved",
             Self::ToolResultRecorded { .. } => "ToolResultRecorded",
             Self::TurnEnded { .. } => "TurnEnded",
+            Self::ApprovalAwaited { .. } => "ApprovalAwaited",
+            Self::ApprovalWaitEnded { .. } => "ApprovalWaitEnded",
             Self::RunStopped { .. } => "RunStopped",
         }
     }
@@ -326,6 +350,19 @@ impl Turn {
     }
 }
 
+/// One call's wait for a human decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApprovalWait {
+    /// The intent awaiting approval.
+    pub intent_key: String,
+    /// When the current wait began.
+    pub since: DateTime<Utc>,
+    /// When the approval window closes.
+    pub closes_at: DateTime<Utc>,
+    /// A decision ended the current wait.
+    pub ended: bool,
+}
+
 /// How the run stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StopRecord {
@@ -378,6 +415,8 @@ pub struct AgentState {
     pub control: Vec<ControlEvent>,
     /// Set once `RunStopped` is recorded.
     pub stop: Option<StopRecord>,
+    /// Waits for a human decision, by call id.
+    pub approval_waits: BTreeMap<String, ApprovalWait>,
     events: u64,
 }
 
@@ -552,6 +591,31 @@ impl AgentState {
                 ensure!(answered, "agent journal position {position}: turn ended with a call unanswered");
                 turn.ended = true;
             }
+            AgentEvent::ApprovalAwaited { call_id, intent_key, since, closes_at } => {
+                let turn = self.open_turn(position, call_id)?;
+                ensure!(
+                    turn.reserved.contains(call_id) && !turn.has_result(call_id),
+                    "agent journal position {position}: a wait for a call that is not reserved without a result"
+                );
+                ensure!(
+                    self.approval_waits.get(call_id).is_none_or(|w| w.ended),
+                    "agent journal position {position}: a second wait while one is open"
+                );
+                ensure!(since < closes_at, "agent journal position {position}: an approval window that closes first");
+                self.approval_waits.insert(
+                    call_id.clone(),
+                    ApprovalWait { intent_key: intent_key.clone(), since: *since, closes_at: *closes_at, ended: false },
+                );
+            }
+            AgentEvent::ApprovalWaitEnded { call_id, deadline } => {
+                let Some(wait) = self.approval_waits.get_mut(call_id).filter(|w| !w.ended) else {
+                    return Err(format!("agent journal position {position}: the end of a wait that is not open"));
+                };
+                wait.ended = true;
+                let header = self.header.as_mut().expect("checked above: every event but the first follows the header");
+                ensure!(*deadline >= header.deadline, "agent journal position {position}: a deadline moved back");
+                header.deadline = *deadline;
+            }
             AgentEvent::RunStopped { status, subject, count, detail, text } => {
                 ensure!(
                     *status != AgentStatus::AwaitingApproval,
@@ -683,7 +747,12 @@ impl AgentState {
         })
     }
 
-    /// What a run suspended on the approval of `intent_key` reports (nothing is recorded).
+    /// The wait of `call_id` for a human decision, if it ever waited.
+    pub fn approval_wait(&self, call_id: &str) -> Option<&ApprovalWait> {
+        self.approval_waits.get(call_id)
+    }
+
+    /// What a run suspended on the approval of `intent_key` reports.
     pub fn suspended(&self, intent_key: &str) -> RunOutcome {
         RunOutcome {
             status: AgentStatus::AwaitingApproval,

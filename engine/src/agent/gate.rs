@@ -113,6 +113,9 @@ pub enum EffectOutcome {
         /// Why.
         detail: String,
     },
+    /// Nothing was sent: the intent's approval lapsed between the check and the dispatch.
+    /// The call stays reserved without a result and the run suspends for a fresh approval.
+    AwaitingApproval,
 }
 
 /// Guard steps 8 (intent reservation) and 9 (approval), implemented by the spine.

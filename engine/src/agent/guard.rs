@@ -428,8 +428,9 @@ impl Registry {
             // for a human where the tool's policy does not.
             if reserved.approval_required {
                 match gate.approval(&reserved, intent).await {
-                    ApprovalDecision::Approved => {}
+                    ApprovalDecision::Approved => end_wait(scope, &call.id).await?,
                     ApprovalDecision::Denied { reason } => {
+                        end_wait(scope, &call.id).await?;
                         scope
                             .record(vec![refused(
                                 "approval_denied",
@@ -438,7 +439,7 @@ impl Registry {
                             .await?;
                         return Ok(Invoked::Recorded);
                     }
-                    ApprovalDecision::Pending => return Ok(Invoked::AwaitingApproval { intent_key: reserved.key }),
+                    ApprovalDecision::Pending => return wait_for_approval(scope, &call.id, &tool, reserved.key).await,
                 }
             }
             ticket = Some(reserved);
@@ -483,6 +484,10 @@ impl Registry {
                 return Ok(Invoked::Recorded);
             }
         };
+        if let (Some(reserved), Some(EffectOutcome::AwaitingApproval)) = (&ticket, &output.effect) {
+            // The approval lapsed at dispatch: nothing was sent; wait for a fresh one.
+            return wait_for_approval(scope, &call.id, &tool, reserved.key.clone()).await;
+        }
         if let (Some(gate), Some(reserved), Some(outcome)) = (env.gate, &ticket, &output.effect) {
             gate.settle(reserved, outcome).await;
         }
@@ -514,6 +519,67 @@ impl Registry {
         scope.record(events).await?;
         Ok(Invoked::Recorded)
     }
+}
+
+/// Guard step 9 when no decision exists yet: the run suspends on the call, its working time
+/// stopped. The first suspension of a wait is recorded (`ApprovalAwaited`, opening the
+/// approval window); a poll while the window is open records nothing; once the window has
+/// closed the run stops `deadline_exceeded` (stopping releases the intent).
+async fn wait_for_approval(
+    scope: &mut GuardedScope<'_>,
+    call_id: &str,
+    tool: &str,
+    intent_key: String,
+) -> Result<Invoked, AgentError> {
+    let now = scope.env().clock.now();
+    let window_ms = scope.state().header().limits.approval_wait_ms();
+    match scope.state().approval_wait(call_id).cloned() {
+        Some(wait) if now >= wait.closes_at => {
+            let closed = wait.closes_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            scope
+                .record(vec![AgentEvent::RunStopped {
+                    status: AgentStatus::DeadlineExceeded,
+                    subject: tool.to_owned(),
+                    count: window_ms,
+                    detail: Some(format!(
+                        "no human decided on {intent_key} before its approval window closed at {closed};                          the intent is released"
+                    )),
+                    text: None,
+                }])
+                .await?;
+            Ok(Invoked::Recorded)
+        }
+        Some(wait) if !wait.ended => Ok(Invoked::AwaitingApproval { intent_key }),
+        // A new wait: the first one, or a fresh approval after one lapsed (its window is the
+        // first wait's, so lapsing approvals cannot stretch it).
+        known => {
+            let closes_at = match known {
+                Some(wait) => wait.closes_at,
+                None => crate::clock::plus_ms(now, window_ms),
+            };
+            let awaited = AgentEvent::ApprovalAwaited {
+                call_id: call_id.to_owned(),
+                intent_key: intent_key.clone(),
+                since: now,
+                closes_at,
+            };
+            scope.record(vec![awaited]).await?;
+            Ok(Invoked::AwaitingApproval { intent_key })
+        }
+    }
+}
+
+/// A decision ends the call's wait, if it waited: the run's deadline moves by the time the
+/// wait took, so a human's hour costs the run none of its working time.
+async fn end_wait(scope: &mut GuardedScope<'_>, call_id: &str) -> Result<(), AgentError> {
+    let Some(wait) = scope.state().approval_wait(call_id).filter(|w| !w.ended).cloned() else {
+        return Ok(());
+    };
+    let now = scope.env().clock.now();
+    let waited = now.signed_duration_since(wait.since).max(chrono::TimeDelta::zero());
+    let before = scope.state().header().deadline;
+    let deadline = before.checked_add_signed(waited).unwrap_or(DateTime::<Utc>::MAX_UTC);
+    scope.record(vec![AgentEvent::ApprovalWaitEnded { call_id: call_id.to_owned(), deadline }]).await
 }
 
 /// A reserved call on its way through steps 8–11.

@@ -268,8 +268,6 @@ mod tests {
             .append(vec![AgentEvent::ModelCallFailed { call: 1, detail: "lost".into() }])
             .await
             .expect("the new holder writes");
-        let claimed: Vec<_> = log.events().into_iter().filter(|e| e.event.type_name() == "RunClaimed").collect();
-        assert_eq!(claimed.len(), 1, "the takeover is a recorded fact");
 
         // A third process cannot take it from a live holder.
         let third = Action::ClaimRun { run_id: RunId::new("r1"), owner: process(3).owner().clone() };
