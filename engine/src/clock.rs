@@ -48,3 +48,9 @@ pub fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> u64 {
 pub fn plus_ms(at: DateTime<Utc>, ms: u64) -> DateTime<Utc> {
     at + TimeDelta::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX / 2))
 }
+
+/// `at` plus `ms` milliseconds, or `None` when the instant cannot be represented: a bound
+/// taken from a caller (a deadline) is checked here rather than overflowing.
+pub fn checked_plus_ms(at: DateTime<Utc>, ms: u64) -> Option<DateTime<Utc>> {
+    at.checked_add_signed(TimeDelta::try_milliseconds(i64::try_from(ms).ok()?)?)
+}

@@ -37,7 +37,7 @@ impl IntentGate {
         executor::drive_intent(&self.runtime, self.cause.clone(), &key).await
     }
 
-    async fn reserve(&self, run_id: &str, intent: &EffectIntent) -> GateDecision {
+    async fn reserve(&self, run_id: &str, intent: &EffectIntent, approval_required: bool) -> GateDecision {
         let refused = |code: &str, message: String| GateDecision::Refused { code: code.to_owned(), message };
         if intent.operation != EffectKind::Refund.as_str() {
             return refused(
@@ -60,7 +60,7 @@ impl IntentGate {
             payment_method: None,
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));
-        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request).await {
+        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval_required).await {
             Ok(Reservation::Reserved { intent: reserved, .. }) if reserved.status == IntentStatus::Validated => {
                 GateDecision::Deduplicated {
                     content: serde_json::json!({
@@ -75,6 +75,8 @@ impl IntentGate {
             Ok(Reservation::Reserved { intent: reserved, .. }) => GateDecision::Proceed(EffectTicket {
                 key: reserved.key().to_string(),
                 fingerprint: reserved.definition.fingerprint.clone(),
+                // The ledger's flag: the tool's policy or the run's threshold, the stricter.
+                approval_required: reserved.approval_required,
             }),
             Ok(Reservation::Rejected(outcome)) => refused(
                 outcome.code.as_deref().unwrap_or("rejected"),
@@ -111,8 +113,13 @@ impl IntentGate {
 }
 
 impl EffectGate for IntentGate {
-    fn reserve<'a>(&'a self, run_id: &'a str, intent: &'a EffectIntent) -> BoxFuture<'a, GateDecision> {
-        Box::pin(self.reserve(run_id, intent))
+    fn reserve<'a>(
+        &'a self,
+        run_id: &'a str,
+        intent: &'a EffectIntent,
+        approval_required: bool,
+    ) -> BoxFuture<'a, GateDecision> {
+        Box::pin(self.reserve(run_id, intent, approval_required))
     }
 
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, _intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {

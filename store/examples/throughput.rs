@@ -44,6 +44,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
             key_window_ms: 86_400_000,
             consistency_window_ms: 0,
         },
+        approval_required: false,
     };
     let cause = Cause::command("bench").for_run(&run_id);
     [

@@ -48,6 +48,7 @@ fn attempting() -> MemoryLog {
             key_window_ms: 86_400_000,
             consistency_window_ms: 0,
         },
+        approval_required: false,
     };
     let start = RunStart {
         run_id: run(),
