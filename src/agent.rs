@@ -27,12 +27,14 @@
 //! `KEEL_TEST_ABORT_AT_MODEL_CALL=N` makes this process call `std::process::abort()` when
 //! the transport is asked for its Nth answer in this process (after the call's reservation
 //! is durable): the crash tests kill a run at a precise point with a real process death.
+//! `KEEL_TEST_ABORT_AFTER_MODEL_ANSWER=N` aborts once the transport has returned its Nth
+//! answer, before it is recorded: an answer the vendor billed and the run never saw.
 
 use crate::output::Output;
 use crate::wiring::{SystemClock, open_store};
 use crate::{AgentCommand, exit};
 use adapters::model::anthropic::AnthropicClient;
-use adapters::model::http::HttpConfig;
+use adapters::model::http::{BaseUrl, HttpConfig};
 use adapters::model::openai::OpenAiClient;
 use adapters::model::scripted::{ScriptedTransport, Transcript};
 use adapters::model::{BoxTransport, TokioTimer};
@@ -57,6 +59,8 @@ use workflows::ticket_review::{self, Scenario};
 
 /// The env var of the crash test facility (see the module docs).
 pub const ABORT_AT_MODEL_CALL: &str = "KEEL_TEST_ABORT_AT_MODEL_CALL";
+/// The env var of the lost-answer test facility (see the module docs).
+pub const ABORT_AFTER_MODEL_ANSWER: &str = "KEEL_TEST_ABORT_AFTER_MODEL_ANSWER";
 
 /// The embedded transcript of a ticket-review scenario.
 fn scenario_transcript(scenario: Scenario) -> &'static str {
@@ -88,7 +92,7 @@ fn support_transcript(scenario: support_agent::Scenario) -> &'static str {
 struct LiveModel {
     api: ModelApi,
     model: String,
-    base_url: String,
+    base_url: BaseUrl,
 }
 
 /// The model APIs `keel agent run --model-api` speaks.
@@ -162,7 +166,7 @@ impl Script {
             Self::Support(s) => json!({"transport": "scripted", "scenario": s.name()}),
             Self::File(path) => json!({"transport": "scripted", "transcript": path.display().to_string()}),
             Self::Live(live) => {
-                json!({"transport": "http", "api": live.api.name(), "model": live.model, "base_url": live.base_url})
+                json!({"transport": "http", "api": live.api.name(), "model": live.model, "base_url": live.base_url.as_str()})
             }
         }
     }
@@ -174,7 +178,8 @@ impl Script {
             let (Some(model), Some(base_url)) = (field("model"), field("base_url")) else {
                 return Err("the run's input lacks the model or its base URL".into());
             };
-            return Ok(Self::Live(LiveModel { api, model: model.to_owned(), base_url: base_url.to_owned() }));
+            let base_url = BaseUrl::parse(base_url).map_err(|e| format!("the run's base URL: {e}"))?;
+            return Ok(Self::Live(LiveModel { api, model: model.to_owned(), base_url }));
         }
         if let Some(name) = input.get("scenario").and_then(Value::as_str) {
             let script = if workflow == support_agent::WORKFLOW {
@@ -221,10 +226,12 @@ impl Script {
     }
 }
 
-/// A transport that aborts the process at its Nth call (the crash-test facility).
+/// A transport that aborts the process at its Nth call, or after its Nth answer (the
+/// crash-test facilities).
 struct AbortAt {
     inner: BoxTransport,
     at: Option<u32>,
+    after_answer: Option<u32>,
     calls: AtomicU32,
 }
 
@@ -235,7 +242,18 @@ impl ModelTransport for AbortAt {
             eprintln!("keel: {ABORT_AT_MODEL_CALL}={call}: aborting the process (test facility)");
             std::process::abort();
         }
-        self.inner.complete(request)
+        Box::pin(async move {
+            let answer = self.inner.complete(request).await;
+            if self.after_answer == Some(call) {
+                eprintln!("keel: {ABORT_AFTER_MODEL_ANSWER}={call}: aborting the process (test facility)");
+                std::process::abort();
+            }
+            answer
+        })
+    }
+
+    fn script_fingerprint(&self) -> Option<String> {
+        self.inner.script_fingerprint()
     }
 }
 
@@ -296,6 +314,11 @@ pub async fn dispatch(
         Err(message) => return Ok(out.usage_error(&message)),
     };
     // The support agent's refunds go through the provider; ticket review needs none.
+    if matches!(plan.script, Script::Support(_)) && provider.url.is_none() {
+        return Ok(out.usage_error(
+            "the support agent's refunds need the payment provider: pass --provider URL or set KEEL_PROVIDER_URL",
+        ));
+    }
     let (node, gate) = match plan.script {
         Script::Support(_) => {
             let node = crate::wiring::Node::open(db, durability, provider, None)?;
@@ -325,6 +348,7 @@ pub async fn dispatch(
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), cause.clone(), Some(start), lessee.clone());
     let recorded = AgentState::from_events(&journal.load().await?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());
+    let after_answer = std::env::var(ABORT_AFTER_MODEL_ANSWER).ok().and_then(|v| v.parse().ok());
     let inner: BoxTransport = match source {
         Source::Transcript(transcript) => Box::new(ScriptedTransport::new(transcript).resuming(&recorded)),
         Source::Http(api, config) => {
@@ -341,14 +365,18 @@ pub async fn dispatch(
             }
         }
     };
-    let transport = AbortAt { inner, at: abort_at, calls: AtomicU32::new(0) };
+    let transport = AbortAt { inner, at: abort_at, after_answer, calls: AtomicU32::new(0) };
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let timer = TokioTimer::new(Arc::clone(&clock));
     let cancel = Cancellation::new();
     let on_interrupt = cancel.clone();
+    // ctrl-c cancels the run (recorded `cancelled`, exit 130); SIGTERM pauses it between two
+    // steps, resumable (exit 143).
     let watcher = tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_interrupt.cancel();
+        let mut terminate = crate::wiring::sigterm();
+        tokio::select! {
+            interrupted = tokio::signal::ctrl_c() => if interrupted.is_ok() { on_interrupt.cancel() },
+            () = terminate.recv() => on_interrupt.terminate(),
         }
     });
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
@@ -376,17 +404,35 @@ pub async fn dispatch(
 }
 
 /// Takes the run's lease for this process and recovers the run's own attempts and lookups
-/// in flight. `Err` says, for the operator, who holds the run.
+/// in flight. While another live process holds the run (a concurrent `keel agent resume`),
+/// waits for it to let go — it finished the run, suspended it, or died — telling the operator
+/// so on stderr, at most [`engine::limits::AGENT_RESUME_WAIT_MAX_MS`]; then this resume goes
+/// on from what that one recorded, so both report the run's true status. `Err` says, for the
+/// operator, who still holds the run.
 async fn claim_and_recover(
     log: &dyn EventLog,
     lessee: &engine::lease::Lessee,
     cause: &Cause,
     run_id: &RunId,
 ) -> anyhow::Result<(), String> {
-    match engine::executor::claim_run(log, lessee, cause, run_id).await {
-        Ok(_) => {}
-        Err(engine::executor::WorkflowError::Busy(refusal)) => return Err(refusal.to_string()),
-        Err(other) => return Err(format!("cannot take run {run_id}: {other}")),
+    let started = std::time::Instant::now();
+    let patience = std::time::Duration::from_millis(engine::limits::AGENT_RESUME_WAIT_MAX_MS);
+    let mut told = false;
+    loop {
+        match engine::executor::claim_run(log, lessee, cause, run_id).await {
+            Ok(_) => break,
+            Err(engine::executor::WorkflowError::Busy(refusal)) => {
+                if started.elapsed() >= patience {
+                    return Err(format!("{refusal}; still held after waiting, try again later"));
+                }
+                if !told {
+                    eprintln!("keel: {refusal}: waiting for it to finish or suspend the run");
+                    told = true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(engine::limits::LEASE_POLL_MS)).await;
+            }
+            Err(other) => return Err(format!("cannot take run {run_id}: {other}")),
+        }
     }
     let recover = engine::ledger::Action::Recover { owner: lessee.owner().clone(), run: Some(run_id.clone()) };
     log.execute(engine::ledger::Command::new(cause.clone(), recover))
@@ -446,11 +492,11 @@ fn plan_new(
             let api = ModelApi::parse(api).ok_or_else(|| format!("unknown --model-api {api:?} (anthropic, openai)"))?;
             let model_name =
                 model.model.as_deref().filter(|m| !m.trim().is_empty()).ok_or("--model-api needs --model NAME")?;
-            let base_url = model.model_base_url.as_deref().unwrap_or(api.default_base_url()).trim_end_matches('/');
-            if !(base_url.starts_with("https://") || base_url.starts_with("http://")) {
-                return Err(format!("--model-base-url {base_url:?} is not an http:// or https:// URL"));
-            }
-            let live = LiveModel { api, model: model_name.to_owned(), base_url: base_url.to_owned() };
+            // Refused before anything is recorded; the message never quotes the URL, which may
+            // hold a credential.
+            let base_url = BaseUrl::parse(model.model_base_url.as_deref().unwrap_or(api.default_base_url()))
+                .map_err(|e| format!("--model-base-url: {e}"))?;
+            let live = LiveModel { api, model: model_name.to_owned(), base_url };
             (Script::Live(live), AgentLimits::default(), ticket_review::all_capabilities())
         }
         _ => return Err("pass exactly one of --scenario NAME, --transcript FILE or --model-api API".into()),
@@ -468,9 +514,10 @@ fn finish_plan(
     capabilities: Option<&str>,
 ) -> Result<Plan, String> {
     if let Some(text) = limits {
-        let overrides: Value = serde_json::from_str(text).map_err(|e| format!("--limits is not JSON: {e}"))?;
+        let overrides = engine::canonical::parse_strict(text).map_err(|e| format!("--limits: {e}"))?;
         plan_limits = plan_limits.overridden_by(&overrides).map_err(|e| format!("--limits: {e}"))?;
     }
+    plan_limits.validate().map_err(|e| format!("limits: {e}"))?;
     if let Some(list) = capabilities {
         grants = list.split(',').map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect();
     }

@@ -374,6 +374,8 @@ pub mod exit {
     pub const USAGE: u8 = 64;
     /// Interrupted by the caller (SIGINT).
     pub const INTERRUPTED: u8 = 130;
+    /// Stopped by SIGTERM: a graceful stop, the run resumable.
+    pub const TERMINATED: u8 = 143;
 }
 
 fn main() -> ExitCode {
@@ -412,14 +414,31 @@ fn main() -> ExitCode {
         return ExitCode::from(code);
     }
     let code = runtime.block_on(async {
+        let command = dispatch(cli);
+        tokio::pin!(command);
+        let finished = |result: anyhow::Result<u8>| match result {
+            Ok(code) => code,
+            Err(error) => out.internal_error(&format!("{error:#}")),
+        };
+        let mut terminate = wiring::sigterm();
         tokio::select! {
-            result = dispatch(cli) => match result {
-                Ok(code) => code,
-                Err(error) => out.internal_error(&format!("{error:#}")),
-            },
+            result = &mut command => finished(result),
             _ = tokio::signal::ctrl_c() => out.interrupted(
                 "interrupted; whatever was acknowledged is durable, `keel resume` continues it",
             ),
+            () = terminate.recv() => {
+                // A graceful stop: the step in progress (an attempt at the provider, a commit)
+                // gets a grace period to finish and be recorded; then the process stops.
+                let grace = std::time::Duration::from_millis(engine::limits::SHUTDOWN_GRACE_MS);
+                match tokio::time::timeout(grace, &mut command).await {
+                    Ok(result) => {
+                        finished(result);
+                    }
+                    Err(_) => eprintln!("keel: the step in progress did not finish within the grace period"),
+                }
+                eprintln!("keel: stopped by SIGTERM; whatever was acknowledged is durable, `keel resume` continues it");
+                exit::TERMINATED
+            }
         }
     });
     ExitCode::from(code)

@@ -156,6 +156,33 @@ impl OwnerProbe for ProcProbe {
     }
 }
 
+/// A receiver of this process's SIGTERMs (a supervisor asking it to stop). A failure to
+/// install the handler leaves the default (the process dies), which is logged.
+pub fn sigterm() -> Sigterm {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(signal) => Sigterm(Some(signal)),
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch SIGTERM: a SIGTERM ends the process at once");
+            Sigterm(None)
+        }
+    }
+}
+
+/// See [`sigterm`].
+pub struct Sigterm(Option<tokio::signal::unix::Signal>);
+
+impl Sigterm {
+    /// Resolves at the next SIGTERM (never, when the handler could not be installed).
+    pub async fn recv(&mut self) {
+        match &mut self.0 {
+            Some(signal) => {
+                signal.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
 /// Renews this process's leases at a third of their time to live, for as long as the
 /// process runs. A lease it loses (another process took the run) is dropped from its book:
 /// its writes for that run are refused from then on.

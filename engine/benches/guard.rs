@@ -60,8 +60,9 @@ fn state(registry: &Registry, call: &ToolCall) -> AgentState {
             tools: registry.stamps(),
             system: String::new(),
             prompt: String::new(),
+            script: None,
         },
-        AgentEvent::ModelCallReserved { call: 1 },
+        AgentEvent::ModelCallReserved { call: 1, hold: None },
         AgentEvent::ModelAnswerRecorded {
             call: 1,
             response: ModelResponse {

@@ -394,6 +394,8 @@ pub enum RunStatus {
     Truncated,
     /// An agent's model provider could not answer.
     ProviderUnavailable,
+    /// An agent's model answered more than Keel keeps (a size bound named in the detail).
+    AnswerTooLarge,
 }
 
 impl RunStatus {
@@ -420,6 +422,7 @@ impl RunStatus {
             Self::NoProgress => "no_progress",
             Self::Truncated => "truncated",
             Self::ProviderUnavailable => "provider_unavailable",
+            Self::AnswerTooLarge => "answer_too_large",
         }
     }
 }

@@ -582,6 +582,7 @@ fn intent_spec(runtime: &Runtime, key: &IntentKey, request: &IntentRequest) -> I
             payload: request.payload.clone(),
         },
         capability: runtime.provider.capability(),
+        approval_required: false,
     }
 }
 
@@ -604,12 +605,14 @@ async fn reserve_intent(runtime: &Runtime, key: &IntentKey, reserve: Command) ->
 /// run's next free position, without sending anything: the caller checks approval, then
 /// [`drive_intent`] takes it on. The same key with the same fingerprint returns the existing
 /// intent (`fresh: false`), so a resumed call finds what its first try reserved. The run's
-/// lease must be held by this process (`runtime.lessee`).
+/// lease must be held by this process (`runtime.lessee`). `approval_required` makes the
+/// intent wait for a human even when the run's threshold would not (the stricter wins).
 pub async fn reserve_for_run(
     runtime: &Runtime,
     cause: &Cause,
     run_id: &RunId,
     request: &IntentRequest,
+    approval_required: bool,
 ) -> Result<Reservation, WorkflowError> {
     let key = IntentKey::new(request.kind, &request.tenant, &request.intent_id);
     let position =
@@ -623,7 +626,7 @@ pub async fn reserve_for_run(
         Action::Reserve {
             run_id: run_id.clone(),
             position,
-            spec: intent_spec(runtime, &key, request),
+            spec: IntentSpec { approval_required, ..intent_spec(runtime, &key, request) },
             start_attempt: false,
         },
     )
@@ -852,6 +855,12 @@ impl Driver<'_> {
         let span = self.attempt_span(started, after_absence);
         let request = self.request(started, payment_method);
         let outcome = self.runtime.provider.execute(&request).instrument(span.clone()).await;
+        // A provider may echo the payment method back (an error quoting the request): it is
+        // scrubbed before the outcome is logged or stored.
+        let outcome = match payment_method {
+            Some(secret) => outcome.scrubbed(secret),
+            None => outcome,
+        };
         self.failpoints.hit(Point::AfterProviderAnswer);
         self.record(started, &span, outcome).await
     }

@@ -15,7 +15,7 @@ use crate::agent::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, Ef
 use crate::event::{Cause, IntentKey, RunId};
 use crate::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
 use crate::ledger::{Action, Command, IntentStatus, Reply};
-use crate::provider::{BoxFuture, EffectKind};
+use crate::provider::{BoxFuture, CallOutcome, EffectKind, UnknownReason};
 
 /// The intent lifecycle behind an agent's effect tools.
 #[derive(Clone)]
@@ -37,7 +37,7 @@ impl IntentGate {
         executor::drive_intent(&self.runtime, self.cause.clone(), &key).await
     }
 
-    async fn reserve(&self, run_id: &str, intent: &EffectIntent) -> GateDecision {
+    async fn reserve(&self, run_id: &str, intent: &EffectIntent, approval_required: bool) -> GateDecision {
         let refused = |code: &str, message: String| GateDecision::Refused { code: code.to_owned(), message };
         if intent.operation != EffectKind::Refund.as_str() {
             return refused(
@@ -60,7 +60,7 @@ impl IntentGate {
             payment_method: None,
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));
-        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request).await {
+        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval_required).await {
             Ok(Reservation::Reserved { intent: reserved, .. }) if reserved.status == IntentStatus::Validated => {
                 GateDecision::Deduplicated {
                     content: serde_json::json!({
@@ -75,6 +75,8 @@ impl IntentGate {
             Ok(Reservation::Reserved { intent: reserved, .. }) => GateDecision::Proceed(EffectTicket {
                 key: reserved.key().to_string(),
                 fingerprint: reserved.definition.fingerprint.clone(),
+                // The ledger's flag: the tool's policy or the run's threshold, the stricter.
+                approval_required: reserved.approval_required,
             }),
             Ok(Reservation::Rejected(outcome)) => refused(
                 outcome.code.as_deref().unwrap_or("rejected"),
@@ -111,17 +113,40 @@ impl IntentGate {
 }
 
 impl EffectGate for IntentGate {
-    fn reserve<'a>(&'a self, run_id: &'a str, intent: &'a EffectIntent) -> BoxFuture<'a, GateDecision> {
-        Box::pin(self.reserve(run_id, intent))
+    fn reserve<'a>(
+        &'a self,
+        run_id: &'a str,
+        intent: &'a EffectIntent,
+        approval_required: bool,
+    ) -> BoxFuture<'a, GateDecision> {
+        Box::pin(self.reserve(run_id, intent, approval_required))
     }
 
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, _intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
         Box::pin(self.approval(ticket))
     }
 
-    /// Nothing to do: the driver recorded the outcome in the ledger before the body returned
-    /// (and an attempt cut short by a crash becomes `outcome_unknown` through recovery).
-    fn settle<'a>(&'a self, _ticket: &'a EffectTicket, _outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
+    /// A body that returned recorded its outcome through the driver already. A body cut
+    /// short (the caller's interrupt, the deadline) leaves an attempt in flight without an
+    /// answer: it is recorded unknown now, so reconciliation takes it on at once instead of
+    /// waiting for a recovery. An attempt that was not in flight is left as it is.
+    fn settle<'a>(&'a self, ticket: &'a EffectTicket, outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let (EffectOutcome::Unknown { detail }, Some(key)) = (outcome, IntentKey::parse(&ticket.key)) else {
+                return;
+            };
+            let observed =
+                self.runtime.log.execute(Command::new(self.cause.clone(), Action::Observe { key: key.clone() }));
+            let Ok(Reply::Intent { intent, .. }) = observed.await else {
+                return;
+            };
+            if intent.status == IntentStatus::Attempting {
+                let unknown = CallOutcome::Unknown { reason: UnknownReason::Interrupted, detail: detail.clone() };
+                let record = Action::RecordOutcome { key, attempt: intent.attempts, outcome: unknown };
+                if let Err(error) = self.runtime.log.execute(Command::new(self.cause.clone(), record)).await {
+                    tracing::warn!(%error, "the interrupted attempt stays in flight: recovery will declare it unknown");
+                }
+            }
+        })
     }
 }

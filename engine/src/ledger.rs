@@ -377,6 +377,9 @@ pub struct IntentSpec {
     pub definition: IntentDefinition,
     /// The provider's capability.
     pub capability: Capability,
+    /// The caller requires a human approval whatever the run's threshold says (an agent
+    /// tool whose policy asks for one): the stricter of the two wins.
+    pub approval_required: bool,
 }
 
 /// Everything a command may ask.
@@ -1670,8 +1673,8 @@ impl Ledger {
                 });
             }
         }
-        let approval_required =
-            limits.approval_threshold_minor.is_some_and(|threshold| definition.amount_minor > threshold);
+        let approval_required = spec.approval_required
+            || limits.approval_threshold_minor.is_some_and(|threshold| definition.amount_minor > threshold);
         events.push(journal_link);
         events.push(Event::IntentReserved {
             intent: definition.clone(),

@@ -41,6 +41,21 @@ pub const LEASE_TTL_MIN_MS: u64 = 300;
 /// The longest lease: a dead holder on another machine blocks its runs at most this long.
 pub const LEASE_TTL_MAX_MS: u64 = 600_000;
 
+/// How often a process waiting for another one to let go of a run (a second `keel agent
+/// resume` of the same run) asks again. Short against a human's patience, long against the
+/// writer's commit latency.
+pub const LEASE_POLL_MS: u64 = 200;
+
+/// How long a second `keel agent resume` of a run waits for the first one to finish or
+/// suspend it before it gives up, saying who holds the run. Ten minutes covers a model call
+/// and a provider call at their own timeouts several times over.
+pub const AGENT_RESUME_WAIT_MAX_MS: u64 = 600_000;
+
+/// How long a `keel` command stopped by SIGTERM lets its step in progress finish (an
+/// attempt at the provider waits at most its request timeout, 5 s by default) before the
+/// process exits.
+pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
+
 /// Default approval validity.
 pub const APPROVAL_TTL_DEFAULT_MS: u64 = 3_600_000;
 
@@ -114,6 +129,11 @@ pub const PROVIDER_WAIT_MAX_MS: u64 = 60 * 60 * 1_000;
 /// Reconciliations `keel reconcile --due` runs in one pass, so a backlog cannot hold the
 /// writer for long. Enforced by the executor's reconciliation pass.
 pub const RECONCILE_PASS_MAX: usize = 1_000;
+
+/// Shortest piece of a secret `Secret::scrub` removes from the cut end of a text (an error
+/// excerpt cut in the middle of an echoed key or card token). Shorter pieces say nothing
+/// about the secret and would only blank ordinary words. Enforced by `Secret::scrub`.
+pub const SECRET_PIECE_MIN_CHARS: usize = 4;
 
 const _: () = assert!(RECONCILE_BACKOFF_BASE_MS <= RECONCILE_BACKOFF_MAX_MS);
 const _: () = assert!(RECONCILIATION_RESERVE_MS < RUN_DEADLINE_DEFAULT_MS);
@@ -207,7 +227,83 @@ pub const MODEL_HTTP_TIMEOUT_DEFAULT_MS: u64 = 60_000;
 /// Default connect timeout of the HTTP model transports.
 pub const MODEL_HTTP_CONNECT_TIMEOUT_DEFAULT_MS: u64 = 5_000;
 
+/// Most model calls a run may be given (`--limits model_calls_max`). A task that needs more
+/// is a loop, not a task; the bound also keeps one run's journal, which a resume folds, to a
+/// few thousand events. Enforced by `AgentLimits::validate` (the CLI answers 64).
+pub const AGENT_MODEL_CALLS_MAX: u32 = 1_000;
+
+/// Most tool attempts a run may be given, in total, per tool or per signature. Same reason as
+/// [`AGENT_MODEL_CALLS_MAX`]. Enforced by `AgentLimits::validate`.
+pub const AGENT_TOOL_CALLS_MAX: u32 = 1_000;
+
+/// Largest input or output token limit a run may be given: a billion tokens is beyond any
+/// task's need, and keeps every token sum and its price far from `u64`/`i64` overflow.
+/// Enforced by `AgentLimits::validate`.
+pub const AGENT_TOKENS_MAX: u64 = 1_000_000_000;
+
+/// Largest cost limit, minor units (ten million in major units). Enforced by
+/// `AgentLimits::validate`.
+pub const AGENT_COST_MINOR_MAX: i64 = 1_000_000_000;
+
+/// Highest price per million tokens, minor units: a hundred thousand in major units, a
+/// thousand times the dearest model sold today. Bounds every call's cost product. Enforced by
+/// `AgentLimits::validate`.
+pub const AGENT_PRICE_PER_MTOK_MAX: i64 = 10_000_000;
+
+/// Longest agent run deadline: seven days, long enough for a run that waits on a human's
+/// approval over a weekend, and an instant chrono always represents (a `u64::MAX` deadline
+/// used to overflow `DateTime + TimeDelta`). Enforced by `AgentLimits::validate`.
+pub const AGENT_DEADLINE_MAX_MS: u64 = 7 * 24 * 60 * 60 * 1_000;
+
+/// Most schema corrections a run may be given: past a hundred a model is not correcting, it
+/// is failing. Enforced by `AgentLimits::validate`.
+pub const AGENT_SCHEMA_CORRECTIONS_MAX: u32 = 100;
+
+/// Highest output-token cap per call. At a few bytes a token a full answer stays well under
+/// [`AGENT_ANSWER_MAX_BYTES`]; a larger answer is still refused by that bound. Enforced by
+/// `AgentLimits::validate` (and at least 1: a call that may write nothing means nothing).
+pub const AGENT_OUTPUT_TOKENS_PER_CALL_MAX: u32 = 8_192;
+
+/// Most entries in a per-name limit map (`tool_calls_per_tool_max`, `prices`), and the
+/// longest name in one: the maps are written into `AgentRunStarted`, which must fit one event.
+/// Enforced by `AgentLimits::validate`.
+pub const AGENT_LIMIT_ENTRIES_MAX: usize = 64;
+/// See [`AGENT_LIMIT_ENTRIES_MAX`].
+pub const AGENT_LIMIT_NAME_MAX_CHARS: usize = 128;
+
+/// Largest normalised model answer the loop records (its `ModelAnswerRecorded`, serialized).
+/// An answer must fit one event ([`EVENT_PAYLOAD_MAX_BYTES`]) with room for the envelope;
+/// a larger one (5 MB of text) is not recorded: the call stays counted and the run stops
+/// `answer_too_large`, naming this bound. Enforced by the loop after each answer.
+pub const AGENT_ANSWER_MAX_BYTES: usize = 48 * 1024;
+
+/// Most tool calls one answer may propose. Vendors send a handful in parallel; a thousand is
+/// a runaway, refused whole (`answer_too_large`, naming this bound) before any of them
+/// reaches the guard. Enforced by the loop after each answer.
+pub const AGENT_TOOL_CALLS_PER_ANSWER_MAX: usize = 64;
+
+/// Largest HTTP body a model client reads. Generous next to [`AGENT_ANSWER_MAX_BYTES`]
+/// because the wire form carries blocks Keel drops (e.g. `thinking`); past it the client
+/// stops reading, so a 200 MiB answer costs one mebibyte of memory, not a gigabyte. The call
+/// stays counted and the run stops `answer_too_large`. Enforced by `adapters::model::http`.
+pub const MODEL_RESPONSE_MAX_BYTES: usize = 1 << 20;
+
 const _: () = assert!(AGENT_NO_PROGRESS_ITERATIONS_DEFAULT > AGENT_TOOL_CALLS_DEFAULT);
+const _: () = assert!(AGENT_MODEL_CALLS_DEFAULT <= AGENT_MODEL_CALLS_MAX);
+const _: () = assert!(AGENT_TOOL_CALLS_DEFAULT <= AGENT_TOOL_CALLS_MAX);
+const _: () = assert!(AGENT_NO_PROGRESS_ITERATIONS_DEFAULT <= AGENT_MODEL_CALLS_MAX);
+const _: () = assert!(AGENT_SCHEMA_CORRECTIONS_DEFAULT <= AGENT_SCHEMA_CORRECTIONS_MAX);
+const _: () = assert!(AGENT_DEADLINE_DEFAULT_MS <= AGENT_DEADLINE_MAX_MS);
+const _: () = assert!(AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT <= AGENT_OUTPUT_TOKENS_PER_CALL_MAX);
+const _: () = assert!(AGENT_ANSWER_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
+const _: () = assert!(AGENT_ANSWER_MAX_BYTES < MODEL_RESPONSE_MAX_BYTES);
+const _: () = assert!(AGENT_TOOL_ARGUMENTS_MAX_BYTES < AGENT_ANSWER_MAX_BYTES);
+// A whole run's cost at the highest price, with the largest token limits spent on every call,
+// stays far from i64 overflow: every cost sum within the limits is exact.
+const _: () = assert!(
+    (AGENT_TOKENS_MAX as i128) * (AGENT_PRICE_PER_MTOK_MAX as i128) / 1_000_000 * 2 * (AGENT_MODEL_CALLS_MAX as i128)
+        < i64::MAX as i128
+);
 const _: () = assert!(AGENT_REPEATS_PER_SIGNATURE_DEFAULT >= 1);
 const _: () = assert!(AGENT_TOOL_RESULT_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
 const _: () = assert!(AGENT_TOOL_ARGUMENTS_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);

@@ -102,7 +102,67 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
+
+    /// `text` with every occurrence of this secret, as is or as JSON escapes it, replaced by
+    /// [`REDACTED`]: what a peer echoed back (an error body quoting the key, a detail quoting
+    /// the request) is made safe before it is stored or logged. An excerpt cut in the middle
+    /// of the secret loses the piece too: a text that ends with the secret's first
+    /// [`crate::limits::SECRET_PIECE_MIN_CHARS`] characters or more, or starts with its last ones.
+    ///
+    /// ```
+    /// use engine::provider::Secret;
+    /// let key = Secret::new("sk-123456");
+    /// assert_eq!(key.scrub("bad key sk-123456!"), "bad key [redacted]!");
+    /// assert_eq!(key.scrub("cut at sk-123"), "cut at [redacted]");
+    /// ```
+    pub fn scrub(&self, text: &str) -> String {
+        if self.0.is_empty() {
+            return text.to_owned();
+        }
+        let escaped = serde_json::to_string(&self.0).expect("serializing a &str to JSON cannot fail");
+        let escaped = &escaped[1..escaped.len() - 1];
+        let mut out = text.replace(&self.0, REDACTED);
+        if escaped != self.0 {
+            out = out.replace(escaped, REDACTED);
+        }
+        let pieces = |from_start: bool| {
+            (1..self.0.len())
+                .rev()
+                .filter(|&cut| self.0.is_char_boundary(cut))
+                .map(move |cut| if from_start { &self.0[..cut] } else { &self.0[cut..] })
+                .filter(|piece| piece.chars().count() >= crate::limits::SECRET_PIECE_MIN_CHARS)
+        };
+        if let Some(head) = pieces(true).find(|head| out.ends_with(head)) {
+            out.truncate(out.len() - head.len());
+            out.push_str(REDACTED);
+        }
+        if let Some(tail) = pieces(false).find(|tail| out.starts_with(tail)) {
+            out.replace_range(..tail.len(), REDACTED);
+        }
+        out
+    }
+
+    /// Scrubs every string of `value`, object keys included. Parsing JSON first decodes any
+    /// escape a peer may have used (`\u002d` for `-`), so no spelling of the secret survives.
+    pub fn scrub_json(&self, value: &mut serde_json::Value) {
+        use serde_json::Value;
+        match value {
+            Value::String(text) => *text = self.scrub(text),
+            Value::Array(items) => items.iter_mut().for_each(|item| self.scrub_json(item)),
+            Value::Object(map) => {
+                let entries = std::mem::take(map);
+                for (key, mut item) in entries {
+                    self.scrub_json(&mut item);
+                    map.insert(self.scrub(&key), item);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
 }
+
+/// What [`Secret::scrub`] leaves where a secret was.
+pub const REDACTED: &str = "[redacted]";
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -157,6 +217,9 @@ pub enum UnknownReason {
     Protocol,
     /// The process died with the attempt in flight (recorded by recovery).
     Crash,
+    /// The caller stopped waiting for the answer (an interrupt, a deadline) with the attempt
+    /// in flight.
+    Interrupted,
 }
 
 impl UnknownReason {
@@ -168,6 +231,7 @@ impl UnknownReason {
             Self::ProviderUnavailable => "provider_unavailable",
             Self::Protocol => "protocol",
             Self::Crash => "crash",
+            Self::Interrupted => "interrupted",
         }
     }
 }
@@ -194,6 +258,22 @@ pub enum CallOutcome {
         /// Human detail for the log (never secrets).
         detail: String,
     },
+}
+
+impl CallOutcome {
+    /// The outcome with `secret` scrubbed from every text a provider may have echoed it in.
+    pub fn scrubbed(self, secret: &Secret) -> Self {
+        match self {
+            Self::Succeeded(evidence) => Self::Succeeded(Evidence {
+                provider_ref: secret.scrub(&evidence.provider_ref),
+                currency: secret.scrub(&evidence.currency),
+                ..evidence
+            }),
+            Self::Declined { code } => Self::Declined { code: secret.scrub(&code) },
+            Self::NotSent { detail } => Self::NotSent { detail: secret.scrub(&detail) },
+            Self::Unknown { reason, detail } => Self::Unknown { reason, detail: secret.scrub(&detail) },
+        }
+    }
 }
 
 /// The outcome of a lookup by idempotency key.

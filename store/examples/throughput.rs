@@ -45,6 +45,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
             consistency_window_ms: 0,
             request_timeout_ms: 0,
         },
+        approval_required: false,
     };
     let cause = Cause::command("bench").for_run(&run_id);
     [

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 /// Runs `keel --db DB --json ARGS` with exactly `env` added (no key inherited from the host);
 /// returns the exit code, stdout and stderr.
-fn keel_raw(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+pub(crate) fn keel_raw(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command.arg("--db").arg(db).arg("--json").env_remove("KEEL_DB").env_remove("KEEL_PROVIDER_URL");
     command.env_remove("ANTHROPIC_API_KEY").env_remove("OPENAI_API_KEY");
@@ -26,18 +26,18 @@ fn keel_raw(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, Str
     (output.status.code().unwrap_or(-1), text(&output.stdout), text(&output.stderr))
 }
 
-fn keel(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
+pub(crate) fn keel(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
     let (code, stdout, _) = keel_raw(db, args, env);
     (code, serde_json::from_str(&stdout).unwrap_or(Value::Null))
 }
 
-fn temp() -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn temp() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let db = dir.path().join("keel.db");
     (dir, db)
 }
 
-fn fixture(path: &str) -> String {
+pub(crate) fn fixture(path: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(path).display().to_string()
 }
 
@@ -121,7 +121,7 @@ fn a_transcript_file_with_limits_and_capabilities_runs_as_given() {
 }
 
 /// Model answers recorded in the log, in order, by their response id.
-fn recorded_answers(db: &Path, run_id: &str) -> Vec<String> {
+pub(crate) fn recorded_answers(db: &Path, run_id: &str) -> Vec<String> {
     let ledger = store::Reader::open(db).expect("opens").ledger().expect("folds");
     let run = ledger.run(&engine::event::RunId::new(run_id)).expect("the run");
     run.agent.turns.iter().map(|turn| turn.response.id.clone().unwrap_or_default()).collect()
@@ -208,7 +208,7 @@ fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
 
 // ----- live model APIs (`--model-api`) against a local server -----------------------------------
 
-const KEY: &str = "sk-keel-live-test-4f9c2e71-never-stored";
+pub(crate) const KEY: &str = "sk-keel-live-test-4f9c2e71-never-stored";
 
 /// A local model API on 127.0.0.1: answers its fixture responses in order, on the route and
 /// with the authentication of one API, and 401 to a request without the right key.
@@ -263,7 +263,7 @@ impl ModelServer {
 }
 
 /// Every file of the database (main, WAL, shared memory) as bytes.
-fn database_bytes(db: &Path) -> Vec<u8> {
+pub(crate) fn database_bytes(db: &Path) -> Vec<u8> {
     let dir = db.parent().expect("a parent");
     let name = db.file_name().expect("a name").to_string_lossy().into_owned();
     let mut bytes = Vec::new();

@@ -9,18 +9,26 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-struct Desk {
-    dir: tempfile::TempDir,
-    db: PathBuf,
-    sim: Sim,
+/// The provider request timeout every desk command runs with.
+pub(crate) const PROVIDER_TIMEOUT_MS: u64 = 2_000;
+
+pub(crate) struct Desk {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) db: PathBuf,
+    pub(crate) sim: Sim,
 }
 
 impl Desk {
     /// A log where order C-1042 was charged 89.90 EUR, and a simulator to refund it.
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
+        Self::with_faults(None)
+    }
+
+    /// The same, the simulator following a fault plan.
+    pub(crate) fn with_faults(plan: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("a temp dir");
         let db = dir.path().join("keel.db");
-        let sim = Sim::start(dir.path());
+        let sim = Sim::with_faults(dir.path(), plan);
         let desk = Self { dir, db, sim };
         let (code, charged) = desk.keel(&[
             "charge",
@@ -41,22 +49,30 @@ impl Desk {
         desk
     }
 
-    fn keel(&self, args: &[&str]) -> (i32, Value) {
-        let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+    /// `keel --db DB --json --provider SIM ARGS`, not yet run.
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
             .arg("--db")
             .arg(&self.db)
-            .args(["--json", "--provider", &self.sim.1])
+            .args(["--json", "--provider", &self.sim.1, "--provider-consistency-window-ms", "0"])
+            // Above the slowest held answer these tests use (1.5 s); an absence is believed
+            // only once a request's timeout has passed since it was sent.
+            .args(["--provider-timeout-ms", &PROVIDER_TIMEOUT_MS.to_string()])
             .args(args)
             .env_remove("KEEL_DB")
-            .env_remove("KEEL_PROVIDER_URL")
-            .output()
-            .expect("keel runs");
+            .env_remove("KEEL_PROVIDER_URL");
+        command
+    }
+
+    pub(crate) fn keel(&self, args: &[&str]) -> (i32, Value) {
+        let output = self.command(args).output().expect("keel runs");
         let json = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
         (output.status.code().unwrap_or(-1), json)
     }
 
     /// Starts the `refund` scenario with `limits`: it suspends on the refund's approval.
-    fn suspended_refund(&self, limits: &str) -> (String, String) {
+    pub(crate) fn suspended_refund(&self, limits: &str) -> (String, String) {
         let (code, report) = self.keel(&["agent", "run", "support", "--scenario", "refund", "--limits", limits]);
         assert_eq!(code, 2, "{report}");
         assert_eq!(report["status"], "awaiting_approval", "{report}");
@@ -64,7 +80,7 @@ impl Desk {
         (report["run_id"].as_str().expect("a run id").to_owned(), key)
     }
 
-    fn refunds_at_provider(&self) -> usize {
+    pub(crate) fn refunds_at_provider(&self) -> usize {
         adapters::sim::list_effects(&self.dir.path().join("sim.db"))
             .expect("the simulator's effects")
             .into_iter()
@@ -72,17 +88,17 @@ impl Desk {
             .count()
     }
 
-    fn intent_status(&self, key: &str) -> String {
+    pub(crate) fn intent_status(&self, key: &str) -> String {
         let (code, shown) = self.keel(&["show", key]);
         assert_eq!(code, 0, "{shown}");
         shown["status"].as_str().expect("a status").to_owned()
     }
 
-    fn event_count(&self) -> usize {
+    pub(crate) fn event_count(&self) -> usize {
         store::Reader::open(&self.db).expect("opens").events_since(0).expect("reads").len()
     }
 
-    fn verify(&self) {
+    pub(crate) fn verify(&self) {
         let (code, report) = self.keel(&["verify"]);
         assert_eq!(code, 0, "{report}");
     }

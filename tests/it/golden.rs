@@ -111,6 +111,7 @@ fn every_variant() -> Vec<StoredEvent> {
             payload: json!({"id": id, "amount": amount}),
         },
         capability: cap,
+        approval_required: false,
     };
     let mut reserve = |id: &str, amount: i64, start: Option<RunStart>| {
         let result = exec(

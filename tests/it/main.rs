@@ -4,6 +4,8 @@
 
 mod adversarial;
 mod agent;
+mod agent_attacks;
+mod agent_recovery;
 mod approvals;
 mod cli;
 mod concurrency;

@@ -438,6 +438,7 @@ async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
             payload: json!({}),
         },
         capability: stripe(),
+        approval_required: false,
     };
     let start = engine::ledger::RunStart {
         run_id: run.clone(),

@@ -5,7 +5,10 @@
 
 use adapters::model::scripted::{ScriptedTransport, Transcript};
 use chrono::{TimeZone, Utc};
-use engine::agent::{AgentEnv, AgentState, AgentStatus, Cancellation, LogJournal, ManualTimer, RunOutcome};
+use engine::agent::{
+    AgentEnv, AgentLimits, AgentState, AgentStatus, ApprovalPolicy, Cancellation, EffectClass, EffectIntent,
+    EffectOutcome, LogJournal, ManualTimer, Registry, RunOutcome, RunSpec, Tool, ToolContext, ToolOutput, ToolSpec,
+};
 use engine::clock::ManualClock;
 use engine::event::{Cause, RunId};
 use engine::executor::{Executor, RunRequest, Runtime};
@@ -214,4 +217,117 @@ async fn an_approval_for_ten_cannot_release_a_thousand() {
     assert_eq!(thousand.status, IntentStatus::AwaitingApproval);
     assert_eq!(thousand.attempts, 0, "never attempted");
     assert_eq!(desk.provider.effect_count(), charged + 1, "only the 10.00 refund reached the provider");
+}
+
+/// A refund tool whose approval policy is `policy`, on run `run_id` under the spine's
+/// approval `threshold`: the tool's policy and the spine's threshold are two sources of
+/// truth, and a human is asked whenever either requires one.
+async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, threshold: Option<i64>) -> RunOutcome {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Args {
+        amount_minor: i64,
+        currency: String,
+    }
+    let spec = ToolSpec {
+        name: "refund".into(),
+        description: "Refunds order C-1042.".into(),
+        version: "1".into(),
+        schema: json!({"type": "object", "properties": {"amount_minor": {"type": "integer"},
+            "currency": {"type": "string"}}, "required": ["amount_minor", "currency"], "additionalProperties": false}),
+        capability: "order.refund".into(),
+        effect: EffectClass::Irreversible,
+        approval: policy,
+    };
+    let gate = Arc::clone(&desk.gate);
+    let body_gate = Arc::clone(&gate);
+    let tool = Tool::new(spec, move |_: Args, ctx: ToolContext| {
+        let gate = Arc::clone(&body_gate);
+        async move {
+            let ticket = ctx.effect.expect("an effect tool runs with its reserved intent");
+            match gate.drive(&ticket).await {
+                Ok(outcome) if outcome.status == "validated" => ToolOutput::ok("refunded")
+                    .with_effect(EffectOutcome::Validated { evidence: outcome.provider_ref.unwrap_or_default() }),
+                Ok(outcome) => ToolOutput::error(format!("the refund is {}", outcome.status)),
+                Err(error) => ToolOutput::error(error.to_string()),
+            }
+        }
+    })
+    .intent(move |a: &Args| EffectIntent {
+        operation: "refund".into(),
+        tenant: TENANT.into(),
+        intent_id: format!("approval-sources-{}", a.amount_minor),
+        reference: "C-1042".into(),
+        payload: json!({"order_id": "C-1042", "amount_minor": a.amount_minor, "currency": a.currency}),
+        amount_minor: Some(a.amount_minor),
+        currency: Some(a.currency.clone()),
+    });
+    let mut registry = Registry::new();
+    registry.register(tool).expect("a closed schema and a declared intent");
+    let answers = json!([
+        {"id": "m1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+         "content": [{"type": "tool_use", "id": "t1", "name": "refund", "input": {"amount_minor": 900, "currency": "EUR"}}],
+         "usage": {"input_tokens": 1, "output_tokens": 1}},
+        {"id": "m2", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
+         "content": [{"type": "text", "text": "Refunded."}], "usage": {"input_tokens": 1, "output_tokens": 1}}
+    ]);
+    let recorded = desk.log.ledger().run(&RunId::new(run_id)).map(|r| r.agent.clone()).unwrap_or_default();
+    let transcript = Transcript::parse(&answers.to_string()).expect("a transcript");
+    let transport = ScriptedTransport::new(transcript).resuming(&recorded);
+    let lessee = desk.executor.runtime().lessee.clone();
+    let limits = engine::event::RunLimits { approval_threshold_minor: threshold, ..support_agent::spine_limits() };
+    let start = AgentRunStart { input: json!({}), limits, owner: Some(lessee.owner().clone()) };
+    let log: Arc<dyn EventLog> = desk.log.clone();
+    let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
+    let timer = ManualTimer::new(desk.clock.clone());
+    let cancel = Cancellation::new();
+    let env = AgentEnv { journal: &journal, clock: &*desk.clock, timer: &timer, cancel: &cancel, gate: Some(&*gate) };
+    let spec = RunSpec {
+        run_id: run_id.into(),
+        workflow: "approval-sources".into(),
+        system: String::new(),
+        prompt: "Refund 9.00.".into(),
+        limits: AgentLimits::default(),
+        capabilities: ["order.refund".to_owned()].into(),
+    };
+    let refunded = |state: &AgentState| state.tool_succeeded("refund");
+    engine::agent::run(env, &transport, &registry, &spec, &refunded).await.expect("the run ends with an outcome")
+}
+
+#[tokio::test]
+async fn the_stricter_of_the_tools_policy_and_the_spines_threshold_decides_approval() {
+    use ApprovalPolicy::{AboveMinor, Always, Never};
+    // A refund of 9.00: (tool policy, spine threshold, a human must approve).
+    let table = [
+        (Never, None, false),
+        (Never, Some(500), true),
+        (Never, Some(100_000), false),
+        (Always, None, true),
+        (Always, Some(500), true),
+        (Always, Some(100_000), true),
+        (AboveMinor(500), None, true),
+        (AboveMinor(500), Some(100_000), true),
+        (AboveMinor(1_000), None, false),
+        (AboveMinor(1_000), Some(500), true),
+        (AboveMinor(1_000), Some(100_000), false),
+    ];
+    for (policy, threshold, human) in table {
+        let desk = Desk::new();
+        desk.charge(&support_agent::ORDER_C1042).await;
+        let charged = desk.provider.effect_count();
+        let outcome = refund_under(&desk, "run-sources", policy, threshold).await;
+        let case = format!("policy {policy:?}, threshold {threshold:?}");
+        if human {
+            let key = awaiting(&outcome);
+            assert_eq!(desk.provider.effect_count(), charged, "{case}: nothing is refunded without a human");
+            let intent = desk.refunds().into_iter().find(|i| i.key().as_str() == key).expect("the intent");
+            assert_eq!(intent.status, IntentStatus::AwaitingApproval, "{case}");
+            desk.approve(&key, None).expect("the operator approves");
+            let outcome = refund_under(&desk, "run-sources", policy, threshold).await;
+            assert_eq!(outcome.status, AgentStatus::Completed, "{case}: approved, then refunded: {outcome:?}");
+        } else {
+            assert_eq!(outcome.status, AgentStatus::Completed, "{case}: no human needed: {outcome:?}");
+        }
+        assert_eq!(desk.provider.effect_count(), charged + 1, "{case}: exactly one refund");
+    }
 }

@@ -7,7 +7,7 @@
 //! Other block types (e.g. `thinking`) are skipped.
 
 use super::http::{HttpConfig, HttpTransport};
-use super::{protocol, str_field, u64_field};
+use super::{count_field, protocol, str_field};
 use engine::agent::{
     Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, TransportError, Usage,
 };
@@ -61,8 +61,8 @@ pub fn parse_response(value: &Value) -> Result<ModelResponse, TransportError> {
         Some(other) => return Err(protocol(format!("stop_reason is not a string: {other}"))),
     };
     let usage = value.get("usage").map_or(Usage::default(), |u| Usage {
-        input_tokens: u64_field(u, "input_tokens"),
-        output_tokens: u64_field(u, "output_tokens"),
+        input_tokens: count_field(u, "input_tokens"),
+        output_tokens: count_field(u, "output_tokens"),
     });
     Ok(ModelResponse {
         id: str_field(value, "id").map(str::to_owned),

@@ -110,8 +110,10 @@ fn str_field<'a>(value: &'a Value, key: &str) -> Option<&'a str> {
     value.get(key).and_then(Value::as_str)
 }
 
-fn u64_field(value: &Value, key: &str) -> u64 {
-    value.get(key).and_then(Value::as_u64).unwrap_or(0)
+/// A token count: a non-negative integer, or `None` (absent, negative, a float such as
+/// `1e12` or `412.5`, a string) — unknown, never 0.
+fn count_field(value: &Value, key: &str) -> Option<u64> {
+    value.get(key).and_then(Value::as_u64)
 }
 
 fn protocol(detail: impl Into<String>) -> TransportError {

@@ -7,7 +7,7 @@
 //! cut arguments reach the guard as they are. Only `choices[0]` is read.
 
 use super::http::{HttpConfig, HttpTransport};
-use super::{protocol, str_field, u64_field};
+use super::{count_field, protocol, str_field};
 use engine::agent::{
     Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, TransportError, Usage,
 };
@@ -70,8 +70,8 @@ pub fn parse_response(value: &Value) -> Result<ModelResponse, TransportError> {
     let stop_reason =
         if refusal.is_some() && stop_reason == StopReason::EndTurn { StopReason::Refusal } else { stop_reason };
     let usage = value.get("usage").map_or(Usage::default(), |u| Usage {
-        input_tokens: u64_field(u, "prompt_tokens"),
-        output_tokens: u64_field(u, "completion_tokens"),
+        input_tokens: count_field(u, "prompt_tokens"),
+        output_tokens: count_field(u, "completion_tokens"),
     });
     Ok(ModelResponse {
         id: str_field(value, "id").map(str::to_owned),

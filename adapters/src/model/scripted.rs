@@ -68,12 +68,14 @@ pub enum TranscriptError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transcript {
     steps: Vec<ScriptStep>,
+    fingerprint: String,
 }
 
 impl Transcript {
     /// Parses transcript text.
     pub fn parse(text: &str) -> Result<Self, TranscriptError> {
-        let value: Value = serde_json::from_str(text).map_err(|e| TranscriptError::Shape { detail: e.to_string() })?;
+        let value: Value =
+            engine::canonical::parse_strict(text).map_err(|e| TranscriptError::Shape { detail: e.to_string() })?;
         let (declared, entries) = match &value {
             Value::Array(entries) => (None, entries),
             Value::Object(map) => {
@@ -97,7 +99,13 @@ impl Transcript {
                 parse_step(entry, declared).map_err(|source| TranscriptError::Entry { index, source })
             })
             .collect::<Result<_, _>>()?;
-        Ok(Self { steps })
+        Ok(Self { steps, fingerprint: engine::canonical::fingerprint(&value) })
+    }
+
+    /// The fingerprint of its canonical JSON: the same for a re-indented copy, different for
+    /// any edit of what it says.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     /// Reads and parses a transcript file.
@@ -162,6 +170,10 @@ impl ScriptedTransport {
 }
 
 impl ModelTransport for ScriptedTransport {
+    fn script_fingerprint(&self) -> Option<String> {
+        Some(self.transcript.fingerprint().to_owned())
+    }
+
     fn complete<'a>(&'a self, _request: &'a ModelRequest) -> BoxFuture<'a, Result<ModelResponse, TransportError>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let index = self.next.fetch_add(1, Ordering::SeqCst);

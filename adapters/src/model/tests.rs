@@ -66,7 +66,7 @@ fn model_anthropic_parse_keeps_tool_input_and_maps_stop_reasons() {
     let first = anthropic::parse_response(&values[0]).expect("parses");
     assert_eq!(first.stop_reason, StopReason::ToolUse);
     assert_eq!(first.model, "claude-sonnet-4-5");
-    assert_eq!(first.usage.input_tokens, 412);
+    assert_eq!(first.usage.input_tokens, Some(412));
     let calls = first.tool_calls();
     assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("read_ticket", r#"{"input":42}"#));
     assert_eq!(first.text(), "I will read ticket 42 first.");
@@ -91,7 +91,7 @@ fn model_openai_parse_keeps_raw_argument_text_and_maps_finish_reasons() {
     let missing =
         openai::parse_response(&fixture_value("bad-outputs/missing_stop_reason_openai.json")[1]).expect("parses");
     assert_eq!((missing.stop_reason.clone(), missing.text()), (StopReason::Missing, "Done.".to_owned()));
-    assert_eq!(missing.usage.output_tokens, 9);
+    assert_eq!(missing.usage.output_tokens, Some(9));
     let mut filtered = fixture_value("ticket-review/incomplete.json")[0].clone();
     filtered["choices"][0]["finish_reason"] = json!("content_filter");
     assert_eq!(openai::parse_response(&filtered).expect("parses").stop_reason, StopReason::Refusal);
@@ -227,7 +227,7 @@ struct FakeGate {
 }
 
 impl EffectGate for FakeGate {
-    fn reserve<'a>(&'a self, _: &'a str, intent: &'a EffectIntent) -> BoxFuture<'a, GateDecision> {
+    fn reserve<'a>(&'a self, _: &'a str, intent: &'a EffectIntent, approval: bool) -> BoxFuture<'a, GateDecision> {
         let mut keys = self.keys.lock().expect("test mutex");
         let decision = match keys.get(&intent.key()) {
             Some(fp) if *fp == intent.fingerprint() => {
@@ -239,7 +239,11 @@ impl EffectGate for FakeGate {
             },
             None => {
                 keys.insert(intent.key(), intent.fingerprint());
-                GateDecision::Proceed(EffectTicket { key: intent.key(), fingerprint: intent.fingerprint() })
+                GateDecision::Proceed(EffectTicket {
+                    key: intent.key(),
+                    fingerprint: intent.fingerprint(),
+                    approval_required: approval,
+                })
             }
         };
         Box::pin(async move { decision })
@@ -266,10 +270,15 @@ fn something_done(state: &AgentState) -> bool {
 /// Runs the loop. Scripted transports answer on their first poll (or never), so the manual
 /// timer fits them; HTTP answers take real time, so those runs wait on a [`TokioTimer`].
 async fn run_with(transport: &dyn ModelTransport, limits: AgentLimits) -> Checked {
-    run_timed(transport, limits, false).await
+    run_timed(transport, limits, false, &something_done).await
 }
 
-async fn run_timed(transport: &dyn ModelTransport, limits: AgentLimits, real_time: bool) -> Checked {
+async fn run_timed(
+    transport: &dyn ModelTransport,
+    limits: AgentLimits,
+    real_time: bool,
+    completion: engine::agent::Completion<'_>,
+) -> Checked {
     let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
     let timer: Box<dyn engine::agent::Timer> = if real_time {
         Box::new(TokioTimer::new(clock.clone()))
@@ -290,8 +299,7 @@ async fn run_timed(transport: &dyn ModelTransport, limits: AgentLimits, real_tim
         limits,
         capabilities: ["ticket.read", "order.refund"].into_iter().map(String::from).collect(),
     };
-    let outcome =
-        engine::agent::run(env, transport, &registry, &spec, &something_done).await.expect("no internal error");
+    let outcome = engine::agent::run(env, transport, &registry, &spec, completion).await.expect("no internal error");
     Checked {
         outcome,
         events: journal.events(),
@@ -383,7 +391,9 @@ async fn model_bad_output_unsupported_currency_breaks_an_invariant_then_corrects
 
 #[tokio::test]
 async fn model_bad_output_same_key_with_new_arguments_is_a_mismatch_not_a_repeat() {
-    let c = check("same_key_new_arguments").await;
+    // A host whose task is not done by one refund: the model goes on, and is refused.
+    let transport = ScriptedTransport::from_file(fixture("bad-outputs/same_key_new_arguments.json")).expect("loads");
+    let c = run_timed(&transport, AgentLimits::default(), false, &|_| false).await;
     assert_eq!(refusals(&c.events), vec!["intent_payload_mismatch"], "new arguments under the key");
     assert_eq!(c.outcome.status, AgentStatus::RepeatedCall, "the same arguments again");
     assert_eq!((c.outcome.tool_calls, c.refunds), (2, 1));
@@ -447,6 +457,7 @@ fn ok_answers(path: &str) -> Vec<(u16, String)> {
 const KEY: &str = "sk-test-0123456789-never-logged";
 
 fn config(base: &str, model: &str) -> HttpConfig {
+    let base = super::http::BaseUrl::parse(base).expect("a local base URL");
     let mut config = HttpConfig::new(base, model, Secret::new(KEY));
     config.timeout = Duration::from_millis(2_000);
     config
@@ -457,7 +468,7 @@ async fn model_anthropic_client_speaks_the_messages_api() {
     let (base, served) = server(ok_answers("bad-outputs/missing_stop_reason.json"), 0).await;
     let client = AnthropicClient::new(config(&base, "claude-sonnet-4-5")).expect("client builds");
     assert!(!format!("{client:?}").contains(KEY), "the key never shows in Debug");
-    let c = run_timed(&client, AgentLimits::default(), true).await;
+    let c = run_timed(&client, AgentLimits::default(), true, &something_done).await;
     assert_eq!((c.outcome.status, c.outcome.model_calls, c.reads), (AgentStatus::Completed, 2, 1));
     let seen = served.seen.lock().expect("test mutex");
     let (headers, first) = &seen[0];
@@ -486,7 +497,7 @@ async fn model_anthropic_client_speaks_the_messages_api() {
 async fn model_openai_client_speaks_chat_completions() {
     let (base, served) = server(ok_answers("bad-outputs/missing_stop_reason_openai.json"), 0).await;
     let client = OpenAiClient::new(config(&base, "gpt-4o")).expect("client builds");
-    let c = run_timed(&client, AgentLimits::default(), true).await;
+    let c = run_timed(&client, AgentLimits::default(), true, &something_done).await;
     assert_eq!((c.outcome.status, c.outcome.model_calls, c.reads), (AgentStatus::Completed, 2, 1));
     let seen = served.seen.lock().expect("test mutex");
     let (headers, first) = &seen[0];
@@ -553,7 +564,7 @@ async fn model_http_failures_map_to_transport_errors_without_the_key() {
 async fn model_unavailable_http_provider_stops_the_run() {
     let (base, _) = server(vec![(503, "down".into())], 0).await;
     let client = OpenAiClient::new(config(&base, "m")).expect("client builds");
-    let c = run_timed(&client, AgentLimits::default(), true).await;
+    let c = run_timed(&client, AgentLimits::default(), true, &something_done).await;
     assert_eq!((c.outcome.status, c.outcome.model_calls), (AgentStatus::ProviderUnavailable, 1));
 }
 

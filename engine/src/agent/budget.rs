@@ -74,18 +74,127 @@ impl AgentLimits {
     }
 
     /// Applies a JSON object of overrides (the CLI's `--limits`) on top of `self`: only the
-    /// keys present change. Unknown keys are refused, so a typo cannot silently be ignored.
-    pub fn overridden_by(&self, overrides: &serde_json::Value) -> Result<Self, serde_json::Error> {
-        let mut base = serde_json::to_value(self)?;
-        if let (Some(base_map), Some(over_map)) = (base.as_object_mut(), overrides.as_object()) {
-            for (key, value) in over_map {
+    /// keys present change. Unknown keys are refused, so a typo cannot silently be ignored;
+    /// the result is [`validated`](Self::validate), so every bound stays within its maximum.
+    pub fn overridden_by(&self, overrides: &serde_json::Value) -> Result<Self, LimitsError> {
+        let over_map = overrides.as_object().ok_or(LimitsError::NotAnObject)?;
+        let mut base = serde_json::to_value(self).expect("AgentLimits serializes: plain data with string keys");
+        for (key, value) in over_map {
+            if let Some(base_map) = base.as_object_mut() {
                 base_map.insert(key.clone(), value.clone());
             }
-        } else if !overrides.is_object() {
-            return Err(serde::de::Error::custom("limits overrides must be a JSON object"));
+            // One key at a time, so the error names the key that does not fit.
+            serde_json::from_value::<Self>(base.clone())
+                .map_err(|e| LimitsError::Invalid { field: key.clone(), detail: e.to_string() })?;
         }
-        serde_json::from_value(base)
+        let limits: Self = serde_json::from_value(base)
+            .map_err(|e| LimitsError::Invalid { field: "limits".into(), detail: e.to_string() })?;
+        limits.validate()?;
+        Ok(limits)
     }
+
+    /// Checks every bound against its documented range in `engine::limits`: a run never
+    /// starts with a bound so large that its arithmetic (a deadline instant, a cost sum) could
+    /// overflow, or so small that it means nothing (a call that may write no token).
+    pub fn validate(&self) -> Result<(), LimitsError> {
+        use limits::*;
+        within("model_calls_max", self.model_calls_max.into(), 0, AGENT_MODEL_CALLS_MAX.into())?;
+        within("tool_calls_max", self.tool_calls_max.into(), 0, AGENT_TOOL_CALLS_MAX.into())?;
+        entries("tool_calls_per_tool_max", self.tool_calls_per_tool_max.keys())?;
+        for (tool, max) in &self.tool_calls_per_tool_max {
+            within(&format!("tool_calls_per_tool_max.{tool}"), (*max).into(), 0, AGENT_TOOL_CALLS_MAX.into())?;
+        }
+        within("repeats_per_signature_max", self.repeats_per_signature_max.into(), 1, AGENT_TOOL_CALLS_MAX.into())?;
+        for (field, max) in [("input_tokens_max", self.input_tokens_max), ("output_tokens_max", self.output_tokens_max)]
+        {
+            if let Some(max) = max {
+                within(field, max, 0, AGENT_TOKENS_MAX)?;
+            }
+        }
+        if let Some(max) = self.cost_minor_max {
+            within_i64("cost_minor_max", max, AGENT_COST_MINOR_MAX)?;
+        }
+        within("deadline_ms", self.deadline_ms, 0, AGENT_DEADLINE_MAX_MS)?;
+        let corrections = self.schema_corrections_max.into();
+        within("schema_corrections_max", corrections, 0, AGENT_SCHEMA_CORRECTIONS_MAX.into())?;
+        let iterations = self.no_progress_iterations_max.into();
+        within("no_progress_iterations_max", iterations, 1, AGENT_MODEL_CALLS_MAX.into())?;
+        let per_call = self.output_tokens_per_call.into();
+        within("output_tokens_per_call", per_call, 1, AGENT_OUTPUT_TOKENS_PER_CALL_MAX.into())?;
+        entries("prices", self.prices.0.keys())?;
+        for (model, price) in &self.prices.0 {
+            within_i64(
+                &format!("prices.{model}.input_minor_per_mtok"),
+                price.input_minor_per_mtok,
+                AGENT_PRICE_PER_MTOK_MAX,
+            )?;
+            within_i64(
+                &format!("prices.{model}.output_minor_per_mtok"),
+                price.output_minor_per_mtok,
+                AGENT_PRICE_PER_MTOK_MAX,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn within(field: &str, value: u64, min: u64, max: u64) -> Result<(), LimitsError> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    Err(LimitsError::OutOfRange { field: field.to_owned(), value: value.to_string(), range: format!("{min}..={max}") })
+}
+
+fn within_i64(field: &str, value: i64, max: i64) -> Result<(), LimitsError> {
+    if (0..=max).contains(&value) {
+        return Ok(());
+    }
+    Err(LimitsError::OutOfRange { field: field.to_owned(), value: value.to_string(), range: format!("0..={max}") })
+}
+
+/// A per-name map (tools, models) holds few entries with short names: it is written into
+/// `AgentRunStarted`, which must fit one event.
+fn entries<'a>(field: &str, names: impl ExactSizeIterator<Item = &'a String>) -> Result<(), LimitsError> {
+    let count = names.len();
+    within(&format!("{field} (entries)"), count as u64, 0, limits::AGENT_LIMIT_ENTRIES_MAX as u64)?;
+    for name in names {
+        let chars = name.chars().count();
+        if chars == 0 || chars > limits::AGENT_LIMIT_NAME_MAX_CHARS {
+            return Err(LimitsError::OutOfRange {
+                field: field.to_owned(),
+                value: format!("a name of {chars} characters"),
+                range: format!("1..={} characters", limits::AGENT_LIMIT_NAME_MAX_CHARS),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Why limits were refused (the CLI's `--limits`, or a library caller's).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitsError {
+    /// The overrides are not a JSON object.
+    #[error("limits overrides must be a JSON object")]
+    NotAnObject,
+    /// A key that does not exist, or a value of the wrong type.
+    #[error("{field}: {detail}")]
+    Invalid {
+        /// The key.
+        field: String,
+        /// The decoder's reason.
+        detail: String,
+    },
+    /// A value outside its documented range (`engine::limits`).
+    #[error("{field} = {value} is out of range ({range})")]
+    OutOfRange {
+        /// The key (with the tool or model, for per-name limits).
+        field: String,
+        /// The value refused.
+        value: String,
+        /// The range accepted.
+        range: String,
+    },
 }
 
 /// The price of one model, in integer minor units per million tokens.
@@ -119,6 +228,13 @@ impl PriceTable {
                 .saturating_add(part(output_tokens, price.output_minor_per_mtok)),
         )
     }
+
+    /// The most a call of `input_tokens` in and `output_tokens` out can cost at any price of
+    /// the table: what a call is reserved at before the model that answers is known. `None`
+    /// for an empty table (such a call cannot be bounded).
+    pub fn ceiling_minor(&self, input_tokens: u64, output_tokens: u64) -> Option<i64> {
+        self.0.keys().filter_map(|model| self.cost_minor(model, input_tokens, output_tokens)).max()
+    }
 }
 
 #[cfg(test)]
@@ -146,6 +262,22 @@ mod tests {
     }
 
     #[test]
+    fn every_bound_has_a_range_and_an_error_names_its_key() {
+        let base = AgentLimits::default();
+        assert_eq!(base.validate(), Ok(()), "the defaults are in range");
+        for (overrides, field) in [
+            (json!({"deadline_ms": u64::MAX}), "deadline_ms"),
+            (json!({"model_calls_max": -1}), "model_calls_max"),
+            (json!({"cost_minor_max": -1}), "cost_minor_max"),
+            (json!({"output_tokens_per_call": 0}), "output_tokens_per_call"),
+            (json!({"tool_calls_per_tool_max": {"": 1}}), "tool_calls_per_tool_max"),
+        ] {
+            let error = base.overridden_by(&overrides).expect_err("out of range").to_string();
+            assert!(error.starts_with(field), "{overrides}: {error}");
+        }
+    }
+
+    #[test]
     fn cost_rounds_up_and_unknown_models_have_no_price() {
         let mut table = PriceTable::default();
         table.0.insert("m".into(), ModelPrice { input_minor_per_mtok: 300, output_minor_per_mtok: 1_500 });
@@ -153,5 +285,8 @@ mod tests {
         assert_eq!(table.cost_minor("m", 1, 1), Some(2));
         assert_eq!(table.cost_minor("m", 0, 0), Some(0));
         assert_eq!(table.cost_minor("other", 1, 1), None);
+        table.0.insert("dear".into(), ModelPrice { input_minor_per_mtok: 3_000, output_minor_per_mtok: 0 });
+        assert_eq!(table.ceiling_minor(1_000_000, 0), Some(3_000), "the dearest price bounds a call");
+        assert_eq!(PriceTable::default().ceiling_minor(1, 1), None);
     }
 }

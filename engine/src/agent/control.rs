@@ -54,10 +54,14 @@ impl Timer for ManualTimer {
     }
 }
 
-/// The caller's cancellation: cheap to clone, set once.
+/// The caller's stop: cheap to clone, set once. Two kinds: [`Cancellation::cancel`] (ctrl-c:
+/// the run stops `cancelled` at once, every race in progress ends) and
+/// [`Cancellation::terminate`] (SIGTERM: a graceful stop — the step in progress finishes and
+/// is recorded, then the run pauses, resumable, with nothing else recorded).
 #[derive(Clone, Debug, Default)]
 pub struct Cancellation {
     inner: Arc<(AtomicBool, Notify)>,
+    terminating: Arc<AtomicBool>,
 }
 
 impl Cancellation {
@@ -75,6 +79,16 @@ impl Cancellation {
     /// True once cancelled.
     pub fn is_cancelled(&self) -> bool {
         self.inner.0.load(Ordering::SeqCst)
+    }
+
+    /// Asks for a graceful stop: no new step starts; the one in progress is not cut.
+    pub fn terminate(&self) {
+        self.terminating.store(true, Ordering::SeqCst);
+    }
+
+    /// True once a graceful stop was asked for.
+    pub fn is_terminating(&self) -> bool {
+        self.terminating.load(Ordering::SeqCst)
     }
 
     /// Resolves once cancelled.

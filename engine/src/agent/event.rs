@@ -52,6 +52,9 @@ pub enum CorrectionCode {
     TruncatedArguments,
     /// JSON that does not bind to the strict schema (unknown property, wrong type, missing field).
     InvalidArguments,
+    /// Several tool calls of one answer share a call id: results are matched to calls by id,
+    /// so none of the answer's calls is executed (a protocol error, never a silent drop).
+    ReusedCallId,
 }
 
 impl CorrectionCode {
@@ -61,6 +64,7 @@ impl CorrectionCode {
             Self::MalformedArguments => "malformed_arguments",
             Self::TruncatedArguments => "truncated_arguments",
             Self::InvalidArguments => "invalid_arguments",
+            Self::ReusedCallId => "reused_call_id",
         }
     }
 }
@@ -79,6 +83,20 @@ pub enum ToolOutcome {
     Interrupted,
     /// The call never reached the body (unknown tool, schema, invariant, gate, approval).
     Refused,
+}
+
+/// What a model call holds against the run's budgets from its reservation until its answer
+/// settles it from `usage`: the request's size as an input-token bound, its output-token cap,
+/// and their cost at the dearest price of the run's table. A call whose answer is lost (a
+/// crash, a failure, an answer too large to keep) keeps its hold: it may have been billed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallHold {
+    /// Input tokens held: the request's size in bytes (every token covers at least one).
+    pub input_tokens: u64,
+    /// Output tokens held: the request's output cap.
+    pub output_tokens: u64,
+    /// Cost held, minor units; `None` when the price table is empty (the call is unbounded).
+    pub cost_minor: Option<i64>,
 }
 
 /// One durable fact of an agent run.
@@ -105,11 +123,19 @@ pub enum AgentEvent {
         system: String,
         /// The user's request.
         prompt: String,
+        /// Fingerprint of the script the transport replays (a transcript), when it replays
+        /// one: a resume with another script stops `nondeterministic_replay`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
     },
     /// A model call was reserved; the transport is called after this is durable.
     ModelCallReserved {
         /// 1-based call number.
         call: u32,
+        /// What the call holds until its answer settles it (absent in runs written before
+        /// calls held anything).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hold: Option<CallHold>,
     },
     /// A model answer was received and recorded; it is never requested again.
     ModelAnswerRecorded {
@@ -283,6 +309,8 @@ pub struct RunHeader {
     pub system: String,
     /// User request.
     pub prompt: String,
+    /// Fingerprint of the script the run started with.
+    pub script: Option<String>,
 }
 
 /// One recorded tool result.
@@ -367,14 +395,18 @@ pub struct AgentState {
     pub schema_corrections: u32,
     /// Calls refused after binding.
     pub refusals: u32,
-    /// Input tokens reported.
+    /// Input tokens of the answered calls (a count the vendor did not give is the call's hold).
     pub input_tokens: u64,
-    /// Output tokens reported.
+    /// Output tokens of the answered calls (likewise).
     pub output_tokens: u64,
-    /// Model cost, minor units.
+    /// Cost of the answered calls, minor units (an unpriced answer counts its hold).
     pub cost_minor: i64,
     /// Answers from models without a price.
     pub unpriced_answers: u32,
+    /// Answers whose usage was unknown (absent or invalid), in either count.
+    pub unknown_usage_answers: u32,
+    /// Holds of the calls not settled by an answer: in flight, failed, or lost to a crash.
+    pub holds: BTreeMap<u32, CallHold>,
     /// Consecutive turns without progress.
     pub without_progress: u32,
     /// Every recorded answer with its results.
@@ -443,6 +475,7 @@ impl AgentState {
                 tools,
                 system,
                 prompt,
+                script,
             } => {
                 ensure!(self.header.is_none(), "agent journal position {position}: a second AgentRunStarted");
                 self.header = Some(RunHeader {
@@ -455,15 +488,19 @@ impl AgentState {
                     tools: tools.clone(),
                     system: system.clone(),
                     prompt: prompt.clone(),
+                    script: script.clone(),
                 });
             }
-            AgentEvent::ModelCallReserved { call } => {
+            AgentEvent::ModelCallReserved { call, hold } => {
                 ensure!(*call == self.model_calls + 1, "agent journal position {position}: model call out of order");
                 ensure!(
                     self.turns.last().is_none_or(|t| t.ended || t.response.tool_calls().is_empty()),
                     "agent journal position {position}: model call reserved while a turn is open"
                 );
                 self.model_calls = *call;
+                if let Some(hold) = hold {
+                    self.holds.insert(*call, *hold);
+                }
                 self.push_control("model_call", "model", u64::from(*call));
             }
             AgentEvent::ModelAnswerRecorded { call, response, cost_minor } => {
@@ -473,11 +510,21 @@ impl AgentState {
                     "agent journal position {position}: second answer to call {call}"
                 );
                 self.answers += 1;
-                self.input_tokens = self.input_tokens.saturating_add(response.usage.input_tokens);
-                self.output_tokens = self.output_tokens.saturating_add(response.usage.output_tokens);
+                // The answer settles the call's hold; what the vendor did not tell stays held.
+                let held = self.holds.remove(call).unwrap_or_default();
+                let usage = response.usage;
+                self.input_tokens = self.input_tokens.saturating_add(usage.input_tokens.unwrap_or(held.input_tokens));
+                self.output_tokens =
+                    self.output_tokens.saturating_add(usage.output_tokens.unwrap_or(held.output_tokens));
+                if usage.is_unknown() {
+                    self.unknown_usage_answers += 1;
+                }
                 match cost_minor {
                     Some(cost) => self.cost_minor = self.cost_minor.saturating_add(*cost),
-                    None => self.unpriced_answers += 1,
+                    None => {
+                        self.unpriced_answers += 1;
+                        self.cost_minor = self.cost_minor.saturating_add(held.cost_minor.unwrap_or(0));
+                    }
                 }
                 self.turns.push(Turn {
                     call: *call,
@@ -571,8 +618,9 @@ impl AgentState {
             }
             AgentEvent::RunStopped { status, subject, count, detail, text } => {
                 ensure!(
-                    *status != AgentStatus::AwaitingApproval,
-                    "agent journal position {position}: awaiting_approval is a suspension, not a stop"
+                    !matches!(status, AgentStatus::AwaitingApproval | AgentStatus::Terminated),
+                    "agent journal position {position}: {} is a pause, not a stop",
+                    status.as_str()
                 );
                 if status.is_controlled_stop() {
                     self.push_control(status.as_str(), subject, *count);
@@ -625,6 +673,21 @@ impl AgentState {
         Ok(())
     }
 
+    /// Input tokens spent and held: the answered calls' plus every unsettled hold.
+    pub fn input_tokens_committed(&self) -> u64 {
+        self.holds.values().fold(self.input_tokens, |sum, h| sum.saturating_add(h.input_tokens))
+    }
+
+    /// Output tokens spent and held.
+    pub fn output_tokens_committed(&self) -> u64 {
+        self.holds.values().fold(self.output_tokens, |sum, h| sum.saturating_add(h.output_tokens))
+    }
+
+    /// Cost spent and held, minor units: what the run may already owe its model vendor.
+    pub fn cost_committed_minor(&self) -> i64 {
+        self.holds.values().fold(self.cost_minor, |sum, h| sum.saturating_add(h.cost_minor.unwrap_or(0)))
+    }
+
     /// The last turn, when it still has tool calls to answer or has not been closed.
     pub fn open_turn_ref(&self) -> Option<&Turn> {
         self.turns.last().filter(|t| !t.ended && !t.response.tool_calls().is_empty())
@@ -645,6 +708,12 @@ impl AgentState {
     pub fn messages(&self) -> Vec<Message> {
         let mut messages = vec![Message::User { text: self.header().prompt.clone() }];
         for turn in &self.turns {
+            if !turn.response.reused_call_ids().is_empty() {
+                // Refused whole: replaying calls that share an id would be refused by the
+                // vendor too, so the model reads its text and why none of its calls ran.
+                messages.extend(refused_answer(turn));
+                continue;
+            }
             messages.push(Message::Assistant { content: turn.response.content.clone() });
             let calls = turn.response.tool_calls();
             if calls.is_empty() {
@@ -679,6 +748,22 @@ impl AgentState {
         })
     }
 
+    /// What a run paused by a graceful stop reports (nothing is recorded).
+    pub fn terminated(&self) -> RunOutcome {
+        RunOutcome {
+            status: AgentStatus::Terminated,
+            model_calls: self.model_calls,
+            tool_calls: self.tool_calls,
+            events: self.control.clone(),
+            text: None,
+            detail: Some(format!(
+                "stopped by SIGTERM between two steps; every step is recorded: keel agent resume {} continues it",
+                self.header().run_id
+            )),
+            awaiting_approval: None,
+        }
+    }
+
     /// The wait of `call_id` for a human decision, if it ever waited.
     pub fn approval_wait(&self, call_id: &str) -> Option<&ApprovalWait> {
         self.approval_waits.get(call_id)
@@ -707,4 +792,15 @@ impl AgentState {
         let has_text = turn.response.content.iter().any(|b| matches!(b, ResponseBlock::Text { .. }));
         has_text.then(|| turn.response.text())
     }
+}
+
+/// How an answer refused for reusing call ids is replayed: its text, then the refusal.
+fn refused_answer(turn: &Turn) -> [Message; 2] {
+    let mut content: Vec<ResponseBlock> =
+        turn.response.content.iter().filter(|b| matches!(b, ResponseBlock::Text { .. })).cloned().collect();
+    if content.is_empty() {
+        content.push(ResponseBlock::Text { text: "(tool calls that reused call ids)".into() });
+    }
+    let refusals: Vec<&str> = turn.results.iter().map(|r| r.content.as_str()).collect();
+    [Message::Assistant { content }, Message::User { text: refusals.join("\n") }]
 }

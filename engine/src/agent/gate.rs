@@ -3,8 +3,9 @@
 //! Owns [`EffectGate`] (guard steps 8 and 9) and its plain-data requests and answers. A tool
 //! whose effect class is `mutation` or `irreversible` declares how its bound arguments map
 //! to an [`EffectIntent`]; the guard asks the gate to reserve it (key + fingerprint, with the
-//! cumulative invariants checked in the same transaction), asks for approval when the tool's
-//! policy requires it (bound to the fingerprint, expiring), runs the body with the
+//! cumulative invariants checked in the same transaction) with the tool's approval policy,
+//! asks for approval when the reservation requires it — the tool's policy or the spine's
+//! threshold, the stricter wins (bound to the fingerprint, expiring), runs the body with the
 //! [`EffectTicket`], and reports the body's [`EffectOutcome`] to the gate. The spine's intent
 //! lifecycle is the real implementation; tests use an in-memory fake.
 
@@ -52,6 +53,10 @@ pub struct EffectTicket {
     pub key: String,
     /// The payload fingerprint the reservation (and any approval) is bound to.
     pub fingerprint: String,
+    /// The reserved intent waits for a human: the tool's approval policy asked for it, or
+    /// the spine's approval threshold does. Guard step 9 asks the gate whenever this is set,
+    /// so neither source of truth can let the other skip a human.
+    pub approval_required: bool,
 }
 
 /// The gate's answer to a reservation.
@@ -116,7 +121,15 @@ pub enum EffectOutcome {
 /// Guard steps 8 (intent reservation) and 9 (approval), implemented by the spine.
 pub trait EffectGate: Send + Sync {
     /// Reserves key + fingerprint (+ money, + cumulative invariants) for `run_id`.
-    fn reserve<'a>(&'a self, run_id: &'a str, intent: &'a EffectIntent) -> BoxFuture<'a, GateDecision>;
+    /// `approval_required` is the tool's policy for this call; the reservation requires a
+    /// human when it, or the spine's own rule, says so (the stricter wins), and its ticket
+    /// says which.
+    fn reserve<'a>(
+        &'a self,
+        run_id: &'a str,
+        intent: &'a EffectIntent,
+        approval_required: bool,
+    ) -> BoxFuture<'a, GateDecision>;
     /// Checks for a valid approval bound to `ticket.fingerprint`.
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision>;
     /// Records how the body's effect ended (validated / declined / unknown).

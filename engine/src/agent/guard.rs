@@ -10,7 +10,8 @@
 //! 6. tool budget, total and per tool → else the run stops `tool_budget`
 //! 7. repetition budget by canonical signature → else the run stops `repeated_call`
 //! 8. intent reservation (effect tools, through [`EffectGate`])
-//! 9. approval (tools whose policy requires it, through [`EffectGate`]) → pending: the run
+//! 9. approval (when the tool's policy or the spine's threshold requires it, whichever is
+//!    stricter: the reservation's ticket says so, through [`EffectGate`]) → pending: the run
 //!    suspends `awaiting_approval` with the call reserved and no result; denied: error result
 //! 10. execute, raced against the deadline and the caller's cancellation
 //! 11. classify the result and record it
@@ -25,7 +26,7 @@
 
 use super::AgentError;
 use super::control::{Cancellation, Raced, Timer, race};
-use super::event::{AgentEvent, AgentState, ToolOutcome};
+use super::event::{AgentEvent, AgentState, CorrectionCode, ToolOutcome};
 use super::gate::{ApprovalDecision, EffectGate, EffectOutcome, GateDecision};
 use super::journal::AgentJournal;
 use super::model::ToolCall;
@@ -251,6 +252,68 @@ pub fn decide(
     }))
 }
 
+/// An answer whose tool calls share an id cannot be answered call by call (results are
+/// matched by id): before any of its calls reaches steps 1–11, each distinct id gets one
+/// refusal — a schema correction for a reused id (past the budget the run stops
+/// `schema_budget`), `answer_refused` for the others — so none runs and none is dropped
+/// silently. `None` for any other turn, and once the turn has a result or a reservation.
+pub(crate) fn refuse_reused_ids(state: &AgentState) -> Option<Vec<AgentEvent>> {
+    let turn = state.open_turn_ref().filter(|t| t.results.is_empty() && t.reserved.is_empty())?;
+    let reused = turn.response.reused_call_ids();
+    if reused.is_empty() {
+        return None;
+    }
+    let limits = &state.header().limits;
+    let mut corrections = state.schema_corrections;
+    let mut events = Vec::new();
+    let mut answered: Vec<&str> = Vec::new();
+    let calls = turn.response.tool_calls();
+    for call in &calls {
+        if answered.contains(&call.id.as_str()) {
+            continue;
+        }
+        answered.push(&call.id);
+        let tool: String = call.name.chars().take(limits::AGENT_TOOL_NAME_MAX_CHARS).collect();
+        if !reused.contains(&call.id) {
+            events.push(AgentEvent::ToolCallRefused {
+                call_id: call.id.clone(),
+                tool,
+                code: "answer_refused".into(),
+                message: format!(
+                    "not executed: other tool calls of this answer reuse a call id ({}). Propose this call again \
+                     if it is still needed.",
+                    reused.join(", ")
+                ),
+            });
+            continue;
+        }
+        if corrections >= limits.schema_corrections_max {
+            events.push(AgentEvent::RunStopped {
+                status: AgentStatus::SchemaBudget,
+                subject: tool,
+                count: u64::from(corrections),
+                detail: Some("a reused call id past the schema-correction budget".into()),
+                text: None,
+            });
+            return Some(events);
+        }
+        corrections += 1;
+        let sharing = calls.iter().filter(|c| c.id == call.id).count();
+        events.push(AgentEvent::SchemaCorrectionCounted {
+            call_id: call.id.clone(),
+            tool,
+            code: CorrectionCode::ReusedCallId,
+            count: corrections,
+            message: format!(
+                "protocol error: {sharing} tool calls of this answer use the id {:?}; results are matched by id, so \
+                 none of this answer's calls was executed. Propose them again, each with its own id.",
+                call.id
+            ),
+        });
+    }
+    Some(events)
+}
+
 /// What [`Registry::invoke`] left behind.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Invoked {
@@ -341,7 +404,7 @@ impl Registry {
                 return Ok(Invoked::Recorded);
             };
             let run_id = scope.state().header().run_id.clone();
-            let reserved = match gate.reserve(&run_id, intent).await {
+            let reserved = match gate.reserve(&run_id, intent, approval.requires(intent.amount_minor)).await {
                 GateDecision::Proceed(reserved) => reserved,
                 GateDecision::Deduplicated { content } => {
                     scope
@@ -361,7 +424,9 @@ impl Registry {
                     return Ok(Invoked::Recorded);
                 }
             };
-            if approval.requires(intent.amount_minor) {
+            // The reservation's own flag, not the policy alone: the spine's threshold may ask
+            // for a human where the tool's policy does not.
+            if reserved.approval_required {
                 match gate.approval(&reserved, intent).await {
                     ApprovalDecision::Approved => end_wait(scope, &call.id).await?,
                     ApprovalDecision::Denied { reason } => {
@@ -387,15 +452,19 @@ impl Registry {
         let output = match raced {
             Raced::Done(output) => output,
             Raced::Deadline | Raced::Cancelled => {
-                let status = if effect != EffectClass::Read {
-                    AgentStatus::OutcomeUnknown
-                } else if matches!(raced, Raced::Cancelled) {
-                    AgentStatus::Cancelled
-                } else {
-                    AgentStatus::DeadlineExceeded
+                // The caller's interrupt is the run's status (exit 130); an effect it cut short
+                // is left ambiguous for reconciliation, never cancelled while it may have landed.
+                let status = match raced {
+                    Raced::Cancelled => AgentStatus::Cancelled,
+                    _ if effect != EffectClass::Read => AgentStatus::OutcomeUnknown,
+                    _ => AgentStatus::DeadlineExceeded,
                 };
                 if let (Some(gate), Some(reserved)) = (env.gate, &ticket) {
-                    gate.settle(reserved, &EffectOutcome::Unknown { detail: "interrupted".into() }).await;
+                    let detail = match raced {
+                        Raced::Cancelled => "the caller interrupted the run while the attempt was in flight",
+                        _ => "the run's deadline passed while the attempt was in flight",
+                    };
+                    gate.settle(reserved, &EffectOutcome::Unknown { detail: detail.into() }).await;
                 }
                 scope
                     .record(vec![

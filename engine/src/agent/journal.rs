@@ -202,6 +202,7 @@ mod tests {
             tools: Vec::new(),
             system: String::new(),
             prompt: "p".into(),
+            script: None,
         }
     }
 
@@ -240,7 +241,10 @@ mod tests {
         let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
         let log = Arc::new(MemoryLog::new(clock).with_probe(Arc::new(DeadOwner(1))));
         let first = journal_of(&log, true, process(1));
-        first.append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1 }]).await.expect("appends");
+        first
+            .append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1, hold: None }])
+            .await
+            .expect("appends");
 
         // Process 2 claims the run: the host proves process 1 dead.
         let second = process(2);
@@ -278,10 +282,13 @@ mod tests {
         let refused = journal(&log, false).append(vec![started("r1")]).await;
         assert!(refused.is_err(), "a new run needs its RunStarted input and limits");
         let journal = journal(&log, true);
-        let impossible = journal.append(vec![AgentEvent::ModelCallReserved { call: 1 }]).await;
+        let impossible = journal.append(vec![AgentEvent::ModelCallReserved { call: 1, hold: None }]).await;
         assert!(impossible.is_err(), "a new run starts with AgentRunStarted");
-        journal.append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1 }]).await.expect("appends");
-        let out_of_order = journal.append(vec![AgentEvent::ModelCallReserved { call: 3 }]).await;
+        journal
+            .append(vec![started("r1"), AgentEvent::ModelCallReserved { call: 1, hold: None }])
+            .await
+            .expect("appends");
+        let out_of_order = journal.append(vec![AgentEvent::ModelCallReserved { call: 3, hold: None }]).await;
         assert!(out_of_order.is_err(), "an impossible fact is refused, nothing written");
         assert_eq!(journal.load().await.expect("loads").len(), 2);
         let stop = AgentEvent::RunStopped {
@@ -296,7 +303,7 @@ mod tests {
         assert_eq!(types, ["RunStarted", "AgentRecorded", "AgentRecorded", "AgentRecorded", "RunFinished"]);
         let finished = log.events().into_iter().last().map(|e| e.event);
         assert!(matches!(finished, Some(Event::RunFinished { status: crate::event::RunStatus::ModelBudget, .. })));
-        let late = journal.append(vec![AgentEvent::ModelCallReserved { call: 2 }]).await;
+        let late = journal.append(vec![AgentEvent::ModelCallReserved { call: 2, hold: None }]).await;
         assert!(late.is_err(), "nothing is appended to a finished run");
     }
 }

@@ -26,9 +26,9 @@ pub mod outcome;
 pub mod registry;
 pub mod run_loop;
 
-pub use budget::{AgentLimits, ModelPrice, PriceTable};
+pub use budget::{AgentLimits, LimitsError, ModelPrice, PriceTable};
 pub use control::{Cancellation, ManualTimer, Timer};
-pub use event::{AgentEvent, AgentState, CorrectionCode, ToolOutcome};
+pub use event::{AgentEvent, AgentState, CallHold, CorrectionCode, ToolOutcome};
 pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
 pub use guard::{AgentEnv, GuardedScope, Invoked, Verdict, decide};
 pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal};
@@ -59,6 +59,9 @@ pub enum AgentError {
         /// The run found.
         found: String,
     },
+    /// A new run's limits are out of their documented ranges (nothing was written).
+    #[error("invalid limits: {0}")]
+    InvalidLimits(LimitsError),
     /// The tools (names, versions or schemas) differ from those the run started with.
     #[error("run {run_id}: the tool registry differs from the one the run started with")]
     RegistryChanged {

@@ -51,13 +51,25 @@ pub enum ResponseBlock {
     },
 }
 
-/// Tokens the vendor reports for one call.
+/// Tokens the vendor reports for one call. A count the vendor left out, or gave as anything
+/// but a non-negative integer (`-5`, `1e12`, `412.5`, `"412"`), is `None`: unknown, never 0.
+/// The loop then counts the call's reservation in its place and, under a token or cost
+/// limit, stops the run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     /// Input (prompt) tokens.
-    pub input_tokens: u64,
+    #[serde(default)]
+    pub input_tokens: Option<u64>,
     /// Output (completion) tokens.
-    pub output_tokens: u64,
+    #[serde(default)]
+    pub output_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// True when either count is unknown.
+    pub fn is_unknown(&self) -> bool {
+        self.input_tokens.is_none() || self.output_tokens.is_none()
+    }
 }
 
 /// One model answer, normalised.
@@ -100,6 +112,19 @@ impl ModelResponse {
             }
         }
         out
+    }
+
+    /// The call ids that more than one tool call of this answer uses, in first-use order.
+    /// Results are matched to calls by id, so such an answer cannot be answered call by call.
+    pub fn reused_call_ids(&self) -> Vec<String> {
+        let calls = self.tool_calls();
+        let mut reused: Vec<String> = Vec::new();
+        for (i, call) in calls.iter().enumerate() {
+            if calls[..i].iter().any(|c| c.id == call.id) && !reused.contains(&call.id) {
+                reused.push(call.id.clone());
+            }
+        }
+        reused
     }
 
     /// The tool calls, in order.
@@ -202,6 +227,14 @@ pub enum TransportError {
         /// What was wrong.
         detail: String,
     },
+    /// The answer is larger than a bound of Keel's: it was not read (or not kept) further.
+    #[error("model answer over {limit} ({max_bytes} bytes): refused unread")]
+    TooLarge {
+        /// The bound's name in `engine::limits`.
+        limit: &'static str,
+        /// Its value.
+        max_bytes: usize,
+    },
     /// A scripted transcript has no response left: a fixture bug, not a provider state.
     #[error("transcript exhausted: it holds {responses} responses and call {call} was requested")]
     TranscriptExhausted {
@@ -223,4 +256,12 @@ impl TransportError {
 pub trait ModelTransport: Send + Sync {
     /// Sends one request and returns the normalised answer.
     fn complete<'a>(&'a self, request: &'a ModelRequest) -> BoxFuture<'a, Result<ModelResponse, TransportError>>;
+
+    /// The fingerprint of the script this transport replays, when it replays one (a scripted
+    /// transcript). The run records it when it starts; a resume whose transport replays
+    /// another script stops the run `nondeterministic_replay` instead of mixing the answers
+    /// of two scripts. `None` for a live model.
+    fn script_fingerprint(&self) -> Option<String> {
+        None
+    }
 }

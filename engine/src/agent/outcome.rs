@@ -41,6 +41,17 @@ pub enum AgentStatus {
     OutcomeUnknown,
     /// The caller cancelled the run.
     Cancelled,
+    /// A model answer over one of Keel's size bounds (`MODEL_RESPONSE_MAX_BYTES`,
+    /// `AGENT_ANSWER_MAX_BYTES`, `AGENT_TOOL_CALLS_PER_ANSWER_MAX`, named in the detail): it
+    /// was not kept, the call stays counted, nothing of it ran.
+    AnswerTooLarge,
+    /// A resume replays another script than the one the run started with (an edited
+    /// transcript): mixing the answers of two scripts is never done silently.
+    NondeterministicReplay,
+    /// Not a stop: the process was asked to stop gracefully (SIGTERM) and paused the run
+    /// between two steps, every step so far recorded; `keel agent resume` continues it.
+    /// Never recorded.
+    Terminated,
     /// Not a stop: the run is suspended on an effect call reserved without a result until a
     /// human approves (`keel approve KEY --by NAME`) or denies its intent; `keel agent resume`
     /// continues it. Never recorded: `AgentState::try_apply` refuses it in `RunStopped`.
@@ -66,7 +77,10 @@ impl AgentStatus {
             Self::ProviderUnavailable => "provider_unavailable",
             Self::OutcomeUnknown => "outcome_unknown",
             Self::Cancelled => "cancelled",
+            Self::AnswerTooLarge => "answer_too_large",
+            Self::NondeterministicReplay => "nondeterministic_replay",
             Self::AwaitingApproval => "awaiting_approval",
+            Self::Terminated => "terminated",
         }
     }
 
@@ -89,8 +103,10 @@ impl AgentStatus {
             Self::ProviderUnavailable => R::ProviderUnavailable,
             Self::OutcomeUnknown => R::OutcomeUnknown,
             Self::Cancelled => R::Cancelled,
-            Self::AwaitingApproval => {
-                unreachable!("awaiting_approval suspends a run, it never finishes one: try_apply refuses it")
+            Self::AnswerTooLarge => R::AnswerTooLarge,
+            Self::NondeterministicReplay => R::NondeterministicReplay,
+            Self::AwaitingApproval | Self::Terminated => {
+                unreachable!("a suspension or a pause never finishes a run: try_apply refuses it")
             }
         }
     }
@@ -98,16 +114,46 @@ impl AgentStatus {
     /// True for every controlled stop (everything but `completed`, `incomplete` and the
     /// `awaiting_approval` suspension).
     pub fn is_controlled_stop(&self) -> bool {
-        !matches!(self, Self::Completed | Self::Incomplete | Self::AwaitingApproval)
+        !matches!(self, Self::Completed | Self::Incomplete | Self::AwaitingApproval | Self::Terminated)
     }
 
-    /// The process exit code (SPEC): 0 completed, 130 cancelled by the caller, 2 any other
-    /// controlled stop, incomplete, or a suspension awaiting approval. Internal errors (exit 1) are not statuses: they are
-    /// the `Err` of the run.
+    /// True for a stop that only says the model wanted more (a guard or budget stop, a
+    /// truncated, refused or failed call): once the host's completion condition holds, the
+    /// run ends `completed` instead. `cancelled` (the caller's word), `outcome_unknown` (an
+    /// ambiguous effect) and `nondeterministic_replay` (facts that no longer agree) say
+    /// something about the world and never yield.
+    pub fn yields_to_completion(&self) -> bool {
+        match self {
+            Self::Incomplete
+            | Self::PermissionDenied
+            | Self::RepeatedCall
+            | Self::ToolBudget
+            | Self::ModelBudget
+            | Self::TokenBudget
+            | Self::CostBudget
+            | Self::SchemaBudget
+            | Self::DeadlineExceeded
+            | Self::NoProgress
+            | Self::Truncated
+            | Self::ProviderUnavailable
+            | Self::AnswerTooLarge => true,
+            Self::Completed
+            | Self::Cancelled
+            | Self::OutcomeUnknown
+            | Self::NondeterministicReplay
+            | Self::AwaitingApproval
+            | Self::Terminated => false,
+        }
+    }
+
+    /// The process exit code (SPEC): 0 completed, 130 cancelled by the caller, 143 paused by
+    /// SIGTERM (resumable), 2 any other controlled stop, incomplete, or a suspension awaiting
+    /// approval. Internal errors (exit 1) are not statuses: they are the `Err` of the run.
     pub fn exit_code(&self) -> i32 {
         match self {
             Self::Completed => 0,
             Self::Cancelled => 130,
+            Self::Terminated => 143,
             _ => 2,
         }
     }

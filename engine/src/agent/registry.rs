@@ -14,7 +14,7 @@
 use super::event::{CorrectionCode, ToolStamp};
 use super::gate::{EffectIntent, EffectOutcome, EffectTicket};
 use super::model::ToolDescriptor;
-use crate::canonical;
+use crate::canonical::{self, StrictJsonErrorKind};
 use crate::limits;
 use crate::provider::BoxFuture;
 use serde::Serialize;
@@ -344,9 +344,12 @@ impl Entry {
                 ),
             ));
         }
-        let value: Value = match serde_json::from_str(raw) {
+        // The strict reader: a duplicate key (which one would bind?), a number that is not
+        // exactly an integer yet reads as one (41.99999999999999999 is not 42) or too deep a
+        // nesting is a correction the model may make, never a guess.
+        let value: Value = match canonical::parse_strict(raw) {
             Ok(value) => value,
-            Err(e) if e.is_eof() => {
+            Err(e) if e.kind == StrictJsonErrorKind::UnexpectedEnd => {
                 return Err((
                     CorrectionCode::TruncatedArguments,
                     format!(
@@ -354,10 +357,16 @@ impl Entry {
                     ),
                 ));
             }
-            Err(e) => {
+            Err(e) if matches!(e.kind, StrictJsonErrorKind::Syntax(_)) => {
                 return Err((
                     CorrectionCode::MalformedArguments,
                     format!("protocol error for {name}: the arguments are not valid JSON ({e}); nothing was executed."),
+                ));
+            }
+            Err(e) => {
+                return Err((
+                    CorrectionCode::InvalidArguments,
+                    format!("invalid arguments for {name}: {e}. Nothing was executed; send them again, exactly."),
                 ));
             }
         };

@@ -49,6 +49,7 @@ fn attempting() -> MemoryLog {
             consistency_window_ms: 0,
             request_timeout_ms: 0,
         },
+        approval_required: false,
     };
     let start = RunStart {
         run_id: run(),

@@ -108,6 +108,7 @@ pub fn charge(id: &str, amount_minor: i64) -> IntentSpec {
             payload,
         },
         capability: capability(),
+        approval_required: false,
     }
 }
 
