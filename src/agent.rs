@@ -40,13 +40,12 @@ use adapters::model::scripted::{ScriptedTransport, Transcript};
 use adapters::model::{BoxTransport, TokioTimer};
 use anyhow::Context as _;
 use engine::agent::{
-    AgentEnv, AgentJournal, AgentLimits, AgentState, Cancellation, LogJournal, ModelRequest, ModelResponse,
-    ModelTransport, RunOutcome, TransportError,
+    AgentEnv, AgentEvent, AgentJournal, AgentLimits, AgentState, Cancellation, LogJournal, ModelRequest, ModelResponse,
+    ModelTransport, NewRun, RunOutcome, TransportError,
 };
 use engine::clock::Clock;
 use engine::event::{Cause, RunId, RunLimits};
 use engine::intent_gate::IntentGate;
-use engine::ledger::AgentRunStart;
 use engine::log::EventLog;
 use engine::provider::{BoxFuture, Secret};
 use serde_json::{Value, json};
@@ -294,17 +293,22 @@ pub async fn dispatch(
                 return Ok(out.usage_error(&format!("{} does not exist", db.display())));
             }
             let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-            let ledger = reader.ledger()?;
             let run_id = RunId::new(run_id);
-            let Some(run) = ledger.run(&run_id).filter(|r| r.is_agent()) else {
+            let Some(history) = reader.history(&run_id)?.filter(|h| h.run.is_agent()) else {
                 return Ok(out.usage_error(&format!("no agent run {run_id} in {}", db.display())));
             };
-            let workflow = run.workflow.trim_start_matches(engine::ledger::AGENT_WORKFLOW_PREFIX).to_owned();
-            let script = match Script::from_input(&workflow, &run.input) {
+            let workflow = history.run.workflow.trim_start_matches(engine::ledger::AGENT_WORKFLOW_PREFIX).to_owned();
+            let script = match Script::from_input(&workflow, &history.input) {
                 Ok(script) => script,
                 Err(message) => return Ok(out.usage_error(&format!("run {run_id}: {message}"))),
             };
-            let header = run.agent.header();
+            let facts: Result<Vec<AgentEvent>, _> =
+                history.agent_entries.into_iter().map(serde_json::from_value).collect();
+            let facts = facts.with_context(|| format!("run {run_id}: its agent facts do not decode"))?;
+            let state = AgentState::from_events(&facts);
+            let Some(header) = state.header.as_ref() else {
+                return Ok(out.usage_error(&format!("run {run_id} never started its agent loop")));
+            };
             Plan { limits: header.limits.clone(), capabilities: header.capabilities.clone(), run_id, workflow, script }
         }
     };
@@ -344,7 +348,7 @@ pub async fn dispatch(
         }
     }
     let limits = if gate.is_some() { support_agent::spine_limits() } else { RunLimits::default() };
-    let start = AgentRunStart { input: plan.script.input(), limits, owner: Some(lessee.owner().clone()) };
+    let start = NewRun { input: plan.script.input(), limits };
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), cause.clone(), Some(start), lessee.clone());
     let recorded = AgentState::from_events(&journal.load().await?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());

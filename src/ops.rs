@@ -11,7 +11,7 @@ use crate::{EffectArgs, LimitArgs, ProviderArgs, exit};
 use anyhow::Context as _;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::executor::{IntentOutcome, RunRequest};
-use engine::ledger::{Action, Command, Intent, IntentStatus, Refusal, Reply};
+use engine::ledger::{Action, Command, Intent, IntentStatus, Reply};
 use engine::log::{EventLog, LogError};
 use serde_json::{Map, Value, json};
 use std::io::Read as _;
@@ -149,8 +149,7 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         Err(message) => return Ok(out.usage_error(&message)),
     };
     let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-    let ledger = reader.ledger()?;
-    let Some(intent) = ledger.intent(&key) else {
+    let Some(intent) = reader.intent_state(&key)? else {
         return Ok(out.refused(&format!("no intent with key {key}")));
     };
     let events = reader.stream(&key.stream())?;
@@ -284,9 +283,7 @@ pub async fn operator(
     match result {
         Ok(Reply::Intent { intent, .. }) => print_decision(out, &intent),
         Ok(_) => anyhow::bail!("an operator command did not return its intent"),
-        Err(LogError::Refused(
-            refusal @ (Refusal::NotAllowed(_) | Refusal::UnknownIntent(_) | Refusal::Rejected { .. }),
-        )) => Ok(out.refused(&refusal.to_string())),
+        Err(LogError::Refused(refusal)) => Ok(out.refused(&refusal.to_string())),
         Err(other) => Err(other.into()),
     }
 }
@@ -333,7 +330,7 @@ pub async fn resolve(
     }
     if provider.url.is_none() {
         let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-        if reader.ledger()?.intent(&key).is_some_and(|intent| intent.capability.lookup) {
+        if reader.intent_state(&key)?.is_some_and(|intent| intent.capability.lookup) {
             return Ok(out.usage_error(&format!(
                 "intent {key}'s provider can look it up, so resolve checks with it first: pass --provider URL \
                  (or set KEEL_PROVIDER_URL)"

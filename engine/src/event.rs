@@ -12,8 +12,6 @@
 //! variants; new optional fields must default when absent. `fixtures/golden/` holds logs
 //! that must keep decoding and folding to the same state.
 
-use crate::agent::AgentEvent;
-use crate::lease::LeaseOwner;
 use crate::provider::{Capability, EffectKind, Evidence, UnknownReason};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -468,10 +466,6 @@ pub enum Event {
         deadline_at: DateTime<Utc>,
         /// The run's limits.
         limits: RunLimits,
-        /// The process that started the run, holding its lease first (fencing token 1).
-        /// Absent in logs written before leases.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        owner: Option<LeaseOwner>,
     },
     /// A run waited for a human (outside its working time): its deadline moved by the time
     /// waited.
@@ -666,14 +660,15 @@ pub enum Event {
         /// Why.
         reason: String,
     },
-    /// One fact of an agent run's journal (`engine::agent`), on the run's stream. The
-    /// ledger folds it onto the run; a `RunStopped` fact is followed, in the same commit, by
-    /// the run's `RunFinished`.
+    /// One fact of an agent run's journal, on the run's stream: the harness's own event,
+    /// opaque to the spine, which only checks its position in the run. What a batch means for
+    /// the run (its end, an approval window, a deadline moved) the harness asks in the same
+    /// commit, and the spine records it as its own events.
     AgentRecorded {
         /// The run.
         run_id: RunId,
-        /// The agent fact.
-        event: AgentEvent,
+        /// The agent fact, as the harness serialises it (`{"type": …, …}`).
+        event: Value,
     },
     /// The run waiting on this intent's approval opened its approval window: an approval is
     /// refused once it closes, and the intent is then released.

@@ -431,12 +431,12 @@ impl Context {
             // A signal can only be delivered to a run that exists: start it now.
             self.execute(Action::StartRun).await?;
         }
-        let run = match self.execute(Action::ObserveRun { run_id: self.run_id.clone() }).await? {
-            Reply::Run(run) => run,
-            _ => return Err(WorkflowError::Failed("observing a run did not return it".to_owned())),
+        let history = match self.execute(Action::LoadRun { run_id: self.run_id.clone() }).await? {
+            Reply::History(history) => history,
+            _ => return Err(WorkflowError::Failed("loading a run did not return its history".to_owned())),
         };
-        let consumed = run.journal.iter().filter(|entry| entry.name == step_name).count();
-        match run.signals.get(name).and_then(|delivered| delivered.get(consumed)) {
+        let consumed = history.journal.iter().filter(|entry| entry.name == step_name).count();
+        match history.signals.get(name).and_then(|delivered| delivered.get(consumed)) {
             Some(payload) => {
                 let payload = payload.clone();
                 self.execute(Action::RecordStep {
@@ -617,8 +617,7 @@ pub async fn reserve_for_run(
     let key = IntentKey::new(request.kind, &request.tenant, &request.intent_id);
     let position =
         match runtime.log.execute(Command::new(cause.clone(), Action::ObserveRun { run_id: run_id.clone() })).await? {
-            Reply::Run(run) => u32::try_from(run.journal.len())
-                .map_err(|_| WorkflowError::Failed(format!("run {run_id}: journal longer than u32")))?,
+            Reply::Run(run) => run.journal_len,
             _ => return Err(WorkflowError::Failed("observing a run did not return it".to_owned())),
         };
     let reserve = Command::new(
@@ -771,7 +770,7 @@ impl Driver<'_> {
                 IntentStatus::OutcomeUnknown if intent.capability.lookup => {
                     match self.reconcile_once(&intent, false).await {
                         Ok(next) => next,
-                        Err(LogError::Refused(refusal @ Refusal::NotAllowed(_))) => {
+                        Err(LogError::Refused(refusal)) if refusal.may_be_a_race() => {
                             self.raced(&intent, refusal).await?
                         }
                         Err(other) => return Err(other.into()),
@@ -794,10 +793,10 @@ impl Driver<'_> {
                         Err(LogError::Refused(Refusal::NetworkRetriesSpent { spent, .. })) => {
                             return Ok(IntentOutcome::unreachable(&intent, spent));
                         }
-                        Err(LogError::Refused(Refusal::NotAllowed(why))) if why.starts_with("deadline") => {
-                            return Err(WorkflowError::DeadlineExceeded(why));
+                        Err(LogError::Refused(refusal @ Refusal::DeadlineReserve { .. })) => {
+                            return Err(WorkflowError::DeadlineExceeded(refusal.to_string()));
                         }
-                        Err(LogError::Refused(refusal @ Refusal::NotAllowed(_))) => {
+                        Err(LogError::Refused(refusal)) if refusal.may_be_a_race() => {
                             self.raced(&intent, refusal).await?
                         }
                         Err(other) => return Err(other.into()),
@@ -1092,20 +1091,25 @@ impl Executor {
             Some(grant) => grant,
             None => claim_run(&*self.runtime.log, &self.runtime.lessee, &cause, &run.run_id).await?,
         };
+        let load = Command::new(cause.clone(), Action::LoadRun { run_id: run.run_id.clone() });
+        let history = match self.runtime.log.execute(load).await? {
+            Reply::History(history) => history,
+            _ => return Err(WorkflowError::Failed("loading a run did not return its history".to_owned())),
+        };
         let ctx = Context {
             runtime: self.runtime.clone(),
             run_id: run.run_id.clone(),
             workflow: run.workflow.clone(),
             pending_start: None,
-            journal: run.journal.clone(),
+            journal: history.journal.clone(),
             position: 0,
-            deadline_at: run.deadline_at,
+            deadline_at: history.run.deadline_at,
             secrets: BTreeMap::new(),
             cause: cause.clone(),
             failpoints: self.failpoints.clone(),
             lease: Some(lease.clone()),
         };
-        let outcome = self.drive_run(workflow_impl, ctx, run.input.clone()).await;
+        let outcome = self.drive_run(workflow_impl, ctx, history.input.clone()).await;
         // A finished run released its lease with its `RunFinished`; a suspended one is given
         // back here, so whoever continues it later can claim it.
         if self.runtime.lessee.grant(&run.run_id).is_some() {

@@ -1,6 +1,7 @@
 //! Keel's pure core: what happened, what it means, and what to do next.
 //!
 //! - [`event`] — the stored facts ([`event::Event`]) and their envelope; the hash chain.
+//! - [`append`] — the one append rule (encode, bound, number, chain) every log applies.
 //! - [`ledger`] — the fold of those facts ([`ledger::Ledger`]) and every decision taken
 //!   against it: reservation, attempts, outcomes, reconciliation, approvals, runs.
 //! - [`canonical`] — canonical JSON and payload fingerprints.
@@ -23,6 +24,7 @@
 //!            fingerprint(&json!({"currency": "EUR", "amount_minor": 4.9e3})));
 //! ```
 pub mod agent;
+pub mod append;
 pub mod canonical;
 pub mod clock;
 pub mod event;

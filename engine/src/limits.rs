@@ -130,6 +130,16 @@ pub const PROVIDER_WAIT_MAX_MS: u64 = 60 * 60 * 1_000;
 /// writer for long. Enforced by the executor's reconciliation pass.
 pub const RECONCILE_PASS_MAX: usize = 1_000;
 
+/// Unfinished runs one `keel resume` pass replays. A backlog larger than this is taken in
+/// several passes, so one pass's memory and time stay bounded. Enforced by the ledger's
+/// snapshot (`Action::Snapshot`).
+pub const RESUME_PASS_MAX: usize = 1_000;
+
+/// Attempts and lookups in flight one recovery command declares interrupted, in one commit.
+/// Ten thousand `OutcomeUnknown` events commit in well under a second; a larger backlog is
+/// recovered in several passes. Enforced by the ledger's `Recover`.
+pub const RECOVERY_PASS_MAX: usize = 10_000;
+
 /// Shortest piece of a secret `Secret::scrub` removes from the cut end of a text (an error
 /// excerpt cut in the middle of an echoed key or card token). Shorter pieces say nothing
 /// about the secret and would only blank ordinary words. Enforced by `Secret::scrub`.

@@ -5,8 +5,9 @@
 //! against; it must never be used where durability is promised. One mutex serialises every
 //! command, which is what the store's single writer does too.
 
+use crate::append::{Head, Sealed, seal};
 use crate::clock::Clock;
-use crate::event::{RunId, StoredEvent, chain_hash};
+use crate::event::{RunId, StoredEvent};
 use crate::lease::{ExpiryOnly, LeaseEffect, LeaseOwner, LeaseRow, LeaseView, Liveness, OwnerProbe};
 use crate::ledger::{Command, Ledger, Reply};
 use crate::log::{EventLog, LogError};
@@ -87,7 +88,9 @@ impl MemoryLog {
         let now = self.clock.now().trunc_subsecs(6);
         let mut state = self.lock();
         let State { ledger, events, leases } = &mut *state;
-        let decision = ledger.decide(command, now, &Leases { rows: leases, probe: &*self.probe })?;
+        let decision = crate::ledger::decide(&*ledger, &Leases { rows: leases, probe: &*self.probe }, command, now)?;
+        let head = Head { last_seq: ledger.last_seq(), last_hash: ledger.last_hash() };
+        let sealed = seal(decision.events, &command.cause, now, head, &mut |stream| ledger.stream_length(stream))?;
         for effect in decision.leases {
             match effect {
                 LeaseEffect::Hold { run_id, owner, token, expires_at } => {
@@ -100,19 +103,11 @@ impl MemoryLog {
                 }
             }
         }
-        let target = decision.target;
-        for event in decision.events {
-            let stream = event.stream();
-            let seq = ledger.last_seq() + 1;
-            let stream_seq = ledger.stream_length(&stream) + 1;
-            let prev_hash = ledger.last_hash().to_owned();
-            let hash = chain_hash(&prev_hash, seq, &stream, stream_seq, now, &command.cause, &event);
-            let stored =
-                StoredEvent { seq, stream, stream_seq, at: now, cause: command.cause.clone(), event, prev_hash, hash };
+        for Sealed { stored, .. } in sealed {
             ledger.apply(&stored);
             events.push(stored);
         }
-        Ok(ledger.reply_after(&target))
+        Ok(crate::ledger::reply_after(&*ledger, &decision.target))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

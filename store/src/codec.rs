@@ -175,7 +175,7 @@ pub(crate) fn fold_new_events(conn: &Connection, ledger: &mut Ledger) -> Result<
     scan_events(conn, ledger.last_seq(), |raw| {
         let stored = raw.decode_checked()?;
         check_follows(ledger, &stored)?;
-        ledger.apply(&stored);
+        ledger.try_apply(&stored).map_err(|e| Error::corrupt(e.seq, e.to_string()))?;
         folded += 1;
         Ok(())
     })?;

@@ -8,7 +8,7 @@
 
 use crate::codec::{format_time, to_i64};
 use engine::event::Source;
-use engine::ledger::{Intent, Ledger, Run};
+use engine::ledger::{Intent, Ledger, Run, View as _};
 use rusqlite::{Connection, params};
 use serde::Serialize;
 use std::sync::LazyLock;
@@ -278,8 +278,8 @@ impl RunRow {
             deadline_at: format_time(run.deadline_at),
             cost_committed_minor: ledger.run_cost_committed_minor(&run.run_id),
             cost_minor_max: run.limits.cost_minor_max,
-            intents: i64::try_from(run.intents.len()).expect("a run's intents fit in i64"),
-            journal_len: i64::try_from(run.journal.len()).expect("a run's journal fits in i64"),
+            intents: i64::try_from(ledger.run_intents(&run.run_id).len()).expect("a run's intents fit in i64"),
+            journal_len: i64::from(run.journal_len),
             last_seq: to_i64(run.last_seq),
         }
     }

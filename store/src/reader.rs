@@ -9,14 +9,12 @@ use crate::codec::{self, RawEvent, check_follows, recompute_hash};
 use crate::error::{Error, Result};
 use crate::projection::{INTENT_COLUMNS, IntentRow, RUN_COLUMNS, RunRow, first_difference, select_sql};
 use crate::schema;
-use crate::writer::panic_message;
 use engine::event::{GENESIS_HASH, IntentKey, RunId, StoredEvent, StreamId};
-use engine::ledger::Ledger;
+use engine::ledger::{Intent, Ledger, RunHistory};
 use rusqlite::{Connection, OptionalExtension};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 
 /// Mismatches [`Reader::verify`] lists before it stops listing (it still counts). The first
@@ -137,6 +135,33 @@ impl Reader {
     /// One stream's events, in stream order, each decoded and hash-checked.
     pub fn stream(&self, stream: &StreamId) -> Result<Vec<StoredEvent>> {
         codec::stream_events(&self.conn, stream)
+    }
+
+    /// One intent's state, folded from its own stream (hash-checked): what `keel show`
+    /// needs, read without anything else.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] when the stream does not decode, check or fold.
+    pub fn intent_state(&self, key: &IntentKey) -> Result<Option<Intent>> {
+        let events = self.stream(&key.stream())?;
+        if events.is_empty() {
+            return Ok(None);
+        }
+        engine::ledger::fold::intent(&events).map(Some).map_err(|e| Error::corrupt(e.seq, e.to_string()))
+    }
+
+    /// What replaying one run needs, folded from its own stream (hash-checked).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] when the stream does not decode, check or fold.
+    pub fn history(&self, run_id: &RunId) -> Result<Option<RunHistory>> {
+        let events = self.stream(&run_id.stream())?;
+        if events.is_empty() {
+            return Ok(None);
+        }
+        engine::ledger::fold::history(&events).map(Some).map_err(|e| Error::corrupt(e.seq, e.to_string()))
     }
 
     /// The `intents` projection in key order, only those with `status` when given (a status
@@ -278,11 +303,7 @@ fn check_and_fold(ledger: &mut Ledger, raw: &RawEvent) -> std::result::Result<()
     if computed != stored.hash {
         return Err(format!("hash mismatch (stored {}, computed {computed})", stored.hash));
     }
-    // `Ledger::apply` panics on an impossible transition, which is right for the writer (a
-    // bug) but not for verify, whose job is to report a corrupt log. The ledger is not used
-    // after a panic (the replay stops here), so observing it half-updated is harmless.
-    catch_unwind(AssertUnwindSafe(|| ledger.apply(&stored)))
-        .map_err(|panic| format!("the fold rejects it: {}", panic_message(panic.as_ref())))
+    ledger.try_apply(&stored).map_err(|error| format!("the fold rejects it: {error}"))
 }
 
 fn read_all<T>(

@@ -44,20 +44,20 @@
 //! calls to `execute` answer `Unavailable` ("the store is closed").
 
 use crate::checkpoint::Checkpointer;
-use crate::codec::{self, NewEvent, format_time};
+use crate::codec::{self, NewEvent};
 use crate::error::{Error, Result};
 use crate::leases;
 use crate::projection;
 use crate::reader::Reader;
 use crate::schema::{self, Options};
 use chrono::{DateTime, SubsecRound, Utc};
-use engine::canonical;
+use engine::append::{Head, Sealed, seal};
 use engine::clock::Clock;
-use engine::event::{Event, IntentKey, RunId, StoredEvent, chain_hash};
+use engine::event::{Event, IntentKey, RunId};
 use engine::failpoints::Point;
 use engine::lease::OwnerProbe;
 use engine::ledger::{Command, Decision, Ledger, Refusal, Reply, ReplyTarget};
-use engine::limits::{EVENT_PAYLOAD_MAX_BYTES, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
+use engine::limits::{WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
 use engine::log::{EventLog, LogError};
 use engine::provider::BoxFuture;
 use rusqlite::Connection;
@@ -349,7 +349,7 @@ impl Writer {
                 assert_eq!(decisions.len(), jobs.len(), "one decision per command");
                 for (job, decision) in jobs.drain(..).zip(decisions) {
                     let answer = match decision {
-                        Ok(target) => Ok(self.ledger.reply_after(&target)),
+                        Ok(target) => Ok(engine::ledger::reply_after(&self.ledger, &target)),
                         Err(refusal) => Err(LogError::Refused(refusal)),
                     };
                     // A caller that stopped waiting (its future was dropped) needs no answer.
@@ -424,11 +424,10 @@ impl Writer {
     }
 
     fn append_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> Result<Vec<Outcome>> {
-        let at = format_time(now);
         let mut touched = Touched::default();
         let mut decisions = Vec::with_capacity(jobs.len());
         for job in jobs {
-            let decision = self.append_command(&job.command, now, &at, &mut touched)?;
+            let decision = self.append_command(&job.command, now, &mut touched)?;
             if decision.is_err() {
                 self.counters.refused.fetch_add(1, Ordering::Relaxed);
             }
@@ -457,151 +456,40 @@ impl Writer {
     }
 
     /// Decides one command and appends its events. `Ok(Err(refusal))`: nothing written.
-    fn append_command(
-        &mut self,
-        command: &Command,
-        now: DateTime<Utc>,
-        at: &str,
-        touched: &mut Touched,
-    ) -> Result<Outcome> {
+    fn append_command(&mut self, command: &Command, now: DateTime<Utc>, touched: &mut Touched) -> Result<Outcome> {
         let view = leases::TableView::new(&self.conn, &*self.owner_probe, self.lease_ttl_ms);
-        let decided = self.ledger.decide(command, now, &view);
+        let decided = engine::ledger::decide(&self.ledger, &view, command, now);
         view.finish()?;
         let Decision { events, target, leases: lease_effects } = match decided {
             Ok(decision) => decision,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        // Encode every payload before writing any, so a too-large one refuses the whole
-        // command with nothing written (and nothing folded).
-        let mut payloads = Vec::with_capacity(events.len());
-        for event in &events {
-            let payload = canonical::to_string(&event.payload());
-            if payload.len() > EVENT_PAYLOAD_MAX_BYTES {
-                let error = Error::PayloadTooLarge {
-                    event_type: event.type_name(),
-                    bytes: payload.len(),
-                    max: EVENT_PAYLOAD_MAX_BYTES,
-                };
-                return Ok(Err(Refusal::NotAllowed(error.to_string())));
-            }
-            payloads.push(payload);
-        }
+        let head = Head { last_seq: self.ledger.last_seq(), last_hash: self.ledger.last_hash() };
+        let ledger = &self.ledger;
+        let sealed = match seal(events, &command.cause, now, head, &mut |stream| ledger.stream_length(stream)) {
+            Ok(sealed) => sealed,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
         leases::apply(&self.conn, &lease_effects)?;
-        if events.is_empty() {
-            return Ok(Ok(target));
-        }
-        let cause =
-            canonical::to_string(&serde_json::to_value(&command.cause).expect("a cause serializes: plain fields"));
-        for (event, payload) in events.into_iter().zip(payloads) {
-            let seq = self.ledger.last_seq() + 1;
-            let stream = event.stream();
-            let stream_seq = self.ledger.stream_length(&stream) + 1;
-            let prev_hash = self.ledger.last_hash().to_owned();
-            let hash = chain_hash_encoded(
-                &prev_hash,
-                seq,
-                stream.as_str(),
-                stream_seq,
-                at,
-                event.type_name(),
-                &cause,
-                &payload,
-            );
-            debug_assert_eq!(
-                hash,
-                chain_hash(&prev_hash, seq, &stream, stream_seq, now, &command.cause, &event),
-                "the writer's chain hash is engine's, byte for byte"
-            );
+        for Sealed { stored, payload, cause, at } in sealed {
             codec::insert_event(
                 &self.conn,
                 &NewEvent {
-                    seq,
-                    stream: stream.as_str(),
-                    stream_seq,
-                    type_name: event.type_name(),
-                    at,
+                    seq: stored.seq,
+                    stream: stored.stream.as_str(),
+                    stream_seq: stored.stream_seq,
+                    type_name: stored.event.type_name(),
+                    at: &at,
                     cause: &cause,
                     payload: &payload,
-                    prev_hash: &prev_hash,
-                    hash: &hash,
+                    prev_hash: &stored.prev_hash,
+                    hash: &stored.hash,
                 },
             )?;
-            touched.note(&event);
-            let stored =
-                StoredEvent { seq, stream, stream_seq, at: now, cause: command.cause.clone(), event, prev_hash, hash };
+            touched.note(&stored.event);
             // Folded at once, so the next command of the batch is decided against it.
             self.ledger.apply(&stored);
         }
         Ok(Ok(target))
-    }
-}
-
-/// [`chain_hash`] computed from the parts the writer has already encoded (`at` as stored, the
-/// canonical cause and payload), so an event is serialized once per append instead of twice.
-///
-/// It hashes the same bytes: the canonical JSON of the object `chain_hash` builds, whose keys
-/// in code-point order are `at, cause, payload, prev, seq, stream, stream_seq, type`, strings
-/// escaped by serde_json exactly as `engine::canonical` escapes them. Debug builds (every
-/// test) assert equality with `chain_hash` on each append; readers and `verify` only ever
-/// use `chain_hash` itself, so a divergence could never pass unnoticed.
-#[allow(clippy::too_many_arguments)] // One field per hashed column; a struct would only rename them.
-fn chain_hash_encoded(
-    prev_hash: &str,
-    seq: u64,
-    stream: &str,
-    stream_seq: u64,
-    at: &str,
-    type_name: &str,
-    cause: &str,
-    payload: &str,
-) -> String {
-    use sha2::{Digest, Sha256};
-    use std::fmt::Write as _;
-    let quoted = |text: &str| serde_json::to_string(text).expect("serializing a &str to JSON cannot fail");
-    let mut content = String::with_capacity(payload.len() + cause.len() + stream.len() + 192);
-    content.push_str("{\"at\":");
-    content.push_str(&quoted(at));
-    content.push_str(",\"cause\":");
-    content.push_str(cause);
-    content.push_str(",\"payload\":");
-    content.push_str(payload);
-    content.push_str(",\"prev\":");
-    content.push_str(&quoted(prev_hash));
-    let _ = write!(content, ",\"seq\":{seq},\"stream\":");
-    content.push_str(&quoted(stream));
-    let _ = write!(content, ",\"stream_seq\":{stream_seq},\"type\":");
-    content.push_str(&quoted(type_name));
-    content.push('}');
-    hex::encode(Sha256::digest(content.as_bytes()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use engine::event::Cause;
-
-    #[test]
-    fn the_encoded_chain_hash_is_engines_byte_for_byte() {
-        let at = chrono::DateTime::parse_from_rfc3339("2025-03-01T12:00:00.123456Z").expect("a valid literal").to_utc();
-        let run_id = RunId::new("run \"quoted\" ～😀\n");
-        let event = Event::StepRecorded {
-            run_id: run_id.clone(),
-            position: 3,
-            name: "step é".to_owned(),
-            output: serde_json::json!({"b": 4.2e1, "a": [1.0, null, "x\u{7f}"]}),
-        };
-        let cause = Cause::operator("ann").for_run(&run_id);
-        let stream = event.stream();
-        let encoded = chain_hash_encoded(
-            engine::event::GENESIS_HASH,
-            17,
-            stream.as_str(),
-            2,
-            &format_time(at),
-            event.type_name(),
-            &canonical::to_string(&serde_json::to_value(&cause).expect("cause")),
-            &canonical::to_string(&event.payload()),
-        );
-        assert_eq!(encoded, chain_hash(engine::event::GENESIS_HASH, 17, &stream, 2, at, &cause, &event));
     }
 }

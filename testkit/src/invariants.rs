@@ -146,7 +146,23 @@ impl Report {
 
 /// Renders a fold as canonical JSON: every intent and run, in key order.
 pub fn render(ledger: &Ledger) -> serde_json::Value {
-    serde_json::json!({ "intents": ledger.intents(), "runs": ledger.runs() })
+    use engine::ledger::View as _;
+    let runs: Vec<serde_json::Value> = ledger
+        .runs()
+        .into_iter()
+        .map(|run| {
+            let history = ledger.history(&run.run_id);
+            serde_json::json!({
+                "run": run,
+                "input": history.as_ref().map(|h| &h.input),
+                "journal": history.as_ref().map(|h| &h.journal),
+                "signals": history.as_ref().map(|h| &h.signals),
+                "agent_entries": history.as_ref().map(|h| &h.agent_entries),
+                "intents": ledger.run_intents(&run.run_id).iter().map(|i| i.key().clone()).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "intents": ledger.intents(), "runs": runs })
 }
 
 /// Checks every invariant over `events` (the whole log, in order) and `effects`.

@@ -85,9 +85,26 @@ fn every_seed_003_scenario_ends_exactly_as_the_seed_says_and_the_log_verifies() 
 fn forbidden_never_runs_the_body() {
     let (_dir, db) = temp();
     let (_, report) = keel(&db, &["agent", "run", "ticket-review", "--scenario", "forbidden"], &[]);
-    let ledger = store::Reader::open(&db).expect("opens").ledger().expect("folds");
-    let run = ledger.run(&engine::event::RunId::new(report["run_id"].as_str().expect("id"))).expect("the run");
-    assert_eq!(run.agent.results().count(), 0, "no tool result: the body never ran");
+    let state = agent_state(&db, report["run_id"].as_str().expect("id"));
+    assert_eq!(state.results().count(), 0, "no tool result: the body never ran");
+}
+
+/// An agent run's state, folded from its facts on the log.
+pub(crate) fn agent_state(db: &Path, run_id: &str) -> engine::agent::AgentState {
+    let reader = store::Reader::open(db).expect("opens");
+    let history = reader.history(&engine::event::RunId::new(run_id)).expect("reads").expect("the run");
+    let facts: Vec<engine::agent::AgentEvent> = history
+        .agent_entries
+        .into_iter()
+        .map(|entry| serde_json::from_value(entry).expect("an agent fact decodes"))
+        .collect();
+    engine::agent::AgentState::from_events(&facts)
+}
+
+/// A run's stored input.
+pub(crate) fn run_input(db: &Path, run_id: &str) -> Value {
+    let reader = store::Reader::open(db).expect("opens");
+    reader.history(&engine::event::RunId::new(run_id)).expect("reads").expect("the run").input
 }
 
 #[test]
@@ -122,9 +139,7 @@ fn a_transcript_file_with_limits_and_capabilities_runs_as_given() {
 
 /// Model answers recorded in the log, in order, by their response id.
 pub(crate) fn recorded_answers(db: &Path, run_id: &str) -> Vec<String> {
-    let ledger = store::Reader::open(db).expect("opens").ledger().expect("folds");
-    let run = ledger.run(&engine::event::RunId::new(run_id)).expect("the run");
-    run.agent.turns.iter().map(|turn| turn.response.id.clone().unwrap_or_default()).collect()
+    agent_state(db, run_id).turns.iter().map(|turn| turn.response.id.clone().unwrap_or_default()).collect()
 }
 
 #[test]
@@ -297,12 +312,11 @@ fn live_complete(api: &str, key_var: &str, transcript: &str) {
     assert_eq!(requests.len(), 3, "{api}: one authenticated request per model call");
     assert!(requests.iter().all(|r| r["model"] == "m"), "{api}: the model name is sent");
     let run_id = report["run_id"].as_str().expect("a run id");
-    let ledger = store::Reader::open(&db).expect("opens").ledger().expect("folds");
-    let run = ledger.run(&engine::event::RunId::new(run_id)).expect("the run");
-    assert_eq!(run.input["transport"], "http", "{api}");
-    assert_eq!(run.input["api"], api);
-    assert_eq!(run.input["model"], "m");
-    assert_eq!(run.input["base_url"], server.base_url.as_str());
+    let input = run_input(&db, run_id);
+    assert_eq!(input["transport"], "http", "{api}");
+    assert_eq!(input["api"], api);
+    assert_eq!(input["model"], "m");
+    assert_eq!(input["base_url"], server.base_url.as_str());
     assert_key_absent("stdout", stdout.as_bytes());
     assert_key_absent("stderr", stderr.as_bytes());
     assert_key_absent("the database", &database_bytes(&db));

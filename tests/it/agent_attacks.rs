@@ -97,8 +97,7 @@ fn run_row(db: &Path, run_id: &str) -> store::RunRow {
 }
 
 fn agent_state(db: &Path, run_id: &str) -> engine::agent::AgentState {
-    let ledger = store::Reader::open(db).expect("opens").ledger().expect("folds");
-    ledger.run(&engine::event::RunId::new(run_id)).expect("the run").agent.clone()
+    crate::agent::agent_state(db, run_id)
 }
 
 /// No 12-character piece of `secret` appears in `bytes`.

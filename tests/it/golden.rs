@@ -251,11 +251,7 @@ fn agent_run() -> Vec<StoredEvent> {
     let transport =
         ScriptedTransport::from_file(scenario.transcript(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")))
             .expect("the transcript parses");
-    let start = engine::ledger::AgentRunStart {
-        input: json!({"scenario": "complete"}),
-        limits: RunLimits::default(),
-        owner: None,
-    };
+    let start = engine::agent::NewRun { input: json!({"scenario": "complete"}), limits: RunLimits::default() };
     let shared: Arc<dyn engine::log::EventLog> = log.clone();
     let lessee = engine::lease::Lessee::new(engine::lease::LeaseOwner::named("golden"));
     let journal = LogJournal::new(shared, RunId::new("golden-agent-1"), Cause::command("golden"), Some(start), lessee);

@@ -374,7 +374,7 @@ async fn cancel_is_refused_while_an_outcome_is_unknown() {
     h.charge("order_4300_charge", "order_4300", 1000).await;
     let refused =
         h.command(Action::Cancel { key: key.clone(), by: "ana".into(), reason: "customer asked".into() }).await;
-    assert!(matches!(refused, Err(LogError::Refused(Refusal::NotAllowed(_)))));
+    assert!(matches!(refused, Err(LogError::Refused(Refusal::WrongStatus { .. }))), "{refused:?}");
     assert_eq!(h.status(&key), IntentStatus::OutcomeUnknown);
     h.executor.resolve(&key, "ana", "seen in dashboard", Some("ch_1".into()), None).await.expect("resolves");
     assert_eq!(h.status(&key), IntentStatus::Validated);
@@ -400,7 +400,7 @@ async fn approvals_are_bound_to_the_fingerprint_and_expire() {
         })
         .await;
     assert!(
-        matches!(wrong, Err(LogError::Refused(Refusal::NotAllowed(_)))),
+        matches!(wrong, Err(LogError::Refused(Refusal::FingerprintMismatch { .. }))),
         "an approval for another payload releases nothing"
     );
     h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: None })

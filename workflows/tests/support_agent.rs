@@ -7,13 +7,14 @@ use adapters::model::scripted::{ScriptedTransport, Transcript};
 use chrono::{TimeZone, Utc};
 use engine::agent::{
     AgentEnv, AgentLimits, AgentState, AgentStatus, ApprovalPolicy, Cancellation, EffectClass, EffectIntent,
-    EffectOutcome, LogJournal, ManualTimer, Registry, RunOutcome, RunSpec, Tool, ToolContext, ToolOutput, ToolSpec,
+    EffectOutcome, LogJournal, ManualTimer, NewRun, Registry, RunOutcome, RunSpec, Tool, ToolContext, ToolOutput,
+    ToolSpec,
 };
 use engine::clock::ManualClock;
 use engine::event::{Cause, RunId};
 use engine::executor::{Executor, RunRequest, Runtime};
 use engine::intent_gate::IntentGate;
-use engine::ledger::{Action, AgentRunStart, Command, Intent, IntentStatus, Reply};
+use engine::ledger::{Action, Command, Intent, IntentStatus, Reply};
 use engine::log::EventLog;
 use engine::memory::{MemoryLog, MemoryProvider};
 use engine::provider::{Capability, EffectKind};
@@ -71,14 +72,10 @@ impl Desk {
     /// Starts or resumes the support run `run_id` of `scenario`.
     async fn agent(&self, scenario: Scenario, run_id: &str) -> RunOutcome {
         let lessee = self.executor.runtime().lessee.clone();
-        let start = AgentRunStart {
-            input: json!({"scenario": scenario.name()}),
-            limits: support_agent::spine_limits(),
-            owner: Some(lessee.owner().clone()),
-        };
+        let start = NewRun { input: json!({"scenario": scenario.name()}), limits: support_agent::spine_limits() };
         let log: Arc<dyn EventLog> = self.log.clone();
         let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
-        let recorded = self.log.ledger().run(&RunId::new(run_id)).map(|r| r.agent.clone()).unwrap_or_default();
+        let recorded = agent_state_of(&self.log, run_id);
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("fixtures");
         let transcript = Transcript::from_file(scenario.transcript(root)).expect("the transcript parses");
         let transport = ScriptedTransport::new(transcript).resuming(&recorded);
@@ -112,8 +109,17 @@ impl Desk {
     }
 
     fn state(&self, run_id: &str) -> AgentState {
-        self.log.ledger().run(&RunId::new(run_id)).expect("the run exists").agent.clone()
+        agent_state_of(&self.log, run_id)
     }
+}
+
+/// An agent run's state, folded from its facts in `log` (empty when it has none).
+fn agent_state_of(log: &MemoryLog, run_id: &str) -> AgentState {
+    use engine::ledger::View as _;
+    let entries = log.ledger().history(&RunId::new(run_id)).map(|h| h.agent_entries).unwrap_or_default();
+    let facts: Vec<engine::agent::AgentEvent> =
+        entries.into_iter().map(|entry| serde_json::from_value(entry).expect("an agent fact decodes")).collect();
+    AgentState::from_events(&facts)
 }
 
 fn awaiting(outcome: &RunOutcome) -> String {
@@ -271,12 +277,12 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         {"id": "m2", "type": "message", "role": "assistant", "model": "m", "stop_reason": "end_turn",
          "content": [{"type": "text", "text": "Refunded."}], "usage": {"input_tokens": 1, "output_tokens": 1}}
     ]);
-    let recorded = desk.log.ledger().run(&RunId::new(run_id)).map(|r| r.agent.clone()).unwrap_or_default();
+    let recorded = agent_state_of(&desk.log, run_id);
     let transcript = Transcript::parse(&answers.to_string()).expect("a transcript");
     let transport = ScriptedTransport::new(transcript).resuming(&recorded);
     let lessee = desk.executor.runtime().lessee.clone();
     let limits = engine::event::RunLimits { approval_threshold_minor: threshold, ..support_agent::spine_limits() };
-    let start = AgentRunStart { input: json!({}), limits, owner: Some(lessee.owner().clone()) };
+    let start = NewRun { input: json!({}), limits };
     let log: Arc<dyn EventLog> = desk.log.clone();
     let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
     let timer = ManualTimer::new(desk.clock.clone());

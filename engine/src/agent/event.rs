@@ -764,6 +764,11 @@ impl AgentState {
         }
     }
 
+    /// How many facts were folded: the run's next agent position in the spine.
+    pub fn events(&self) -> u32 {
+        u32::try_from(self.events).expect("an agent run holds far fewer than u32::MAX facts: its budgets bound them")
+    }
+
     /// The wait of `call_id` for a human decision, if it ever waited.
     pub fn approval_wait(&self, call_id: &str) -> Option<&ApprovalWait> {
         self.approval_waits.get(call_id)

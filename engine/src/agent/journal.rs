@@ -12,10 +12,10 @@
 //! - The harness appends a reservation before it spends (model call, tool body), so an `Ok`
 //!   from `append` is the permission to spend.
 
-use super::event::AgentEvent;
-use crate::event::{Cause, RunId};
+use super::event::{AgentEvent, AgentState};
+use crate::event::{Cause, IntentKey, RunId, RunLimits};
 use crate::lease::{LeaseGrant, LeaseUse, Lessee};
-use crate::ledger::{Action, AgentRunStart, Command, Refusal, Reply};
+use crate::ledger::{Action, AgentRunStart, Command, Refusal, Reply, SpineRequest};
 use crate::log::{EventLog, LogError};
 use crate::provider::BoxFuture;
 use std::sync::{Arc, Mutex};
@@ -46,37 +46,89 @@ pub trait AgentJournal: Send + Sync {
     fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>>;
 }
 
+/// What a new agent run records in its `RunStarted`: how to resume it (never a secret), and
+/// the spine's limits for the intents its effect tools reserve. The run's workflow and
+/// deadline are its `AgentRunStarted`'s; its owner is the journal's lessee.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewRun {
+    /// The run's input as stored.
+    pub input: serde_json::Value,
+    /// The spine's limits for the run's intents.
+    pub limits: RunLimits,
+}
+
 /// The journal of one run in the spine's event log, written under the run's lease.
 ///
-/// A new run is started by its first batch (`start`, whose `owner` then holds the lease with
-/// token 1); an existing run must have been claimed by `lessee` before (`executor::claim_run`).
-/// Every batch presents the lease; the batch that stops the run gives it back.
-#[derive(Clone)]
+/// Each fact is one `AgentRecorded` event on `run:<id>`, its payload the fact as this module
+/// serialises it: opaque to the spine, which checks only its position. The journal folds a
+/// batch onto the run's state before appending it, so an impossible fact is refused and
+/// nothing is written; and it says, in the same commit, what the batch means for the spine
+/// (the run's end, an approval window, a deadline moved by a wait for a human).
+///
+/// A new run is started by its first batch (with `start`, this process holding the lease
+/// with token 1); an existing run must be loaded first, and claimed by `lessee` before
+/// (`executor::claim_run`). Every batch presents the lease; the batch that stops the run gives
+/// it back.
 pub struct LogJournal {
     log: Arc<dyn EventLog>,
     run_id: RunId,
     cause: Cause,
-    start: Option<AgentRunStart>,
+    start: Option<NewRun>,
     lessee: Lessee,
+    /// The run's facts so far, folded: what a batch is checked against.
+    state: Mutex<AgentState>,
 }
 
 impl LogJournal {
     /// The journal of `run_id`. `start` is what `RunStarted` records if the run does not
     /// exist yet (`None` to only resume an existing run).
-    pub fn new(
-        log: Arc<dyn EventLog>,
-        run_id: RunId,
-        cause: Cause,
-        start: Option<AgentRunStart>,
-        lessee: Lessee,
-    ) -> Self {
+    pub fn new(log: Arc<dyn EventLog>, run_id: RunId, cause: Cause, start: Option<NewRun>, lessee: Lessee) -> Self {
         let cause = cause.for_run(&run_id);
-        Self { log, run_id, cause, start, lessee }
+        Self { log, run_id, cause, start, lessee, state: Mutex::new(AgentState::default()) }
     }
 
     fn command(&self, action: Action) -> Command {
         Command::new(self.cause.clone(), action)
     }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, AgentState> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The spine's part of a new run whose first batch is `events`.
+    fn run_start(&self, events: &[AgentEvent]) -> Option<AgentRunStart> {
+        let start = self.start.as_ref()?;
+        let Some(AgentEvent::AgentRunStarted { workflow, deadline, .. }) = events.first() else {
+            return None;
+        };
+        Some(AgentRunStart {
+            workflow: workflow.clone(),
+            deadline_at: *deadline,
+            input: start.input.clone(),
+            limits: start.limits.clone(),
+            owner: Some(self.lessee.owner().clone()),
+        })
+    }
+}
+
+/// What a batch of facts means for the spine: the run's end, an approval window opened, a
+/// deadline moved by the time a human took.
+fn spine_requests(events: &[AgentEvent]) -> Vec<SpineRequest> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            AgentEvent::RunStopped { status, detail, .. } => {
+                Some(SpineRequest::Finish { status: status.run_status(), detail: detail.clone() })
+            }
+            AgentEvent::ApprovalAwaited { intent_key, closes_at, .. } => {
+                IntentKey::parse(intent_key).map(|key| SpineRequest::OpenApprovalWindow { key, closes_at: *closes_at })
+            }
+            AgentEvent::ApprovalWaitEnded { deadline, .. } => {
+                Some(SpineRequest::ExtendDeadline { deadline_at: *deadline })
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 fn unavailable(error: &LogError) -> JournalError {
@@ -85,20 +137,40 @@ fn unavailable(error: &LogError) -> JournalError {
 
 impl AgentJournal for LogJournal {
     fn append(&self, events: Vec<AgentEvent>) -> BoxFuture<'_, Result<(), JournalError>> {
-        let stops = events.iter().any(|e| matches!(e, AgentEvent::RunStopped { .. }));
-        let grant = self.lessee.grant(&self.run_id);
-        let lease = match (&grant, stops) {
-            (Some(grant), true) => LeaseUse::Release(grant.clone()),
-            (Some(grant), false) => LeaseUse::Hold(grant.clone()),
-            (None, _) => LeaseUse::None,
-        };
-        let action = Action::RecordAgent { run_id: self.run_id.clone(), events, start: self.start.clone() };
         Box::pin(async move {
+            // Folded onto a copy first: an impossible fact is refused, nothing written.
+            let (position, folded) = {
+                let state = self.state();
+                let mut next = state.clone();
+                for event in &events {
+                    next.try_apply(event).map_err(|detail| JournalError::Unavailable { detail })?;
+                }
+                (state.events(), next)
+            };
+            let stops = events.iter().any(|e| matches!(e, AgentEvent::RunStopped { .. }));
+            let grant = self.lessee.grant(&self.run_id);
+            let lease = match (&grant, stops) {
+                (Some(grant), true) => LeaseUse::Release(grant.clone()),
+                (Some(grant), false) => LeaseUse::Hold(grant.clone()),
+                (None, _) => LeaseUse::None,
+            };
+            let entries = events
+                .iter()
+                .map(|event| serde_json::to_value(event).expect("an agent fact serializes: plain data"))
+                .collect();
+            let action = Action::RecordAgentEntries {
+                run_id: self.run_id.clone(),
+                position,
+                entries,
+                start: self.run_start(&events),
+                spine: spine_requests(&events),
+            };
             self.log.execute(self.command(action).under(lease)).await.map_err(|e| unavailable(&e))?;
+            *self.state() = folded;
             match grant {
                 Some(_) if stops => self.lessee.forget(&self.run_id),
                 // The first batch of a new run started it under this process's lease.
-                None if !stops && self.start.as_ref().is_some_and(|s| s.owner.is_some()) => {
+                None if !stops && position == 0 && self.start.is_some() => {
                     self.lessee.hold(&LeaseGrant { run_id: self.run_id.clone(), token: 1 })
                 }
                 _ => {}
@@ -108,14 +180,23 @@ impl AgentJournal for LogJournal {
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>> {
-        let action = Action::ObserveRun { run_id: self.run_id.clone() };
+        let action = Action::LoadRun { run_id: self.run_id.clone() };
         Box::pin(async move {
-            match self.log.execute(self.command(action)).await {
-                Ok(Reply::Run(run)) => Ok(run.agent_events),
-                Ok(_) => Err(JournalError::Unavailable { detail: "observing a run did not return it".into() }),
-                Err(LogError::Refused(Refusal::UnknownRun(_))) => Ok(Vec::new()),
-                Err(error) => Err(unavailable(&error)),
+            let entries = match self.log.execute(self.command(action)).await {
+                Ok(Reply::History(history)) => history.agent_entries,
+                Ok(_) => return Err(JournalError::Unavailable { detail: "loading a run did not return it".into() }),
+                Err(LogError::Refused(Refusal::UnknownRun(_))) => Vec::new(),
+                Err(error) => return Err(unavailable(&error)),
+            };
+            let mut events = Vec::with_capacity(entries.len());
+            for (position, entry) in entries.into_iter().enumerate() {
+                let event: AgentEvent = serde_json::from_value(entry).map_err(|e| JournalError::Unavailable {
+                    detail: format!("agent fact {position} of run {} does not decode: {e}", self.run_id),
+                })?;
+                events.push(event);
             }
+            *self.state() = AgentState::from_events(&events);
+            Ok(events)
         })
     }
 }
@@ -211,7 +292,7 @@ mod tests {
     }
 
     fn journal_of(log: &Arc<MemoryLog>, start: bool, lessee: Lessee) -> LogJournal {
-        let start = start.then(|| AgentRunStart {
+        let start = start.then(|| NewRun {
             input: serde_json::json!({}),
             limits: crate::event::RunLimits {
                 cost_minor_max: None,
@@ -219,7 +300,6 @@ mod tests {
                 reconciliations_per_intent_max: 1,
                 approval_threshold_minor: None,
             },
-            owner: Some(lessee.owner().clone()),
         });
         LogJournal::new(Arc::clone(log) as Arc<dyn EventLog>, RunId::new("r1"), Cause::command("test"), start, lessee)
     }
@@ -264,7 +344,9 @@ mod tests {
         );
         assert_eq!(log.events().len(), before, "a fenced writer writes nothing");
 
-        journal_of(&log, false, second)
+        let resumed = journal_of(&log, false, second);
+        assert_eq!(resumed.load().await.expect("loads").len(), 2, "the new holder folds what was recorded");
+        resumed
             .append(vec![AgentEvent::ModelCallFailed { call: 1, detail: "lost".into() }])
             .await
             .expect("the new holder writes");

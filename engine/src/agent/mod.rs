@@ -31,7 +31,7 @@ pub use control::{Cancellation, ManualTimer, Timer};
 pub use event::{AgentEvent, AgentState, CallHold, CorrectionCode, ToolOutcome};
 pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
 pub use guard::{AgentEnv, GuardedScope, Invoked, Verdict, decide};
-pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal};
+pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal, NewRun};
 pub use model::{
     Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, ToolCall, ToolDescriptor,
     ToolResultBlock, TransportError, Usage,

@@ -3,11 +3,15 @@
 
 use super::*;
 use crate::clock::ManualClock;
+use crate::event::{Cause, Event, IntentDefinition, IntentKey, LateVerdict, RunId, RunLimits};
 use crate::lease::LeaseOwner;
+use crate::lease::{LeaseGrant, LeaseUse};
 use crate::log::LogError;
 use crate::memory::MemoryLog;
+use crate::provider::{CallOutcome, EffectKind, LookupOutcome, UnknownReason};
 use crate::provider::{Capability, Evidence};
 use chrono::TimeZone;
+use chrono::Utc;
 use std::sync::Arc;
 
 const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
@@ -216,6 +220,9 @@ fn an_answer_for_an_attempt_never_started_is_refused_and_writes_nothing() {
     let log = attempting();
     let before = log.events().len();
     let refused = outcome(&log, 2, succeeded("ch_1"));
-    assert!(matches!(refused, Err(LogError::Refused(Refusal::NotAllowed(_)))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(LogError::Refused(Refusal::NoSuchAttempt { attempt: 2, latest: 1, .. }))),
+        "{refused:?}"
+    );
     assert_eq!(log.events().len(), before);
 }

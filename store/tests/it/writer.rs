@@ -42,7 +42,8 @@ fn a_payload_above_the_limit_refuses_the_whole_command() {
     spec.definition.payload = json!({"note": "x".repeat(engine::limits::EVENT_PAYLOAD_MAX_BYTES)});
     let refused = fixture.store.execute_blocking(start_and_reserve("run-1", spec));
     match refused {
-        Err(LogError::Refused(Refusal::NotAllowed(message))) => {
+        Err(LogError::Refused(refusal @ Refusal::PayloadTooLarge { event_type: "IntentReserved", .. })) => {
+            let message = refusal.to_string();
             assert!(message.starts_with("IntentReserved payload is "), "{message}");
             assert!(message.contains("limit"), "{message}");
         }

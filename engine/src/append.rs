@@ -1,0 +1,197 @@
+//! The one append rule every event log applies: encode, bound, number, chain.
+//!
+//! Owns [`seal`], which turns a decision's events into [`Sealed`] rows — each payload and
+//! cause encoded once in canonical JSON, the whole command refused when one payload is above
+//! [`EVENT_PAYLOAD_MAX_BYTES`] (nothing written), then each event numbered (global sequence,
+//! sequence in its stream) and chained (previous hash, its own hash). The SQLite store's
+//! writer and the in-memory log both append through it, so they cannot drift apart.
+//!
+//! It does no I/O: the caller says where the log ends and how long each stream is.
+
+use crate::canonical;
+use crate::event::{Cause, Event, StoredEvent, StreamId, chain_hash};
+use crate::ledger::Refusal;
+use crate::limits::EVENT_PAYLOAD_MAX_BYTES;
+use chrono::{DateTime, SecondsFormat, Utc};
+use std::collections::HashMap;
+
+/// One event ready to append: the envelope, and its encoded columns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sealed {
+    /// The event as it will be read back.
+    pub stored: StoredEvent,
+    /// Its payload's canonical JSON.
+    pub payload: String,
+    /// Its cause's canonical JSON.
+    pub cause: String,
+    /// Its instant as stored: RFC 3339, microseconds, `Z`.
+    pub at: String,
+}
+
+/// Where the log ends before a command's events: its last sequence and hash.
+#[derive(Clone, Copy, Debug)]
+pub struct Head<'a> {
+    /// The last global sequence (0 for an empty log).
+    pub last_seq: u64,
+    /// The last event's hash (the genesis hash for an empty log).
+    pub last_hash: &'a str,
+}
+
+/// Seals `events`, written by `cause` at `at`, after `head`. `stream_length` answers how many
+/// events a stream held before this command.
+///
+/// `at` must already be truncated to microseconds (the stored precision), so that it reads
+/// back exactly.
+///
+/// # Errors
+///
+/// [`Refusal::PayloadTooLarge`] when one payload is above the limit: nothing of the command
+/// may be written.
+pub fn seal(
+    events: Vec<Event>,
+    cause: &Cause,
+    at: DateTime<Utc>,
+    head: Head<'_>,
+    stream_length: &mut dyn FnMut(&StreamId) -> u64,
+) -> Result<Vec<Sealed>, Refusal> {
+    // Encode every payload before numbering any, so a too-large one refuses the whole command.
+    let mut payloads = Vec::with_capacity(events.len());
+    for event in &events {
+        let payload = canonical::to_string(&event.payload());
+        if payload.len() > EVENT_PAYLOAD_MAX_BYTES {
+            return Err(Refusal::PayloadTooLarge {
+                event_type: event.type_name(),
+                bytes: payload.len(),
+                max: EVENT_PAYLOAD_MAX_BYTES,
+            });
+        }
+        payloads.push(payload);
+    }
+    let cause_text = canonical::to_string(&serde_json::to_value(cause).expect("a cause serializes: plain fields"));
+    let at_text = at.to_rfc3339_opts(SecondsFormat::Micros, true);
+    let mut seq = head.last_seq;
+    let mut prev_hash = head.last_hash.to_owned();
+    let mut lengths: HashMap<StreamId, u64> = HashMap::new();
+    let mut sealed = Vec::with_capacity(events.len());
+    for (event, payload) in events.into_iter().zip(payloads) {
+        seq += 1;
+        let stream = event.stream();
+        let length = lengths.entry(stream.clone()).or_insert_with(|| stream_length(&stream));
+        *length += 1;
+        let stream_seq = *length;
+        let hash = chain_hash_encoded(
+            &prev_hash,
+            seq,
+            stream.as_str(),
+            stream_seq,
+            &at_text,
+            event.type_name(),
+            &cause_text,
+            &payload,
+        );
+        debug_assert_eq!(
+            hash,
+            chain_hash(&prev_hash, seq, &stream, stream_seq, at, cause, &event),
+            "the encoded chain hash is chain_hash's, byte for byte"
+        );
+        let stored = StoredEvent {
+            seq,
+            stream,
+            stream_seq,
+            at,
+            cause: cause.clone(),
+            event,
+            prev_hash: prev_hash.clone(),
+            hash,
+        };
+        prev_hash = stored.hash.clone();
+        sealed.push(Sealed { stored, payload, cause: cause_text.clone(), at: at_text.clone() });
+    }
+    Ok(sealed)
+}
+
+/// [`chain_hash`] computed from the parts already encoded (`at` as stored, the canonical
+/// cause and payload), so an event is serialized once per append instead of twice.
+///
+/// It hashes the same bytes: the canonical JSON of the object `chain_hash` builds, whose keys
+/// in code-point order are `at, cause, payload, prev, seq, stream, stream_seq, type`, strings
+/// escaped by serde_json exactly as `crate::canonical` escapes them. Debug builds (every
+/// test) assert equality with `chain_hash` on each append; readers and `verify` only ever
+/// use `chain_hash` itself, so a divergence could never pass unnoticed.
+#[allow(clippy::too_many_arguments)] // One field per hashed column; a struct would only rename them.
+fn chain_hash_encoded(
+    prev_hash: &str,
+    seq: u64,
+    stream: &str,
+    stream_seq: u64,
+    at: &str,
+    type_name: &str,
+    cause: &str,
+    payload: &str,
+) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write as _;
+    let quoted = |text: &str| serde_json::to_string(text).expect("serializing a &str to JSON cannot fail");
+    let mut content = String::with_capacity(payload.len() + cause.len() + stream.len() + 192);
+    content.push_str("{\"at\":");
+    content.push_str(&quoted(at));
+    content.push_str(",\"cause\":");
+    content.push_str(cause);
+    content.push_str(",\"payload\":");
+    content.push_str(payload);
+    content.push_str(",\"prev\":");
+    content.push_str(&quoted(prev_hash));
+    let _ = write!(content, ",\"seq\":{seq},\"stream\":");
+    content.push_str(&quoted(stream));
+    let _ = write!(content, ",\"stream_seq\":{stream_seq},\"type\":");
+    content.push_str(&quoted(type_name));
+    content.push('}');
+    hex::encode(Sha256::digest(content.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{GENESIS_HASH, RunId};
+    use serde_json::json;
+
+    fn step(run: &RunId, position: u32, output: serde_json::Value) -> Event {
+        Event::StepRecorded { run_id: run.clone(), position, name: "step é".to_owned(), output }
+    }
+
+    #[test]
+    fn events_are_numbered_per_stream_and_chained() {
+        let at = DateTime::parse_from_rfc3339("2025-03-01T12:00:00.123456Z").expect("valid").to_utc();
+        let run = RunId::new("run \"quoted\" ～😀\n");
+        let other = RunId::new("r2");
+        let cause = Cause::operator("ann").for_run(&run);
+        let events =
+            vec![step(&run, 3, json!({"b": 4.2e1})), step(&other, 0, json!(null)), step(&run, 4, json!([1.0]))];
+        let mut lengths = |stream: &StreamId| if stream == &run.stream() { 3 } else { 0 };
+        let sealed = seal(events, &cause, at, Head { last_seq: 16, last_hash: GENESIS_HASH }, &mut lengths)
+            .expect("small payloads");
+        let numbers: Vec<(u64, u64)> = sealed.iter().map(|s| (s.stored.seq, s.stored.stream_seq)).collect();
+        assert_eq!(numbers, [(17, 4), (18, 1), (19, 5)]);
+        assert_eq!(sealed[0].stored.prev_hash, GENESIS_HASH);
+        assert_eq!(sealed[1].stored.prev_hash, sealed[0].stored.hash);
+        for s in &sealed {
+            let e = &s.stored;
+            assert_eq!(e.hash, chain_hash(&e.prev_hash, e.seq, &e.stream, e.stream_seq, e.at, &e.cause, &e.event));
+        }
+    }
+
+    #[test]
+    fn one_payload_too_large_refuses_the_whole_command() {
+        let run = RunId::new("r1");
+        let big = "x".repeat(EVENT_PAYLOAD_MAX_BYTES);
+        let events = vec![step(&run, 0, json!("small")), step(&run, 1, json!(big))];
+        let refused = seal(
+            events,
+            &Cause::command("t"),
+            DateTime::UNIX_EPOCH,
+            Head { last_seq: 0, last_hash: GENESIS_HASH },
+            &mut |_| 0,
+        );
+        assert!(matches!(refused, Err(Refusal::PayloadTooLarge { event_type: "StepRecorded", .. })), "{refused:?}");
+    }
+}
