@@ -164,9 +164,17 @@ impl IntentRecord {
 
     /// Whether the indexed columns say what the state says: `verify` checks this.
     pub(crate) fn columns_match(&self, intent: &Intent, run: i64) -> Option<String> {
-        let expected = (run, status_code(intent.status), due_at(intent));
-        let found = (self.run, self.status, self.due_at);
-        (expected != found).then(|| format!("columns (run, status, due_at) are {found:?}, the state says {expected:?}"))
+        let show = |v: Option<i64>| v.map_or_else(|| "NULL".to_owned(), |v| v.to_string());
+        [
+            ("run", Some(self.run), Some(run)),
+            ("status", Some(self.status), Some(status_code(intent.status))),
+            ("due_at", self.due_at, due_at(intent)),
+        ]
+        .into_iter()
+        .find(|(_, found, expected)| found != expected)
+        .map(|(column, found, expected)| {
+            format!("column {column} is {} in the table, {} by its state", show(found), show(expected))
+        })
     }
 }
 
