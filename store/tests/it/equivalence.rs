@@ -212,7 +212,7 @@ fn check(ops: &[Op]) -> Result<(), TestCaseError> {
                 store.shutdown().expect("shutdown");
                 store = Store::open(&path, options(), clock.clone()).expect("reopens");
             }
-            Op::Advance { ms } => clock.advance_ms(u64::from(*ms)),
+            Op::Advance { ms } => clock.advance_ms(i64::from(*ms)),
             _ => {
                 use engine::clock::Clock as _;
                 let Some(command) = command(op, &model, clock.now()) else { continue };
