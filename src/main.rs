@@ -9,6 +9,7 @@
 
 mod agent;
 mod bench;
+mod scale;
 mod demo;
 mod ops;
 mod output;
@@ -326,6 +327,41 @@ enum Command {
         /// Concurrent callers.
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
+        /// Leave the benchmark's log at PATH (extended if it exists) instead of deleting it.
+        #[arg(long, value_name = "PATH")]
+        keep: Option<PathBuf>,
+        /// Number of the first charge (`bench_intent_N`): to extend a kept log with new ones.
+        #[arg(long, default_value_t = 0)]
+        first: usize,
+    },
+    /// Measure what `charge`, `show`, `intents --state` and `resume` cost (wall time, peak RSS,
+    /// via /usr/bin/time) on logs of growing size, built in DIR and reused by later calls, and
+    /// what `resume` costs with attempts in flight.
+    #[command(name = "bench-scale")]
+    BenchScale {
+        /// Where the logs are built and kept.
+        #[arg(long, default_value = "keel-scale")]
+        dir: PathBuf,
+        /// Log sizes, in charges.
+        #[arg(long, value_delimiter = ',', default_value = "0,10000,100000,1000000")]
+        sizes: Vec<usize>,
+        /// Runs of each command (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Attempts left in flight for the `resume` measurement (0: skip it).
+        #[arg(long, default_value_t = 10_000)]
+        in_flight: usize,
+    },
+    /// Start charges whose provider never answers and end the process once every attempt is
+    /// durable: the log is left as a crash mid-attempt leaves it (used by `bench-scale`).
+    #[command(name = "bench-leave-in-flight", hide = true)]
+    BenchLeaveInFlight {
+        /// Charges to leave in flight.
+        #[arg(long)]
+        intents: usize,
+        /// Number of the first charge.
+        #[arg(long, default_value_t = 0)]
+        first: usize,
     },
     /// Long-run crash proof: SIGKILL `keel` workers at random moments under load (charges and
     /// refunds, colliding keys, provider faults), restart, heal, then check every invariant.
@@ -523,7 +559,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Verify => ops::verify(&cli.db, &out),
         Command::Demo { dir } => demo::run(&out, dir).await,
-        Command::Bench { intents, concurrency } => bench::run(&out, &cli.db, durability, intents, concurrency).await,
+        Command::Bench { intents, concurrency, keep, first } => {
+            bench::run(&out, &cli.db, durability, bench::Args { intents, concurrency, keep, first }).await
+        }
+        Command::BenchScale { dir, sizes, runs, in_flight } => scale::run(&out, &dir, &sizes, runs, in_flight).await,
+        Command::BenchLeaveInFlight { intents, first } => {
+            bench::leave_in_flight(&cli.db, durability, first, intents).await
+        }
         Command::Soak { kills, seed, dir } => soak::run(&out, kills, seed, dir).await,
         Command::SoakWorker { seed, round } => {
             let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;

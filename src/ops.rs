@@ -62,7 +62,7 @@ pub async fn run_effect(
     limits: &LimitArgs,
 ) -> anyhow::Result<u8> {
     let request = RunRequest {
-        run_id: RunId::new(uuid::Uuid::new_v4().to_string()),
+        run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
         limits: RunLimits {
             cost_minor_max: limits.cost_budget_minor,
             attempts_per_intent_max: limits.max_attempts,

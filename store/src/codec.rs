@@ -106,7 +106,8 @@ pub(crate) fn hash_bytes(hex_hash: &str) -> Vec<u8> {
 
 /// The packed payload of `event` on `stream`: its fields less those the stream names (the
 /// intent key, the run id, and a key's operation, tenant and intent id when the key spells
-/// them exactly). [`unpack_payload`] puts them back, so the event reads back equal.
+/// them exactly) and a journal link's name (`intent:` and the key it records).
+/// [`unpack_payload`] puts them back, so the event reads back equal.
 pub(crate) fn pack_payload(stream: &StreamId, event: &Event) -> Vec<u8> {
     let mut payload = event.payload();
     if let Value::Object(map) = &mut payload {
@@ -126,6 +127,11 @@ pub(crate) fn pack_payload(stream: &StreamId, event: &Event) -> Vec<u8> {
             }
         } else if let Some(run_id) = stream.as_str().strip_prefix("run:") {
             remove_if(map, "run_id", run_id);
+            // A journal link (`intent:<key>` recording `<key>`) names its key once.
+            if let Some(Value::String(output)) = map.get("output") {
+                let link = format!("intent:{output}");
+                remove_if(map, "name", &link);
+            }
         }
     }
     packed::encode(&payload)
@@ -158,6 +164,13 @@ pub(crate) fn unpack_payload(stream: &str, type_name: &str, bytes: &[u8], seq: u
             }
         } else if let Some(run_id) = stream.strip_prefix("run:") {
             map.entry("run_id").or_insert_with(|| Value::String(run_id.to_owned()));
+            if type_name == "StepRecorded"
+                && !map.contains_key("name")
+                && let Some(Value::String(output)) = map.get("output")
+            {
+                let link = format!("intent:{output}");
+                map.insert("name".to_owned(), Value::String(link));
+            }
         }
     }
     Event::from_stored(type_name, &payload)
@@ -608,6 +621,20 @@ mod tests {
             (key.stream(), Event::AttemptStarted { key: key.clone(), attempt: 1, run_id: run.clone() }),
             (colon.stream(), Event::ApprovalExpired { key: colon.clone() }),
             (run.stream(), Event::RunFinished { run_id: run.clone(), status: engine::event::RunStatus::Completed, detail: None }),
+            (
+                run.stream(),
+                Event::StepRecorded {
+                    run_id: run.clone(),
+                    position: 0,
+                    name: format!("intent:{key}"),
+                    output: serde_json::Value::String(key.as_str().to_owned()),
+                },
+            ),
+            // Not a link: kept whole.
+            (
+                run.stream(),
+                Event::StepRecorded { run_id: run.clone(), position: 1, name: "intent:x".to_owned(), output: json!("y") },
+            ),
         ];
         for (stream, event) in cases {
             let packed = pack_payload(&stream, &event);

@@ -58,24 +58,31 @@ fn due_at(intent: &Intent) -> Option<i64> {
     (intent.status == IntentStatus::OutcomeUnknown).then_some(intent.reconcile_after.map(micros)).flatten()
 }
 
-/// The packed state of an intent: everything but its definition.
-fn pack_intent(intent: &Intent) -> Vec<u8> {
-    let mut value = serde_json::to_value(intent).expect("an intent serializes: plain fields");
-    if let Value::Object(map) = &mut value {
-        DEFINITION_FIELDS.iter().for_each(|field| {
-            map.remove(*field);
-        });
+/// The fields of an `Intent` fixed by its `IntentReserved` (read back from it), left out of
+/// its packed state with its definition.
+const RESERVATION_FIELDS: [&str; 5] = ["run_id", "capability", "attempts_max", "reconciliations_max", "approval_required"];
+
+/// `value`'s fields but `left_out` and those that are `null` (an absent `Option` field
+/// deserializes as `None`).
+fn without(value: Value, left_out: &[&str]) -> Value {
+    match value {
+        Value::Object(map) => {
+            Value::Object(map.into_iter().filter(|(k, v)| !v.is_null() && !left_out.contains(&k.as_str())).collect())
+        }
+        other => other,
     }
-    packed::encode(&value)
+}
+
+/// The packed state of an intent: everything its reservation does not say.
+fn pack_intent(intent: &Intent) -> Vec<u8> {
+    let value = serde_json::to_value(intent).expect("an intent serializes: plain fields");
+    packed::encode(&without(without(value, &DEFINITION_FIELDS), &RESERVATION_FIELDS))
 }
 
 /// The packed state of a run: everything but its id.
 fn pack_run(run: &Run) -> Vec<u8> {
-    let mut value = serde_json::to_value(run).expect("a run serializes: plain fields");
-    if let Value::Object(map) = &mut value {
-        map.remove("run_id");
-    }
-    packed::encode(&value)
+    let value = serde_json::to_value(run).expect("a run serializes: plain fields");
+    packed::encode(&without(value, &["run_id"]))
 }
 
 /// Writes (or rewrites) an intent's row. `run` is its run's stream id.
@@ -152,13 +159,22 @@ impl IntentRecord {
             _ => return Err(bad("state is not an object".to_owned())),
         };
         let reserved = first_event(conn, self.stream, &self.name)?.ok_or_else(|| bad("no events".to_owned()))?;
-        let Event::IntentReserved { intent: definition, .. } = reserved.event else {
+        if !matches!(reserved.event, Event::IntentReserved { .. }) {
             return Err(bad(format!("its stream starts with {}", reserved.event.type_name())));
+        }
+        // The reservation's payload holds the definition (`intent`) and the reservation's
+        // fields under the names the intent's state uses.
+        let Value::Object(mut reservation) = reserved.event.payload() else {
+            unreachable!("an event's payload is an object")
         };
-        let Value::Object(definition) = serde_json::to_value(definition).expect("a definition serializes") else {
-            unreachable!("a struct serializes to an object")
-        };
-        state.extend(definition);
+        if let Some(Value::Object(definition)) = reservation.remove("intent") {
+            state.extend(definition);
+        }
+        for field in RESERVATION_FIELDS {
+            if let Some(value) = reservation.remove(field) {
+                state.insert(field.to_owned(), value);
+            }
+        }
         serde_json::from_value(Value::Object(state)).map_err(|e| bad(format!("state does not decode: {e}")))
     }
 
@@ -260,12 +276,16 @@ pub(crate) fn order_intent_ids(conn: &Connection, tenant: &str, order_id: &str) 
 /// reference is its order id is entered there only). The caller keeps the charges whose
 /// reference it is.
 pub(crate) fn reference_charge_ids(conn: &Connection, tenant: &str, reference: &str) -> Result<Vec<i64>> {
-    ids(
+    // Two primary-key range reads; merged here rather than by a `UNION`'s temporary b-tree.
+    let mut all = ids(
         conn,
         "SELECT intent FROM refs WHERE tenant = ?1 AND business_ref = ?2 \
-         UNION SELECT intent FROM orders WHERE tenant = ?1 AND order_id = ?2 ORDER BY 1",
+         UNION ALL SELECT intent FROM orders WHERE tenant = ?1 AND order_id = ?2",
         params![tenant, reference],
-    )
+    )?;
+    all.sort_unstable();
+    all.dedup();
+    Ok(all)
 }
 
 /// The intents a run reserved, in reservation order. Served by `intents_by_run`.

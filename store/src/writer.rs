@@ -78,6 +78,7 @@ use engine::provider::BoxFuture;
 use rusqlite::Connection;
 use serde::Serialize;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -211,6 +212,7 @@ impl Store {
             chain,
             recorded,
             cache: RefCell::new(Cache::new(ENTITY_CACHE_MAX)),
+            actors: HashMap::new(),
             clock,
             counters: Arc::clone(&counters),
             broken: None,
@@ -313,6 +315,9 @@ struct Writer {
     /// The verified point last recorded in `meta`.
     recorded: u64,
     cache: RefCell<Cache>,
+    /// Actor names → ids: a handful per log (commands, operators, recovery). Cleared with
+    /// the cache, and when it grows past `ENTITY_CACHE_MAX` names.
+    actors: HashMap<String, i64>,
     clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
     /// Set when re-reading the head after a failure failed too: nothing is decided until a
@@ -399,6 +404,7 @@ impl Writer {
             tracing::error!(%error, "rollback after a failed batch failed");
         }
         self.cache.borrow_mut().clear();
+        self.actors.clear();
         match codec::head(&self.conn) {
             Ok((last_seq, last_hash)) => {
                 self.chain = Chain { last_seq, last_hash };
@@ -519,7 +525,17 @@ impl Writer {
         };
         leases::apply(&self.conn, &lease_effects)?;
         let at = codec::micros(now);
-        let actor = codec::ensure_actor(&self.conn, &command.cause.actor)?;
+        let actor = match self.actors.get(&command.cause.actor) {
+            Some(&id) => id,
+            None => {
+                let id = codec::ensure_actor(&self.conn, &command.cause.actor)?;
+                if self.actors.len() >= ENTITY_CACHE_MAX {
+                    self.actors.clear();
+                }
+                self.actors.insert(command.cause.actor.clone(), id);
+                id
+            }
+        };
         let cause_run = command.cause.run_id.as_ref().map(|run| store.ensure_id(&run.stream())).transpose()?;
         let mut entities = TxEntities::new(&store);
         let mut last = None;
