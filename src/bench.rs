@@ -82,7 +82,11 @@ fn inputs(first: usize, count: usize) -> Arc<Vec<serde_json::Value>> {
 pub const BENCH_TENANT: &str = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
 
 fn file_bytes(db: &Path) -> u64 {
-    ["", "-wal"].iter().filter_map(|suffix| std::fs::metadata(format!("{}{suffix}", db.display())).ok()).map(|m| m.len()).sum()
+    ["", "-wal"]
+        .iter()
+        .filter_map(|suffix| std::fs::metadata(format!("{}{suffix}", db.display())).ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// Runs the benchmark in a fresh database next to `db` (never in it), or in `--keep`'s.
@@ -197,11 +201,15 @@ impl PaymentProvider for Silent {
 /// one's attempt is durable, and ends the process without shutting anything down: the log
 /// is left with `count` attempts in flight and their runs unfinished, their lease holder
 /// dead — what `keel resume` recovers. Never returns.
-pub async fn leave_in_flight(db: &Path, durability: store::Durability, first: usize, count: usize) -> anyhow::Result<u8> {
+pub async fn leave_in_flight(
+    db: &Path,
+    durability: store::Durability,
+    first: usize,
+    count: usize,
+) -> anyhow::Result<u8> {
     let node = Arc::new(Node::with_provider(db, durability, Arc::new(Silent), None)?);
     let before = node.store.stats().events;
-    let inputs = inputs(first, count);
-    for input in inputs.iter().cloned() {
+    for input in Arc::unwrap_or_clone(inputs(first, count)) {
         let node = node.clone();
         tokio::spawn(async move {
             let request = RunRequest {

@@ -9,10 +9,10 @@
 
 mod agent;
 mod bench;
-mod scale;
 mod demo;
 mod ops;
 mod output;
+mod scale;
 mod soak;
 mod wiring;
 

@@ -11,8 +11,8 @@
 //! `--runs` runs are printed, with each log's bytes per charge. Nothing is asserted.
 
 use crate::bench::BENCH_TENANT;
-use crate::output::Output;
 use crate::exit;
+use crate::output::Output;
 use anyhow::Context as _;
 use serde::Serialize;
 use std::io::BufRead as _;
@@ -72,8 +72,11 @@ impl Drop for Sim {
     }
 }
 
-/// Runs `keel ARGS` under `/usr/bin/time`; returns (wall ms, peak RSS MiB, its stdout).
+/// Runs `keel ARGS` under `/usr/bin/time`; returns (wall ms, peak RSS MiB, its stdout). The
+/// wall time is this process's monotonic clock around the child (GNU time's has 10 ms
+/// steps); the peak RSS is GNU time's.
 fn timed(args: &[String]) -> anyhow::Result<(f64, f64, String)> {
+    let began = std::time::Instant::now();
     let output = Command::new("/usr/bin/time")
         .args(["-f", "keel-scale %e %M"])
         .arg(std::env::current_exe()?)
@@ -84,9 +87,10 @@ fn timed(args: &[String]) -> anyhow::Result<(f64, f64, String)> {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let line = stderr.lines().rev().find(|l| l.starts_with("keel-scale ")).context("no timing from /usr/bin/time")?;
     let mut parts = line.split_whitespace().skip(1);
-    let seconds: f64 = parts.next().context("wall time")?.parse()?;
+    let wall_ms = began.elapsed().as_secs_f64() * 1000.0;
+    let _gnu_seconds = parts.next().context("wall time")?;
     let kib: f64 = parts.next().context("peak RSS")?.parse()?;
-    Ok((seconds * 1000.0, kib / 1024.0, String::from_utf8_lossy(&output.stdout).into_owned()))
+    Ok((wall_ms, kib / 1024.0, String::from_utf8_lossy(&output.stdout).into_owned()))
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -117,6 +121,25 @@ async fn grow(db: &Path, charges: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A fresh log with `count` attempts left in flight by a child process that ended with them.
+fn leave_in_flight(dir: &Path, count: usize) -> anyhow::Result<std::path::PathBuf> {
+    let db = dir.join(format!("in-flight-{count}-{}.db", uuid::Uuid::new_v4().simple()));
+    let status = Command::new(std::env::current_exe()?)
+        .arg("--db")
+        .arg(&db)
+        .args(["bench-leave-in-flight", "--intents", &count.to_string()])
+        .stdout(Stdio::null())
+        .status()?;
+    anyhow::ensure!(status.success(), "leaving attempts in flight failed: {status}");
+    Ok(db)
+}
+
+fn remove(db: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+    }
+}
+
 /// `keel bench-scale`.
 pub async fn run(out: &Output, dir: &Path, sizes: &[usize], runs: usize, in_flight: usize) -> anyhow::Result<u8> {
     std::fs::create_dir_all(dir)?;
@@ -145,8 +168,21 @@ pub async fn run(out: &Output, dir: &Path, sizes: &[usize], runs: usize, in_flig
                 let args = if name == "charge" {
                     let id = format!("scale_probe_{}_{run}", uuid::Uuid::new_v4().simple());
                     [
-                        "--provider", &sim.url, "charge", "--tenant", BENCH_TENANT, "--intent-id", &id, "--order", &id,
-                        "--amount-minor", "100", "--currency", "EUR", "--payment-method-token", "pm_scale_token_0123456789",
+                        "--provider",
+                        &sim.url,
+                        "charge",
+                        "--tenant",
+                        BENCH_TENANT,
+                        "--intent-id",
+                        &id,
+                        "--order",
+                        &id,
+                        "--amount-minor",
+                        "100",
+                        "--currency",
+                        "EUR",
+                        "--payment-method-token",
+                        "pm_scale_token_0123456789",
                     ]
                     .iter()
                     .map(|s| (*s).to_owned())
@@ -154,22 +190,44 @@ pub async fn run(out: &Output, dir: &Path, sizes: &[usize], runs: usize, in_flig
                 } else {
                     args.clone()
                 };
-                let full: Vec<String> = ["--json".to_owned(), "--db".to_owned(), db_arg.clone()].into_iter().chain(args).collect();
+                let full: Vec<String> =
+                    ["--json".to_owned(), "--db".to_owned(), db_arg.clone()].into_iter().chain(args).collect();
                 let (wall, peak, _) = timed(&full)?;
                 walls.push(wall);
                 rss.push(peak);
             }
-            report.figures.push(Figure { command: name.to_owned(), charges, wall_ms: median(walls), peak_rss_mb: median(rss) });
+            report.figures.push(Figure {
+                command: name.to_owned(),
+                charges,
+                wall_ms: median(walls),
+                peak_rss_mb: median(rss),
+            });
         }
     }
     if in_flight > 0 {
-        let db = dir.join(format!("in-flight-{in_flight}-{}.db", uuid::Uuid::new_v4().simple()));
+        // The recovery commit alone, in this process: open, `Recover`, commit, shut down.
+        let db = leave_in_flight(dir, in_flight)?;
+        let began = std::time::Instant::now();
+        let store = crate::wiring::open_store(&db, store::Durability::Full)?;
+        let recover = engine::ledger::Command::new(
+            engine::event::Cause::recovery(),
+            engine::ledger::Action::Recover { owner: crate::wiring::lessee().owner().clone(), run: None },
+        );
+        let recovered = match engine::log::EventLog::execute(&store, recover).await? {
+            engine::ledger::Reply::Recovered(recovery) => recovery.recovered.len(),
+            _ => 0,
+        };
+        store.shutdown()?;
+        report.figures.push(Figure {
+            command: format!("open + recovery commit ({in_flight} in flight, {recovered} recovered)"),
+            charges: in_flight,
+            wall_ms: began.elapsed().as_secs_f64() * 1000.0,
+            peak_rss_mb: 0.0,
+        });
+        remove(&db);
+        // The whole `keel resume`: recovery, then every unfinished run replayed.
+        let db = leave_in_flight(dir, in_flight)?;
         let db_arg = db.display().to_string();
-        let status = Command::new(std::env::current_exe()?)
-            .args(["--db", &db_arg, "bench-leave-in-flight", "--intents", &in_flight.to_string()])
-            .stdout(Stdio::null())
-            .status()?;
-        anyhow::ensure!(status.success(), "leaving attempts in flight failed: {status}");
         let args = ["--json", "--db", &db_arg, "--provider", &sim.url, "resume"].map(str::to_owned);
         let (wall, peak, stdout) = timed(&args)?;
         let recovered = serde_json::from_str::<serde_json::Value>(&stdout)
@@ -182,9 +240,7 @@ pub async fn run(out: &Output, dir: &Path, sizes: &[usize], runs: usize, in_flig
             wall_ms: wall,
             peak_rss_mb: peak,
         });
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{db_arg}{suffix}"));
-        }
+        remove(&db);
     }
     drop(sim);
     out.emit(&report, || {
@@ -193,7 +249,10 @@ pub async fn run(out: &Output, dir: &Path, sizes: &[usize], runs: usize, in_flig
             println!("{:<44} {:>9} {:>10.1} {:>12.1}", f.command, f.charges, f.wall_ms, f.peak_rss_mb);
         }
         for log in &report.logs {
-            println!("log of {} charges: {} bytes, {:.0} bytes per charge", log.charges, log.bytes, log.bytes_per_charge);
+            println!(
+                "log of {} charges: {} bytes, {:.0} bytes per charge",
+                log.charges, log.bytes, log.bytes_per_charge
+            );
         }
     });
     Ok(exit::OK)
