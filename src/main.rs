@@ -308,8 +308,9 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
-    /// Check the hash chain, rebuild every projection by replay and compare. Exit 1 naming
-    /// the first mismatch.
+    /// Check the hash chain, rebuild every entity row by replaying its stream and compare,
+    /// in bounded memory (progress on a terminal). The one command that reads the whole log.
+    /// Exit 1 naming the first mismatch.
     Verify,
     /// Run the demo: charges and refunds through a provider simulator child process, a lost
     /// answer reconciled, a worker killed with SIGKILL and recovered.

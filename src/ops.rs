@@ -14,7 +14,7 @@ use engine::executor::{IntentOutcome, RunRequest};
 use engine::ledger::{Action, Command, Intent, IntentStatus, Reply};
 use engine::log::{EventLog, LogError};
 use serde_json::{Map, Value, json};
-use std::io::Read as _;
+use std::io::{IsTerminal as _, Read as _};
 use std::path::Path;
 
 /// Builds a workflow input from flags or `--input FILE|-`.
@@ -379,7 +379,20 @@ pub fn verify(db: &Path, out: &Output) -> anyhow::Result<u8> {
         return Ok(out.usage_error(&format!("{} does not exist", db.display())));
     }
     let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-    let report = reader.verify()?;
+    // Progress on a terminal only: a pipe or `--json` gets the report alone.
+    let show_progress = !out.json && std::io::stderr().is_terminal();
+    let report = reader.verify_with(&mut |progress| {
+        if show_progress {
+            let phase = match progress.phase {
+                store::Phase::Chain => "hash chain, events",
+                store::Phase::Streams => "replaying streams",
+            };
+            eprint!("\rverify: {phase} {}/{}   ", progress.done, progress.total);
+        }
+    })?;
+    if show_progress {
+        eprint!("\r\x1b[2K");
+    }
     out.emit(&name_intent_keys(serde_json::to_value(&report)?), || match report.first_mismatch() {
         None => println!(
             "ok: {} events, hash chain intact, {} intents and {} runs match their replay",
