@@ -239,7 +239,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     let node = Node::open(&demo.db, store::Durability::Full, &provider_args(&sim.url, 5_000), None)?;
     let report = node.executor.recover_and_resume(Cause::command("demo resume")).await?;
     node.shutdown()?;
-    let recovered = report.recovered.iter().any(|k| k == killed.as_str());
+    let recovered = report.recovered.iter().any(|k| k.as_str() == killed.as_str());
     let ledger = store::Reader::open(&demo.db)?.ledger()?;
     let got = match ledger.intent(&killed) {
         Some(intent) => match intent.source {

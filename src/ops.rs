@@ -109,7 +109,7 @@ fn print_effect(workflow: &str, document: &Value) {
 
 fn print_outcome(outcome: &IntentOutcome) {
     let document = serde_json::to_value(outcome).unwrap_or(Value::Null);
-    print_effect(outcome.intent_key.split(':').next().unwrap_or("intent"), &document);
+    print_effect(outcome.intent_key.as_str().split(':').next().unwrap_or("intent"), &document);
 }
 
 fn parse_key(key: &str) -> Result<IntentKey, String> {
@@ -235,7 +235,7 @@ pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) 
         }
         outcomes.iter().for_each(print_outcome);
     });
-    let all_validated = outcomes.iter().all(|o| o.status == "validated");
+    let all_validated = outcomes.iter().all(IntentOutcome::is_validated);
     Ok(if due || all_validated { exit::OK } else { exit::CONTROLLED })
 }
 
@@ -254,7 +254,7 @@ pub async fn resume(node: &Node, out: &Output) -> anyhow::Result<u8> {
             println!("  recovered {key}: outcome_unknown (crash)");
         }
         for run in &report.resumed {
-            println!("  run {}: {}", run.run_id, run.status);
+            println!("  run {}: {}", run.run_id, run.status.as_str());
         }
         report.reconciled.iter().for_each(print_outcome);
     });

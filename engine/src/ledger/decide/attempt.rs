@@ -36,7 +36,7 @@ impl Decider<'_> {
                     if approval.fingerprint == intent.definition.fingerprint && approval.expires_at > self.now => {}
                 Some(approval) if approval.expires_at <= self.now => {
                     self.push(Event::ApprovalExpired { key: key.clone() });
-                    return Ok(ReplyTarget::Intent(key.clone(), false));
+                    return Ok(self.answer(key, false));
                 }
                 _ => return Err(Refusal::NoValidApproval(key.clone())),
             }
@@ -47,7 +47,7 @@ impl Decider<'_> {
                 reason: format!("all {} attempts spent", intent.attempts_max),
                 absence_proven: intent.absence_proven,
             });
-            return Ok(ReplyTarget::Intent(key.clone(), false));
+            return Ok(self.answer(key, false));
         }
         if intent.network_retry_by(run_id) {
             let spent = self.view.run(run_id).map_or(0, |run| run.network_retries);
@@ -62,7 +62,7 @@ impl Decider<'_> {
                     .to_owned(),
                 absence_proven: intent.absence_proven,
             });
-            return Ok(ReplyTarget::Intent(key.clone(), false));
+            return Ok(self.answer(key, false));
         }
         let left_ms = ms_between(self.now, deadline_at);
         if left_ms < limits::RECONCILIATION_RESERVE_MS {
@@ -73,7 +73,7 @@ impl Decider<'_> {
             });
         }
         self.push(Event::AttemptStarted { key: key.clone(), attempt: intent.attempts + 1, run_id: run_id.clone() });
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     pub(super) fn record_outcome(
@@ -90,7 +90,7 @@ impl Decider<'_> {
             // The attempt stopped being awaited (recovery declared it crashed, its lease was
             // taken, a later attempt went out): a definitive answer is still evidence.
             self.late_answer(&intent, attempt, outcome);
-            return Ok(ReplyTarget::Intent(key.clone(), false));
+            return Ok(self.answer(key, false));
         }
         match outcome {
             CallOutcome::Succeeded(evidence) => match super::reconcile::evidence_mismatch(&intent, evidence) {
@@ -110,7 +110,7 @@ impl Decider<'_> {
             }
             CallOutcome::Unknown { reason, detail } => self.unknown(&intent, attempt, *reason, detail.clone()),
         }
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     /// A definitive answer for an attempt no longer awaited: recorded, then it settles an

@@ -34,14 +34,14 @@ impl Decider<'_> {
                 reason: format!("all {} reconciliations spent", intent.reconciliations_max),
                 absence_proven: false,
             });
-            return Ok(ReplyTarget::Intent(key.clone(), false));
+            return Ok(self.answer(key, false));
         }
         self.push(Event::ReconciliationStarted {
             key: key.clone(),
             reconciliation: intent.reconciliations + 1,
             run_id: Some(run_id.clone()),
         });
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     pub(super) fn record_lookup(
@@ -68,7 +68,7 @@ impl Decider<'_> {
             LookupOutcome::Unavailable { detail } => (LookupStatus::Unavailable, None, detail.clone()),
         };
         self.resolve_lookup(&intent, reconciliation, status, evidence, detail);
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     /// What a lookup's answer means: validated, a resend allowed (absence proven past the
