@@ -42,4 +42,6 @@ pub use view::View;
 pub use whole::Ledger;
 
 #[cfg(test)]
+mod boundary_tests;
+#[cfg(test)]
 mod tests;
