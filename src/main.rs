@@ -16,6 +16,7 @@ mod soak;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
+use engine::log::Ask;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -490,7 +491,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Cancel { key, by: by.clone(), reason: reason.clone() },
+                |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone()),
                 &by,
             )
             .await
@@ -505,7 +506,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Approve { key, by: by.clone(), ttl_ms, fingerprint: fingerprint.clone() },
+                |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone()),
                 &by,
             )
             .await
@@ -516,7 +517,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Deny { key, by: by.clone(), reason: reason.clone() },
+                |cause, key| Ask::deny(cause, key, by.clone(), reason.clone()),
                 &by,
             )
             .await

@@ -6,6 +6,7 @@
 //! strings the CLI's JSON shows, but nothing in the engine compares strings. This module
 //! never reads the log; it describes intents it is given.
 
+use super::workflow::Rejection;
 use crate::event::{IntentKey, RunId, RunStatus, Source};
 use crate::ledger::{Intent, IntentStatus, RejectCode};
 use chrono::{DateTime, Utc};
@@ -81,6 +82,17 @@ pub enum ValidatedBy {
     Deduplicated,
     /// A lookup (or a late answer) proved it.
     Reconciled,
+}
+
+impl ValidatedBy {
+    /// The source as the CLI shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Provider => "provider",
+            Self::Deduplicated => "deduplicated",
+            Self::Reconciled => "reconciled",
+        }
+    }
 }
 
 /// Why an intent was refused or declined.
@@ -202,6 +214,9 @@ pub struct RunOutcome {
     /// The intent the run's outcome is about, when it ended on (or waits for) one.
     #[serde(skip)]
     pub intent: Option<IntentOutcome>,
+    /// Why the run was refused before anything was written, when it was.
+    #[serde(skip)]
+    pub rejection: Option<Rejection>,
     /// The workflow's output, as its caller is shown it.
     pub output: Value,
 }

@@ -210,6 +210,7 @@ impl Executor {
                 status: RunEnd::Finished(end.status),
                 written,
                 intent: end.intent,
+                rejection: None,
                 output: end.output,
             })
         }
@@ -407,6 +408,7 @@ fn rejected(run_id: RunId, rejection: &Rejection) -> RunOutcome {
         status: RunEnd::Finished(RunStatus::Rejected),
         written: false,
         intent: None,
+        rejection: Some(rejection.clone()),
         output: json!({ "status": "rejected", "code": rejection.code.as_str(), "details": rejection.details }),
     }
 }
@@ -422,6 +424,7 @@ fn suspended(ctx: &Context, reason: String, intent: Option<Box<IntentOutcome>>) 
         status: RunEnd::Suspended,
         written: ctx.started(),
         intent: intent.map(|i| *i),
+        rejection: None,
         output,
     }
 }
