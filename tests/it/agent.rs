@@ -90,15 +90,15 @@ fn forbidden_never_runs_the_body() {
 }
 
 /// An agent run's state, folded from its facts on the log.
-pub(crate) fn agent_state(db: &Path, run_id: &str) -> engine::agent::AgentState {
+pub(crate) fn agent_state(db: &Path, run_id: &str) -> agent::AgentState {
     let reader = store::Reader::open(db).expect("opens");
     let history = reader.history(&engine::event::RunId::new(run_id)).expect("reads").expect("the run");
-    let facts: Vec<engine::agent::AgentEvent> = history
+    let facts: Vec<agent::AgentEvent> = history
         .agent_entries
         .into_iter()
         .map(|entry| serde_json::from_value(entry).expect("an agent fact decodes"))
         .collect();
-    engine::agent::AgentState::from_events(&facts)
+    agent::AgentState::from_events(&facts)
 }
 
 /// A run's stored input.

@@ -96,7 +96,7 @@ fn run_row(db: &Path, run_id: &str) -> store::RunRow {
     store::Reader::open(db).expect("opens").run(&engine::event::RunId::new(run_id)).expect("reads").expect("the run")
 }
 
-fn agent_state(db: &Path, run_id: &str) -> engine::agent::AgentState {
+fn agent_state(db: &Path, run_id: &str) -> agent::AgentState {
     crate::agent::agent_state(db, run_id)
 }
 
