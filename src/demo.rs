@@ -119,7 +119,7 @@ struct Demo {
 
 impl Demo {
     fn effects(&self, key: &IntentKey) -> anyhow::Result<usize> {
-        let effects = adapters::sim::list_effects(&self.dir.join("provider-sim.db"))?;
+        let effects = provider_sim::list_effects(&self.dir.join("provider-sim.db"))?;
         Ok(effects.iter().filter(|e| e.idempotency_key == key.as_str()).count())
     }
 

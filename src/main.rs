@@ -394,7 +394,7 @@ fn main() -> ExitCode {
     };
     let out = output::Output { json: cli.json };
     if let Command::ProviderSim { args } = &cli.command {
-        return adapters::sim::cli_main_from(
+        return provider_sim::cli_main_from(
             std::iter::once("keel-provider-sim".to_owned()).chain(args.iter().cloned()),
         );
     }

@@ -1,7 +1,7 @@
 //! Keel's crash-replay test kit: prove Keel's promises for *your* workflow.
 //!
 //! Owns [`Kit`], a harness that runs your [`Workflow`]s against the provider simulator
-//! (`adapters::sim`, in process, over real HTTP) and a real SQLite event log, under a
+//! (`provider_sim`, in process, over real HTTP) and a real SQLite event log, under a
 //! **seeded schedule** of crashes at every event boundary ([`engine::failpoints::Point`]) and
 //! provider faults (timeouts after the effect, 5xx, lost answers, lying or lagging lookups,
 //! declines); restarts after every crash (a second crash may hit the recovery itself); heals
@@ -68,7 +68,6 @@
 pub mod invariants;
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
-use adapters::sim::{Config, FaultPlan, Server};
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, RunId, RunLimits};
@@ -77,6 +76,7 @@ use engine::failpoints::{Failpoints, Point};
 use engine::lease::{LeaseOwner, Lessee, SoleSurvivor};
 use engine::provider::PaymentProvider;
 pub use invariants::{Effect, Report};
+use provider_sim::{Config, FaultPlan, Server};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};

@@ -204,7 +204,7 @@ fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
     let key = report["awaiting_approval"].as_str().expect("the intent key to approve").to_owned();
     let run_id = report["run_id"].as_str().expect("a run id").to_owned();
     let refunds = || {
-        adapters::sim::list_effects(&dir.path().join("sim.db"))
+        provider_sim::list_effects(&dir.path().join("sim.db"))
             .expect("the simulator's effects list")
             .into_iter()
             .filter(|e| e.id.starts_with("re_"))

@@ -81,7 +81,7 @@ impl Desk {
     }
 
     pub(crate) fn refunds_at_provider(&self) -> usize {
-        adapters::sim::list_effects(&self.dir.path().join("sim.db"))
+        provider_sim::list_effects(&self.dir.path().join("sim.db"))
             .expect("the simulator's effects")
             .into_iter()
             .filter(|e| e.id.starts_with("re_"))

@@ -180,7 +180,7 @@ fn operator_decisions_are_refused_or_recorded_with_the_operators_name() {
 
     let (code, refused, _) = keel(&db, None, &["cancel", &key, "--by", "ana", "--reason", "customer asked"]);
     assert_eq!(code, 2, "cancel is refused while the outcome is unknown: {refused}");
-    let landed = adapters::sim::list_effects(&dir.path().join("sim.db")).expect("effects")[0].id.clone();
+    let landed = provider_sim::list_effects(&dir.path().join("sim.db")).expect("effects")[0].id.clone();
     let (code, resolved, _) =
         keel(&db, Some(&sim.1), &["resolve", &key, "--landed", &landed, "--by", "ana", "--reason", "in the dashboard"]);
     assert_eq!(code, 0, "{resolved}");

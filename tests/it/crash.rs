@@ -105,7 +105,7 @@ fn check(plan: Option<&str>, steps: &[Step], kind: &str, id: &str, expected: &st
     let intent_key = engine::event::IntentKey::parse(&key(kind, id)).expect("a key");
     let intent = ledger.intent(&intent_key).expect("the intent exists");
     assert_eq!(intent.status.as_str(), expected, "{intent:#?}");
-    let effects = adapters::sim::list_effects(&dir.path().join("sim.db")).expect("effects");
+    let effects = provider_sim::list_effects(&dir.path().join("sim.db")).expect("effects");
     let on_key = effects.iter().filter(|e| e.idempotency_key == intent_key.as_str()).count();
     assert_eq!(on_key, usize::from(expected == "validated"), "effects on {intent_key}");
 }

@@ -69,7 +69,7 @@ fn signal(child: &Child, name: &str) {
 }
 
 fn effects_on(dir: &Path, key: &IntentKey) -> usize {
-    let effects = adapters::sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects");
+    let effects = provider_sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects");
     effects.iter().filter(|e| e.idempotency_key == key.as_str()).count()
 }
 

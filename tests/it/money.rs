@@ -48,8 +48,8 @@ fn event_count(db: &Path) -> u64 {
 }
 
 /// The simulator's effects, as it lists them.
-fn effects(dir: &Path) -> Vec<adapters::sim::EffectRecord> {
-    adapters::sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects")
+fn effects(dir: &Path) -> Vec<provider_sim::EffectRecord> {
+    provider_sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects")
 }
 
 fn last_event(db: &Path, key: &str) -> Value {
