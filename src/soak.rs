@@ -19,13 +19,13 @@ use anyhow::{Context as _, bail};
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::executor::RunRequest;
 use engine::ledger::IntentStatus;
+use provider_sim::Rng;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use testkit::Rng;
 
 const TENANT: &str = "5b2d6c1a-8e3f-4a7b-9c0d-1e2f3a4b5c6d";
 const TOKEN: &str = "pm_soak_card_visa_4242424242";

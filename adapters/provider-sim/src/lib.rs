@@ -9,7 +9,8 @@
 //! [`Server::start`] purely to save a process spawn).
 //!
 //! Its main types: [`Server`] (started from a [`Config`]), [`FaultPlan`] (what it injects,
-//! see [`faults`]), [`EffectRecord`] (what it did, from [`list_effects`]), and
+//! see [`faults`]), [`EffectRecord`] (what it did, from [`list_effects`]), [`Rng`] (the
+//! seeded generator its fault plans and Keel's crash schedules draw from), and
 //! [`cli_main`], the whole `keel-provider-sim` binary.
 //!
 //! ```no_run
@@ -63,10 +64,12 @@ mod cli;
 mod db;
 pub mod faults;
 mod http;
+pub mod rng;
 
 pub use cli::{cli_main, cli_main_from};
 pub use engine::provider::EffectKind;
 pub use faults::{FaultPlan, PlanError};
+pub use rng::Rng;
 
 use serde::Serialize;
 use std::net::SocketAddr;
