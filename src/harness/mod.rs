@@ -13,10 +13,33 @@ pub mod bench;
 pub mod demo;
 pub mod soak;
 
-use std::process::ExitCode;
+use anyhow::Context as _;
+use provider_sim::Process;
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
 
-/// `keel provider-sim ARGS…`: the simulator's own command line, for a harness that finds no
-/// `keel-provider-sim` binary beside this one (`cargo run` builds only `keel`).
+/// A simulator child process serving `db`, with a fault plan when given (written beside it,
+/// pretty, for whoever reads the files a harness keeps).
+///
+/// It runs the simulator binary next to this one or, when that was not built (`cargo run`
+/// builds only `keel`), this binary's hidden `provider-sim` subcommand.
+fn start_sim(db: &Path, plan: Option<&Value>, stderr: Stdio) -> anyhow::Result<Process> {
+    let plan = plan.map(serde_json::to_string_pretty).transpose()?;
+    let me = std::env::current_exe()?;
+    let sibling = me.with_file_name("keel-provider-sim");
+    let mut command = if sibling.exists() {
+        Command::new(sibling)
+    } else {
+        let mut command = Command::new(me);
+        command.arg("provider-sim");
+        command
+    };
+    command.stderr(stderr);
+    Process::serve(command, db, plan.as_deref()).context("cannot start the provider simulator")
+}
+
+/// `keel provider-sim ARGS…`: the simulator's own command line, for [`start_sim`].
 pub fn run_provider_sim(args: &[String]) -> ExitCode {
     provider_sim::cli_main_from(std::iter::once("keel-provider-sim".to_owned()).chain(args.iter().cloned()))
 }

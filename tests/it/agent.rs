@@ -177,8 +177,8 @@ fn a_run_killed_at_its_fourth_model_call_resumes_with_one_tool_call_left_and_no_
 #[test]
 fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
     let (dir, db) = temp();
-    let sim = crate::cli::Sim::start(dir.path());
-    let url = sim.1.as_str();
+    let sim = crate::cli::start_sim(dir.path(), None);
+    let url = sim.url();
     let tenant = workflows::support_agent::TENANT;
     let charge = [
         "--provider",

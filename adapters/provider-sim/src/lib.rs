@@ -8,10 +8,11 @@
 //! other side of a process boundary, reached only over HTTP (tests start it in-process with
 //! [`Server::start`] purely to save a process spawn).
 //!
-//! Its main types: [`Server`] (started from a [`Config`]), [`FaultPlan`] (what it injects,
-//! see [`faults`]), [`EffectRecord`] (what it did, from [`list_effects`]), [`Rng`] (the
-//! seeded generator its fault plans and Keel's crash schedules draw from), and
-//! [`cli_main`], the whole `keel-provider-sim` binary.
+//! Its main types: [`Server`] (started from a [`Config`], in this process), [`Process`] (the
+//! same server in a child process), [`FaultPlan`] (what it injects, see [`faults`]),
+//! [`EffectRecord`] (what it did, from [`list_effects`]), [`Rng`] (the seeded generator its
+//! fault plans and Keel's crash schedules draw from), and [`cli_main`], the whole
+//! `keel-provider-sim` binary.
 //!
 //! ```no_run
 //! use provider_sim::{Config, FaultPlan, Server, list_effects};
@@ -64,11 +65,13 @@ mod cli;
 mod db;
 pub mod faults;
 mod http;
+pub mod process;
 pub mod rng;
 
 pub use cli::{cli_main, cli_main_from};
 pub use engine::provider::EffectKind;
 pub use faults::{FaultPlan, PlanError};
+pub use process::Process;
 pub use rng::Rng;
 
 use serde::Serialize;
