@@ -2,7 +2,7 @@
 //!
 //! Owns the translation between flags and an agent run: which workflow, which transcript
 //! (a named scenario, embedded in the binary, or a file), which limits and grants; the
-//! journal (`engine::agent::LogJournal` over the store, so every fact is on `run:<id>`); the
+//! journal (`agent::LogJournal` over the store, so every fact is on `run:<id>`); the
 //! provider and the intent gate for the support agent's refunds; the real timer; ctrl-c wired to `Cancellation::cancel`; the rendering and the exit code. It
 //! never decides a guard step or a budget (the engine does) and never touches SQL.
 //!
@@ -38,14 +38,14 @@ use adapters::model::http::{BaseUrl, HttpConfig};
 use adapters::model::openai::OpenAiClient;
 use adapters::model::scripted::{ScriptedTransport, Transcript};
 use adapters::model::{BoxTransport, TokioTimer};
-use anyhow::Context as _;
-use engine::agent::{
+use agent::IntentGate;
+use agent::{
     AgentEnv, AgentEvent, AgentJournal, AgentLimits, AgentState, Cancellation, LogJournal, ModelRequest, ModelResponse,
     ModelTransport, NewRun, RunOutcome, TransportError,
 };
+use anyhow::Context as _;
 use engine::clock::Clock;
 use engine::event::{Cause, RunId, RunLimits};
-use engine::intent_gate::IntentGate;
 use engine::log::{Ask, Asking, EventLog};
 use engine::provider::{BoxFuture, Secret};
 use serde_json::{Value, json};

@@ -2,17 +2,17 @@
 //!
 //! This is the only place that reads argv and the environment, reads the system clock
 //! ([`wiring::SystemClock`]), and uses `anyhow`. Every command prints a human rendering by
-//! default and one JSON document with `--json`.
+//! default and one JSON document with `--json`. The operator commands live in `ops` and
+//! `agent`; the harnesses that drive Keel (`demo`, `soak`, `bench`) in [`harness`], which no
+//! operator command imports.
 //!
 //! Exit codes: 0 validated / ok; 2 a controlled outcome (rejected, declined, unknown,
 //! escalated, cancelled, refused); 1 internal error; 64 usage error; 130 interrupted.
 
 mod agent;
-mod bench;
-mod demo;
+mod harness;
 mod ops;
 mod output;
-mod soak;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
@@ -395,9 +395,7 @@ fn main() -> ExitCode {
     };
     let out = output::Output { json: cli.json };
     if let Command::ProviderSim { args } = &cli.command {
-        return adapters::sim::cli_main_from(
-            std::iter::once("keel-provider-sim".to_owned()).chain(args.iter().cloned()),
-        );
+        return harness::run_provider_sim(args);
     }
     wiring::init_tracing();
     wiring::init_lease_ttl(cli.lease_ttl_ms);
@@ -523,12 +521,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             .await
         }
         Command::Verify => ops::verify(&cli.db, &out),
-        Command::Demo { dir } => demo::run(&out, dir).await,
-        Command::Bench { intents, concurrency } => bench::run(&out, &cli.db, durability, intents, concurrency).await,
-        Command::Soak { kills, seed, dir } => soak::run(&out, kills, seed, dir).await,
+        Command::Demo { dir } => harness::demo::run(&out, dir).await,
+        Command::Bench { intents, concurrency } => {
+            harness::bench::run(&out, &cli.db, durability, intents, concurrency).await
+        }
+        Command::Soak { kills, seed, dir } => harness::soak::run(&out, kills, seed, dir).await,
         Command::SoakWorker { seed, round } => {
             let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
-            soak::worker(&node, seed, round).await
+            harness::soak::worker(&node, seed, round).await
         }
         Command::ProviderSim { .. } => unreachable!("handled before the runtime starts"),
     }

@@ -1,7 +1,7 @@
 //! Keel's crash-replay test kit: prove Keel's promises for *your* workflow.
 //!
 //! Owns [`Kit`], a harness that runs your [`Workflow`]s against the provider simulator
-//! (`adapters::sim`, in process, over real HTTP) and a real SQLite event log, under a
+//! (`provider_sim`, in process, over real HTTP) and a real SQLite event log, under a
 //! **seeded schedule** of crashes at every event boundary ([`engine::failpoints::Point`]) and
 //! provider faults (timeouts after the effect, 5xx, lost answers, lying or lagging lookups,
 //! declines); restarts after every crash (a second crash may hit the recovery itself); heals
@@ -72,7 +72,6 @@
 pub mod invariants;
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
-use adapters::sim::{Config, FaultPlan, Server};
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, RunId, RunLimits};
@@ -81,6 +80,7 @@ use engine::failpoints::{Failpoints, Point};
 use engine::lease::{LeaseOwner, Lessee, SoleSurvivor};
 use engine::provider::PaymentProvider;
 pub use invariants::{Effect, Report};
+use provider_sim::{Config, FaultPlan, Rng, Server};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -93,36 +93,6 @@ pub const SEED_ENV: &str = "KEEL_SEED";
 /// The provider's per-request timeout inside the kit: short, so a held answer (a timeout
 /// after the effect) costs little wall time.
 pub const REQUEST_TIMEOUT_MS: u64 = 250;
-
-/// A small deterministic PRNG (SplitMix64): the schedule depends on the seed alone.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n` ≥ 1).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-}
 
 /// One request the kit submits: a workflow name and its raw input (secrets included: the
 /// kit re-submits it, as a caller would after an ambiguous answer).

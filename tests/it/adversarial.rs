@@ -7,13 +7,13 @@
 //! re-submit the same charge), then the status, the effect count and every invariant.
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
-use adapters::sim::{Config, FaultPlan, Server};
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::executor::{Executor, RunRequest, Runtime};
 use engine::memory::MemoryLog;
 use engine::provider::{Capability, EffectKind, PaymentProvider};
+use provider_sim::{Config, FaultPlan, Server};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
@@ -99,7 +99,7 @@ async fn check(path: &Path) {
     let ledger = log.ledger();
     let intent = ledger.intent(&key).unwrap_or_else(|| panic!("{name}: the intent exists ({first:?})"));
     let effects: Vec<testkit::Effect> =
-        adapters::sim::list_effects(&sim_db).expect("effects").iter().map(testkit::Effect::from).collect();
+        provider_sim::list_effects(&sim_db).expect("effects").iter().map(testkit::Effect::from).collect();
     let expect = &fixture["expect"];
     assert_eq!(intent.status.as_str(), expect["status"], "{name}: {intent:#?}");
     if let Some(source) = expect["source"].as_str() {

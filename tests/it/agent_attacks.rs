@@ -96,7 +96,7 @@ fn run_row(db: &Path, run_id: &str) -> store::RunRow {
     store::Reader::open(db).expect("opens").run(&engine::event::RunId::new(run_id)).expect("reads").expect("the run")
 }
 
-fn agent_state(db: &Path, run_id: &str) -> engine::agent::AgentState {
+fn agent_state(db: &Path, run_id: &str) -> agent::AgentState {
     crate::agent::agent_state(db, run_id)
 }
 
@@ -254,8 +254,8 @@ fn support_without_a_provider_is_a_json_usage_error_for_run_and_resume() {
     assert!(json_of(&stdout)["error"].as_str().is_some_and(|e| e.contains("--provider")), "{stdout}");
     assert!(!db.exists(), "nothing is written");
 
-    let sim = crate::cli::Sim::start(dir.path());
-    let (_, report) = keel(&db, &["--provider", &sim.1, "agent", "run", "support", "--scenario", "injection"], &[]);
+    let sim = crate::cli::start_sim(dir.path(), None);
+    let (_, report) = keel(&db, &["--provider", sim.url(), "agent", "run", "support", "--scenario", "injection"], &[]);
     let run_id = report["run_id"].as_str().expect("a run id").to_owned();
     let before = agent_state(&db, &run_id);
     let (exit, stdout, stderr) = keel_raw(&db, &["agent", "resume", &run_id], &[]);

@@ -14,7 +14,7 @@
 //!   cumulative invariant (refunds reserved, unknown or validated ≤ charged on the order,
 //!   which the `charge` workflow must have charged in the same log), the approval above
 //!   [`APPROVAL_THRESHOLD_MINOR`] (bound to the fingerprint, expiring), and drives the
-//!   attempt through the `PaymentProvider` ([`engine::intent_gate::IntentGate`]).
+//!   attempt through the `PaymentProvider` ([`agent::IntentGate`]).
 //!
 //! The order never comes from the ticket's text: it is the account's (the [`Case`]). The
 //! module owns the tools, the completion condition (ticket read, then a refund of the order
@@ -22,14 +22,14 @@
 //! decides an intent transition.
 
 use crate::input::CURRENCIES;
-use engine::agent::{
+use agent::IntentGate;
+use agent::{
     AgentEnv, AgentError, AgentLimits, AgentState, ApprovalPolicy, EffectClass, EffectIntent, EffectOutcome,
     ModelTransport, Registry, RunOutcome, RunSpec, Tool, ToolContext, ToolOutcome, ToolOutput, ToolSpec,
 };
 use engine::canonical::{self, sha256_hex};
 use engine::event::RunLimits;
 use engine::executor::{OutcomeStatus, WorkflowError};
-use engine::intent_gate::IntentGate;
 use engine::ledger::IntentStatus;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -309,7 +309,7 @@ pub async fn run(
         capabilities,
     };
     let env = AgentEnv { gate: Some(&**gate), ..env };
-    engine::agent::run(env, transport, &registry, &spec, &is_complete).await
+    agent::run(env, transport, &registry, &spec, &is_complete).await
 }
 
 /// Seed 002's order C-1042, paid 89.90 EUR.

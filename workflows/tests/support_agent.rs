@@ -4,16 +4,16 @@
 //! provider's effects. Each test names the rule it proves.
 
 use adapters::model::scripted::{ScriptedTransport, Transcript};
-use chrono::{TimeZone, Utc};
-use engine::agent::{
+use agent::IntentGate;
+use agent::{
     AgentEnv, AgentLimits, AgentState, AgentStatus, ApprovalPolicy, Cancellation, EffectClass, EffectIntent,
     EffectOutcome, LogJournal, ManualTimer, NewRun, Registry, RunOutcome, RunSpec, Tool, ToolContext, ToolOutput,
     ToolSpec,
 };
+use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, RunId};
 use engine::executor::{Executor, RunRequest, Runtime};
-use engine::intent_gate::IntentGate;
 use engine::ledger::{Action, Command, Intent, IntentStatus, Reply};
 use engine::log::EventLog;
 use engine::memory::{MemoryLog, MemoryProvider};
@@ -117,7 +117,7 @@ impl Desk {
 fn agent_state_of(log: &MemoryLog, run_id: &str) -> AgentState {
     use engine::ledger::View as _;
     let entries = log.ledger().history(&RunId::new(run_id)).map(|h| h.agent_entries).unwrap_or_default();
-    let facts: Vec<engine::agent::AgentEvent> =
+    let facts: Vec<agent::AgentEvent> =
         entries.into_iter().map(|entry| serde_json::from_value(entry).expect("an agent fact decodes")).collect();
     AgentState::from_events(&facts)
 }
@@ -297,7 +297,7 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         capabilities: ["order.refund".to_owned()].into(),
     };
     let refunded = |state: &AgentState| state.tool_succeeded("refund");
-    engine::agent::run(env, &transport, &registry, &spec, &refunded).await.expect("the run ends with an outcome")
+    agent::run(env, &transport, &registry, &spec, &refunded).await.expect("the run ends with an outcome")
 }
 
 #[tokio::test]

@@ -6,16 +6,16 @@ use super::http::HttpConfig;
 use super::openai::{self, OpenAiClient};
 use super::scripted::{ScriptStep, ScriptedTransport, Transcript};
 use super::*;
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
-use engine::agent::{
+use agent::{
     AgentEnv, AgentEvent, AgentLimits, AgentState, AgentStatus, ApprovalDecision, ApprovalPolicy, Cancellation,
     CorrectionCode, EffectClass, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision, ManualTimer,
     MemoryJournal, ModelRequest, Registry, ResponseBlock, RunOutcome, RunSpec, StopReason, Tool, ToolContext,
     ToolOutput, ToolSpec,
 };
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
 use engine::clock::ManualClock;
 use engine::provider::Secret;
 use serde::{Deserialize, Serialize};
@@ -277,10 +277,10 @@ async fn run_timed(
     transport: &dyn ModelTransport,
     limits: AgentLimits,
     real_time: bool,
-    completion: engine::agent::Completion<'_>,
+    completion: agent::Completion<'_>,
 ) -> Checked {
     let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
-    let timer: Box<dyn engine::agent::Timer> = if real_time {
+    let timer: Box<dyn agent::Timer> = if real_time {
         Box::new(TokioTimer::new(clock.clone()))
     } else {
         Box::new(ManualTimer::new(Arc::clone(&clock)))
@@ -299,7 +299,7 @@ async fn run_timed(
         limits,
         capabilities: ["ticket.read", "order.refund"].into_iter().map(String::from).collect(),
     };
-    let outcome = engine::agent::run(env, transport, &registry, &spec, completion).await.expect("no internal error");
+    let outcome = agent::run(env, transport, &registry, &spec, completion).await.expect("no internal error");
     Checked {
         outcome,
         events: journal.events(),
@@ -572,7 +572,7 @@ async fn model_unavailable_http_provider_stops_the_run() {
 fn model_text_blocks_round_trip_through_the_request_builders() {
     let request = ModelRequest {
         system: "sys".into(),
-        messages: vec![engine::agent::Message::Assistant {
+        messages: vec![agent::Message::Assistant {
             content: vec![
                 ResponseBlock::Text { text: "hi".into() },
                 ResponseBlock::ToolUse { id: "t1".into(), name: "x".into(), arguments: "{not json".into() },

@@ -9,7 +9,7 @@
 //! [`EffectTicket`], and reports the body's [`EffectOutcome`] to the gate. The spine's intent
 //! lifecycle is the real implementation; tests use an in-memory fake.
 
-use crate::provider::BoxFuture;
+use engine::provider::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -42,7 +42,7 @@ impl EffectIntent {
 
     /// The payload fingerprint.
     pub fn fingerprint(&self) -> String {
-        crate::canonical::fingerprint(&self.payload)
+        engine::canonical::fingerprint(&self.payload)
     }
 }
 

@@ -1,15 +1,15 @@
 //! The guard's cost per tool-call decision (steps 1–7: cancellation, registry, capability,
 //! strict schema + typed binding, invariants, tool budget, canonical repetition signature),
-//! excluding durable I/O. Run: `cargo bench -p engine --bench guard`.
+//! excluding durable I/O. Run: `cargo bench -p agent --bench guard`.
 //!
 //! No benchmark framework: many iterations timed with `std::time::Instant`, best of five
 //! rounds, printed as nanoseconds per decision.
 
-use chrono::{DateTime, Utc};
-use engine::agent::{
+use agent::{
     AgentEvent, AgentLimits, AgentState, ApprovalPolicy, EffectClass, ModelResponse, Registry, ResponseBlock,
     StopReason, Tool, ToolCall, ToolContext, ToolOutput, ToolSpec, Usage, Verdict, decide,
 };
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::hint::black_box;

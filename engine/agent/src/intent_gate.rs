@@ -1,4 +1,4 @@
-//! The spine's implementation of the agent harness's [`EffectGate`]: an agent's effect goes
+//! The harness's [`EffectGate`] over the executor: an agent's effect goes
 //! through the same intent lifecycle as a workflow's.
 //!
 //! Owns [`IntentGate`]. Guard step 8 is [`executor::reserve_for_run`] (key + fingerprint +
@@ -11,12 +11,12 @@
 //!
 //! Only refunds are supported: a charge needs a payment method, which an agent never holds.
 
-use crate::agent::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
-use crate::event::{Cause, IntentKey, RunId};
-use crate::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
-use crate::ledger::IntentStatus;
-use crate::log::{Ask, Asking, IntentAnswer};
-use crate::provider::{BoxFuture, CallOutcome, EffectKind, UnknownReason};
+use crate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
+use engine::event::{Cause, IntentKey, RunId};
+use engine::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
+use engine::ledger::IntentStatus;
+use engine::log::{Ask, Asking, IntentAnswer};
+use engine::provider::{BoxFuture, CallOutcome, EffectKind, UnknownReason};
 
 /// The intent lifecycle behind an agent's effect tools.
 #[derive(Clone)]

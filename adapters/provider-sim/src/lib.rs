@@ -1,4 +1,4 @@
-//! The payment provider simulator (`keel-provider-sim`).
+//! The payment provider simulator (`keel-provider-sim`), a crate of its own under `adapters/`.
 //!
 //! Owns a Stripe-like HTTP server on 127.0.0.1 with its own durable SQLite state, the seeded
 //! fault plan it plays, and the `keel-provider-sim` command line. It exists so that Keel's
@@ -7,6 +7,26 @@
 //! can be counted afterwards. It must never be linked into the engine's decisions: it is the
 //! other side of a process boundary, reached only over HTTP (tests start it in-process with
 //! [`Server::start`] purely to save a process spawn).
+//!
+//! Its main types: [`Server`] (started from a [`Config`], in this process), [`Process`] (the
+//! same server in a child process), [`FaultPlan`] (what it injects, see [`faults`]),
+//! [`EffectRecord`] (what it did, from [`list_effects`]), [`Rng`] (the seeded generator its
+//! fault plans and Keel's crash schedules draw from), and [`cli_main`], the whole
+//! `keel-provider-sim` binary.
+//!
+//! ```no_run
+//! use provider_sim::{Config, FaultPlan, Server, list_effects};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut config = Config::new("/tmp/sim.db");
+//! config.faults = FaultPlan::from_json(r#"{"rules": [{"operation": "charge", "fault": "decline", "times": 1}]}"#)?;
+//! let server = Server::start(config).await?;
+//! println!("point `keel --provider {}` at it", server.base_url());
+//! server.shutdown().await?;
+//! assert!(list_effects("/tmp/sim.db".as_ref())?.is_empty(), "a decline is no effect");
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # HTTP API
 //!
@@ -45,10 +65,14 @@ mod cli;
 mod db;
 pub mod faults;
 mod http;
+pub mod process;
+pub mod rng;
 
-pub use cli::{Cli, cli_main, cli_main_from};
+pub use cli::{cli_main, cli_main_from};
 pub use engine::provider::EffectKind;
 pub use faults::{FaultPlan, PlanError};
+pub use process::Process;
+pub use rng::Rng;
 
 use serde::Serialize;
 use std::net::SocketAddr;

@@ -6,15 +6,15 @@
 //!
 //! # Choice
 //!
-//! The engine never reads time and never sleeps by itself: the loop asks the injected
-//! [`crate::clock::Clock`] for `now` (budget checks) and the injected [`Timer`] for a future
+//! The harness never reads time and never sleeps by itself: the loop asks the injected
+//! [`engine::clock::Clock`] for `now` (budget checks) and the injected [`Timer`] for a future
 //! that resolves at the run's absolute deadline, and races the work against it. Caller
 //! cancellation wins every race; the work is polled before the deadline, so work that is
 //! already finished is never thrown away.
 
-use crate::clock::{Clock, ManualClock, ms_between};
-use crate::provider::BoxFuture;
 use chrono::{DateTime, Utc};
+use engine::clock::{Clock, ManualClock, ms_between};
+use engine::provider::BoxFuture;
 use std::future::{Future, poll_fn};
 use std::pin::pin;
 use std::sync::Arc;

@@ -12,20 +12,20 @@
 //! simulator's effects (`testkit::invariants`) and prints the report. Exit 0 only when no
 //! invariant broke.
 
+use super::start_sim;
 use crate::output::Output;
 use crate::wiring::Node;
 use crate::{ProviderArgs, exit};
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::executor::RunRequest;
 use engine::ledger::IntentStatus;
+use provider_sim::Rng;
 use serde::Serialize;
 use serde_json::{Value, json};
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
-use testkit::Rng;
 
 const TENANT: &str = "5b2d6c1a-8e3f-4a7b-9c0d-1e2f3a4b5c6d";
 const TOKEN: &str = "pm_soak_card_visa_4242424242";
@@ -143,47 +143,6 @@ where
     out
 }
 
-struct Sim {
-    child: Child,
-    url: String,
-}
-
-impl Sim {
-    fn start(dir: &Path, plan: Option<Value>) -> anyhow::Result<Self> {
-        let me = std::env::current_exe()?;
-        let sibling = me.with_file_name("keel-provider-sim");
-        let mut command = if sibling.exists() {
-            Command::new(sibling)
-        } else {
-            let mut command = Command::new(&me);
-            command.arg("provider-sim");
-            command
-        };
-        command.arg("serve").arg("--db").arg(dir.join("provider-sim.db"));
-        if let Some(plan) = plan {
-            let path = dir.join("faults.json");
-            std::fs::write(&path, serde_json::to_vec_pretty(&plan)?)?;
-            command.arg("--faults").arg(path);
-        }
-        let mut child = command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().context("start the simulator")?;
-        let stdout = child.stdout.take().context("the simulator's stdout is piped")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        match line.trim().strip_prefix("listening on ") {
-            Some(url) => Ok(Self { url: url.to_owned(), child }),
-            None => {
-                let _ = child.kill();
-                bail!("the simulator did not announce its address (got {line:?})")
-            }
-        }
-    }
-
-    fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn keel(db: &Path, url: &str) -> anyhow::Result<Command> {
     let mut command = Command::new(std::env::current_exe()?);
     command
@@ -228,18 +187,18 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
         {"operation": "lookup", "fault": "lookup_lies", "probability": 0.05},
         {"operation": "lookup", "fault": "lookup_absent_for_ms", "ms": 100}
     ]});
-    let sim = Sim::start(&dir, Some(plan))?;
+    let sim = start_sim(&sim_db, Some(&plan), Stdio::null())?;
     let mut rng = Rng::new(seed);
     let (mut killed, mut recovery_kills, mut round) = (0u64, 0u64, 0u64);
     while killed < kills {
-        let mut worker = keel(&db, &sim.url)?;
+        let mut worker = keel(&db, sim.url())?;
         worker.args(["soak-worker", "--seed", &seed.to_string(), "--round", &round.to_string()]);
         if kill_after(worker, 5 + rng.below(KILL_DELAY_MAX_MS))? {
             killed += 1;
         }
         round += 1;
         if round % 4 == 0 {
-            let mut resume = keel(&db, &sim.url)?;
+            let mut resume = keel(&db, sim.url())?;
             resume.arg("resume");
             if rng.chance(0.5) && killed < kills {
                 if kill_after(resume, rng.below(KILL_DELAY_MAX_MS))? {
@@ -251,12 +210,12 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
             }
         }
     }
-    sim.stop();
+    drop(sim);
 
     // Heal: a healthy provider, recovery, re-submissions, forced reconciliations.
-    let sim = Sim::start(&dir, None)?;
+    let sim = start_sim(&sim_db, None, Stdio::null())?;
     let provider = ProviderArgs {
-        url: Some(sim.url.clone()),
+        url: Some(sim.url().to_owned()),
         tier: "dedup+lookup".to_owned(),
         consistency_window_ms: 0,
         timeout_ms: 5_000,
@@ -293,7 +252,7 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
         }
         node.shutdown()?;
     }
-    sim.stop();
+    drop(sim);
 
     let report = testkit::invariants::check_files(&db, &sim_db).map_err(|e| anyhow::anyhow!("{e}"))?;
     let reader = store::Reader::open(&db)?;

@@ -5,7 +5,7 @@
 //! in its journal: a restart folds them back and never refills a budget. The counters
 //! themselves live in [`super::AgentState`]; the checks are in the guard and the loop.
 
-use crate::limits;
+use engine::limits;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

@@ -256,3 +256,12 @@ fn write_table(out: &mut impl std::io::Write, effects: &[super::EffectRecord]) -
     }
     writeln!(out, "{} effect(s)", effects.len())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

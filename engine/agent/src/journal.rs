@@ -13,11 +13,11 @@
 //!   from `append` is the permission to spend.
 
 use super::event::{AgentEvent, AgentState};
-use crate::event::{Cause, IntentKey, RunId, RunLimits};
-use crate::lease::{LeaseGrant, LeaseUse, Lessee};
-use crate::ledger::{Action, AgentRunStart, Command, Refusal, Reply, SpineRequest};
-use crate::log::{EventLog, LogError};
-use crate::provider::BoxFuture;
+use engine::event::{Cause, IntentKey, RunId, RunLimits};
+use engine::lease::{LeaseGrant, LeaseUse, Lessee};
+use engine::ledger::{Action, AgentRunStart, Command, Refusal, Reply, SpineRequest};
+use engine::log::{EventLog, LogError};
+use engine::provider::BoxFuture;
 use std::sync::{Arc, Mutex};
 
 /// Why the journal could not append or load.
@@ -267,10 +267,10 @@ impl AgentJournal for MemoryJournal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::AgentStatus;
-    use crate::clock::ManualClock;
-    use crate::event::Event;
-    use crate::memory::MemoryLog;
+    use crate::AgentStatus;
+    use engine::clock::ManualClock;
+    use engine::event::Event;
+    use engine::memory::MemoryLog;
 
     fn started(run_id: &str) -> AgentEvent {
         AgentEvent::AgentRunStarted {
@@ -288,13 +288,13 @@ mod tests {
     }
 
     fn process(pid: u32) -> Lessee {
-        Lessee::new(crate::lease::LeaseOwner { host: "h".into(), pid, started: 1, nonce: format!("n{pid}") })
+        Lessee::new(engine::lease::LeaseOwner { host: "h".into(), pid, started: 1, nonce: format!("n{pid}") })
     }
 
     fn journal_of(log: &Arc<MemoryLog>, start: bool, lessee: Lessee) -> LogJournal {
         let start = start.then(|| NewRun {
             input: serde_json::json!({}),
-            limits: crate::event::RunLimits {
+            limits: engine::event::RunLimits {
                 cost_minor_max: None,
                 attempts_per_intent_max: 1,
                 reconciliations_per_intent_max: 1,
@@ -310,9 +310,9 @@ mod tests {
 
     struct DeadOwner(u32);
 
-    impl crate::lease::OwnerProbe for DeadOwner {
-        fn liveness(&self, owner: &crate::lease::LeaseOwner) -> crate::lease::Liveness {
-            if owner.pid == self.0 { crate::lease::Liveness::Dead } else { crate::lease::Liveness::Alive }
+    impl engine::lease::OwnerProbe for DeadOwner {
+        fn liveness(&self, owner: &engine::lease::LeaseOwner) -> engine::lease::Liveness {
+            if owner.pid == self.0 { engine::lease::Liveness::Dead } else { engine::lease::Liveness::Alive }
         }
     }
 
@@ -384,7 +384,7 @@ mod tests {
         let types: Vec<&str> = log.events().iter().map(|e| e.event.type_name()).collect();
         assert_eq!(types, ["RunStarted", "AgentRecorded", "AgentRecorded", "AgentRecorded", "RunFinished"]);
         let finished = log.events().into_iter().last().map(|e| e.event);
-        assert!(matches!(finished, Some(Event::RunFinished { status: crate::event::RunStatus::ModelBudget, .. })));
+        assert!(matches!(finished, Some(Event::RunFinished { status: engine::event::RunStatus::ModelBudget, .. })));
         let late = journal.append(vec![AgentEvent::ModelCallReserved { call: 2, hold: None }]).await;
         assert!(late.is_err(), "nothing is appended to a finished run");
     }

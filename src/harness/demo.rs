@@ -6,6 +6,7 @@
 //! mid-attempt, recovers with `resume`, and checks every expectation against the log and the
 //! simulator's own count of effects. It exits 0 only when every expectation held.
 
+use super::start_sim;
 use crate::output::Output;
 use crate::wiring::Node;
 use crate::{ProviderArgs, exit};
@@ -13,11 +14,11 @@ use anyhow::{Context as _, bail};
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::executor::{IntentOutcome, RunOutcome, RunRequest};
 use engine::provider::EffectKind;
+use provider_sim::Process;
 use serde::Serialize;
 use serde_json::{Value, json};
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
@@ -32,58 +33,6 @@ struct Scene {
     got: String,
     effects_at_provider: usize,
     ok: bool,
-}
-
-/// A running simulator child process.
-struct Sim {
-    child: Child,
-    url: String,
-}
-
-impl Sim {
-    fn start(dir: &Path, plan: Option<Value>) -> anyhow::Result<Self> {
-        let mut command = sim_command()?;
-        command.arg("serve").arg("--db").arg(dir.join("provider-sim.db"));
-        if let Some(plan) = plan {
-            let path = dir.join("faults.json");
-            std::fs::write(&path, serde_json::to_vec_pretty(&plan)?)?;
-            command.arg("--faults").arg(path);
-        }
-        let mut child = command
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start the provider simulator")?;
-        let stdout = child.stdout.take().context("the simulator's stdout is piped")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let url = line.trim().strip_prefix("listening on ").map(str::to_owned);
-        match url {
-            Some(url) => Ok(Self { child, url }),
-            None => {
-                let _ = child.kill();
-                bail!("the simulator did not announce its address (got {line:?})")
-            }
-        }
-    }
-
-    fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The simulator binary next to this one, or this binary's `provider-sim` subcommand.
-fn sim_command() -> anyhow::Result<Command> {
-    let me = std::env::current_exe()?;
-    let sibling = me.with_file_name("keel-provider-sim");
-    Ok(if sibling.exists() {
-        Command::new(sibling)
-    } else {
-        let mut command = Command::new(me);
-        command.arg("provider-sim");
-        command
-    })
 }
 
 fn provider_args(url: &str, timeout_ms: u64) -> ProviderArgs {
@@ -111,15 +60,21 @@ fn request(workflow: &str) -> RunRequest {
 }
 
 struct Demo {
-    dir: PathBuf,
     db: PathBuf,
+    sim_db: PathBuf,
     scenes: Vec<Scene>,
     human: bool,
 }
 
 impl Demo {
+    /// The simulator, serving the demo's provider state with `plan`: its state is durable,
+    /// so the demo restarts it between scenes to change the plan.
+    fn sim(&self, plan: Option<Value>) -> anyhow::Result<Process> {
+        start_sim(&self.sim_db, plan.as_ref(), Stdio::inherit())
+    }
+
     fn effects(&self, key: &IntentKey) -> anyhow::Result<usize> {
-        let effects = adapters::sim::list_effects(&self.dir.join("provider-sim.db"))?;
+        let effects = provider_sim::list_effects(&self.sim_db)?;
         Ok(effects.iter().filter(|e| e.idempotency_key == key.as_str()).count())
     }
 
@@ -152,8 +107,14 @@ impl Demo {
         Ok(())
     }
 
-    async fn run_effect(&self, sim: &Sim, workflow: &str, input: &Value, timeout_ms: u64) -> anyhow::Result<String> {
-        let node = Node::open(&self.db, store::Durability::Full, &provider_args(&sim.url, timeout_ms), None)?;
+    async fn run_effect(
+        &self,
+        sim: &Process,
+        workflow: &str,
+        input: &Value,
+        timeout_ms: u64,
+    ) -> anyhow::Result<String> {
+        let node = Node::open(&self.db, store::Durability::Full, &provider_args(sim.url(), timeout_ms), None)?;
         let outcome = node.executor.start(workflow, input, request(workflow)).await?;
         node.shutdown()?;
         Ok(describe(&outcome))
@@ -188,14 +149,15 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
         None => std::env::temp_dir().join(format!("keel-demo-{}", uuid::Uuid::new_v4())),
     };
     std::fs::create_dir_all(&dir)?;
-    let mut demo = Demo { db: dir.join("keel.db"), dir: dir.clone(), scenes: Vec::new(), human: !out.json };
+    let mut demo =
+        Demo { db: dir.join("keel.db"), sim_db: dir.join("provider-sim.db"), scenes: Vec::new(), human: !out.json };
     if demo.human {
         println!("Keel demo — files in {}\n", dir.display());
     }
     let key = |kind, id: &str| IntentKey::new(kind, TENANT, id);
 
     // 1–3: a charge, the same charge again, the same key with another amount.
-    let sim = Sim::start(&dir, None)?;
+    let sim = demo.sim(None)?;
     let first = charge_input("order_1842_charge", "order_1842", 4900);
     let got = demo.run_effect(&sim, "charge", &first, 5_000).await?;
     demo.check("a charge of 49.00 EUR", &key(EffectKind::Charge, "order_1842_charge"), "validated (provider)", got, 1)?;
@@ -215,36 +177,31 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
         got,
         1,
     )?;
-    sim.stop();
+    drop(sim);
 
     // 4: the provider takes the money but the answer is lost.
-    let sim = Sim::start(
-        &dir,
-        Some(
-            json!({"seed": 4, "rules": [{"operation": "charge", "fault": "timeout_after_effect", "times": 1, "ms": 5000}]}),
-        ),
-    )?;
+    let sim = demo.sim(Some(
+        json!({"seed": 4, "rules": [{"operation": "charge", "fault": "timeout_after_effect", "times": 1, "ms": 5000}]}),
+    ))?;
     let lost = key(EffectKind::Charge, "order_1900_charge");
     let got = demo.run_effect(&sim, "charge", &charge_input("order_1900_charge", "order_1900", 2500), 800).await?;
     demo.check("a charge whose answer is lost (timeout after effect)", &lost, "outcome_unknown", got, 1)?;
-    let node = Node::open(&demo.db, store::Durability::Full, &provider_args(&sim.url, 5_000), None)?;
+    let node = Node::open(&demo.db, store::Durability::Full, &provider_args(sim.url(), 5_000), None)?;
     let reconciled = node.executor.reconcile(&lost, Cause::command("demo reconcile")).await?;
     node.shutdown()?;
     let got = describe_intent(&reconciled);
     demo.check("… then `keel reconcile` looks it up by its key", &lost, "validated (reconciled)", got, 1)?;
-    sim.stop();
+    drop(sim);
 
     // 5: a worker process killed with SIGKILL mid-attempt, recovered by `resume`.
-    let sim = Sim::start(
-        &dir,
-        Some(json!({"seed": 5, "rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 3000}]})),
-    )?;
+    let sim = demo
+        .sim(Some(json!({"seed": 5, "rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 3000}]})))?;
     let killed = key(EffectKind::Charge, "order_2001_charge");
-    kill_worker_mid_attempt(&demo.db, &sim.url, &killed).await?;
+    kill_worker_mid_attempt(&demo.db, sim.url(), &killed).await?;
     if demo.human {
         println!("✔ a `keel charge` worker killed with SIGKILL while its attempt was in flight");
     }
-    let node = Node::open(&demo.db, store::Durability::Full, &provider_args(&sim.url, 5_000), None)?;
+    let node = Node::open(&demo.db, store::Durability::Full, &provider_args(sim.url(), 5_000), None)?;
     let report = node.executor.recover_and_resume(Cause::command("demo resume")).await?;
     node.shutdown()?;
     let recovered = report.recovered.iter().any(|k| k.as_str() == killed.as_str());
@@ -265,10 +222,10 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
         got,
         1,
     )?;
-    sim.stop();
+    drop(sim);
 
     // 6: refunds, bounded by the amount charged.
-    let sim = Sim::start(&dir, None)?;
+    let sim = demo.sim(None)?;
     let got = demo.run_effect(&sim, "refund", &refund_input("order_1842_refund_1", "order_1842", 4000), 5_000).await?;
     demo.check(
         "a refund of 40.00 on the 49.00 order",
@@ -285,7 +242,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
         got,
         0,
     )?;
-    sim.stop();
+    drop(sim);
 
     let reader = store::Reader::open(&demo.db)?;
     let verify = reader.verify()?;

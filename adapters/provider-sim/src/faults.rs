@@ -44,6 +44,7 @@
 //! spent either way). With neither `times` nor `probability` it fires on every lookup, which
 //! is the usual way to model an eventually consistent provider.
 
+use crate::rng::Rng;
 use serde::Deserialize;
 use std::path::Path;
 
@@ -389,40 +390,18 @@ fn validate_rule(index: usize, value: serde_json::Value) -> Result<Rule, PlanErr
     Ok(Rule { target, fault, firing })
 }
 
-/// splitmix64: tiny, well-distributed, and fully determined by its seed. Enough for picking
-/// faults; not for anything secret.
-#[derive(Clone, Debug)]
-struct SplitMix64 {
-    state: u64,
-}
-
-impl SplitMix64 {
-    fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A uniform draw in `[0, 1)`, from the top 53 bits so every value is an exact f64.
-    fn next_unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// A plan being played: the rules' remaining firings and the PRNG. One per server; callers
 /// serialise access so that decisions follow request arrival order.
 #[derive(Clone, Debug)]
 pub struct FaultState {
     rules: Vec<Rule>,
-    prng: SplitMix64,
+    prng: Rng,
 }
 
 impl FaultState {
     /// Starts playing `plan` from its first request.
     pub fn new(plan: &FaultPlan) -> Self {
-        Self { rules: plan.rules.clone(), prng: SplitMix64 { state: plan.seed } }
+        Self { rules: plan.rules.clone(), prng: Rng::from_state(plan.seed) }
     }
 
     /// The fault for the next request of `operation`, if any; see the module doc for the
@@ -442,7 +421,7 @@ impl FaultState {
                     true
                 }
                 Firing::Times { .. } => false,
-                Firing::Probability(p) => self.prng.next_unit() < *p,
+                Firing::Probability(p) => self.prng.chance(*p),
                 Firing::Always => true,
             };
             if fires {

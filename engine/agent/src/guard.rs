@@ -32,12 +32,12 @@ use super::journal::AgentJournal;
 use super::model::ToolCall;
 use super::outcome::AgentStatus;
 use super::registry::{ApprovalPolicy, EffectClass, Prepared, Registry, ToolContext};
-use crate::canonical;
-use crate::clock::Clock;
-use crate::limits;
 use chrono::{DateTime, Utc};
+use engine::canonical;
+use engine::clock::Clock;
+use engine::limits;
 
-/// Everything outside the engine a run needs: where it writes, what time it is, how to wait,
+/// Everything outside the harness a run needs: where it writes, what time it is, how to wait,
 /// how the caller stops it, and (for effect tools) the spine's intent gate.
 #[derive(Clone, Copy)]
 pub struct AgentEnv<'a> {
@@ -559,7 +559,7 @@ async fn wait_for_approval(
         known => {
             let closes_at = match known {
                 Some(wait) => wait.closes_at,
-                None => crate::clock::plus_ms(now, window_ms),
+                None => engine::clock::plus_ms(now, window_ms),
             };
             let awaited = AgentEvent::ApprovalAwaited {
                 call_id: call_id.to_owned(),

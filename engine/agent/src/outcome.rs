@@ -85,8 +85,8 @@ impl AgentStatus {
     }
 
     /// The run status the spine records in `RunFinished` for this agent status.
-    pub fn run_status(&self) -> crate::event::RunStatus {
-        use crate::event::RunStatus as R;
+    pub fn run_status(&self) -> engine::event::RunStatus {
+        use engine::event::RunStatus as R;
         match self {
             Self::Completed => R::Completed,
             Self::Incomplete => R::Incomplete,

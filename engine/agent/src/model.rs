@@ -9,7 +9,7 @@
 //! ([`ResponseBlock::ToolUse::arguments`]), so malformed or truncated arguments stay
 //! detectable: the guard parses them and never guesses.
 
-use crate::provider::BoxFuture;
+use engine::provider::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

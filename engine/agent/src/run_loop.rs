@@ -65,8 +65,8 @@ use super::guard::{self, AgentEnv, GuardedScope, Invoked, Verdict};
 use super::model::{ModelRequest, ModelResponse, ModelTransport, StopReason, ToolCall, TransportError};
 use super::outcome::{AgentStatus, RunOutcome};
 use super::registry::{EffectClass, Registry};
-use crate::clock::checked_plus_ms;
-use crate::limits;
+use engine::clock::checked_plus_ms;
+use engine::limits;
 use std::collections::BTreeSet;
 
 /// What a new run starts with (ignored, apart from its id, when the journal already holds

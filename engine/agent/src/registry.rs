@@ -14,9 +14,9 @@
 use super::event::{CorrectionCode, ToolStamp};
 use super::gate::{EffectIntent, EffectOutcome, EffectTicket};
 use super::model::ToolDescriptor;
-use crate::canonical::{self, StrictJsonErrorKind};
-use crate::limits;
-use crate::provider::BoxFuture;
+use engine::canonical::{self, StrictJsonErrorKind};
+use engine::limits;
+use engine::provider::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;

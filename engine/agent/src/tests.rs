@@ -3,9 +3,9 @@
 //! `workflows`.
 
 use super::*;
-use crate::clock::ManualClock;
-use crate::provider::BoxFuture;
 use chrono::{TimeZone, Utc};
+use engine::clock::ManualClock;
+use engine::provider::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
