@@ -50,7 +50,10 @@ impl Chain {
         if in_stream && !codec::follows_in_stream(conn, &stored.stream, stored.stream_seq, seq)? {
             return Err(Error::corrupt(
                 seq,
-                format!("stream_seq {} on stream {} does not follow its previous event", stored.stream_seq, stored.stream),
+                format!(
+                    "stream_seq {} on stream {} does not follow its previous event",
+                    stored.stream_seq, stored.stream
+                ),
             ));
         }
         self.last_seq = seq;

@@ -139,7 +139,8 @@ fn remove_if(map: &mut serde_json::Map<String, Value>, field: &str, expected: &s
 
 /// The event of a packed payload stored on `stream` with type `type_name`.
 pub(crate) fn unpack_payload(stream: &str, type_name: &str, bytes: &[u8], seq: u64) -> Result<Event> {
-    let mut payload = packed::decode(bytes).map_err(|e| Error::corrupt(seq, format!("payload does not unpack: {e}")))?;
+    let mut payload =
+        packed::decode(bytes).map_err(|e| Error::corrupt(seq, format!("payload does not unpack: {e}")))?;
     if let Value::Object(map) = &mut payload {
         if let Some(key) = stream.strip_prefix("intent:") {
             if type_name == "IntentReserved" {
@@ -284,8 +285,9 @@ impl CompactRow {
     fn decode(self, prev_hash: String) -> Result<StoredEvent> {
         let seq = to_u64(self.seq, 0, "seq")?;
         let stream_seq = to_u64(self.stream_seq, seq, "stream_seq")?;
-        let stream =
-            self.stream.ok_or_else(|| Error::corrupt(seq, format!("stream id {} is not in streams", self.stream_id)))?;
+        let stream = self
+            .stream
+            .ok_or_else(|| Error::corrupt(seq, format!("stream id {} is not in streams", self.stream_id)))?;
         let type_name = type_name(self.type_code, seq)?;
         let at = from_micros(self.at, seq)?;
         let actor = self.actor.ok_or_else(|| Error::corrupt(seq, "its actor id is not in actors"))?;
@@ -607,7 +609,10 @@ mod tests {
             (key.stream(), reserved),
             (key.stream(), Event::AttemptStarted { key: key.clone(), attempt: 1, run_id: run.clone() }),
             (colon.stream(), Event::ApprovalExpired { key: colon.clone() }),
-            (run.stream(), Event::RunFinished { run_id: run.clone(), status: engine::event::RunStatus::Completed, detail: None }),
+            (
+                run.stream(),
+                Event::RunFinished { run_id: run.clone(), status: engine::event::RunStatus::Completed, detail: None },
+            ),
         ];
         for (stream, event) in cases {
             let packed = pack_payload(&stream, &event);

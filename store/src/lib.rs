@@ -95,5 +95,7 @@ pub mod writer;
 pub use error::{Error, Result};
 pub use projection::{IntentRow, RunRow};
 pub use reader::{Mismatch, Phase, Progress, Reader, VERIFY_MISMATCHES_MAX, VerifyReport};
-pub use schema::{BUSY_TIMEOUT_DEFAULT_MS, Durability, MIGRATIONS, Migration, Options, SCHEMA_VERSION, WAL_AUTOCHECKPOINT_PAGES};
+pub use schema::{
+    BUSY_TIMEOUT_DEFAULT_MS, Durability, MIGRATIONS, Migration, Options, SCHEMA_VERSION, WAL_AUTOCHECKPOINT_PAGES,
+};
 pub use writer::{Store, WriterStats};

@@ -402,7 +402,7 @@ mod tests {
         }
         assert!(decode(&[OBJECT, 0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
         assert!(decode(&[42]).is_err());
-        let mut deep = vec![ARRAY, 1].repeat(DEPTH_MAX + 2);
+        let mut deep = [ARRAY, 1].repeat(DEPTH_MAX + 2);
         deep.push(NULL);
         assert!(decode(&deep).is_err());
     }

@@ -308,7 +308,7 @@ impl Reader {
                 report.push(event_mismatch(error));
                 chain_ok = false;
             }
-            if report.events % PROGRESS_EVERY == 0 {
+            if report.events.is_multiple_of(PROGRESS_EVERY) {
                 progress(Progress { phase: Phase::Chain, done: report.events, total });
             }
             Ok(())
@@ -414,7 +414,12 @@ struct Tally {
 }
 
 /// Compares one replayed stream with its row; counts what it replayed.
-fn compare_one(conn: &Connection, found: Found, report: &mut VerifyReport, tally: &mut Tally) -> Result<Option<Mismatch>> {
+fn compare_one(
+    conn: &Connection,
+    found: Found,
+    report: &mut VerifyReport,
+    tally: &mut Tally,
+) -> Result<Option<Mismatch>> {
     match found {
         Found::Broken { seq, detail } => Ok(Some(Mismatch::Event { seq, detail })),
         Found::Intent { stream, run, intent } => {

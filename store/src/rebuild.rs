@@ -101,7 +101,8 @@ fn read_stream(conn: &Connection, name: &str) -> Result<std::result::Result<Vec<
         }
         let expected = events.len() as u64 + 1;
         if stored.stream_seq != expected {
-            *failure = Some((stored.seq, format!("stream_seq {} on stream {name}, expected {expected}", stored.stream_seq)));
+            *failure =
+                Some((stored.seq, format!("stream_seq {} on stream {name}, expected {expected}", stored.stream_seq)));
         } else if stored.event.stream() != stream {
             *failure = Some((
                 stored.seq,
@@ -133,7 +134,12 @@ fn started_before(conn: &Connection, run_id: &RunId, seq: u64) -> Result<bool> {
 }
 
 /// Replays one intent's stream. `retries` gains the network retries it counts against runs.
-fn replay_intent(conn: &Connection, stream: i64, events: &[StoredEvent], retries: &mut HashMap<RunId, u32>) -> Result<Found> {
+fn replay_intent(
+    conn: &Connection,
+    stream: i64,
+    events: &[StoredEvent],
+    retries: &mut HashMap<RunId, u32>,
+) -> Result<Found> {
     let Some(first) = events.first() else {
         return Ok(Found::Empty);
     };
@@ -147,7 +153,10 @@ fn replay_intent(conn: &Connection, stream: i64, events: &[StoredEvent], retries
         return Ok(Found::Broken { seq: first.seq, detail: "an intent stream that is not reserved".to_owned() });
     };
     if !started_before(conn, &intent.run_id, first.seq)? {
-        return Ok(Found::Broken { seq: first.seq, detail: format!("reserved by run {}, never started", intent.run_id) });
+        return Ok(Found::Broken {
+            seq: first.seq,
+            detail: format!("reserved by run {}, never started", intent.run_id),
+        });
     }
     for (run_id, stand_in) in alone.runs {
         if stand_in.network_retries > 0 {

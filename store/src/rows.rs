@@ -100,11 +100,8 @@ pub(crate) fn put_intent_maps(conn: &Connection, stream: i64, intent: &Intent) -
         stream
     ])?;
     if definition.kind == EffectKind::Charge && definition.business_ref != definition.order_id {
-        conn.prepare_cached("INSERT INTO refs (tenant, business_ref, intent) VALUES (?1, ?2, ?3)")?.execute(params![
-            definition.tenant,
-            definition.business_ref,
-            stream
-        ])?;
+        conn.prepare_cached("INSERT INTO refs (tenant, business_ref, intent) VALUES (?1, ?2, ?3)")?
+            .execute(params![definition.tenant, definition.business_ref, stream])?;
     }
     Ok(())
 }
@@ -252,7 +249,11 @@ fn ids(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Ve
 
 /// The intents of one order, in reservation order. Served by the `orders` primary key.
 pub(crate) fn order_intent_ids(conn: &Connection, tenant: &str, order_id: &str) -> Result<Vec<i64>> {
-    ids(conn, "SELECT intent FROM orders WHERE tenant = ?1 AND order_id = ?2 ORDER BY intent", params![tenant, order_id])
+    ids(
+        conn,
+        "SELECT intent FROM orders WHERE tenant = ?1 AND order_id = ?2 ORDER BY intent",
+        params![tenant, order_id],
+    )
 }
 
 /// The intents that may be charges under one business reference, in reservation order: those
@@ -313,7 +314,8 @@ pub(crate) fn intents_listed(conn: &Connection, status: Option<IntentStatus>) ->
         None => (format!("{INTENT_SELECT} WHERE ?1 = ?1 ORDER BY s.name"), 0),
     };
     let mut statement = conn.prepare_cached(&sql)?;
-    let records: Vec<IntentRecord> = statement.query_map([code], IntentRecord::from_row)?.collect::<rusqlite::Result<_>>()?;
+    let records: Vec<IntentRecord> =
+        statement.query_map([code], IntentRecord::from_row)?.collect::<rusqlite::Result<_>>()?;
     for record in records {
         out.push(record.decode(conn)?);
     }

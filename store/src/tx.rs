@@ -185,7 +185,9 @@ impl View for TxView<'_> {
         let candidates = self.or_note(ids.and_then(|ids| self.store.intents(ids)), Vec::new());
         candidates
             .into_iter()
-            .filter(|i| i.definition.kind == engine::provider::EffectKind::Charge && i.definition.business_ref == reference)
+            .filter(|i| {
+                i.definition.kind == engine::provider::EffectKind::Charge && i.definition.business_ref == reference
+            })
             .collect()
     }
 
@@ -304,7 +306,10 @@ impl<'a> TxEntities<'a> {
         for (&id, touched) in &self.touched {
             if let Entity::Intent(intent) = &touched.entity {
                 let run = self.store.id(&intent.run_id.stream())?.ok_or_else(|| {
-                    Error::corrupt(intent.last_seq, format!("intent {} names run {} without a stream", intent.key(), intent.run_id))
+                    Error::corrupt(
+                        intent.last_seq,
+                        format!("intent {} names run {} without a stream", intent.key(), intent.run_id),
+                    )
                 })?;
                 rows::put_intent(conn, id, run, intent)?;
                 if touched.new {

@@ -147,10 +147,9 @@ fn command(op: &Op, model: &MemoryLog, now: DateTime<Utc>) -> Option<Command> {
             };
             Command::new(cause(Some(*run)), action).starting(start.then(|| run_start(*run, now)))
         }
-        Op::StartAttempt { intent, refund, run } => Command::new(
-            cause(Some(*run)),
-            Action::StartAttempt { key: key(*intent, *refund), run_id: run_id(*run) },
-        ),
+        Op::StartAttempt { intent, refund, run } => {
+            Command::new(cause(Some(*run)), Action::StartAttempt { key: key(*intent, *refund), run_id: run_id(*run) })
+        }
         Op::Outcome { intent, refund, attempt, outcome } => {
             let k = key(*intent, *refund);
             let outcome = match outcome {
@@ -172,7 +171,10 @@ fn command(op: &Op, model: &MemoryLog, now: DateTime<Utc>) -> Option<Command> {
                 1 => LookupOutcome::Absent,
                 _ => LookupOutcome::Unavailable { detail: "503".to_owned() },
             };
-            Command::new(cause(None), Action::RecordLookup { key: k, reconciliation: u32::from(*reconciliation), outcome })
+            Command::new(
+                cause(None),
+                Action::RecordLookup { key: k, reconciliation: u32::from(*reconciliation), outcome },
+            )
         }
         Op::Approve { intent, refund } => Command::new(
             Cause::operator("ana"),
@@ -186,9 +188,7 @@ fn command(op: &Op, model: &MemoryLog, now: DateTime<Utc>) -> Option<Command> {
             Cause::operator("bob"),
             Action::Cancel { key: key(*intent, *refund), by: "bob".to_owned(), reason: "left".to_owned() },
         ),
-        Op::Recover => {
-            Command::new(Cause::recovery(), Action::Recover { owner: LeaseOwner::named("prop"), run: None })
-        }
+        Op::Recover => Command::new(Cause::recovery(), Action::Recover { owner: LeaseOwner::named("prop"), run: None }),
         Op::Snapshot => Command::new(cause(None), Action::Snapshot),
         Op::Finish { run } => Command::new(
             cause(Some(*run)),
@@ -232,7 +232,8 @@ fn check(ops: &[Op]) -> Result<(), TestCaseError> {
     let ledger = model.ledger();
     let rows: Vec<IntentRow> = ledger.intents().into_iter().map(IntentRow::from_intent).collect();
     prop_assert_eq!(reader.intents(None).expect("intents"), rows);
-    let runs: Vec<RunRow> = ledger.runs().into_iter().map(|r| RunRow::from_run(r, &ledger.run_intents(&r.run_id))).collect();
+    let runs: Vec<RunRow> =
+        ledger.runs().into_iter().map(|r| RunRow::from_run(r, &ledger.run_intents(&r.run_id))).collect();
     prop_assert_eq!(reader.runs().expect("runs"), runs);
     let report = reader.verify().expect("verify runs");
     prop_assert!(report.is_ok(), "{}", report);

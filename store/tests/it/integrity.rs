@@ -119,7 +119,8 @@ fn a_rewritten_hash_breaks_the_chain_at_that_event() {
     // Seq 4 rehashed over another previous hash: its own content no longer checks.
     let reader = store::Reader::open(&fixture.path).expect("reader");
     let fourth = reader.events_since(3).expect("events")[0].clone();
-    let hash = chain_hash(&"ab".repeat(32), 4, &fourth.stream, fourth.stream_seq, fourth.at, &fourth.cause, &fourth.event);
+    let hash =
+        chain_hash(&"ab".repeat(32), 4, &fourth.stream, fourth.stream_seq, fourth.at, &fourth.cause, &fourth.event);
     raw.execute("UPDATE events SET hash = ?1 WHERE seq = 4", [hex::decode(&hash).expect("hex")]).expect("tamper");
     forget_verified_point(&fixture);
     let reopened = Store::open(&fixture.path, Options::default(), Arc::clone(&fixture.clock) as _);
@@ -156,7 +157,10 @@ fn a_changed_intent_status_column_is_named_with_both_values() {
     let fixture = populated();
     fixture
         .raw()
-        .execute(&format!("UPDATE intents SET status = 4 WHERE stream = {INTENT_STREAM}"), [key("intent-000001").as_str()])
+        .execute(
+            &format!("UPDATE intents SET status = 4 WHERE stream = {INTENT_STREAM}"),
+            [key("intent-000001").as_str()],
+        )
         .expect("update");
     let mismatch = first_mismatch(&fixture);
     assert_eq!(
@@ -180,7 +184,10 @@ fn a_corrupt_intent_state_is_named_with_the_first_differing_field() {
         )
         .expect("update");
     let mismatch = first_mismatch(&fixture).to_string();
-    assert!(mismatch.starts_with("intents row charge:t1:intent-000001: attempts is 1 in the table, 0 by replay"), "{mismatch}");
+    assert!(
+        mismatch.starts_with("intents row charge:t1:intent-000001: attempts is 1 in the table, 0 by replay"),
+        "{mismatch}"
+    );
     fixture.raw().execute("UPDATE intents SET state = x'ff'", []).expect("update");
     let mismatch = first_mismatch(&fixture).to_string();
     assert!(mismatch.contains("does not decode"), "{mismatch}");
@@ -200,7 +207,8 @@ fn deleted_and_extra_run_rows_are_named_by_verify() {
     let raw = fixture.raw();
     // A careless tool with foreign keys off can delete a run its intents still name.
     raw.pragma_update(None, "foreign_keys", "OFF").expect("foreign keys off");
-    raw.execute("DELETE FROM runs WHERE stream = (SELECT id FROM streams WHERE name = 'run:run-1')", []).expect("delete");
+    raw.execute("DELETE FROM runs WHERE stream = (SELECT id FROM streams WHERE name = 'run:run-1')", [])
+        .expect("delete");
     let report = fixture.store.reader().expect("reader").verify().expect("verify");
     assert_eq!(
         report.first_mismatch().map(ToString::to_string).as_deref(),
