@@ -14,4 +14,5 @@ mod golden;
 mod kills;
 mod leases;
 mod model;
+mod teeth;
 mod testkit;
