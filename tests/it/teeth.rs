@@ -9,7 +9,7 @@
 //! - a lookup or a direct answer that reports another amount or currency never validates;
 //! - a tool call proposed after the run's deadline is not admitted.
 
-use crate::cli::{Sim, TENANT};
+use crate::cli::{TENANT, start_sim};
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -121,7 +121,7 @@ fn wait_until_due(desk: &Desk, key: &str) {
 }
 
 fn effects_at(sim_db: &Path) -> usize {
-    adapters::sim::list_effects(sim_db).expect("the simulator's effects").len()
+    provider_sim::list_effects(sim_db).expect("the simulator's effects").len()
 }
 
 // ----- attempts are bounded ----------------------------------------------------------------------
@@ -134,9 +134,9 @@ fn effects_at(sim_db: &Path) -> usize {
 #[test]
 fn a_resend_loop_after_proven_absences_escalates_once_its_attempts_are_spent() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let sim = Sim::with_faults(dir.path(), Some(CHARGES_FAIL));
+    let sim = start_sim(dir.path(), Some(CHARGES_FAIL));
     let sim_db = dir.path().join("sim.db");
-    let desk = Desk::new(dir, sim.1.clone(), "dedup+lookup");
+    let desk = Desk::new(dir, sim.url().to_owned(), "dedup+lookup");
     let charge = with(charge_args("7001"), &["--max-attempts", "2"]);
     let key = charge_key("7001");
 
@@ -173,9 +173,9 @@ fn a_resend_loop_after_proven_absences_escalates_once_its_attempts_are_spent() {
 #[test]
 fn a_resend_loop_by_key_alone_escalates_once_its_attempts_are_spent() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let sim = Sim::with_faults(dir.path(), Some(CHARGES_FAIL));
+    let sim = start_sim(dir.path(), Some(CHARGES_FAIL));
     let sim_db = dir.path().join("sim.db");
-    let desk = Desk::new(dir, sim.1.clone(), "dedup");
+    let desk = Desk::new(dir, sim.url().to_owned(), "dedup");
     let charge = with(charge_args("7002"), &["--max-attempts", "2"]);
     let key = charge_key("7002");
 
@@ -208,9 +208,9 @@ fn a_resend_loop_by_key_alone_escalates_once_its_attempts_are_spent() {
 fn a_resend_is_not_started_when_the_deadline_leaves_no_time_to_reconcile_it() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let plan = r#"{"seed": 1, "rules": [{"operation": "charge", "fault": "fail_before_effect", "times": 1}]}"#;
-    let sim = Sim::with_faults(dir.path(), Some(plan));
+    let sim = start_sim(dir.path(), Some(plan));
     let sim_db = dir.path().join("sim.db");
-    let desk = Desk::new(dir, sim.1.clone(), "dedup+lookup");
+    let desk = Desk::new(dir, sim.url().to_owned(), "dedup+lookup");
     let charge = charge_args("7003");
     let key = charge_key("7003");
 
@@ -421,7 +421,7 @@ fn a_tool_call_proposed_after_the_deadline_is_not_admitted() {
     assert_eq!(output.status.signal(), Some(libc::SIGABRT), "{}", String::from_utf8_lossy(&output.stderr));
     let ledger = store::Reader::open(&db).expect("opens").ledger().expect("folds");
     let run = ledger.runs().into_iter().next().expect("the run was started").clone();
-    let state = &run.agent;
+    let state = crate::agent::agent_state(&db, run.run_id.as_str());
     assert_eq!(state.turns.len(), 1, "the first answer is recorded");
     assert_eq!(state.turns[0].response.tool_calls().len(), 1, "it proposes one tool call");
     assert_eq!(state.tool_calls, 0, "the call is not reserved yet");
@@ -435,9 +435,10 @@ fn a_tool_call_proposed_after_the_deadline_is_not_admitted() {
     assert_eq!(report["status"], "deadline_exceeded", "{report}");
     assert_eq!(report["tool_calls"], 0, "the call proposed after the deadline was not admitted: {report}");
     let ledger = store::Reader::open(&db).expect("opens").ledger().expect("folds");
-    let after = ledger.run(&run.run_id).expect("the run");
-    assert_eq!(after.agent.tool_calls, 0);
-    assert_eq!(after.agent.results().count(), 0, "the body never ran");
+    assert!(ledger.run(&run.run_id).is_some(), "the run");
+    let after = crate::agent::agent_state(&db, run.run_id.as_str());
+    assert_eq!(after.tool_calls, 0);
+    assert_eq!(after.results().count(), 0, "the body never ran");
     let (code, report) = crate::agent::keel(&db, &["verify"], &[]);
     assert_eq!(code, 0, "{report}");
 }
