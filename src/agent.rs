@@ -46,7 +46,7 @@ use agent::{
 use anyhow::Context as _;
 use engine::clock::Clock;
 use engine::event::{Cause, RunId, RunLimits};
-use engine::log::EventLog;
+use engine::log::{Ask, Asking, EventLog};
 use engine::provider::{BoxFuture, Secret};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -438,11 +438,8 @@ async fn claim_and_recover(
             Err(other) => return Err(format!("cannot take run {run_id}: {other}")),
         }
     }
-    let recover = engine::ledger::Action::Recover { owner: lessee.owner().clone(), run: Some(run_id.clone()) };
-    log.execute(engine::ledger::Command::new(cause.clone(), recover))
-        .await
-        .map(drop)
-        .map_err(|error| format!("cannot recover run {run_id}: {error}"))
+    let recover = Ask::recover(cause.clone(), lessee.owner().clone(), Some(run_id.clone()));
+    log.ask(recover).await.map(drop).map_err(|error| format!("cannot recover run {run_id}: {error}"))
 }
 
 fn plan_new(

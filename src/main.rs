@@ -16,6 +16,7 @@ mod output;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
+use engine::log::Ask;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -488,7 +489,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Cancel { key, by: by.clone(), reason: reason.clone() },
+                |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone()),
                 &by,
             )
             .await
@@ -503,7 +504,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Approve { key, by: by.clone(), ttl_ms, fingerprint: fingerprint.clone() },
+                |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone()),
                 &by,
             )
             .await
@@ -514,7 +515,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Deny { key, by: by.clone(), reason: reason.clone() },
+                |cause, key| Ask::deny(cause, key, by.clone(), reason.clone()),
                 &by,
             )
             .await

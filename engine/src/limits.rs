@@ -68,6 +68,21 @@ pub const WRITER_BATCH_MAX: usize = 512;
 /// callers instead of growing memory. Enforced where the store creates its channel.
 pub const WRITER_CHANNEL_CAPACITY: usize = 4_096;
 
+/// Entities (intents and runs) the store's writer keeps decoded in memory between commands,
+/// and stream ids it remembers. A command reads the few entities it is about; a hot set of
+/// this size serves a workload's in-flight intents and their runs without re-reading rows,
+/// and bounds the writer's memory whatever the log's size (an entity is one to two KiB
+/// decoded: at most about 16 MiB). Enforced by the store's cache, which drops the least
+/// recently used half when full.
+pub const ENTITY_CACHE_MAX: usize = 8_192;
+
+/// Events a writer appends (or checks) before it records them as verified in the log
+/// (`meta.verified_seq`), besides at shutdown. `Store::open` checks only the events after
+/// that point, so after a crash an open re-checks at most this many events plus one batch
+/// (a few tens of milliseconds); recording costs one page per this many events. Enforced by
+/// the store's writer.
+pub const VERIFIED_MARK_EVENTS: u64 = 2_048;
+
 /// Largest JSON payload accepted for one event, in bytes. Checked before append.
 pub const EVENT_PAYLOAD_MAX_BYTES: usize = 64 * 1024;
 
@@ -148,6 +163,8 @@ pub const SECRET_PIECE_MIN_CHARS: usize = 4;
 const _: () = assert!(RECONCILE_BACKOFF_BASE_MS <= RECONCILE_BACKOFF_MAX_MS);
 const _: () = assert!(RECONCILIATION_RESERVE_MS < RUN_DEADLINE_DEFAULT_MS);
 const _: () = assert!(WRITER_BATCH_MAX <= WRITER_CHANNEL_CAPACITY);
+// A batch's own entities stay cached across it: twice the largest batch at the least.
+const _: () = assert!(ENTITY_CACHE_MAX >= 2 * WRITER_BATCH_MAX);
 const _: () = assert!(INTENT_ID_MIN_CHARS < INTENT_ID_MAX_CHARS);
 const _: () = assert!(ATTEMPTS_PER_INTENT_DEFAULT >= 1);
 const _: () = assert!(NETWORK_RETRY_BACKOFF_BASE_MS <= NETWORK_RETRY_BACKOFF_MAX_MS);

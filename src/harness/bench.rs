@@ -10,7 +10,7 @@ use crate::exit;
 use crate::output::Output;
 use crate::wiring::Node;
 use engine::event::{Cause, RunId, RunLimits};
-use engine::executor::RunRequest;
+use engine::executor::{IntentOutcome, RunRequest, ValidatedBy};
 use engine::memory::MemoryProvider;
 use serde::Serialize;
 use serde_json::json;
@@ -69,10 +69,10 @@ pub async fn run(
             .collect(),
     );
 
-    let (first, latencies, seconds) = pass(&node, &inputs, concurrency, "validated").await?;
+    let (first, latencies, seconds) = pass(&node, &inputs, concurrency, Expect::Validated).await?;
     let stats = node.store.stats();
     let effects_first = provider.effect_count();
-    let (deduplicated, _, _) = pass(&node, &inputs, concurrency, "deduplicated").await?;
+    let (deduplicated, _, _) = pass(&node, &inputs, concurrency, Expect::Deduplicated).await?;
     let effects_after = provider.effect_count();
     node.shutdown()?;
     for suffix in ["", "-wal", "-shm"] {
@@ -121,13 +121,30 @@ pub async fn run(
     Ok(if ok { exit::OK } else { exit::INTERNAL })
 }
 
-/// Runs every input once from `concurrency` callers; counts outcomes whose `status`
-/// (first pass) or `source` (re-submission) is `expect`.
+/// What a pass expects of every outcome.
+#[derive(Clone, Copy)]
+enum Expect {
+    /// Validated (the first pass: a new effect each).
+    Validated,
+    /// Returned as the stored result (the re-submission pass: no new effect).
+    Deduplicated,
+}
+
+impl Expect {
+    fn matches(self, outcome: &IntentOutcome) -> bool {
+        match self {
+            Self::Validated => outcome.is_validated(),
+            Self::Deduplicated => outcome.source == Some(ValidatedBy::Deduplicated),
+        }
+    }
+}
+
+/// Runs every input once from `concurrency` callers; counts the outcomes that meet `expect`.
 async fn pass(
     node: &Arc<Node>,
     inputs: &Arc<Vec<serde_json::Value>>,
     concurrency: usize,
-    expect: &'static str,
+    expect: Expect,
 ) -> anyhow::Result<(usize, Vec<Duration>, f64)> {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -149,8 +166,7 @@ async fn pass(
                 let began = Instant::now();
                 let outcome = node.executor.start("charge", input, request).await?;
                 latencies.push(began.elapsed());
-                let field = if expect == "deduplicated" { "source" } else { "status" };
-                if outcome.output.get(field).and_then(serde_json::Value::as_str) == Some(expect) {
+                if outcome.intent.as_ref().is_some_and(|intent| expect.matches(intent)) {
                     matched += 1;
                 }
             }

@@ -12,7 +12,7 @@ use crate::wiring::Node;
 use crate::{ProviderArgs, exit};
 use anyhow::{Context as _, bail};
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
-use engine::executor::RunRequest;
+use engine::executor::{IntentOutcome, RunOutcome, RunRequest};
 use engine::provider::EffectKind;
 use provider_sim::Process;
 use serde::Serialize;
@@ -117,17 +117,25 @@ impl Demo {
         let node = Node::open(&self.db, store::Durability::Full, &provider_args(sim.url(), timeout_ms), None)?;
         let outcome = node.executor.start(workflow, input, request(workflow)).await?;
         node.shutdown()?;
-        Ok(describe(&outcome.output))
+        Ok(describe(&outcome))
     }
 }
 
-fn describe(output: &Value) -> String {
-    let text = |name: &str| output.get(name).and_then(Value::as_str).map(str::to_owned);
-    match (text("status"), text("source"), text("code")) {
-        (Some(status), Some(source), _) => format!("{status} ({source})"),
-        (Some(status), None, Some(code)) => format!("{status} ({code})"),
-        (Some(status), _, _) => status,
-        _ => "no status".to_owned(),
+/// An outcome as the demo's expectations spell it: `validated (provider)`, `rejected
+/// (intent_payload_mismatch)`, `outcome_unknown`…
+fn describe(outcome: &RunOutcome) -> String {
+    match (&outcome.intent, &outcome.rejection) {
+        (Some(intent), _) => describe_intent(intent),
+        (None, Some(rejection)) => format!("rejected ({})", rejection.code.as_str()),
+        (None, None) => outcome.status.as_str().to_owned(),
+    }
+}
+
+fn describe_intent(intent: &IntentOutcome) -> String {
+    match (intent.source, &intent.code) {
+        (Some(source), _) => format!("{} ({})", intent.status.as_str(), source.as_str()),
+        (None, Some(code)) => format!("{} ({})", intent.status.as_str(), code.as_str()),
+        (None, None) => intent.status.as_str().to_owned(),
     }
 }
 
@@ -181,7 +189,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     let node = Node::open(&demo.db, store::Durability::Full, &provider_args(sim.url(), 5_000), None)?;
     let reconciled = node.executor.reconcile(&lost, Cause::command("demo reconcile")).await?;
     node.shutdown()?;
-    let got = describe(&serde_json::to_value(&reconciled)?);
+    let got = describe_intent(&reconciled);
     demo.check("… then `keel reconcile` looks it up by its key", &lost, "validated (reconciled)", got, 1)?;
     drop(sim);
 
@@ -196,7 +204,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     let node = Node::open(&demo.db, store::Durability::Full, &provider_args(sim.url(), 5_000), None)?;
     let report = node.executor.recover_and_resume(Cause::command("demo resume")).await?;
     node.shutdown()?;
-    let recovered = report.recovered.iter().any(|k| k == killed.as_str());
+    let recovered = report.recovered.iter().any(|k| k.as_str() == killed.as_str());
     let ledger = store::Reader::open(&demo.db)?.ledger()?;
     let got = match ledger.intent(&killed) {
         Some(intent) => match intent.source {

@@ -77,17 +77,25 @@
 //! **Only this crate knows SQL.** Everything it writes is derived from
 //! `engine::ledger::Ledger::decide`; it never decides anything itself.
 
+mod cache;
+mod chain;
 mod checkpoint;
 mod codec;
 mod error;
 mod leases;
+mod packed;
 mod projection;
 mod reader;
+mod rebuild;
+mod rows;
 mod schema;
+mod tx;
 pub mod writer;
 
 pub use error::{Error, Result};
 pub use projection::{IntentRow, RunRow};
-pub use reader::{Mismatch, Reader, VERIFY_MISMATCHES_MAX, VerifyReport};
-pub use schema::{BUSY_TIMEOUT_DEFAULT_MS, Durability, MIGRATIONS, Options, SCHEMA_VERSION, WAL_AUTOCHECKPOINT_PAGES};
+pub use reader::{Mismatch, Phase, Progress, Reader, VERIFY_MISMATCHES_MAX, VerifyReport};
+pub use schema::{
+    BUSY_TIMEOUT_DEFAULT_MS, Durability, MIGRATIONS, Migration, Options, SCHEMA_VERSION, WAL_AUTOCHECKPOINT_PAGES,
+};
 pub use writer::{Store, WriterStats};

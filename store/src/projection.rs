@@ -1,17 +1,15 @@
-//! The `intents` and `runs` projections: rows derived from the fold.
+//! What listings show of an intent or a run: [`IntentRow`] and [`RunRow`], flat rows derived
+//! from the entity states (`keel intents`, `keel verify --json`, the test kit).
 //!
-//! A row is a function of the [`Ledger`] alone ([`IntentRow::from_intent`],
-//! [`RunRow::from_run`]): the writer upserts the rows a batch touched in the batch's own
-//! transaction, and `verify` rebuilds every row the same way and compares. Nothing else ever
-//! writes these tables. Times are stored in the store's one text form (RFC 3339,
-//! microseconds, `Z`).
+//! A row is a function of its entity alone ([`IntentRow::from_intent`]; a run's row also
+//! sums its intents' money, [`RunRow::from_run`]). The stored entity rows are
+//! `crate::rows`; these are their public face. Times are RFC 3339, microseconds, `Z`.
 
 use crate::codec::{format_time, to_i64};
 use engine::event::Source;
-use engine::ledger::{Intent, Ledger, Run, View as _};
-use rusqlite::{Connection, params};
+use engine::ledger::{Intent, Run};
+use engine::money::checked_sum;
 use serde::Serialize;
-use std::sync::LazyLock;
 
 /// One row of the `intents` projection: what `keel intents` lists.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -76,39 +74,6 @@ pub struct IntentRow {
     pub last_seq: i64,
 }
 
-/// The `intents` columns, in table order (and in [`IntentRow`] field order).
-pub(crate) const INTENT_COLUMNS: [&str; 29] = [
-    "key",
-    "kind",
-    "tenant",
-    "intent_id",
-    "order_id",
-    "business_ref",
-    "status",
-    "fingerprint",
-    "amount_minor",
-    "currency",
-    "run_id",
-    "capability",
-    "attempts",
-    "attempts_max",
-    "reconciliations",
-    "reconciliations_max",
-    "source",
-    "provider_ref",
-    "decline_code",
-    "unknown_reason",
-    "reconcile_after",
-    "first_sent_at",
-    "last_sent_at",
-    "approval_required",
-    "approval_expires_at",
-    "absence_proven",
-    "note",
-    "duplicates_suppressed",
-    "last_seq",
-];
-
 /// One row of the `runs` projection.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RunRow {
@@ -135,21 +100,6 @@ pub struct RunRow {
     /// Global sequence of its latest event.
     pub last_seq: i64,
 }
-
-/// The `runs` columns, in table order (and in [`RunRow`] field order).
-pub(crate) const RUN_COLUMNS: [&str; 11] = [
-    "run_id",
-    "workflow",
-    "status",
-    "detail",
-    "started_at",
-    "deadline_at",
-    "cost_committed_minor",
-    "cost_minor_max",
-    "intents",
-    "journal_len",
-    "last_seq",
-];
 
 fn source_name(source: Source) -> &'static str {
     match source {
@@ -194,81 +144,13 @@ impl IntentRow {
             last_seq: to_i64(intent.last_seq),
         }
     }
-
-    pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            key: row.get(0)?,
-            kind: row.get(1)?,
-            tenant: row.get(2)?,
-            intent_id: row.get(3)?,
-            order_id: row.get(4)?,
-            business_ref: row.get(5)?,
-            status: row.get(6)?,
-            fingerprint: row.get(7)?,
-            amount_minor: row.get(8)?,
-            currency: row.get(9)?,
-            run_id: row.get(10)?,
-            capability: row.get(11)?,
-            attempts: row.get(12)?,
-            attempts_max: row.get(13)?,
-            reconciliations: row.get(14)?,
-            reconciliations_max: row.get(15)?,
-            source: row.get(16)?,
-            provider_ref: row.get(17)?,
-            decline_code: row.get(18)?,
-            unknown_reason: row.get(19)?,
-            reconcile_after: row.get(20)?,
-            first_sent_at: row.get(21)?,
-            last_sent_at: row.get(22)?,
-            approval_required: row.get(23)?,
-            approval_expires_at: row.get(24)?,
-            absence_proven: row.get(25)?,
-            note: row.get(26)?,
-            duplicates_suppressed: row.get(27)?,
-            last_seq: row.get(28)?,
-        })
-    }
-
-    pub(crate) fn upsert(&self, conn: &Connection) -> rusqlite::Result<()> {
-        static SQL: LazyLock<String> = LazyLock::new(|| upsert_sql("intents", &INTENT_COLUMNS));
-        conn.prepare_cached(&SQL)?.execute(params![
-            self.key,
-            self.kind,
-            self.tenant,
-            self.intent_id,
-            self.order_id,
-            self.business_ref,
-            self.status,
-            self.fingerprint,
-            self.amount_minor,
-            self.currency,
-            self.run_id,
-            self.capability,
-            self.attempts,
-            self.attempts_max,
-            self.reconciliations,
-            self.reconciliations_max,
-            self.source,
-            self.provider_ref,
-            self.decline_code,
-            self.unknown_reason,
-            self.reconcile_after,
-            self.first_sent_at,
-            self.last_sent_at,
-            self.approval_required,
-            self.approval_expires_at,
-            self.absence_proven,
-            self.note,
-            self.duplicates_suppressed,
-            self.last_seq,
-        ])?;
-        Ok(())
-    }
 }
 
 impl RunRow {
-    /// The row the projection holds for `run`, whose money is summed from `ledger`.
-    pub fn from_run(run: &Run, ledger: &Ledger) -> Self {
+    /// The row of `run`, whose money is summed from `intents` (the intents it reserved).
+    pub fn from_run(run: &Run, intents: &[Intent]) -> Self {
+        let committed = checked_sum(intents.iter().filter(|i| i.money_committed()).map(|i| i.definition.amount_minor))
+            .expect("a run's amounts sum inside i64: Reserve refuses one that would not");
         Self {
             run_id: run.run_id.as_str().to_owned(),
             workflow: run.workflow.clone(),
@@ -276,114 +158,11 @@ impl RunRow {
             detail: run.detail.clone(),
             started_at: format_time(run.started_at),
             deadline_at: format_time(run.deadline_at),
-            cost_committed_minor: ledger.run_cost_committed_minor(&run.run_id),
+            cost_committed_minor: committed,
             cost_minor_max: run.limits.cost_minor_max,
-            intents: i64::try_from(ledger.run_intents(&run.run_id).len()).expect("a run's intents fit in i64"),
+            intents: i64::try_from(intents.len()).expect("a run's intents fit in i64"),
             journal_len: i64::from(run.journal_len),
             last_seq: to_i64(run.last_seq),
         }
     }
-
-    pub(crate) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            run_id: row.get(0)?,
-            workflow: row.get(1)?,
-            status: row.get(2)?,
-            detail: row.get(3)?,
-            started_at: row.get(4)?,
-            deadline_at: row.get(5)?,
-            cost_committed_minor: row.get(6)?,
-            cost_minor_max: row.get(7)?,
-            intents: row.get(8)?,
-            journal_len: row.get(9)?,
-            last_seq: row.get(10)?,
-        })
-    }
-
-    pub(crate) fn upsert(&self, conn: &Connection) -> rusqlite::Result<()> {
-        static SQL: LazyLock<String> = LazyLock::new(|| upsert_sql("runs", &RUN_COLUMNS));
-        conn.prepare_cached(&SQL)?.execute(params![
-            self.run_id,
-            self.workflow,
-            self.status,
-            self.detail,
-            self.started_at,
-            self.deadline_at,
-            self.cost_committed_minor,
-            self.cost_minor_max,
-            self.intents,
-            self.journal_len,
-            self.last_seq,
-        ])?;
-        Ok(())
-    }
-}
-
-/// `INSERT … ON CONFLICT (first column) DO UPDATE SET every other column`: an update in
-/// place, so the row keeps its b-tree slot (unlike `INSERT OR REPLACE`, a delete + insert).
-fn upsert_sql(table: &str, columns: &[&str]) -> String {
-    let names = columns.join(", ");
-    let placeholders: Vec<String> = (1..=columns.len()).map(|i| format!("?{i}")).collect();
-    let updates: Vec<String> = columns[1..].iter().map(|c| format!("{c} = excluded.{c}")).collect();
-    format!(
-        "INSERT INTO {table} ({names}) VALUES ({}) ON CONFLICT ({}) DO UPDATE SET {}",
-        placeholders.join(", "),
-        columns[0],
-        updates.join(", ")
-    )
-}
-
-/// `SELECT every column FROM table`, for [`IntentRow::from_row`] / [`RunRow::from_row`].
-pub(crate) fn select_sql(table: &str, columns: &[&str]) -> String {
-    format!("SELECT {} FROM {table}", columns.join(", "))
-}
-
-/// The first column where two rows differ, in column order, with both values as text.
-pub(crate) fn first_difference<T: Serialize>(
-    columns: &[&'static str],
-    table: &T,
-    replay: &T,
-) -> Option<(&'static str, String, String)> {
-    let table = serde_json::to_value(table).expect("rows serialize: plain fields");
-    let replay = serde_json::to_value(replay).expect("rows serialize: plain fields");
-    columns.iter().find_map(|&column| {
-        let (a, b) = (&table[column], &replay[column]);
-        (a != b).then(|| (column, show(a), show(b)))
-    })
-}
-
-fn show(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::String(text) => text.clone(),
-        other => other.to_string(),
-    }
-}
-
-/// Upserts the rows of `intents` and `runs` (and of the run of every intent) from `ledger`.
-///
-/// Runs are written first: an intent row then always finds its run, so the foreign key is
-/// checked by one primary-key lookup and no violation is ever outstanding (an outstanding
-/// one would make SQLite scan `intents` for every run inserted after it).
-pub(crate) fn write_rows<'a>(
-    conn: &Connection,
-    ledger: &'a Ledger,
-    intents: impl IntoIterator<Item = &'a engine::event::IntentKey>,
-    runs: impl IntoIterator<Item = &'a engine::event::RunId>,
-) -> rusqlite::Result<()> {
-    let intents: Vec<&Intent> = intents
-        .into_iter()
-        .map(|key| ledger.intent(key).expect("a touched intent is in the ledger: its event was just folded"))
-        .collect();
-    // The run's committed money follows its intents' statuses.
-    let mut run_ids: Vec<&engine::event::RunId> = runs.into_iter().chain(intents.iter().map(|i| &i.run_id)).collect();
-    run_ids.sort_unstable();
-    run_ids.dedup();
-    for run_id in run_ids {
-        let run = ledger.run(run_id).expect("a touched run is in the ledger: its event was just folded");
-        RunRow::from_run(run, ledger).upsert(conn)?;
-    }
-    for intent in intents {
-        IntentRow::from_intent(intent).upsert(conn)?;
-    }
-    Ok(())
 }

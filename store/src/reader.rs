@@ -1,19 +1,30 @@
 //! Readers: their own read-only connections, never the writer's.
 //!
-//! A [`Reader`] serves the CLI and tests: events, one stream, the projections, the fold, and
-//! [`Reader::verify`], which checks the whole file against itself. In WAL mode a reader sees
-//! the last commit that finished before its statement (or transaction) started, and never
-//! blocks the writer.
+//! A [`Reader`] serves the CLI and tests: events, one stream, the entity rows as listings,
+//! and [`Reader::verify`], which checks the whole file against itself. In WAL mode a reader
+//! sees the last commit that finished before its statement (or transaction) started, and
+//! never blocks the writer.
+//!
+//! # Cost
+//!
+//! [`Reader::open`] only checks the schema version. [`Reader::intent_state`],
+//! [`Reader::stream`], [`Reader::history`], [`Reader::intent`] and [`Reader::intents`] with a
+//! status read what they return through an index. [`Reader::verify`] and [`Reader::ledger`]
+//! read everything: `verify` streams (one stream's events in memory at a time),
+//! `ledger` folds the whole log into memory and is for checkers and tests, never commands.
 
-use crate::codec::{self, RawEvent, check_follows, recompute_hash};
+use crate::chain::Chain;
+use crate::codec;
 use crate::error::{Error, Result};
-use crate::projection::{INTENT_COLUMNS, IntentRow, RUN_COLUMNS, RunRow, first_difference, select_sql};
+use crate::projection::{IntentRow, RunRow};
+use crate::rebuild::{self, Found, MapCounts};
+use crate::rows;
 use crate::schema;
 use engine::event::{GENESIS_HASH, IntentKey, RunId, StoredEvent, StreamId};
-use engine::ledger::{Intent, Ledger, RunHistory};
-use rusqlite::{Connection, OptionalExtension};
+use engine::ledger::{Intent, IntentStatus, Ledger, RunHistory};
+use rusqlite::Connection;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use serde_json::Value;
 use std::fmt;
 use std::path::Path;
 
@@ -39,7 +50,8 @@ pub enum Mismatch {
         /// What is wrong.
         detail: String,
     },
-    /// An `intents` row differs from the replay, or is missing or extra.
+    /// An `intents` row (or its `orders`/`refs` entries) differs from the replay, or is
+    /// missing or extra.
     Intent {
         /// The intent key.
         key: String,
@@ -115,6 +127,29 @@ impl fmt::Display for VerifyReport {
     }
 }
 
+/// What [`Reader::verify_with`] is doing, for a progress display.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Checking the hash chain, event by event in sequence order.
+    Chain,
+    /// Replaying each stream alone and comparing its entity row.
+    Streams,
+}
+
+/// How far [`Reader::verify_with`] got in its current phase.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    /// The phase.
+    pub phase: Phase,
+    /// Events (chain) or streams (streams) done.
+    pub done: u64,
+    /// How many there are.
+    pub total: u64,
+}
+
+/// How often verify reports progress: every this many events or streams.
+const PROGRESS_EVERY: u64 = 4_096;
+
 impl Reader {
     /// Opens a read-only connection on the log at `path`.
     ///
@@ -129,12 +164,20 @@ impl Reader {
 
     /// Every event after `seq` (0 for all), in order, each decoded and hash-checked.
     pub fn events_since(&self, seq: u64) -> Result<Vec<StoredEvent>> {
-        codec::events_after(&self.conn, seq)
+        let snapshot = self.conn.unchecked_transaction()?;
+        let mut out = Vec::new();
+        codec::scan_events(&snapshot, seq, |stored| {
+            codec::check_hash(&stored)?;
+            out.push(stored);
+            Ok(())
+        })?;
+        Ok(out)
     }
 
     /// One stream's events, in stream order, each decoded and hash-checked.
     pub fn stream(&self, stream: &StreamId) -> Result<Vec<StoredEvent>> {
-        codec::stream_events(&self.conn, stream)
+        let snapshot = self.conn.unchecked_transaction()?;
+        codec::stream_events(&snapshot, stream)
     }
 
     /// One intent's state, folded from its own stream (hash-checked): what `keel show`
@@ -164,185 +207,278 @@ impl Reader {
         engine::ledger::fold::history(&events).map(Some).map_err(|e| Error::corrupt(e.seq, e.to_string()))
     }
 
-    /// The `intents` projection in key order, only those with `status` when given (a status
-    /// name from `IntentStatus::as_str`; an unknown name matches nothing).
+    /// The intents in key order, only those with `status` when given (a status name from
+    /// `IntentStatus::as_str`; an unknown name matches nothing). With a status, the cost is
+    /// that status's intents (an index); without, every intent.
     pub fn intents(&self, status: Option<&str>) -> Result<Vec<IntentRow>> {
-        let select = select_sql("intents", &INTENT_COLUMNS);
+        let status = match status {
+            Some(name) => match IntentStatus::parse(name) {
+                Some(status) => Some(status),
+                None => return Ok(Vec::new()),
+            },
+            None => None,
+        };
+        let snapshot = self.conn.unchecked_transaction()?;
+        Ok(rows::intents_listed(&snapshot, status)?.iter().map(IntentRow::from_intent).collect())
+    }
+
+    /// One intent's row.
+    pub fn intent(&self, key: &IntentKey) -> Result<Option<IntentRow>> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        Ok(rows::intent_by_key(&snapshot, key)?.map(|(_, intent)| IntentRow::from_intent(&intent)))
+    }
+
+    /// Every run's row, in id order.
+    pub fn runs(&self) -> Result<Vec<RunRow>> {
+        let snapshot = self.conn.unchecked_transaction()?;
         let mut out = Vec::new();
-        match status {
-            Some(status) => {
-                let mut statement = self.conn.prepare_cached(&format!("{select} WHERE status = ?1 ORDER BY key"))?;
-                for row in statement.query_map([status], IntentRow::from_row)? {
-                    out.push(row?);
-                }
-            }
-            None => {
-                let mut statement = self.conn.prepare_cached(&format!("{select} ORDER BY key"))?;
-                for row in statement.query_map([], IntentRow::from_row)? {
-                    out.push(row?);
-                }
-            }
+        for (stream, run) in rows::runs_listed(&snapshot)? {
+            out.push(RunRow::from_run(&run, &run_intents(&snapshot, stream)?));
         }
         Ok(out)
     }
 
-    /// One `intents` row.
-    pub fn intent(&self, key: &IntentKey) -> Result<Option<IntentRow>> {
-        let select = select_sql("intents", &INTENT_COLUMNS);
-        let mut statement = self.conn.prepare_cached(&format!("{select} WHERE key = ?1"))?;
-        Ok(statement.query_row([key.as_str()], IntentRow::from_row).optional()?)
-    }
-
-    /// The `runs` projection in id order.
-    pub fn runs(&self) -> Result<Vec<RunRow>> {
-        let select = select_sql("runs", &RUN_COLUMNS);
-        let mut statement = self.conn.prepare_cached(&format!("{select} ORDER BY run_id"))?;
-        let rows = statement.query_map([], RunRow::from_row)?;
-        Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
-    }
-
-    /// One `runs` row.
+    /// One run's row.
     pub fn run(&self, run_id: &RunId) -> Result<Option<RunRow>> {
-        let select = select_sql("runs", &RUN_COLUMNS);
-        let mut statement = self.conn.prepare_cached(&format!("{select} WHERE run_id = ?1"))?;
-        Ok(statement.query_row([run_id.as_str()], RunRow::from_row).optional()?)
+        let snapshot = self.conn.unchecked_transaction()?;
+        let Some((stream, run)) = rows::run_by_id(&snapshot, run_id)? else {
+            return Ok(None);
+        };
+        Ok(Some(RunRow::from_run(&run, &run_intents(&snapshot, stream)?)))
     }
 
     /// The fold of the whole log, every event checked (decoding, hash, chain, order) before
-    /// it is applied.
+    /// it is applied. Its memory grows with the log: for checkers and tests.
     ///
     /// # Errors
     ///
     /// [`Error::Corrupt`] naming the first event that does not check.
-    ///
-    /// # Panics
-    ///
-    /// When the fold meets an impossible transition in a log whose chain checks: a bug in
-    /// the engine or a log written by one. [`Reader::verify`] reports it instead.
     pub fn ledger(&self) -> Result<Ledger> {
         // One read transaction: one snapshot from the first event to the last.
         let snapshot = self.conn.unchecked_transaction()?;
         let mut ledger = Ledger::new();
-        codec::fold_new_events(&snapshot, &mut ledger)?;
+        codec::scan_events(&snapshot, 0, |stored| {
+            codec::check_hash(&stored)?;
+            ledger.try_apply(&stored).map_err(|e| Error::corrupt(e.seq, e.to_string()))
+        })?;
         Ok(ledger)
     }
 
-    /// Checks the whole file: every event in order (gap-free `seq` and `stream_seq`, the hash
-    /// chain recomputed, every payload decoded, the fold accepting it), then every projection
-    /// row against the one rebuilt from the replay (missing, extra, differing columns).
-    ///
-    /// Mismatches are data in the report, never an `Err` and never a panic; the first one is
-    /// named precisely. After the first bad event the replay stops (what follows cannot be
-    /// trusted) and the projections are not compared.
+    /// [`Reader::verify_with`] without progress reports.
     ///
     /// # Errors
     ///
     /// Only when the database cannot be read ([`Error::Sqlite`], [`Error::Busy`]).
     pub fn verify(&self) -> Result<VerifyReport> {
-        // One snapshot for events and projections, so a concurrent commit cannot look like
-        // a mismatch.
+        self.verify_with(&mut |_| {})
+    }
+
+    /// Checks the whole file, in bounded memory: every event in sequence order (gap-free
+    /// `seq`, the hash chain recomputed, every payload decoded), then every stream replayed
+    /// alone (gap-free `stream_seq`, the fold accepting it) and its entity row compared with
+    /// the replay (missing, extra, differing fields, indexed columns, order and reference
+    /// entries). `progress` is called every few thousand events or streams.
+    ///
+    /// Mismatches are data in the report, never an `Err` and never a panic; the first one is
+    /// named precisely. After the first bad event the chain is not trusted and the rows are
+    /// not compared.
+    ///
+    /// # Errors
+    ///
+    /// Only when the database cannot be read ([`Error::Sqlite`], [`Error::Busy`]).
+    pub fn verify_with(&self, progress: &mut dyn FnMut(Progress)) -> Result<VerifyReport> {
+        // One snapshot for events and rows, so a concurrent commit cannot look like a mismatch.
         let snapshot = self.conn.unchecked_transaction()?;
         let mut report = VerifyReport {
             events: 0,
             intents: 0,
             runs: 0,
-            intent_rows: 0,
-            run_rows: 0,
+            intent_rows: count(&snapshot, "intents")?,
+            run_rows: count(&snapshot, "runs")?,
             last_hash: GENESIS_HASH.to_owned(),
             mismatches: Vec::new(),
             mismatch_count: 0,
         };
-        let mut ledger = Ledger::new();
-        let mut replay_ok = true;
-        codec::scan_events(&snapshot, 0, |raw| {
+        let (total, _) = codec::head(&snapshot)?;
+        let mut chain = Chain { last_seq: 0, last_hash: GENESIS_HASH.to_owned() };
+        let mut chain_ok = true;
+        let scanned = codec::scan_events(&snapshot, 0, |stored| {
             report.events += 1;
-            if replay_ok && let Err(detail) = check_and_fold(&mut ledger, &raw) {
-                report.push(Mismatch::Event { seq: raw.seq(), detail });
-                replay_ok = false;
+            if chain_ok && let Err(error) = chain.check(&snapshot, &stored, false) {
+                report.push(event_mismatch(error));
+                chain_ok = false;
+            }
+            if report.events.is_multiple_of(PROGRESS_EVERY) {
+                progress(Progress { phase: Phase::Chain, done: report.events, total });
             }
             Ok(())
-        })?;
-        report.last_hash = ledger.last_hash().to_owned();
-        report.intents = ledger.intents().len() as u64;
-        report.runs = ledger.runs().len() as u64;
-
-        let table_intents = read_all(&snapshot, "intents", &INTENT_COLUMNS, IntentRow::from_row, |r| r.key.clone())?;
-        let table_runs = read_all(&snapshot, "runs", &RUN_COLUMNS, RunRow::from_row, |r| r.run_id.clone())?;
-        report.intent_rows = table_intents.len() as u64;
-        report.run_rows = table_runs.len() as u64;
-        if !replay_ok {
+        });
+        match scanned {
+            Ok(()) => {}
+            Err(error @ Error::Corrupt { .. }) => {
+                if chain_ok {
+                    report.push(event_mismatch(error));
+                }
+                chain_ok = false;
+            }
+            Err(other) => return Err(other),
+        }
+        report.last_hash = chain.last_hash.clone();
+        if !chain_ok {
             return Ok(report);
         }
-        let replay_intents: BTreeMap<String, IntentRow> =
-            ledger.intents().into_iter().map(|i| (i.key().as_str().to_owned(), IntentRow::from_intent(i))).collect();
-        let replay_runs: BTreeMap<String, RunRow> =
-            ledger.runs().into_iter().map(|r| (r.run_id.as_str().to_owned(), RunRow::from_run(r, &ledger))).collect();
-        for (key, detail) in compare(&INTENT_COLUMNS, &table_intents, &replay_intents) {
-            report.push(Mismatch::Intent { key, detail });
-        }
-        for (run_id, detail) in compare(&RUN_COLUMNS, &table_runs, &replay_runs) {
-            report.push(Mismatch::Run { run_id, detail });
-        }
+        self.compare_rows(&snapshot, &mut report, progress)?;
         Ok(report)
     }
+
+    /// The streams pass of `verify`.
+    fn compare_rows(
+        &self,
+        conn: &Connection,
+        report: &mut VerifyReport,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<()> {
+        let streams: i64 = conn.query_row("SELECT coalesce(max(id), 0) FROM streams", [], |row| row.get(0))?;
+        let total = codec::to_u64(streams, 0, "max(id)")?;
+        let mut tally = Tally::default();
+        let replayed_events = rebuild::replay_streams(
+            conn,
+            &mut |found| {
+                if let Some(mismatch) = compare_one(conn, found, report, &mut tally)? {
+                    report.push(mismatch);
+                }
+                Ok(())
+            },
+            &mut |done| {
+                if done % PROGRESS_EVERY == 0 {
+                    progress(Progress { phase: Phase::Streams, done, total });
+                }
+            },
+        )?;
+        if replayed_events != report.events {
+            let detail = format!("{} events belong to no stream", report.events.abs_diff(replayed_events));
+            report.push(Mismatch::Event { seq: 0, detail });
+        }
+        // Every row either matched a replayed entity or is extra.
+        if report.intent_rows > tally.intent_rows {
+            for key in rebuild::extra_rows(conn, "intents", "intent:")? {
+                report.push(Mismatch::Intent { key, detail: "in the table but not in the replay".to_owned() });
+            }
+        }
+        if report.run_rows > tally.run_rows {
+            for run_id in rebuild::extra_rows(conn, "runs", "run:")? {
+                report.push(Mismatch::Run { run_id, detail: "in the table but not in the replay".to_owned() });
+            }
+        }
+        for (table, expected) in [("orders", tally.maps.orders), ("refs", tally.maps.refs)] {
+            let found = count(conn, table)?;
+            if found != expected {
+                let detail = format!("{found} entries, the intents call for {expected}");
+                report.push(Mismatch::Intent { key: format!("({table})"), detail });
+            }
+        }
+        Ok(())
+    }
 }
 
-/// Checks one raw event against the replay so far and folds it. `Err` says what is wrong.
-fn check_and_fold(ledger: &mut Ledger, raw: &RawEvent) -> std::result::Result<(), String> {
-    let expected = ledger.last_seq() + 1;
-    if raw.seq != codec::to_i64(expected) {
-        return Err(format!("expected seq {expected} next (gap or duplicate)"));
-    }
-    let detail = |error: Error| match error {
-        Error::Corrupt { detail, .. } => detail,
-        other => other.to_string(),
-    };
-    let stored = raw.decode().map_err(detail)?;
-    check_follows(ledger, &stored).map_err(detail)?;
-    let computed = recompute_hash(&stored);
-    if computed != stored.hash {
-        return Err(format!("hash mismatch (stored {}, computed {computed})", stored.hash));
-    }
-    ledger.try_apply(&stored).map_err(|error| format!("the fold rejects it: {error}"))
-}
-
-fn read_all<T>(
-    conn: &Connection,
-    table: &str,
-    columns: &[&str],
-    from_row: fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-    key: fn(&T) -> String,
-) -> Result<BTreeMap<String, T>> {
-    let mut statement = conn.prepare(&select_sql(table, columns))?;
-    let mut out = BTreeMap::new();
-    for row in statement.query_map([], from_row)? {
-        let row = row?;
-        out.insert(key(&row), row);
+/// The intents a run reserved.
+fn run_intents(conn: &Connection, stream: i64) -> Result<Vec<Intent>> {
+    let mut out = Vec::new();
+    for id in rows::run_intent_ids(conn, stream)? {
+        out.extend(rows::intent_at(conn, id)?);
     }
     Ok(out)
 }
 
-/// Every difference between the table's rows and the replay's, in key order.
-fn compare<T: Serialize>(
-    columns: &[&'static str],
-    table: &BTreeMap<String, T>,
-    replay: &BTreeMap<String, T>,
-) -> Vec<(String, String)> {
-    let mut keys: Vec<&String> = table.keys().chain(replay.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    keys.into_iter()
-        .filter_map(|key| {
-            let detail = match (table.get(key), replay.get(key)) {
-                (None, Some(_)) => "missing from the table (the replay has it)".to_owned(),
-                (Some(_), None) => "in the table but not in the replay".to_owned(),
-                (Some(stored), Some(rebuilt)) => {
-                    let (column, in_table, by_replay) = first_difference(columns, stored, rebuilt)?;
-                    format!("{column} is {in_table} in the table, {by_replay} by replay")
+fn count(conn: &Connection, table: &str) -> Result<u64> {
+    let n: i64 = conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |row| row.get(0))?;
+    codec::to_u64(n, 0, "count")
+}
+
+fn event_mismatch(error: Error) -> Mismatch {
+    match error {
+        Error::Corrupt { seq, detail } => Mismatch::Event { seq, detail },
+        other => Mismatch::Event { seq: 0, detail: other.to_string() },
+    }
+}
+
+/// What the streams pass has seen of the rows.
+#[derive(Default)]
+struct Tally {
+    /// Replayed intents that have a row.
+    intent_rows: u64,
+    /// Replayed runs that have a row.
+    run_rows: u64,
+    /// The order and reference entries the replayed intents call for.
+    maps: MapCounts,
+}
+
+/// Compares one replayed stream with its row; counts what it replayed.
+fn compare_one(
+    conn: &Connection,
+    found: Found,
+    report: &mut VerifyReport,
+    tally: &mut Tally,
+) -> Result<Option<Mismatch>> {
+    match found {
+        Found::Broken { seq, detail } => Ok(Some(Mismatch::Event { seq, detail })),
+        Found::Intent { stream, run, intent } => {
+            report.intents += 1;
+            let key = intent.key().as_str().to_owned();
+            let detail = match rows::intent_record(conn, stream)? {
+                None => Some("missing from the table (the replay has it)".to_owned()),
+                Some(record) => {
+                    tally.intent_rows += 1;
+                    match record.decode(conn) {
+                        Err(error) => Some(format!("does not decode: {error}")),
+                        Ok(stored) => differs(&stored, &intent)
+                            .or_else(|| record.columns_match(&intent, run))
+                            .map_or_else(|| tally.maps.check(conn, stream, &intent), |d| Ok(Some(d)))?,
+                    }
                 }
-                (None, None) => return None,
             };
-            Some((key.clone(), detail))
-        })
-        .collect()
+            Ok(detail.map(|detail| Mismatch::Intent { key, detail }))
+        }
+        Found::Run { stream, run } => {
+            report.runs += 1;
+            let run_id = run.run_id.as_str().to_owned();
+            let detail = match rows::run_record(conn, stream)? {
+                None => Some("missing from the table (the replay has it)".to_owned()),
+                Some(record) => {
+                    tally.run_rows += 1;
+                    match record.decode() {
+                        Err(error) => Some(format!("does not decode: {error}")),
+                        Ok(stored) => differs(&stored, &run).or_else(|| record.columns_match(&run)),
+                    }
+                }
+            };
+            Ok(detail.map(|detail| Mismatch::Run { run_id, detail }))
+        }
+        Found::Empty => Ok(None),
+    }
+}
+
+/// The first field where the table's entity differs from the replay's, said in words.
+fn differs<T: Serialize + PartialEq>(table: &T, replay: &T) -> Option<String> {
+    if table == replay {
+        return None;
+    }
+    let (table, replay) = (to_object(table), to_object(replay));
+    let mut fields: Vec<&String> = table.keys().chain(replay.keys()).collect();
+    fields.sort();
+    fields.dedup();
+    let field = fields.into_iter().find(|f| table.get(*f) != replay.get(*f))?;
+    let show = |v: Option<&Value>| match v {
+        None | Some(Value::Null) => "absent".to_owned(),
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    };
+    Some(format!("{field} is {} in the table, {} by replay", show(table.get(field)), show(replay.get(field))))
+}
+
+fn to_object<T: Serialize>(value: &T) -> serde_json::Map<String, Value> {
+    match serde_json::to_value(value).expect("entities serialize: plain fields") {
+        Value::Object(map) => map,
+        _ => serde_json::Map::new(),
+    }
 }

@@ -188,11 +188,158 @@ CREATE TABLE leases (
 ) STRICT, WITHOUT ROWID;
 "#;
 
+/// Version 3: the compact layout (`store/FORMAT.md`, "Version 3"). The text rows of versions
+/// 1 and 2 stay as they are in `events_v1`, closed to new rows; new events go to the compact
+/// `events`, the chain continuing across. The projections become entity rows holding each
+/// intent's and run's whole state, rebuilt from the old rows by [`rebuild_entities`].
+const V3: &str = r#"
+-- The text rows of versions 1 and 2, untouched: their hashes are over exactly these bytes.
+ALTER TABLE events RENAME TO events_v1;
+DROP TRIGGER events_no_update;
+DROP TRIGGER events_no_delete;
+CREATE TRIGGER events_v1_no_update BEFORE UPDATE ON events_v1
+BEGIN
+    SELECT RAISE(ABORT, 'events are append-only');
+END;
+CREATE TRIGGER events_v1_no_delete BEFORE DELETE ON events_v1
+BEGIN
+    SELECT RAISE(ABORT, 'events are append-only');
+END;
+CREATE TRIGGER events_v1_no_insert BEFORE INSERT ON events_v1
+BEGIN
+    SELECT RAISE(ABORT, 'events_v1 is closed: new events are appended to events');
+END;
+
+-- The old projections are derived: dropped and rebuilt as entity rows below.
+DROP INDEX intents_by_status;
+DROP TABLE intents;
+DROP TABLE runs;
+
+-- Stream names, numbered in order of first use (so new ids land on the right edge of every
+-- b-tree keyed by them). The UNIQUE index serves every lookup by intent key or run id.
+CREATE TABLE streams (
+    id   INTEGER PRIMARY KEY,
+    name TEXT    NOT NULL UNIQUE
+) STRICT;
+
+-- Who caused events (`command:charge`, `recovery`, `operator:ann`): a handful of names.
+-- The UNIQUE index serves the writer's lookup of an actor's id.
+CREATE TABLE actors (
+    id   INTEGER PRIMARY KEY,
+    name TEXT    NOT NULL UNIQUE
+) STRICT;
+
+-- The log since version 3. `seq` is the rowid: the scans in seq order (`verify`, catch-up,
+-- the tail check at open) and the head read (`ORDER BY seq DESC LIMIT 1`) use its b-tree.
+CREATE TABLE events (
+    seq        INTEGER PRIMARY KEY CHECK (seq >= 1),
+    stream     INTEGER NOT NULL REFERENCES streams (id),
+    stream_seq INTEGER NOT NULL CHECK (stream_seq >= 1),
+    type       INTEGER NOT NULL,
+    at         INTEGER NOT NULL,
+    actor      INTEGER NOT NULL REFERENCES actors (id),
+    cause_run  INTEGER REFERENCES streams (id),
+    payload    BLOB    NOT NULL,
+    hash       BLOB    NOT NULL CHECK (length(hash) = 32),
+    -- Its index serves one stream's history in stream order (`Reader::stream`, a run's
+    -- replay, an entity's first event) and the stream's length; the constraint turns a
+    -- writer racing on a stale view into a conflict instead of a fork.
+    UNIQUE (stream, stream_seq)
+) STRICT;
+
+CREATE TRIGGER events_no_update BEFORE UPDATE ON events
+BEGIN
+    SELECT RAISE(ABORT, 'events are append-only');
+END;
+
+CREATE TRIGGER events_no_delete BEFORE DELETE ON events
+BEGIN
+    SELECT RAISE(ABORT, 'events are append-only');
+END;
+
+-- Entity row: one run's whole state (`engine::ledger::Run`, packed), rewritten in the
+-- transaction of every event that changes it.
+CREATE TABLE runs (
+    stream   INTEGER PRIMARY KEY REFERENCES streams (id),
+    finished INTEGER NOT NULL CHECK (finished IN (0, 1)),
+    state    BLOB    NOT NULL
+) STRICT;
+
+-- `View::unfinished_runs` and `keel resume`: only the runs still running are in it.
+CREATE INDEX runs_unfinished ON runs (stream) WHERE finished = 0;
+
+-- Entity row: one intent's state (`engine::ledger::Intent` but its definition, packed),
+-- rewritten in the transaction of every event that changes it.
+CREATE TABLE intents (
+    stream INTEGER PRIMARY KEY REFERENCES streams (id),
+    run    INTEGER NOT NULL REFERENCES runs (stream),
+    status INTEGER NOT NULL CHECK (status BETWEEN 1 AND 10),
+    due_at INTEGER,
+    state  BLOB    NOT NULL
+) STRICT;
+
+-- `keel intents --state S` and `View::in_flight` (recovery): one status's intents. Ids grow
+-- with time, so an intent moving status lands near the right edge of its new status.
+CREATE INDEX intents_by_status ON intents (status);
+-- `View::due` (`keel reconcile --due`, `keel resume`): only unknown intents with a due time.
+CREATE INDEX intents_due ON intents (due_at) WHERE due_at IS NOT NULL;
+-- `View::run_intents`: a run's money budget and what it leaves behind.
+CREATE INDEX intents_by_run ON intents (run);
+
+-- `View::order_intents`: an order's cumulative invariants. Written once, at reservation.
+CREATE TABLE orders (
+    tenant   TEXT    NOT NULL,
+    order_id TEXT    NOT NULL,
+    intent   INTEGER NOT NULL REFERENCES intents (stream),
+    PRIMARY KEY (tenant, order_id, intent)
+) STRICT, WITHOUT ROWID;
+
+-- `View::reference_charges`: charges whose business reference is not their order id (the
+-- others are found through `orders`). Written once, at reservation.
+CREATE TABLE refs (
+    tenant       TEXT    NOT NULL,
+    business_ref TEXT    NOT NULL,
+    intent       INTEGER NOT NULL REFERENCES intents (stream),
+    PRIMARY KEY (tenant, business_ref, intent)
+) STRICT, WITHOUT ROWID;
+
+-- The last sequence whose chain a writer checked (or wrote): `Store::open` checks only the
+-- events after it. 0 after this migration, so the first open checks the older rows once.
+INSERT INTO meta (key, value) VALUES ('verified_seq', '0');
+UPDATE meta SET value = 'sha256 over canonical JSON of (prev, seq, stream, stream_seq, at, type, cause, payload), both layouts'
+    WHERE key = 'hash_chain';
+"#;
+
+/// One forward migration: its SQL, then what it must compute in Rust.
+pub struct Migration {
+    /// The statements.
+    pub sql: &'static str,
+    /// Run after the statements, in the same transaction.
+    pub then: Option<fn(&Connection) -> Result<()>>,
+}
+
 /// The migrations, in order: entry `i` takes `user_version` from `i` to `i + 1`.
-pub const MIGRATIONS: &[&str] = &[V1, V2];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration { sql: V1, then: None },
+    Migration { sql: V2, then: None },
+    Migration { sql: V3, then: Some(rebuild_entities) },
+];
 
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Version 3's Rust half: names every stream of the old rows (in order of first appearance)
+/// and rebuilds the entity rows by replaying each stream alone (`crate::rebuild`). Reads the
+/// old events once, stream by stream: the one migration step whose cost is the history's.
+fn rebuild_entities(conn: &Connection) -> Result<()> {
+    conn.execute_batch(
+        // Foreign keys are checked at commit: intents are rebuilt before their runs.
+        "PRAGMA defer_foreign_keys = ON;
+         INSERT INTO streams (name) SELECT stream FROM events_v1 GROUP BY stream ORDER BY min(seq);",
+    )?;
+    crate::rebuild::replay_streams(conn, &mut |found| crate::rebuild::write(conn, found), &mut |_| {})?;
+    Ok(())
+}
 
 /// WAL pages after which a commit checkpoints inline (16 MiB at 4 KiB pages): four times
 /// SQLite's default, because the background checkpointer usually keeps the WAL far shorter.
@@ -227,8 +374,8 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
     // FULL: an acknowledged commit survives power loss (the SPEC's default); NORMAL trades
     // the last commits on power loss for fewer fsyncs. See `Durability`.
     conn.pragma_update(None, "synchronous", options.durability.pragma_value())?;
-    // Enforce `intents.run_id → runs`: a projection row never names a run the projection
-    // lacks. The default depends on how SQLite was compiled (off in stock builds), so say it.
+    // Enforce every `REFERENCES`: an event names a stream and an actor that exist, an entity
+    // row names its stream and run. The default depends on how SQLite was compiled (off in stock builds), so say it.
     conn.pragma_update(None, "foreign_keys", "ON")?;
     // Checkpoints normally run on their own thread (`checkpoint.rs`), not inside the
     // writer's COMMIT. This inline one is the bound for when that thread falls behind: at
@@ -275,8 +422,11 @@ fn migrate(conn: &mut Connection) -> Result<()> {
         return Err(Error::SchemaTooNew { found, supported: SCHEMA_VERSION });
     }
     let from = usize::try_from(found).map_err(|_| Error::corrupt(0, format!("negative user_version {found}")))?;
-    for (index, sql) in MIGRATIONS.iter().enumerate().skip(from) {
-        tx.execute_batch(sql)?;
+    for (index, migration) in MIGRATIONS.iter().enumerate().skip(from) {
+        tx.execute_batch(migration.sql)?;
+        if let Some(then) = migration.then {
+            then(&tx)?;
+        }
         let version = i64::try_from(index + 1).expect("a handful of migrations fits in i64");
         tx.pragma_update(None, "user_version", version)?;
         tracing::info!(version, "store schema migrated");

@@ -1,17 +1,29 @@
-//! The writer: one thread, one write connection, group commit.
+//! The writer: one thread, one write connection, group commit, state loaded per entity.
 //!
 //! [`Store`] is the handle; the service behind it is a dedicated thread that owns the only
-//! write `rusqlite::Connection` and the [`Ledger`] folded from every committed event.
+//! write `rusqlite::Connection`, the chain's head (last sequence and hash) and a bounded
+//! cache of hot entities. It never holds the log in memory: a decision reads the entities it
+//! is about through indexed reads of the entity rows (`crate::tx`, `crate::rows`).
+//!
+//! # Cost
+//!
+//! [`Store::open`] reads the chain's head and checks the events written since the last
+//! verified point (`meta.verified_seq`, recorded every `VERIFIED_MARK_EVENTS` events and
+//! at shutdown): its cost does not grow with the history. A command costs the indexed reads
+//! of the entities it is about and the rows it writes. Memory is the cache
+//! (`ENTITY_CACHE_MAX` entities), SQLite's page cache and one batch.
 //!
 //! # Ordering
 //!
 //! Every command goes through one bounded channel ([`WRITER_CHANNEL_CAPACITY`]) to the one
 //! thread, which decides and appends them in arrival order. Inside a batch, a command is
-//! decided against a ledger that already holds the events of the commands before it, so two
-//! reservations of one key in one batch see each other exactly as if they had been committed
-//! apart. Before deciding anything the writer takes SQLite's write lock (`BEGIN IMMEDIATE`)
-//! and folds any event another process appended since its last batch (*catch-up*): a
-//! decision always sees every event committed before it, by anyone.
+//! decided against rows that already hold the events of the commands before it (each
+//! command's entity rows are written back before the next is decided), so two reservations
+//! of one key in one batch see each other exactly as if they had been committed apart.
+//! Before deciding anything the writer takes SQLite's write lock (`BEGIN IMMEDIATE`) and
+//! checks any event another process appended since its last batch (*catch-up*), dropping
+//! the cached entities of the streams they touched: a decision always sees every event
+//! committed before it, by anyone.
 //!
 //! # Group commit
 //!
@@ -30,39 +42,42 @@
 //!
 //! # Failure
 //!
-//! If any statement of a batch fails, the batch is rolled back, the ledger is re-folded from
-//! the database (it had already applied the batch's events), and every caller of the batch
+//! If any statement of a batch fails, the batch is rolled back, the cache is cleared and the
+//! head re-read from the database (the batch's rows are gone), and every caller of the batch
 //! gets [`LogError::Unavailable`] with `maybe_committed: false`. If `COMMIT` itself fails the
 //! answer says `maybe_committed: true`: the caller cannot know. A refusal never stops the
-//! writer; an impossible transition in `Ledger::apply` panics it (a bug: the log up to the
-//! last commit is intact, and callers waiting on that batch see `maybe_committed: true`).
+//! writer; an impossible transition in the fold panics it (a bug: the log up to the last
+//! commit is intact, and callers waiting on that batch see `maybe_committed: true`).
 //!
 //! # Shutdown
 //!
 //! [`Store::shutdown`], or dropping the last handle, closes the channel; the thread finishes
-//! every command already queued (or being sent), then exits, and the call joins it. Later
-//! calls to `execute` answer `Unavailable` ("the store is closed").
+//! every command already queued (or being sent), records the verified point, then exits, and
+//! the call joins it. Later calls to `execute` answer `Unavailable` ("the store is closed").
 
+use crate::cache::Cache;
+use crate::chain::{self, Chain};
 use crate::checkpoint::Checkpointer;
 use crate::codec::{self, NewEvent};
 use crate::error::{Error, Result};
 use crate::leases;
-use crate::projection;
 use crate::reader::Reader;
 use crate::schema::{self, Options};
+use crate::tx::{self, TxEntities, TxView};
 use chrono::{DateTime, SubsecRound, Utc};
 use engine::append::{Head, Sealed, seal};
 use engine::clock::Clock;
-use engine::event::{Event, IntentKey, RunId};
+use engine::event::Event;
 use engine::failpoints::Point;
 use engine::lease::OwnerProbe;
-use engine::ledger::{Command, Decision, Ledger, Refusal, Reply, ReplyTarget};
-use engine::limits::{WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
+use engine::ledger::fold;
+use engine::ledger::{Command, Decision, Refusal, Reply, ReplyTarget};
+use engine::limits::{ENTITY_CACHE_MAX, VERIFIED_MARK_EVENTS, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
 use engine::log::{EventLog, LogError};
 use engine::provider::BoxFuture;
 use rusqlite::Connection;
 use serde::Serialize;
-use std::collections::HashSet;
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -169,19 +184,23 @@ fn writer_gone() -> LogError {
 }
 
 impl Store {
-    /// Opens (or creates) the log at `path`, migrates it, folds it into a ledger (checking
-    /// the hash chain), and starts the writer thread.
+    /// Opens (or creates) the log at `path`, migrates it, reads the chain's head, checks the
+    /// events appended since the last verified point, and starts the writer thread.
+    ///
+    /// Cost: constant in the history — the head and the unverified tail (at most about
+    /// `VERIFIED_MARK_EVENTS` events, after a crash; none after a clean shutdown). The one
+    /// exception is the first open by this build of a file written before schema version 3:
+    /// its migration rebuilds the entity rows from every old event, once.
     ///
     /// # Errors
     ///
-    /// [`Error::SchemaTooNew`] for a file from a newer Keel, [`Error::Corrupt`] for a log
+    /// [`Error::SchemaTooNew`] for a file from a newer Keel, [`Error::Corrupt`] for a tail
     /// whose chain or payloads do not check, [`Error::Busy`] if another process holds the
     /// write lock past the busy timeout, [`Error::Sqlite`] / [`Error::Io`] otherwise.
     pub fn open(path: &Path, options: Options, clock: Arc<dyn Clock>) -> Result<Store> {
         let conn = schema::open_writer(path, &options)?;
-        let mut ledger = Ledger::new();
-        let folded = codec::fold_new_events(&conn, &mut ledger)?;
-        tracing::info!(path = %path.display(), events = folded, "store opened");
+        let (chain, recorded) = chain::open_checked(&conn)?;
+        tracing::info!(path = %path.display(), last_seq = chain.last_seq, recorded, "store opened");
         let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
         let counters = Arc::new(Counters::default());
         let checkpointer = Checkpointer::start(path, options.busy_timeout_ms)?;
@@ -189,7 +208,9 @@ impl Store {
         let writer = Writer {
             conn,
             checkpointer,
-            ledger,
+            chain,
+            recorded,
+            cache: RefCell::new(Cache::new(ENTITY_CACHE_MAX)),
             clock,
             counters: Arc::clone(&counters),
             broken: None,
@@ -282,37 +303,20 @@ struct BatchFailure {
     maybe_committed: bool,
 }
 
-/// The intents and runs a batch's events touched: their projection rows are rewritten once
-/// per batch, after all its commands, in the same transaction.
-#[derive(Default)]
-struct Touched {
-    intents: HashSet<IntentKey>,
-    runs: HashSet<RunId>,
-}
-
-impl Touched {
-    fn note(&mut self, event: &Event) {
-        if let Some(key) = event.intent_key() {
-            if !self.intents.contains(key) {
-                self.intents.insert(key.clone());
-            }
-        } else if let Some(run_id) = event.subject()
-            && !self.runs.contains(run_id)
-        {
-            self.runs.insert(run_id.clone());
-        }
-    }
-}
-
 /// The service: owned by the writer thread alone.
 struct Writer {
     conn: Connection,
     checkpointer: Checkpointer,
-    ledger: Ledger,
+    /// Where the log ends: every event up to it is checked (written here, or checked by
+    /// catch-up or by the open-time tail check).
+    chain: Chain,
+    /// The verified point last recorded in `meta`.
+    recorded: u64,
+    cache: RefCell<Cache>,
     clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
-    /// Set when re-folding after a failure failed too: the ledger cannot be trusted until a
-    /// later re-fold succeeds, so no command is decided meanwhile.
+    /// Set when re-reading the head after a failure failed too: nothing is decided until a
+    /// later re-read succeeds.
     broken: Option<String>,
     /// Crash points inside a batch (disarmed outside crash tests).
     failpoints: engine::failpoints::Failpoints,
@@ -337,7 +341,18 @@ impl Writer {
             self.run_batch(&mut batch);
             debug_assert!(batch.is_empty(), "every job of a batch is answered");
         }
+        if self.broken.is_none()
+            && self.chain.last_seq > self.recorded
+            && let Err(error) = chain::record_verified(&self.conn, self.chain.last_seq)
+        {
+            // Only the next open's cost depends on it: it checks a longer tail.
+            tracing::warn!(%error, "could not record the verified point at shutdown");
+        }
         tracing::debug!("store writer drained and stopped");
+    }
+
+    fn store(&self) -> tx::Store<'_> {
+        tx::Store { conn: &self.conn, cache: &self.cache }
     }
 
     fn run_batch(&mut self, jobs: &mut Vec<Job>) {
@@ -347,13 +362,20 @@ impl Writer {
         match self.write_batch(jobs, now) {
             Ok(decisions) => {
                 assert_eq!(decisions.len(), jobs.len(), "one decision per command");
+                let store = self.store();
+                let view = TxView::new(&store);
                 for (job, decision) in jobs.drain(..).zip(decisions) {
                     let answer = match decision {
-                        Ok(target) => Ok(engine::ledger::reply_after(&self.ledger, &target)),
+                        Ok(target) => Ok(engine::ledger::reply_after(&view, &target)),
                         Err(refusal) => Err(LogError::Refused(refusal)),
                     };
                     // A caller that stopped waiting (its future was dropped) needs no answer.
                     let _ = job.reply.send(answer);
+                }
+                if let Err(error) = view.finish() {
+                    // The commit stands; only a reply's read failed. Forget what may be stale.
+                    tracing::error!(%error, "reading a reply after the commit failed");
+                    self.cache.borrow_mut().clear();
                 }
             }
             Err(BatchFailure { error, maybe_committed }) => {
@@ -368,22 +390,22 @@ impl Writer {
         }
     }
 
-    /// Rolls back whatever is open and re-folds the ledger from the database, which is the
-    /// truth after a failed batch (the ledger had applied events that may not be there).
+    /// Rolls back whatever is open, forgets every cached entity and re-reads the head: the
+    /// database is the truth after a failed batch.
     fn reload(&mut self) {
         if !self.conn.is_autocommit()
             && let Err(error) = self.conn.execute_batch("ROLLBACK")
         {
             tracing::error!(%error, "rollback after a failed batch failed");
         }
-        let mut ledger = Ledger::new();
-        match codec::fold_new_events(&self.conn, &mut ledger) {
-            Ok(_) => {
-                self.ledger = ledger;
+        self.cache.borrow_mut().clear();
+        match codec::head(&self.conn) {
+            Ok((last_seq, last_hash)) => {
+                self.chain = Chain { last_seq, last_hash };
                 self.broken = None;
             }
             Err(error) => {
-                tracing::error!(%error, "re-folding the log failed: commands are refused until it succeeds");
+                tracing::error!(%error, "re-reading the log's head failed: commands are refused until it succeeds");
                 self.broken = Some(error.to_string());
             }
         }
@@ -394,7 +416,7 @@ impl Writer {
             self.reload();
             if let Some(detail) = &self.broken {
                 return Err(BatchFailure {
-                    error: Error::corrupt(0, format!("the writer cannot fold the log: {detail}")),
+                    error: Error::corrupt(0, format!("the writer cannot read the log: {detail}")),
                     maybe_committed: false,
                 });
             }
@@ -405,14 +427,20 @@ impl Writer {
         self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| not_committed(e.into()))?;
         self.catch_up().map_err(not_committed)?;
         // Counted after the catch-up: events another process appended are not ours.
-        let events_before = self.ledger.last_seq();
+        let events_before = self.chain.last_seq;
         let decisions = self.append_batch(jobs, now).map_err(not_committed)?;
-        let appended = self.ledger.last_seq() - events_before;
+        let appended = self.chain.last_seq - events_before;
+        if self.chain.last_seq >= self.recorded + VERIFIED_MARK_EVENTS {
+            chain::record_verified(&self.conn, self.chain.last_seq).map_err(not_committed)?;
+        }
         if appended > 0 {
             // Decided and inserted, not committed: a crash here must lose the whole batch.
             self.failpoints.hit(Point::InBatchBeforeCommit);
         }
         self.conn.execute_batch("COMMIT").map_err(|e| BatchFailure { error: e.into(), maybe_committed: true })?;
+        if self.chain.last_seq >= self.recorded + VERIFIED_MARK_EVENTS {
+            self.recorded = self.chain.last_seq;
+        }
         if appended > 0 {
             // Durable, not acknowledged: callers never learn their commands succeeded.
             self.failpoints.hit(Point::AfterCommitBeforeAnswer);
@@ -424,71 +452,106 @@ impl Writer {
     }
 
     fn append_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> Result<Vec<Outcome>> {
-        let mut touched = Touched::default();
         let mut decisions = Vec::with_capacity(jobs.len());
         for job in jobs {
-            let decision = self.append_command(&job.command, now, &mut touched)?;
+            let decision = self.append_command(&job.command, now)?;
             if decision.is_err() {
                 self.counters.refused.fetch_add(1, Ordering::Relaxed);
             }
             decisions.push(decision);
         }
-        projection::write_rows(&self.conn, &self.ledger, &touched.intents, &touched.runs)?;
         Ok(decisions)
     }
 
-    /// Folds the events another process appended since our last batch. Their projection
-    /// rows were written by that process, in their own transaction.
+    /// Checks the events another process appended since our last batch and forgets the
+    /// cached entities of the streams they touched. Their entity rows were written by that
+    /// process, in their own transaction.
     fn catch_up(&mut self) -> Result<()> {
-        let stored = codec::max_seq(&self.conn)?;
-        let known = self.ledger.last_seq();
+        let (stored, _) = codec::head(&self.conn)?;
+        let known = self.chain.last_seq;
         if stored < known {
             return Err(Error::corrupt(
                 stored,
-                format!("the log ends at seq {stored} but this writer has folded up to {known}"),
+                format!("the log ends at seq {stored} but this writer has seen up to {known}"),
             ));
         }
         if stored > known {
-            let folded = codec::fold_new_events(&self.conn, &mut self.ledger)?;
-            tracing::debug!(folded, "store writer caught up with another process");
+            let store = tx::Store { conn: &self.conn, cache: &self.cache };
+            let mut touched = Vec::new();
+            let mut chain = self.chain.clone();
+            codec::scan_events(&self.conn, known, |event| {
+                chain.check(&self.conn, &event, true)?;
+                touched.push(event.stream.clone());
+                if let Event::AttemptStarted { run_id, .. } = &event.event {
+                    // A network retry also changes the run that makes it.
+                    touched.push(run_id.stream());
+                }
+                Ok(())
+            })?;
+            for name in touched {
+                if let Some(id) = store.id(&name)? {
+                    self.cache.borrow_mut().forget(id);
+                }
+            }
+            tracing::debug!(events = chain.last_seq - known, "store writer caught up with another process");
+            self.chain = chain;
         }
         Ok(())
     }
 
     /// Decides one command and appends its events. `Ok(Err(refusal))`: nothing written.
-    fn append_command(&mut self, command: &Command, now: DateTime<Utc>, touched: &mut Touched) -> Result<Outcome> {
-        let view = leases::TableView::new(&self.conn, &*self.owner_probe, self.lease_ttl_ms);
-        let decided = engine::ledger::decide(&self.ledger, &view, command, now);
-        view.finish()?;
+    fn append_command(&mut self, command: &Command, now: DateTime<Utc>) -> Result<Outcome> {
+        let store = tx::Store { conn: &self.conn, cache: &self.cache };
+        let leases = leases::TableView::new(&self.conn, &*self.owner_probe, self.lease_ttl_ms);
+        let view = TxView::new(&store);
+        let decided = engine::ledger::decide(&view, &leases, command, now);
+        leases.finish()?;
         let Decision { events, target, leases: lease_effects } = match decided {
             Ok(decision) => decision,
-            Err(refusal) => return Ok(Err(refusal)),
+            Err(refusal) => return view.finish().map(|()| Err(refusal)),
         };
-        let head = Head { last_seq: self.ledger.last_seq(), last_hash: self.ledger.last_hash() };
-        let ledger = &self.ledger;
-        let sealed = match seal(events, &command.cause, now, head, &mut |stream| ledger.stream_length(stream)) {
+        let head = Head { last_seq: self.chain.last_seq, last_hash: &self.chain.last_hash };
+        let sealed = seal(events, &command.cause, now, head, &mut |stream| view.stream_length(stream));
+        view.finish()?;
+        let sealed = match sealed {
             Ok(sealed) => sealed,
             Err(refusal) => return Ok(Err(refusal)),
         };
         leases::apply(&self.conn, &lease_effects)?;
-        for Sealed { stored, payload, cause, at } in sealed {
+        let at = codec::micros(now);
+        let actor = codec::ensure_actor(&self.conn, &command.cause.actor)?;
+        let cause_run = command.cause.run_id.as_ref().map(|run| store.ensure_id(&run.stream())).transpose()?;
+        let mut entities = TxEntities::new(&store);
+        let mut last = None;
+        for Sealed { stored, .. } in &sealed {
+            let stream = store.ensure_id(&stored.stream)?;
+            let payload = codec::pack_payload(&stored.stream, &stored.event);
+            let hash = codec::hash_bytes(&stored.hash);
             codec::insert_event(
                 &self.conn,
                 &NewEvent {
                     seq: stored.seq,
-                    stream: stored.stream.as_str(),
+                    stream,
+                    stream_name: stored.stream.as_str(),
                     stream_seq: stored.stream_seq,
-                    type_name: stored.event.type_name(),
-                    at: &at,
-                    cause: &cause,
+                    type_code: codec::type_code(stored.event.type_name()),
+                    at,
+                    actor,
+                    cause_run,
                     payload: &payload,
-                    prev_hash: &stored.prev_hash,
-                    hash: &stored.hash,
+                    hash: &hash,
                 },
             )?;
-            touched.note(&stored.event);
+            store.set_length(stream, stored.stream_seq);
             // Folded at once, so the next command of the batch is decided against it.
-            self.ledger.apply(&stored);
+            if let Err(error) = fold::apply(&mut entities, stored) {
+                panic!("{error}");
+            }
+            last = Some(stored);
+        }
+        entities.write_back()?;
+        if let Some(last) = last {
+            self.chain = Chain { last_seq: last.seq, last_hash: last.hash.clone() };
         }
         Ok(Ok(target))
     }

@@ -153,7 +153,7 @@ fn a_run_killed_at_its_fourth_model_call_resumes_with_one_tool_call_left_and_no_
     let reader = store::Reader::open(&db).expect("opens");
     let runs = reader.runs().expect("runs");
     assert_eq!(runs.len(), 1);
-    assert_eq!(runs[0].status, "running", "killed: no RunFinished");
+    assert_eq!(runs[0].status.as_str(), "running", "killed: no RunFinished");
     let run_id = runs[0].run_id.clone();
     let before = recorded_answers(&db, &run_id);
     assert_eq!(before.len(), 3, "three answers recorded before the death");

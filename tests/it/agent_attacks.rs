@@ -461,7 +461,7 @@ fn an_answer_over_the_limits_is_a_controlled_stop_that_names_the_limit_and_ends_
         assert_eq!((report["status"].as_str(), report["model_calls"].as_u64()), (Some("answer_too_large"), Some(1)));
         assert_eq!(report["tool_calls"], 0, "{name}: nothing of it ran");
         let row = run_row(&db, report["run_id"].as_str().expect("a run id"));
-        assert_eq!(row.status, "answer_too_large", "{name}: the run ended");
+        assert_eq!(row.status.as_str(), "answer_too_large", "{name}: the run ended");
         assert!(row.detail.unwrap_or_default().contains(limit), "{name}: the stop names {limit}");
     }
     // Over HTTP, the body is not even read past its bound.

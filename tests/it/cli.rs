@@ -131,9 +131,7 @@ fn verify_names_a_tampered_event() {
     let blocked = connection.execute("UPDATE events SET payload = '{}' WHERE seq = 3", []);
     assert!(blocked.is_err(), "events are append-only");
     connection.execute_batch("DROP TRIGGER events_no_update").expect("drops the trigger");
-    connection
-        .execute("UPDATE events SET payload = replace(payload, '4900', '4901') WHERE seq = 3", [])
-        .expect("tampers");
+    connection.execute("UPDATE events SET at = at + 1 WHERE seq = 3", []).expect("tampers");
     drop(connection);
     let (code, report, _) = keel(&db, None, &["verify"]);
     assert_eq!(code, 1);

@@ -8,8 +8,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use engine::clock::{Clock, ManualClock};
 use engine::event::{Cause, Event, IntentKey, RunId, RunLimits};
 use engine::executor::{
-    Context, Executor, IntentRequest, Prepared, Rejection, RunOutcome, RunRequest, Runtime, Workflow, WorkflowEnd,
-    WorkflowError, end_with,
+    Context, Executor, IntentRequest, Prepared, Registered, Rejection, RunOutcome, RunRequest, Runtime, Workflow,
+    WorkflowEnd, WorkflowError, end_with,
 };
 use engine::ledger::IntentStatus;
 use engine::memory::{MemoryLog, MemoryProvider, Scripted};
@@ -41,7 +41,7 @@ impl Harness {
             lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("money-test")),
         };
         let mut workflows = workflows::builtin(None);
-        workflows.push(Arc::new(Unchecked));
+        workflows.push(Registered::new(Unchecked));
         Self { executor: Executor::new(runtime, workflows), clock, log }
     }
 
@@ -94,12 +94,14 @@ impl Harness {
 struct Unchecked;
 
 impl Workflow for Unchecked {
+    type Input = Value;
+
     fn name(&self) -> &'static str {
         "unchecked"
     }
 
-    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
-        Ok(Prepared { stored_input: raw.clone(), secrets: Default::default() })
+    fn prepare(&self, raw: &Value) -> Result<Prepared<Value>, Rejection> {
+        Ok(Prepared::plain(raw.clone()))
     }
 
     fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
@@ -332,7 +334,7 @@ async fn empty_evidence_is_never_a_validation() {
     assert_eq!(out["status"], "outcome_unknown", "an empty provider id proves nothing: {out}");
     let key = IntentKey::new(EffectKind::Charge, TENANT, "order_7700_charge");
     let reconciled = h.executor.reconcile(&key, Cause::command("reconcile")).await.expect("reconciles");
-    assert_ne!(reconciled.status, "validated", "a blank id from a lookup proves nothing either");
+    assert_ne!(reconciled.status.as_str(), "validated", "a blank id from a lookup proves nothing either");
     assert!(!h.events().iter().any(|e| matches!(e, Event::IntentValidated { .. })));
 }
 

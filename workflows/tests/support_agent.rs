@@ -62,7 +62,7 @@ impl Desk {
             cause: Cause::command("charge"),
         };
         let outcome = self.executor.start("charge", &input, request).await.expect("the charge runs");
-        assert_eq!(outcome.status, "completed", "the order is charged: {}", outcome.output);
+        assert_eq!(outcome.status.as_str(), "completed", "the order is charged: {}", outcome.output);
     }
 
     /// Starts or resumes the support run `run_id` of `scenario`.
@@ -248,9 +248,9 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         async move {
             let ticket = ctx.effect.expect("an effect tool runs with its reserved intent");
             match gate.drive(&ticket).await {
-                Ok(outcome) if outcome.status == "validated" => ToolOutput::ok("refunded")
+                Ok(outcome) if outcome.is_validated() => ToolOutput::ok("refunded")
                     .with_effect(EffectOutcome::Validated { evidence: outcome.provider_ref.unwrap_or_default() }),
-                Ok(outcome) => ToolOutput::error(format!("the refund is {}", outcome.status)),
+                Ok(outcome) => ToolOutput::error(format!("the refund is {}", outcome.status.as_str())),
                 Err(error) => ToolOutput::error(error.to_string()),
             }
         }

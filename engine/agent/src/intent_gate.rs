@@ -14,7 +14,8 @@
 use crate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
 use engine::event::{Cause, IntentKey, RunId};
 use engine::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
-use engine::ledger::{Action, Command, IntentStatus, Reply};
+use engine::ledger::IntentStatus;
+use engine::log::{Ask, Asking, IntentAnswer};
 use engine::provider::{BoxFuture, CallOutcome, EffectKind, UnknownReason};
 
 /// The intent lifecycle behind an agent's effect tools.
@@ -61,25 +62,25 @@ impl IntentGate {
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));
         match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval_required).await {
-            Ok(Reservation::Reserved { intent: reserved, .. }) if reserved.status == IntentStatus::Validated => {
+            Ok(Reservation::Reserved(answer)) if answer.intent.status == IntentStatus::Validated => {
                 GateDecision::Deduplicated {
                     content: serde_json::json!({
                         "status": "validated",
                         "source": "deduplicated",
-                        "receipt": reserved.evidence.as_ref().map(|e| e.provider_ref.clone()),
+                        "receipt": answer.intent.evidence.as_ref().map(|e| e.provider_ref.clone()),
                         "note": "this exact refund was already made; nothing was sent again",
                     })
                     .to_string(),
                 }
             }
-            Ok(Reservation::Reserved { intent: reserved, .. }) => GateDecision::Proceed(EffectTicket {
-                key: reserved.key().to_string(),
-                fingerprint: reserved.definition.fingerprint.clone(),
+            Ok(Reservation::Reserved(answer)) => GateDecision::Proceed(EffectTicket {
+                key: answer.intent.key().to_string(),
+                fingerprint: answer.intent.definition.fingerprint.clone(),
                 // The ledger's flag: the tool's policy or the run's threshold, the stricter.
-                approval_required: reserved.approval_required,
+                approval_required: answer.intent.approval_required,
             }),
             Ok(Reservation::Rejected(outcome)) => refused(
-                outcome.code.as_deref().unwrap_or("rejected"),
+                outcome.code.as_ref().map_or("rejected", |code| code.as_str()),
                 format!("refused by the ledger: {}. Nothing was executed.", outcome.details.join("; ")),
             ),
             Err(error) => refused(
@@ -95,9 +96,9 @@ impl IntentGate {
         };
         // Checked, not just read: an approval that lapsed is recorded expired, so the intent
         // awaits a fresh one (and `keel approve` accepts it) instead of stranding the run.
-        let checked = self.runtime.log.execute(Command::new(self.cause.clone(), Action::CheckApproval { key })).await;
+        let checked = self.runtime.log.ask(Ask::check_approval(self.cause.clone(), key)).await;
         match checked {
-            Ok(Reply::Intent { intent, .. }) => match intent.status {
+            Ok(IntentAnswer { intent, .. }) => match intent.status {
                 IntentStatus::AwaitingApproval => ApprovalDecision::Pending,
                 IntentStatus::Rejected => ApprovalDecision::Denied {
                     reason: intent.note.clone().unwrap_or_else(|| "the intent was rejected".to_owned()),
@@ -107,7 +108,7 @@ impl IntentGate {
                 _ => ApprovalDecision::Approved,
             },
             // The log cannot say: waiting is the only safe answer.
-            Ok(_) | Err(_) => ApprovalDecision::Pending,
+            Err(_) => ApprovalDecision::Pending,
         }
     }
 }
@@ -135,15 +136,14 @@ impl EffectGate for IntentGate {
             let (EffectOutcome::Unknown { detail }, Some(key)) = (outcome, IntentKey::parse(&ticket.key)) else {
                 return;
             };
-            let observed =
-                self.runtime.log.execute(Command::new(self.cause.clone(), Action::Observe { key: key.clone() }));
-            let Ok(Reply::Intent { intent, .. }) = observed.await else {
+            let observed = self.runtime.log.ask(Ask::observe(self.cause.clone(), key.clone()));
+            let Ok(IntentAnswer { intent, .. }) = observed.await else {
                 return;
             };
             if intent.status == IntentStatus::Attempting {
                 let unknown = CallOutcome::Unknown { reason: UnknownReason::Interrupted, detail: detail.clone() };
-                let record = Action::RecordOutcome { key, attempt: intent.attempts, outcome: unknown };
-                if let Err(error) = self.runtime.log.execute(Command::new(self.cause.clone(), record)).await {
+                let record = Ask::record_outcome(self.cause.clone(), key, intent.attempts, unknown);
+                if let Err(error) = self.runtime.log.ask(record).await {
                     tracing::warn!(%error, "the interrupted attempt stays in flight: recovery will declare it unknown");
                 }
             }

@@ -16,22 +16,39 @@ use std::sync::Arc;
 
 const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 
-fn run() -> RunId {
+pub(super) fn run() -> RunId {
     RunId::new("run-1")
 }
 
-fn key() -> IntentKey {
+pub(super) fn key() -> IntentKey {
     IntentKey::new(EffectKind::Charge, TENANT, "order_1_charge")
 }
 
-fn evidence(provider_ref: &str) -> Evidence {
+pub(super) fn evidence(provider_ref: &str) -> Evidence {
     Evidence { provider_ref: provider_ref.into(), amount_minor: 4_900, currency: "EUR".into() }
 }
 
 /// A log with one charge of 49.00 EUR reserved and its first attempt in flight.
 fn attempting() -> MemoryLog {
-    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0).single().expect("valid")));
-    let log = MemoryLog::new(clock);
+    let log = MemoryLog::new(Arc::new(ManualClock::new(nine_am())));
+    log.execute_now(&reserve(tier(true, true), RunLimits::default(), true)).expect("reserved");
+    log
+}
+
+/// A provider that deduplicates by key and/or looks effects up, answering at once (no
+/// request timeout, no consistency window), keys valid a day.
+pub(super) fn tier(dedup_by_key: bool, lookup: bool) -> Capability {
+    Capability { dedup_by_key, lookup, key_window_ms: 86_400_000, consistency_window_ms: 0, request_timeout_ms: 0 }
+}
+
+/// 2026-12-01 09:00 UTC, when every boundary history starts.
+pub(super) fn nine_am() -> chrono::DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0).single().expect("a valid instant")
+}
+
+/// The command that reserves the charge of 49.00 EUR for `run()` (deadline 10:00), starting
+/// the run with it, the first attempt written ahead when `start_attempt`.
+pub(super) fn reserve(capability: Capability, limits: RunLimits, start_attempt: bool) -> Command {
     let payload = serde_json::json!({"order_id": "order_1", "amount_minor": 4_900, "currency": "EUR"});
     let spec = IntentSpec {
         definition: IntentDefinition {
@@ -46,26 +63,19 @@ fn attempting() -> MemoryLog {
             currency: "EUR".into(),
             payload,
         },
-        capability: Capability {
-            dedup_by_key: true,
-            lookup: true,
-            key_window_ms: 86_400_000,
-            consistency_window_ms: 0,
-            request_timeout_ms: 0,
-        },
+        capability,
         approval_required: false,
     };
     let start = RunStart {
         run_id: run(),
         workflow: "charge".into(),
         input: serde_json::json!({}),
-        deadline_at: Utc.with_ymd_and_hms(2026, 12, 1, 10, 0, 0).single().expect("valid"),
-        limits: RunLimits::default(),
+        deadline_at: Utc.with_ymd_and_hms(2026, 12, 1, 10, 0, 0).single().expect("a valid instant"),
+        limits,
         owner: None,
     };
-    let reserve = Action::Reserve { run_id: run(), position: 0, spec, start_attempt: true };
-    log.execute_now(&Command::new(Cause::command("test"), reserve).starting(Some(start))).expect("reserved");
-    log
+    let reserve = Action::Reserve { run_id: run(), position: 0, spec, start_attempt };
+    Command::new(Cause::command("test").for_run(&run()), reserve).starting(Some(start))
 }
 
 fn act(log: &MemoryLog, action: Action) -> Result<Reply, LogError> {

@@ -1,7 +1,9 @@
 //! The store's integration tests: one binary, so two cores link once.
 
 mod concurrency;
+mod equivalence;
 mod integrity;
+mod migration;
 mod schema;
 mod support;
 mod writer;

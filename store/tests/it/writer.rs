@@ -119,7 +119,7 @@ fn state_after_a_restart_equals_state_before() {
     let (intents_before, runs_before) = (reader.intents(None).expect("intents"), reader.runs().expect("runs"));
     let statuses: Vec<&str> = intents_before.iter().map(|row| row.status.as_str()).collect();
     assert_eq!(statuses, ["validated", "declined", "outcome_unknown", "reserved", "reserved"]);
-    assert_eq!(runs_before[0].status, "completed");
+    assert_eq!(runs_before[0].status.as_str(), "completed");
     drop(reader);
 
     fixture.reopen();
@@ -148,7 +148,7 @@ fn a_failed_batch_rolls_back_answers_unavailable_and_the_writer_goes_on() {
     fixture
         .raw()
         .execute_batch(
-            "CREATE TRIGGER boom BEFORE INSERT ON intents WHEN NEW.amount_minor = 666 \
+            "CREATE TRIGGER boom BEFORE INSERT ON orders WHEN NEW.order_id = 'order-intent-000002' \
              BEGIN SELECT RAISE(ABORT, 'boom'); END",
         )
         .expect("install the fault");
@@ -165,7 +165,7 @@ fn a_failed_batch_rolls_back_answers_unavailable_and_the_writer_goes_on() {
 
     // The ledger was re-folded: the same seqs are reused, and the run can start for real.
     let (intent, fresh) =
-        intent_of(fixture.store.execute_blocking(start_and_reserve("run-2", charge("intent-000002", 667))));
+        intent_of(fixture.store.execute_blocking(start_and_reserve("run-2", charge("intent-000003", 667))));
     assert!(fresh);
     assert_eq!(intent.last_seq, 6);
     assert_eq!(intent.status, IntentStatus::Reserved);

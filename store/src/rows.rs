@@ -1,0 +1,340 @@
+//! Entity rows: one `intents` row per intent and one `runs` row per run, each holding the
+//! entity's whole folded state, plus the `orders` and `refs` maps a reservation reads.
+//!
+//! Owns the row layout of `store/FORMAT.md` ("Entity rows") and every query a decision's
+//! [`engine::ledger::View`] needs, each one an indexed read whose cost is the size of what it
+//! returns: [`intent_by_key`], [`run_by_id`], [`order_intent_ids`], [`reference_charge_ids`],
+//! [`run_intent_ids`], [`in_flight_ids`], [`due_ids`], [`unfinished_run_ids`]. The writer
+//! layers its bounded cache over these; readers use them as they are.
+//!
+//! An intent row keeps its mutable state packed; its definition (immutable since its
+//! reservation) is read back from the stream's first event rather than stored twice. A run
+//! row keeps the whole `Run` but its id, which is its stream's name.
+
+use crate::codec::{self, first_event, micros, to_i64};
+use crate::error::{Error, Result};
+use crate::packed;
+use engine::event::{Event, IntentKey, RunId};
+use engine::ledger::{Intent, IntentStatus, Run};
+use engine::provider::EffectKind;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde_json::Value;
+
+/// The stored code of an intent status (`store/FORMAT.md`). Exhaustive, so a new status
+/// does not compile until it has a code.
+pub(crate) fn status_code(status: IntentStatus) -> i64 {
+    match status {
+        IntentStatus::Reserved => 1,
+        IntentStatus::AwaitingApproval => 2,
+        IntentStatus::Attempting => 3,
+        IntentStatus::Validated => 4,
+        IntentStatus::Declined => 5,
+        IntentStatus::OutcomeUnknown => 6,
+        IntentStatus::Reconciling => 7,
+        IntentStatus::Escalated => 8,
+        IntentStatus::Cancelled => 9,
+        IntentStatus::Rejected => 10,
+    }
+}
+
+/// The fields of an `Intent` that come from its definition (flattened into it), left out of
+/// its packed state.
+const DEFINITION_FIELDS: [&str; 10] = [
+    "key",
+    "kind",
+    "tenant",
+    "intent_id",
+    "order_id",
+    "business_ref",
+    "fingerprint",
+    "amount_minor",
+    "currency",
+    "payload",
+];
+
+/// When an intent's reconciliation falls due, as `intents.due_at` indexes it: only while
+/// its outcome is unknown (what `Intent::reconcile_due` asks).
+fn due_at(intent: &Intent) -> Option<i64> {
+    (intent.status == IntentStatus::OutcomeUnknown).then_some(intent.reconcile_after.map(micros)).flatten()
+}
+
+/// The packed state of an intent: everything but its definition.
+fn pack_intent(intent: &Intent) -> Vec<u8> {
+    let mut value = serde_json::to_value(intent).expect("an intent serializes: plain fields");
+    if let Value::Object(map) = &mut value {
+        DEFINITION_FIELDS.iter().for_each(|field| {
+            map.remove(*field);
+        });
+    }
+    packed::encode(&value)
+}
+
+/// The packed state of a run: everything but its id.
+fn pack_run(run: &Run) -> Vec<u8> {
+    let mut value = serde_json::to_value(run).expect("a run serializes: plain fields");
+    if let Value::Object(map) = &mut value {
+        map.remove("run_id");
+    }
+    packed::encode(&value)
+}
+
+/// Writes (or rewrites) an intent's row. `run` is its run's stream id.
+pub(crate) fn put_intent(conn: &Connection, stream: i64, run: i64, intent: &Intent) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO intents (stream, run, status, due_at, state) VALUES (?1, ?2, ?3, ?4, ?5) \
+         ON CONFLICT (stream) DO UPDATE SET status = excluded.status, due_at = excluded.due_at, \
+         state = excluded.state",
+    )?
+    .execute(params![stream, run, status_code(intent.status), due_at(intent), pack_intent(intent)])?;
+    Ok(())
+}
+
+/// Writes the order and reference entries of a newly reserved intent. A charge's reference
+/// is entered only when it differs from its order id: [`reference_charge_ids`] reads the
+/// order map for the others.
+pub(crate) fn put_intent_maps(conn: &Connection, stream: i64, intent: &Intent) -> Result<()> {
+    let definition = &intent.definition;
+    conn.prepare_cached("INSERT INTO orders (tenant, order_id, intent) VALUES (?1, ?2, ?3)")?.execute(params![
+        definition.tenant,
+        definition.order_id,
+        stream
+    ])?;
+    if definition.kind == EffectKind::Charge && definition.business_ref != definition.order_id {
+        conn.prepare_cached("INSERT INTO refs (tenant, business_ref, intent) VALUES (?1, ?2, ?3)")?
+            .execute(params![definition.tenant, definition.business_ref, stream])?;
+    }
+    Ok(())
+}
+
+/// Writes (or rewrites) a run's row.
+pub(crate) fn put_run(conn: &Connection, stream: i64, run: &Run) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO runs (stream, finished, state) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (stream) DO UPDATE SET finished = excluded.finished, state = excluded.state",
+    )?
+    .execute(params![stream, run.status.is_some(), pack_run(run)])?;
+    Ok(())
+}
+
+/// An intent row as stored, with its stream's name.
+pub(crate) struct IntentRecord {
+    pub(crate) stream: i64,
+    pub(crate) name: String,
+    pub(crate) run: i64,
+    pub(crate) status: i64,
+    pub(crate) due_at: Option<i64>,
+    pub(crate) state: Vec<u8>,
+}
+
+const INTENT_SELECT: &str = "SELECT i.stream, s.name, i.run, i.status, i.due_at, i.state FROM intents i \
+     JOIN streams s ON s.id = i.stream";
+
+impl IntentRecord {
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            stream: row.get(0)?,
+            name: row.get(1)?,
+            run: row.get(2)?,
+            status: row.get(3)?,
+            due_at: row.get(4)?,
+            state: row.get(5)?,
+        })
+    }
+
+    /// The intent: its packed state and its definition, read from its reservation.
+    pub(crate) fn decode(&self, conn: &Connection) -> Result<Intent> {
+        let bad = |what: String| Error::corrupt(0, format!("intents row of {}: {what}", self.name));
+        let mut state = match packed::decode(&self.state).map_err(|e| bad(format!("state does not unpack: {e}")))? {
+            Value::Object(map) => map,
+            _ => return Err(bad("state is not an object".to_owned())),
+        };
+        let reserved = first_event(conn, self.stream, &self.name)?.ok_or_else(|| bad("no events".to_owned()))?;
+        let Event::IntentReserved { intent: definition, .. } = reserved.event else {
+            return Err(bad(format!("its stream starts with {}", reserved.event.type_name())));
+        };
+        let Value::Object(definition) = serde_json::to_value(definition).expect("a definition serializes") else {
+            unreachable!("a struct serializes to an object")
+        };
+        state.extend(definition);
+        serde_json::from_value(Value::Object(state)).map_err(|e| bad(format!("state does not decode: {e}")))
+    }
+
+    /// Whether the indexed columns say what the state says: `verify` checks this.
+    pub(crate) fn columns_match(&self, intent: &Intent, run: i64) -> Option<String> {
+        let show = |v: Option<i64>| v.map_or_else(|| "NULL".to_owned(), |v| v.to_string());
+        [
+            ("run", Some(self.run), Some(run)),
+            ("status", Some(self.status), Some(status_code(intent.status))),
+            ("due_at", self.due_at, due_at(intent)),
+        ]
+        .into_iter()
+        .find(|(_, found, expected)| found != expected)
+        .map(|(column, found, expected)| {
+            format!("column {column} is {} in the table, {} by its state", show(found), show(expected))
+        })
+    }
+}
+
+/// A run row as stored, with its stream's name.
+pub(crate) struct RunRecord {
+    pub(crate) stream: i64,
+    pub(crate) name: String,
+    pub(crate) finished: bool,
+    pub(crate) state: Vec<u8>,
+}
+
+const RUN_SELECT: &str = "SELECT r.stream, s.name, r.finished, r.state FROM runs r JOIN streams s ON s.id = r.stream";
+
+impl RunRecord {
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self { stream: row.get(0)?, name: row.get(1)?, finished: row.get(2)?, state: row.get(3)? })
+    }
+
+    /// The run.
+    pub(crate) fn decode(&self) -> Result<Run> {
+        let bad = |what: String| Error::corrupt(0, format!("runs row of {}: {what}", self.name));
+        let run_id = self.name.strip_prefix("run:").ok_or_else(|| bad("not a run stream".to_owned()))?;
+        let mut state = match packed::decode(&self.state).map_err(|e| bad(format!("state does not unpack: {e}")))? {
+            Value::Object(map) => map,
+            _ => return Err(bad("state is not an object".to_owned())),
+        };
+        state.insert("run_id".to_owned(), Value::String(run_id.to_owned()));
+        serde_json::from_value(Value::Object(state)).map_err(|e| bad(format!("state does not decode: {e}")))
+    }
+
+    /// Whether the indexed column says what the state says.
+    pub(crate) fn columns_match(&self, run: &Run) -> Option<String> {
+        (self.finished != run.status.is_some())
+            .then(|| format!("column finished is {}, the state says {}", self.finished, run.status.is_some()))
+    }
+}
+
+/// One intent row by its stream id.
+pub(crate) fn intent_record(conn: &Connection, stream: i64) -> Result<Option<IntentRecord>> {
+    Ok(conn
+        .prepare_cached(&format!("{INTENT_SELECT} WHERE i.stream = ?1"))?
+        .query_row([stream], IntentRecord::from_row)
+        .optional()?)
+}
+
+/// One run row by its stream id.
+pub(crate) fn run_record(conn: &Connection, stream: i64) -> Result<Option<RunRecord>> {
+    Ok(conn
+        .prepare_cached(&format!("{RUN_SELECT} WHERE r.stream = ?1"))?
+        .query_row([stream], RunRecord::from_row)
+        .optional()?)
+}
+
+/// One intent and its stream id, by key.
+pub(crate) fn intent_by_key(conn: &Connection, key: &IntentKey) -> Result<Option<(i64, Intent)>> {
+    let Some(stream) = codec::stream_id(conn, key.stream().as_str())? else {
+        return Ok(None);
+    };
+    intent_record(conn, stream)?.map(|record| Ok((stream, record.decode(conn)?))).transpose()
+}
+
+/// One run and its stream id, by id.
+pub(crate) fn run_by_id(conn: &Connection, run_id: &RunId) -> Result<Option<(i64, Run)>> {
+    let Some(stream) = codec::stream_id(conn, run_id.stream().as_str())? else {
+        return Ok(None);
+    };
+    run_record(conn, stream)?.map(|record| Ok((stream, record.decode()?))).transpose()
+}
+
+fn ids(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> Result<Vec<i64>> {
+    let mut statement = conn.prepare_cached(sql)?;
+    let ids = statement.query_map(params, |row| row.get(0))?.collect::<rusqlite::Result<_>>()?;
+    Ok(ids)
+}
+
+/// The intents of one order, in reservation order. Served by the `orders` primary key.
+pub(crate) fn order_intent_ids(conn: &Connection, tenant: &str, order_id: &str) -> Result<Vec<i64>> {
+    ids(
+        conn,
+        "SELECT intent FROM orders WHERE tenant = ?1 AND order_id = ?2 ORDER BY intent",
+        params![tenant, order_id],
+    )
+}
+
+/// The intents that may be charges under one business reference, in reservation order: those
+/// entered under it in `refs`, and those whose order id is the reference (a charge whose
+/// reference is its order id is entered there only). The caller keeps the charges whose
+/// reference it is.
+pub(crate) fn reference_charge_ids(conn: &Connection, tenant: &str, reference: &str) -> Result<Vec<i64>> {
+    ids(
+        conn,
+        "SELECT intent FROM refs WHERE tenant = ?1 AND business_ref = ?2 \
+         UNION SELECT intent FROM orders WHERE tenant = ?1 AND order_id = ?2 ORDER BY 1",
+        params![tenant, reference],
+    )
+}
+
+/// The intents a run reserved, in reservation order. Served by `intents_by_run`.
+pub(crate) fn run_intent_ids(conn: &Connection, run: i64) -> Result<Vec<i64>> {
+    ids(conn, "SELECT stream FROM intents WHERE run = ?1 ORDER BY stream", [run])
+}
+
+/// Intents with an attempt or a lookup in flight, in key order, at most `limit`. Served by
+/// `intents_by_status`; the sort is over the in-flight ones only.
+pub(crate) fn in_flight_ids(conn: &Connection, limit: usize) -> Result<Vec<i64>> {
+    ids(
+        conn,
+        "SELECT i.stream FROM intents i JOIN streams s ON s.id = i.stream WHERE i.status IN (?1, ?2) \
+         ORDER BY s.name LIMIT ?3",
+        params![status_code(IntentStatus::Attempting), status_code(IntentStatus::Reconciling), to_i64(limit as u64)],
+    )
+}
+
+/// Intents whose reconciliation is due at `now` (µs), oldest due first, ties in key order, at
+/// most `limit`. Served by `intents_due`.
+pub(crate) fn due_ids(conn: &Connection, now: i64, limit: usize) -> Result<Vec<i64>> {
+    ids(
+        conn,
+        "SELECT i.stream FROM intents i JOIN streams s ON s.id = i.stream WHERE i.due_at <= ?1 \
+         ORDER BY i.due_at, s.name LIMIT ?2",
+        params![now, to_i64(limit as u64)],
+    )
+}
+
+/// Runs not finished, in id order, at most `limit`. Served by `runs_unfinished`.
+pub(crate) fn unfinished_run_ids(conn: &Connection, limit: usize) -> Result<Vec<i64>> {
+    ids(
+        conn,
+        "SELECT r.stream FROM runs r JOIN streams s ON s.id = r.stream WHERE r.finished = 0 ORDER BY s.name LIMIT ?1",
+        [to_i64(limit as u64)],
+    )
+}
+
+/// Intents in `status` (every intent when `None`), in key order. Served by
+/// `intents_by_status` for one status.
+pub(crate) fn intents_listed(conn: &Connection, status: Option<IntentStatus>) -> Result<Vec<Intent>> {
+    let mut out = Vec::new();
+    let (sql, code) = match status {
+        Some(status) => (format!("{INTENT_SELECT} WHERE i.status = ?1 ORDER BY s.name"), status_code(status)),
+        None => (format!("{INTENT_SELECT} WHERE ?1 = ?1 ORDER BY s.name"), 0),
+    };
+    let mut statement = conn.prepare_cached(&sql)?;
+    let records: Vec<IntentRecord> =
+        statement.query_map([code], IntentRecord::from_row)?.collect::<rusqlite::Result<_>>()?;
+    for record in records {
+        out.push(record.decode(conn)?);
+    }
+    Ok(out)
+}
+
+/// Every run, in id order.
+pub(crate) fn runs_listed(conn: &Connection) -> Result<Vec<(i64, Run)>> {
+    let mut statement = conn.prepare_cached(&format!("{RUN_SELECT} ORDER BY s.name"))?;
+    let records: Vec<RunRecord> = statement.query_map([], RunRecord::from_row)?.collect::<rusqlite::Result<_>>()?;
+    records.into_iter().map(|record| Ok((record.stream, record.decode()?))).collect()
+}
+
+/// The intent with stream id `stream`.
+pub(crate) fn intent_at(conn: &Connection, stream: i64) -> Result<Option<Intent>> {
+    intent_record(conn, stream)?.map(|record| record.decode(conn)).transpose()
+}
+
+/// The run with stream id `stream`.
+pub(crate) fn run_at(conn: &Connection, stream: i64) -> Result<Option<Run>> {
+    run_record(conn, stream)?.map(|record| record.decode()).transpose()
+}
