@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use testkit::sample::TENANT;
 
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 const TOKEN: &str = "pm_demo_card_visa_4242424242";
 
 /// One checked expectation.

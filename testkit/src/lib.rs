@@ -7,7 +7,8 @@
 //! declines); restarts after every crash (a second crash may hit the recovery itself); heals
 //! the provider; runs reconciliation passes; and then checks Keel's invariants over the log
 //! and the simulator's own count of effects ([`invariants`]). A failing seed is printed and
-//! replayed with `KEEL_SEED=<seed>`.
+//! replayed with `KEEL_SEED=<seed>`. [`sample`] holds the tenant and card token that Keel's
+//! own suites, the README and `keel demo` share.
 //!
 //! A crash here is a panic raised by the armed failpoint — in the executor's task or in the
 //! store's writer thread — after which the kit drops every handle and reopens the log from
@@ -70,6 +71,7 @@
 //! ```
 
 pub mod invariants;
+pub mod sample;
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
 use chrono::{TimeZone, Utc};

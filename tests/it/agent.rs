@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
+use testkit::sample::CARD_TOKEN;
 
 /// Runs `keel --db DB --json ARGS` with exactly `env` added (no key inherited from the host);
 /// returns the exit code, stdout and stderr.
@@ -195,7 +196,7 @@ fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
         "--currency",
         "EUR",
         "--payment-method-token",
-        "pm_card_visa_4242424242",
+        CARD_TOKEN,
     ];
     assert_eq!(keel(&db, &charge, &[]).0, 0, "the order is charged first");
     let (exit, report) = keel(&db, &["--provider", url, "agent", "run", "support", "--scenario", "repeat"], &[]);

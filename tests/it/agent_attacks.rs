@@ -199,7 +199,7 @@ fn a_payment_provider_that_echoes_the_card_token_never_gets_it_stored() {
         &url,
         "charge",
         "--tenant",
-        crate::cli::TENANT,
+        testkit::sample::TENANT,
         "--intent-id",
         "order_7734_charge_1",
         "--order",

@@ -9,6 +9,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use testkit::sample::CARD_TOKEN;
 
 /// The provider request timeout every desk command runs with.
 pub(crate) const PROVIDER_TIMEOUT_MS: u64 = 2_000;
@@ -44,7 +45,7 @@ impl Desk {
             "--currency",
             "EUR",
             "--payment-method-token",
-            "pm_card_visa_4242424242",
+            CARD_TOKEN,
         ]);
         assert_eq!(code, 0, "the order is charged first: {charged}");
         desk

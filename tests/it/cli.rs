@@ -5,9 +5,7 @@ use provider_sim::Process;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-pub(crate) const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
-const TOKEN: &str = "pm_card_visa_4242424242";
+use testkit::sample::{CARD_TOKEN, TENANT};
 
 /// A simulator child process on `dir/sim.db` (the real `keel-provider-sim` binary), with a
 /// fault plan when given.
@@ -42,7 +40,7 @@ pub(crate) fn charge_args<'a>(intent_id: &'a str, amount: &'a str) -> Vec<&'a st
         "--currency",
         "EUR",
         "--payment-method-token",
-        TOKEN,
+        CARD_TOKEN,
     ]
 }
 
@@ -96,7 +94,7 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
     let (dir, db) = temp();
     let sim = start_sim(dir.path(), None);
     let input = dir.path().join("bad.json");
-    std::fs::write(&input, format!(r#"{{"tenant_id":"{TENANT}","intent_id":"short","order_id":"o","amount_minor":-3,"currency":"GBP","payment_method_token":"{TOKEN}","extra":1}}"#))
+    std::fs::write(&input, format!(r#"{{"tenant_id":"{TENANT}","intent_id":"short","order_id":"o","amount_minor":-3,"currency":"GBP","payment_method_token":"{CARD_TOKEN}","extra":1}}"#))
         .expect("writes");
     let (code, out, _) = keel(&db, Some(sim.url()), &["charge", "--input", input.to_str().expect("utf-8 path")]);
     assert_eq!(code, 2);

@@ -4,7 +4,7 @@
 //! token is never stored; refunds resend by themselves), and every invariant is checked over
 //! the log and the simulator's own effects. Cases include second crashes during recovery.
 
-use crate::cli::{TENANT, charge_args, start_sim};
+use crate::cli::{charge_args, start_sim};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::Path;
 use std::process::Command;
@@ -111,6 +111,7 @@ fn check(plan: Option<&str>, steps: &[Step], kind: &str, id: &str, expected: &st
 }
 
 use Step::{Charge, Reconcile, Refund, Resume, WaitOutTimeout};
+use testkit::sample::TENANT;
 
 #[test]
 fn after_reservation() {

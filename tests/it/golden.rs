@@ -14,8 +14,7 @@ use engine::provider::{CallOutcome, Capability, EffectKind, Evidence, LookupOutc
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
-
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+use testkit::sample::TENANT;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/golden")

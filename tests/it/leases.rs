@@ -2,13 +2,14 @@
 //! alive, a worker that was presumed dead is fenced, and the definitive answer it brings back
 //! is recorded anyway (issue 7, item 6).
 
-use crate::cli::{TENANT, charge_args, start_sim};
+use crate::cli::{charge_args, start_sim};
 use engine::event::{Event, IntentKey, LateVerdict};
 use engine::ledger::IntentStatus;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use testkit::sample::TENANT;
 
 /// The simulator holds the first charge's answer for `ms` (the effect is made first).
 fn slow_charge(ms: u64) -> String {

@@ -4,7 +4,7 @@
 //! the real simulator process, or a hand-written provider on 127.0.0.1 where the simulator
 //! cannot misbehave the way a test needs.
 
-use crate::cli::{TENANT, charge_args, keel, start_sim, temp};
+use crate::cli::{charge_args, keel, start_sim, temp};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
@@ -14,6 +14,7 @@ use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use testkit::sample::{CARD_TOKEN, TENANT};
 
 fn refund_args<'a>(intent_id: &'a str, order: &'a str, amount: &'a str, currency: &'a str) -> Vec<&'a str> {
     vec![
@@ -180,10 +181,10 @@ fn duplicate_keys_in_an_input_file_are_refused_and_nothing_is_charged() {
     let input = dir.path().join("dup.json");
     for text in [
         format!(
-            r#"{{"tenant_id":"{TENANT}","intent_id":"order_1842_charge","order_id":"order_1842","amount_minor":100,"amount_minor":999999,"currency":"EUR","payment_method_token":"pm_card_visa_4242424242"}}"#
+            r#"{{"tenant_id":"{TENANT}","intent_id":"order_1842_charge","order_id":"order_1842","amount_minor":100,"amount_minor":999999,"currency":"EUR","payment_method_token":"{CARD_TOKEN}"}}"#
         ),
         format!(
-            r#"{{"tenant_id":"{TENANT}","intent_id":"order_1842_charge","order_id":"order_1842","amount_minor":100,"currency":"EUR","currency":"USD","payment_method_token":"pm_card_visa_4242424242"}}"#
+            r#"{{"tenant_id":"{TENANT}","intent_id":"order_1842_charge","order_id":"order_1842","amount_minor":100,"currency":"EUR","currency":"USD","payment_method_token":"{CARD_TOKEN}"}}"#
         ),
     ] {
         std::fs::write(&input, text).expect("writes");

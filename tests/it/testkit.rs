@@ -9,8 +9,7 @@ use engine::ledger::RejectCode;
 use engine::provider::{BoxFuture, EffectKind, Secret};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+use testkit::sample::{CARD_TOKEN, TENANT};
 
 /// Pays a supplier invoice from a stored card: one intent per invoice, two lines of payload.
 struct PayInvoice;
@@ -91,7 +90,7 @@ fn a_users_invoice_workflow_keeps_every_invariant_under_seeded_crashes() {
 fn keels_charge_and_refund_keep_every_invariant_under_seeded_crashes() {
     let charge = |id: &str, order: &str, amount: i64| {
         json!({"tenant_id": TENANT, "intent_id": id, "order_id": order, "amount_minor": amount, "currency": "EUR",
-               "payment_method_token": "pm_card_visa_4242424242"})
+               "payment_method_token": CARD_TOKEN})
     };
     let refund = |id: &str, order: &str, amount: i64| json!({"tenant_id": TENANT, "intent_id": id, "order_id": order, "amount_minor": amount, "currency": "EUR"});
     let kit = testkit::Kit::new(workflows::builtin(None))

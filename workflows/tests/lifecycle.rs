@@ -2,6 +2,7 @@
 //! against the in-memory log and provider (the same decide/apply code the SQLite store runs).
 //! Each test names the rule it proves.
 
+use adapters::provider_http::stripe_like;
 use chrono::{TimeZone, Utc};
 use engine::clock::{Clock, ManualClock};
 use engine::event::{Cause, Event, IntentKey, RunId, RunLimits};
@@ -15,18 +16,12 @@ use engine::memory::{MemoryLog, MemoryProvider, Scripted};
 use engine::provider::{BoxFuture, Capability, EffectKind};
 use serde_json::{Value, json};
 use std::sync::Arc;
+use testkit::sample::{CARD_TOKEN, TENANT};
 
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
-const TOKEN: &str = "pm_card_visa_4242424242";
-
+/// A Stripe-like provider whose requests are over at once: a resend waits for the
+/// consistency window only, not for a request timeout too.
 fn stripe() -> Capability {
-    Capability {
-        dedup_by_key: true,
-        lookup: true,
-        key_window_ms: 86_400_000,
-        consistency_window_ms: 2_000,
-        request_timeout_ms: 0,
-    }
+    Capability { request_timeout_ms: 0, ..stripe_like() }
 }
 
 struct Harness {
@@ -102,7 +97,7 @@ fn limits() -> RunLimits {
 }
 
 fn charge_input(intent_id: &str, order: &str, amount_minor: i64) -> Value {
-    json!({"tenant_id": TENANT, "intent_id": intent_id, "order_id": order, "amount_minor": amount_minor, "currency": "EUR", "payment_method_token": TOKEN})
+    json!({"tenant_id": TENANT, "intent_id": intent_id, "order_id": order, "amount_minor": amount_minor, "currency": "EUR", "payment_method_token": CARD_TOKEN})
 }
 
 fn charge_key(intent_id: &str) -> IntentKey {
@@ -144,23 +139,23 @@ async fn invalid_input_and_policy_denial_write_nothing_and_do_not_burn_the_key()
     let h = Harness::new(stripe());
     for (bad, code) in [
         (
-            json!({"tenant_id": "not-a-uuid", "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": "not-a-uuid", "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "short", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "short", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "", "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": -1, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": -1, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "GBP", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "GBP", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
@@ -168,16 +163,16 @@ async fn invalid_input_and_policy_denial_write_nothing_and_do_not_burn_the_key()
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN, "extra": true}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN, "extra": true}),
             "invalid_arguments",
         ),
         (charge_input(&"i".repeat(121), "o", 4900), "invalid_arguments"),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 49.5, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 49.5, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (charge_input("order_1842_charge", "o", 2_000_000), "policy_denied"),
@@ -196,8 +191,8 @@ async fn the_token_never_reaches_the_log() {
     let h = Harness::new(stripe());
     h.charge("order_1842_charge", "order_1842", 4900).await;
     let log = serde_json::to_string(&h.log.events()).expect("events serialize");
-    assert!(!log.contains(TOKEN), "the payment method token is stored only as a hash");
-    assert!(log.contains(&engine::canonical::sha256_hex(TOKEN.as_bytes())));
+    assert!(!log.contains(CARD_TOKEN), "the payment method token is stored only as a hash");
+    assert!(log.contains(&engine::canonical::sha256_hex(CARD_TOKEN.as_bytes())));
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 //! provider's effects. Each test names the rule it proves.
 
 use adapters::model::scripted::{ScriptedTransport, Transcript};
+use adapters::provider_http::stripe_like;
 use agent::IntentGate;
 use agent::{
     AgentEnv, AgentLimits, AgentState, AgentStatus, ApprovalPolicy, Cancellation, EffectClass, EffectIntent,
@@ -21,6 +22,7 @@ use engine::provider::{Capability, EffectKind};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
+use testkit::sample::CARD_TOKEN;
 use workflows::support_agent::{self, Order, Scenario, TENANT};
 
 struct Desk {
@@ -36,13 +38,7 @@ impl Desk {
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
         let log = Arc::new(MemoryLog::new(clock.clone()));
-        let capability = Capability {
-            dedup_by_key: true,
-            lookup: true,
-            key_window_ms: 86_400_000,
-            consistency_window_ms: 2_000,
-            request_timeout_ms: 0,
-        };
+        let capability = Capability { request_timeout_ms: 0, ..stripe_like() };
         let provider = Arc::new(MemoryProvider::new(capability));
         let runtime = Runtime {
             log: log.clone(),
@@ -58,7 +54,7 @@ impl Desk {
     async fn charge(&self, order: &Order) {
         let input = json!({"tenant_id": TENANT, "intent_id": format!("charge-{}-000001", order.id),
             "order_id": order.id, "amount_minor": order.amount_minor, "currency": order.currency,
-            "payment_method_token": "pm_card_visa_4242424242"});
+            "payment_method_token": CARD_TOKEN});
         let request = RunRequest {
             run_id: RunId::new(format!("charge-{}", order.id)),
             limits: engine::event::RunLimits { approval_threshold_minor: None, ..support_agent::spine_limits() },

@@ -8,9 +8,8 @@ use super::scripted::{ScriptStep, ScriptedTransport, Transcript};
 use super::*;
 use agent::{
     AgentEnv, AgentEvent, AgentLimits, AgentState, AgentStatus, ApprovalDecision, ApprovalPolicy, Cancellation,
-    CorrectionCode, EffectClass, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision, ManualTimer,
-    MemoryJournal, ModelRequest, Registry, ResponseBlock, RunOutcome, RunSpec, StopReason, Tool, ToolContext,
-    ToolOutput, ToolSpec,
+    CorrectionCode, EffectClass, EffectIntent, EffectOutcome, ManualTimer, MemoryGate, MemoryJournal, ModelRequest,
+    Registry, ResponseBlock, RunOutcome, RunSpec, StopReason, Tool, ToolContext, ToolOutput, ToolSpec,
 };
 use axum::Router;
 use axum::extract::State;
@@ -220,42 +219,6 @@ fn registry(counters: &Arc<Counters>) -> Registry {
     registry
 }
 
-/// Stands in for the spine's intents: one fingerprint per key.
-#[derive(Default)]
-struct FakeGate {
-    keys: Mutex<BTreeMap<String, String>>,
-}
-
-impl EffectGate for FakeGate {
-    fn reserve<'a>(&'a self, _: &'a str, intent: &'a EffectIntent, approval: bool) -> BoxFuture<'a, GateDecision> {
-        let mut keys = self.keys.lock().expect("test mutex");
-        let decision = match keys.get(&intent.key()) {
-            Some(fp) if *fp == intent.fingerprint() => {
-                GateDecision::Deduplicated { content: "already refunded".into() }
-            }
-            Some(_) => GateDecision::Refused {
-                code: "intent_payload_mismatch".into(),
-                message: "this idempotency key was used with other arguments".into(),
-            },
-            None => {
-                keys.insert(intent.key(), intent.fingerprint());
-                GateDecision::Proceed(EffectTicket {
-                    key: intent.key(),
-                    fingerprint: intent.fingerprint(),
-                    approval_required: approval,
-                })
-            }
-        };
-        Box::pin(async move { decision })
-    }
-    fn approval<'a>(&'a self, _: &'a EffectTicket, _: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
-        Box::pin(async { ApprovalDecision::Approved })
-    }
-    fn settle<'a>(&'a self, _: &'a EffectTicket, _: &'a EffectOutcome) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
-}
-
 struct Checked {
     outcome: RunOutcome,
     events: Vec<AgentEvent>,
@@ -287,7 +250,7 @@ async fn run_timed(
     };
     let cancel = Cancellation::new();
     let journal = MemoryJournal::new();
-    let gate = FakeGate::default();
+    let gate = MemoryGate::new(ApprovalDecision::Approved);
     let counters = Arc::new(Counters::default());
     let registry = registry(&counters);
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &*timer, cancel: &cancel, gate: Some(&gate) };

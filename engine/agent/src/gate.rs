@@ -7,11 +7,13 @@
 //! asks for approval when the reservation requires it — the tool's policy or the spine's
 //! threshold, the stricter wins (bound to the fingerprint, expiring), runs the body with the
 //! [`EffectTicket`], and reports the body's [`EffectOutcome`] to the gate. The spine's intent
-//! lifecycle is the real implementation; tests use an in-memory fake.
+//! lifecycle is the real implementation (`IntentGate`); tests use [`MemoryGate`].
 
 use engine::provider::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 /// What an effect tool call asks for, derived from its bound arguments by the tool itself
 /// (so no argument can name an order the tool was not bound to).
@@ -134,4 +136,55 @@ pub trait EffectGate: Send + Sync {
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision>;
     /// Records how the body's effect ended (validated / declined / unknown).
     fn settle<'a>(&'a self, ticket: &'a EffectTicket, outcome: &'a EffectOutcome) -> BoxFuture<'a, ()>;
+}
+
+/// An in-memory [`EffectGate`] for tests, as `MemoryJournal` is for the journal: one payload
+/// fingerprint per intent key, so a repeated call is deduplicated and a changed one refused
+/// `intent_payload_mismatch`, as the spine answers; every approval check gets the one answer
+/// it was built with; nothing is settled. It checks no money and no reference.
+#[derive(Debug)]
+pub struct MemoryGate {
+    intents: Mutex<BTreeMap<String, String>>,
+    approval: ApprovalDecision,
+}
+
+impl MemoryGate {
+    /// A gate that answers every approval check with `approval`.
+    pub fn new(approval: ApprovalDecision) -> Self {
+        Self { intents: Mutex::new(BTreeMap::new()), approval }
+    }
+}
+
+impl EffectGate for MemoryGate {
+    fn reserve<'a>(
+        &'a self,
+        _run_id: &'a str,
+        intent: &'a EffectIntent,
+        approval_required: bool,
+    ) -> BoxFuture<'a, GateDecision> {
+        let (key, fingerprint) = (intent.key(), intent.fingerprint());
+        let mut intents = self.intents.lock().expect("the gate's lock is never held across a panic");
+        let decision = match intents.get(&key) {
+            Some(existing) if *existing == fingerprint => {
+                GateDecision::Deduplicated { content: "already refunded".into() }
+            }
+            Some(_) => GateDecision::Refused {
+                code: "intent_payload_mismatch".into(),
+                message: "this idempotency key was used with other arguments".into(),
+            },
+            None => {
+                intents.insert(key.clone(), fingerprint.clone());
+                GateDecision::Proceed(EffectTicket { key, fingerprint, approval_required })
+            }
+        };
+        Box::pin(async move { decision })
+    }
+
+    fn approval<'a>(&'a self, _ticket: &'a EffectTicket, _intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
+        Box::pin(async move { self.approval.clone() })
+    }
+
+    fn settle<'a>(&'a self, _ticket: &'a EffectTicket, _outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
 }

@@ -12,8 +12,9 @@
 //! - [`AgentEvent`], the durable facts, and their fold [`AgentState`] ([`event`]).
 //! - [`AgentJournal`], the door to durability: [`LogJournal`] over the engine's `EventLog`,
 //!   [`MemoryJournal`] for tests ([`journal`]).
-//! - [`EffectGate`], the hook an effect tool goes through ([`gate`]), and [`IntentGate`], its
-//!   implementation over the executor's intent lifecycle ([`intent_gate`]).
+//! - [`EffectGate`], the hook an effect tool goes through, and [`MemoryGate`] for tests
+//!   ([`gate`]); [`IntentGate`], its implementation over the executor's intent lifecycle
+//!   ([`intent_gate`]).
 //! - [`Timer`] (deadlines) and [`Cancellation`] without a clock ([`control`]).
 //! - [`run`], which starts or resumes a run and drives it to a stop ([`run_loop`]), and its
 //!   [`AgentStatus`]es, exit codes, [`RunOutcome`] and the CLI's [`RunReport`] ([`outcome`]).
@@ -67,7 +68,7 @@ pub mod run_loop;
 pub use budget::{AgentLimits, LimitsError, ModelPrice, PriceTable};
 pub use control::{Cancellation, ManualTimer, Timer};
 pub use event::{AgentEvent, AgentState, CallHold, CorrectionCode, ToolOutcome};
-pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
+pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision, MemoryGate};
 pub use guard::{AgentEnv, GuardedScope, Invoked, Verdict, decide};
 pub use intent_gate::IntentGate;
 pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal, NewRun};

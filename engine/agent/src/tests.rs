@@ -174,47 +174,6 @@ fn registry(bodies: &Arc<Bodies>) -> Registry {
     registry
 }
 
-/// An in-memory stand-in for the spine's intent lifecycle: key → fingerprint.
-#[derive(Default)]
-struct FakeGate {
-    intents: Mutex<BTreeMap<String, String>>,
-    approve: bool,
-}
-
-impl EffectGate for FakeGate {
-    fn reserve<'a>(
-        &'a self,
-        _run_id: &'a str,
-        intent: &'a EffectIntent,
-        approval_required: bool,
-    ) -> BoxFuture<'a, GateDecision> {
-        let mut intents = self.intents.lock().expect("test mutex");
-        let (key, fingerprint) = (intent.key(), intent.fingerprint());
-        let decision = match intents.get(&key) {
-            Some(existing) if *existing == fingerprint => {
-                GateDecision::Deduplicated { content: "already refunded".into() }
-            }
-            Some(_) => GateDecision::Refused {
-                code: "intent_payload_mismatch".into(),
-                message: "this key was used with other arguments".into(),
-            },
-            None => {
-                intents.insert(key.clone(), fingerprint.clone());
-                GateDecision::Proceed(EffectTicket { key, fingerprint, approval_required })
-            }
-        };
-        Box::pin(async move { decision })
-    }
-    fn approval<'a>(&'a self, _t: &'a EffectTicket, _i: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
-        let decision =
-            if self.approve { ApprovalDecision::Approved } else { ApprovalDecision::Denied { reason: "no".into() } };
-        Box::pin(async move { decision })
-    }
-    fn settle<'a>(&'a self, _t: &'a EffectTicket, _o: &'a EffectOutcome) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
-}
-
 // ----- harness ---------------------------------------------------------------------------------
 
 struct Rig {
@@ -223,7 +182,7 @@ struct Rig {
     cancel: Cancellation,
     bodies: Arc<Bodies>,
     registry: Registry,
-    gate: FakeGate,
+    gate: MemoryGate,
 }
 
 impl Rig {
@@ -237,7 +196,7 @@ impl Rig {
             cancel: Cancellation::new(),
             registry: registry(&bodies),
             bodies,
-            gate: FakeGate { approve: true, ..FakeGate::default() },
+            gate: MemoryGate::new(ApprovalDecision::Approved),
         }
     }
     fn env<'a>(&'a self, journal: &'a dyn AgentJournal) -> AgentEnv<'a> {
@@ -608,7 +567,7 @@ async fn agent_invariants_and_same_key_with_new_arguments() {
 #[tokio::test]
 async fn agent_approval_is_asked_above_the_threshold_and_a_denial_is_a_result() {
     let mut rig = Rig::new();
-    rig.gate.approve = false;
+    rig.gate = MemoryGate::new(ApprovalDecision::Denied { reason: "no".into() });
     let journal = MemoryJournal::new();
     let script = Script::new(vec![refund("c1", "k1", 20_000, "EUR"), refund("c2", "k2", 500, "EUR"), says("ok")]);
     let outcome = go(&rig, &journal, &script, AgentLimits::default(), ALL).await;
