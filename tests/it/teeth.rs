@@ -9,7 +9,7 @@
 //! - a lookup or a direct answer that reports another amount or currency never validates;
 //! - a tool call proposed after the run's deadline is not admitted.
 
-use crate::cli::{TENANT, start_sim};
+use crate::cli::start_sim;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use testkit::sample::TENANT;
 
 /// A provider that fails every charge before acting: each attempt is unknown to Keel, and
 /// each lookup proves it absent.
