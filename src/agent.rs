@@ -2,7 +2,7 @@
 //!
 //! Owns the translation between flags and an agent run: which workflow, which transcript
 //! (a named scenario, embedded in the binary, or a file), which limits and grants; the
-//! journal (`engine::agent::LogJournal` over the store, so every fact is on `run:<id>`); the
+//! journal (`agent::LogJournal` over the store, so every fact is on `run:<id>`); the
 //! provider and the intent gate for the support agent's refunds; the real timer; ctrl-c wired to `Cancellation::cancel`; the rendering and the exit code. It
 //! never decides a guard step or a budget (the engine does) and never touches SQL.
 //!
@@ -38,15 +38,15 @@ use adapters::model::http::{BaseUrl, HttpConfig};
 use adapters::model::openai::OpenAiClient;
 use adapters::model::scripted::{ScriptedTransport, Transcript};
 use adapters::model::{BoxTransport, TokioTimer};
-use anyhow::Context as _;
-use engine::agent::{
+use agent::IntentGate;
+use agent::{
     AgentEnv, AgentEvent, AgentJournal, AgentLimits, AgentState, Cancellation, LogJournal, ModelRequest, ModelResponse,
     ModelTransport, NewRun, RunOutcome, TransportError,
 };
+use anyhow::Context as _;
 use engine::clock::Clock;
 use engine::event::{Cause, RunId, RunLimits};
-use engine::intent_gate::IntentGate;
-use engine::log::EventLog;
+use engine::log::{Ask, Asking, EventLog};
 use engine::provider::{BoxFuture, Secret};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -438,11 +438,8 @@ async fn claim_and_recover(
             Err(other) => return Err(format!("cannot take run {run_id}: {other}")),
         }
     }
-    let recover = engine::ledger::Action::Recover { owner: lessee.owner().clone(), run: Some(run_id.clone()) };
-    log.execute(engine::ledger::Command::new(cause.clone(), recover))
-        .await
-        .map(drop)
-        .map_err(|error| format!("cannot recover run {run_id}: {error}"))
+    let recover = Ask::recover(cause.clone(), lessee.owner().clone(), Some(run_id.clone()));
+    log.ask(recover).await.map(drop).map_err(|error| format!("cannot recover run {run_id}: {error}"))
 }
 
 fn plan_new(

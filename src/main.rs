@@ -2,21 +2,21 @@
 //!
 //! This is the only place that reads argv and the environment, reads the system clock
 //! ([`wiring::SystemClock`]), and uses `anyhow`. Every command prints a human rendering by
-//! default and one JSON document with `--json`.
+//! default and one JSON document with `--json`. The operator commands live in `ops` and
+//! `agent`; the harnesses that drive Keel (`demo`, `soak`, `bench`) in [`harness`], which no
+//! operator command imports.
 //!
 //! Exit codes: 0 validated / ok; 2 a controlled outcome (rejected, declined, unknown,
 //! escalated, cancelled, refused); 1 internal error; 64 usage error; 130 interrupted.
 
 mod agent;
-mod bench;
-mod demo;
+mod harness;
 mod ops;
 mod output;
-mod scale;
-mod soak;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
+use engine::log::Ask;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -431,9 +431,7 @@ fn main() -> ExitCode {
     };
     let out = output::Output { json: cli.json };
     if let Command::ProviderSim { args } = &cli.command {
-        return adapters::sim::cli_main_from(
-            std::iter::once("keel-provider-sim".to_owned()).chain(args.iter().cloned()),
-        );
+        return harness::run_provider_sim(args);
     }
     wiring::init_tracing();
     wiring::init_lease_ttl(cli.lease_ttl_ms);
@@ -527,7 +525,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Cancel { key, by: by.clone(), reason: reason.clone() },
+                |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone()),
                 &by,
             )
             .await
@@ -542,7 +540,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Approve { key, by: by.clone(), ttl_ms, fingerprint: fingerprint.clone() },
+                |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone()),
                 &by,
             )
             .await
@@ -553,24 +551,27 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 durability,
                 &out,
                 &key,
-                |key| engine::ledger::Action::Deny { key, by: by.clone(), reason: reason.clone() },
+                |cause, key| Ask::deny(cause, key, by.clone(), reason.clone()),
                 &by,
             )
             .await
         }
         Command::Verify => ops::verify(&cli.db, &out),
-        Command::Demo { dir } => demo::run(&out, dir).await,
+        Command::Demo { dir } => harness::demo::run(&out, dir).await,
         Command::Bench { intents, concurrency, keep, first } => {
-            bench::run(&out, &cli.db, durability, bench::Args { intents, concurrency, keep, first }).await
+            let args = harness::bench::Args { intents, concurrency, keep, first };
+            harness::bench::run(&out, &cli.db, durability, args).await
         }
-        Command::BenchScale { dir, sizes, runs, in_flight } => scale::run(&out, &dir, &sizes, runs, in_flight).await,
+        Command::BenchScale { dir, sizes, runs, in_flight } => {
+            harness::scale::run(&out, &dir, &sizes, runs, in_flight).await
+        }
         Command::BenchLeaveInFlight { intents, first } => {
-            bench::leave_in_flight(&cli.db, durability, first, intents).await
+            harness::bench::leave_in_flight(&cli.db, durability, first, intents).await
         }
-        Command::Soak { kills, seed, dir } => soak::run(&out, kills, seed, dir).await,
+        Command::Soak { kills, seed, dir } => harness::soak::run(&out, kills, seed, dir).await,
         Command::SoakWorker { seed, round } => {
             let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
-            soak::worker(&node, seed, round).await
+            harness::soak::worker(&node, seed, round).await
         }
         Command::ProviderSim { .. } => unreachable!("handled before the runtime starts"),
     }

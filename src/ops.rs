@@ -10,9 +10,9 @@ use crate::wiring::{Node, open_store};
 use crate::{EffectArgs, LimitArgs, ProviderArgs, exit};
 use anyhow::Context as _;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
-use engine::executor::{IntentOutcome, RunRequest};
-use engine::ledger::{Action, Command, Intent, IntentStatus, Reply};
-use engine::log::{EventLog, LogError};
+use engine::executor::{IntentOutcome, RunOutcome, RunRequest};
+use engine::ledger::{Intent, IntentStatus};
+use engine::log::{Ask, Asking, EventLog, IntentAnswer, LogError};
 use serde_json::{Map, Value, json};
 use std::io::{IsTerminal as _, Read as _};
 use std::path::Path;
@@ -79,37 +79,44 @@ pub async fn run_effect(
         map.insert("run_id".to_owned(), json!(outcome.run_id));
         map.insert("run_status".to_owned(), json!(outcome.status));
     }
-    out.emit(&document, || print_effect(workflow, &document));
-    Ok(if document.get("status").and_then(Value::as_str) == Some("validated") { exit::OK } else { exit::CONTROLLED })
+    out.emit(&document, || print_run(workflow, &outcome));
+    Ok(if outcome.intent.as_ref().is_some_and(IntentOutcome::is_validated) { exit::OK } else { exit::CONTROLLED })
 }
 
-fn print_effect(workflow: &str, document: &Value) {
-    let text = |name: &str| document.get(name).and_then(Value::as_str).unwrap_or("");
-    let status = text("status");
-    let mut line = format!(
-        "{workflow} {} → {status}",
-        if text("intent_key").is_empty() { "(no key)" } else { text("intent_key") }
-    );
-    for (name, label) in [("source", "source"), ("code", "code"), ("provider_ref", "evidence")] {
-        if !text(name).is_empty() {
-            line.push_str(&format!(", {label} {}", text(name)));
+/// A run's outcome in one line (and its details): the intent it ended on, or why it was
+/// refused before anything was written.
+fn print_run(workflow: &str, outcome: &RunOutcome) {
+    match (&outcome.intent, &outcome.rejection) {
+        (Some(intent), _) => print_intent(workflow, intent),
+        (None, Some(rejection)) => {
+            println!("{workflow} (no key) → rejected, code {}", rejection.code.as_str());
+            rejection.details.iter().for_each(|detail| println!("  - {detail}"));
         }
+        (None, None) => println!("{workflow} run {} → {}", outcome.run_id, outcome.status.as_str()),
     }
-    if let Some(attempts) = document.get("attempts").and_then(Value::as_u64) {
-        line.push_str(&format!(", {attempts} attempt(s)"));
+}
+
+fn print_intent(workflow: &str, outcome: &IntentOutcome) {
+    let mut line = format!("{workflow} {} → {}", outcome.intent_key, outcome.status.as_str());
+    if let Some(source) = outcome.source {
+        line.push_str(&format!(", source {}", source.as_str()));
     }
-    if !text("reconcile_after").is_empty() {
-        line.push_str(&format!(", reconcile after {}", text("reconcile_after")));
+    if let Some(code) = &outcome.code {
+        line.push_str(&format!(", code {}", code.as_str()));
+    }
+    if let Some(provider_ref) = &outcome.provider_ref {
+        line.push_str(&format!(", evidence {provider_ref}"));
+    }
+    line.push_str(&format!(", {} attempt(s)", outcome.attempts));
+    if let Some(at) = outcome.reconcile_after {
+        line.push_str(&format!(", reconcile after {}", at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)));
     }
     println!("{line}");
-    for detail in document.get("details").and_then(Value::as_array).into_iter().flatten() {
-        println!("  - {}", detail.as_str().unwrap_or_default());
-    }
+    outcome.details.iter().for_each(|detail| println!("  - {detail}"));
 }
 
 fn print_outcome(outcome: &IntentOutcome) {
-    let document = serde_json::to_value(outcome).unwrap_or(Value::Null);
-    print_effect(outcome.intent_key.split(':').next().unwrap_or("intent"), &document);
+    print_intent(outcome.intent_key.as_str().split(':').next().unwrap_or("intent"), outcome);
 }
 
 fn parse_key(key: &str) -> Result<IntentKey, String> {
@@ -235,7 +242,7 @@ pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) 
         }
         outcomes.iter().for_each(print_outcome);
     });
-    let all_validated = outcomes.iter().all(|o| o.status == "validated");
+    let all_validated = outcomes.iter().all(IntentOutcome::is_validated);
     Ok(if due || all_validated { exit::OK } else { exit::CONTROLLED })
 }
 
@@ -254,7 +261,7 @@ pub async fn resume(node: &Node, out: &Output) -> anyhow::Result<u8> {
             println!("  recovered {key}: outcome_unknown (crash)");
         }
         for run in &report.resumed {
-            println!("  run {}: {}", run.run_id, run.status);
+            println!("  run {}: {}", run.run_id, run.status.as_str());
         }
         report.reconciled.iter().for_each(print_outcome);
     });
@@ -267,7 +274,7 @@ pub async fn operator(
     durability: store::Durability,
     out: &Output,
     key: &str,
-    action: impl FnOnce(IntentKey) -> Action,
+    ask: impl FnOnce(Cause, IntentKey) -> Ask<IntentAnswer>,
     by: &str,
 ) -> anyhow::Result<u8> {
     let key = match parse_key(key) {
@@ -278,11 +285,10 @@ pub async fn operator(
         return Ok(out.usage_error("--by needs the operator's name"));
     }
     let store = open_store(db, durability)?;
-    let result = store.execute(Command::new(Cause::operator(by), action(key))).await;
+    let result = (&store as &dyn EventLog).ask(ask(Cause::operator(by), key)).await;
     store.shutdown()?;
     match result {
-        Ok(Reply::Intent { intent, .. }) => print_decision(out, &intent),
-        Ok(_) => anyhow::bail!("an operator command did not return its intent"),
+        Ok(answer) => print_decision(out, &answer.intent),
         Err(LogError::Refused(refusal)) => Ok(out.refused(&refusal.to_string())),
         Err(other) => Err(other.into()),
     }
@@ -349,7 +355,7 @@ pub async fn resolve(
         }
         None => {
             let store = open_store(db, durability)?;
-            let action = Action::Resolve {
+            let resolution = engine::log::Resolution {
                 key: key.clone(),
                 by: decision.by.clone(),
                 reason: decision.reason,
@@ -357,13 +363,9 @@ pub async fn resolve(
                 lookup: None,
                 override_reason: decision.override_reason,
             };
-            let result = store.execute(Command::new(Cause::operator(&decision.by), action)).await;
+            let result = (&store as &dyn EventLog).ask(Ask::resolve(Cause::operator(&decision.by), resolution)).await;
             store.shutdown()?;
-            match result {
-                Ok(Reply::Intent { intent, .. }) => Ok(*intent),
-                Ok(_) => anyhow::bail!("a resolution did not return its intent"),
-                Err(error) => Err(error.into()),
-            }
+            result.map(|answer| answer.intent).map_err(Into::into)
         }
     };
     match resolved {

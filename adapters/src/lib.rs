@@ -3,8 +3,12 @@
 //! - [`provider_http`]: [`provider_http::HttpProvider`], the engine's
 //!   [`engine::provider::PaymentProvider`] over a Stripe-like HTTP API, with the exact mapping
 //!   from HTTP answers and transport failures to outcomes.
-//! - [`sim`]: the provider simulator behind `keel-provider-sim` — a Stripe-like server with
-//!   durable SQLite state, idempotency keys, a lookup endpoint and a seeded fault plan.
+//! - [`model`]: the agent harness's [`agent::ModelTransport`]s — the Anthropic Messages and
+//!   OpenAI Chat Completions clients over HTTP(S), [`model::scripted::ScriptedTransport`]
+//!   replaying transcripts in those wire formats, and [`model::TokioTimer`].
+//!
+//! The provider simulator these clients are tested against, `keel-provider-sim`, is a crate
+//! of its own (`adapters/provider-sim/`, crate `provider_sim`): the other side of the boundary.
 //!
 //! This crate must never make a decision the engine owns (retrying, reconciling, releasing
 //! money): adapters report what happened, as data.
@@ -13,7 +17,7 @@
 //!
 //! ```no_run
 //! use adapters::provider_http::{HttpProvider, HttpProviderConfig};
-//! use adapters::sim::{Config, Server};
+//! use provider_sim::{Config, Server};
 //! use engine::provider::{CallOutcome, EffectKind, EffectRequest, PaymentProvider, Secret};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -38,4 +42,3 @@
 
 pub mod model;
 pub mod provider_http;
-pub mod sim;

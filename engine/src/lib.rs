@@ -8,7 +8,6 @@
 //! - [`provider`] — the payment provider contract and its typed outcomes.
 //! - [`executor`] — journaled workflows and the replaying executor.
 //! - [`failpoints`] — named crash points at every event boundary (disarmed by default).
-//! - [`intent_gate`] — the agent harness's effect gate over the executor's intent driver.
 //! - [`money`] — currency codes, bounded amounts and checked sums of minor units.
 //! - [`lease`] — run leases and fencing tokens: who may act for a run.
 //! - [`clock`] and [`limits`] — time as an input, and every bound in one file.
@@ -23,14 +22,12 @@
 //! assert_eq!(fingerprint(&json!({"amount_minor": 4900, "currency": "EUR"})),
 //!            fingerprint(&json!({"currency": "EUR", "amount_minor": 4.9e3})));
 //! ```
-pub mod agent;
 pub mod append;
 pub mod canonical;
 pub mod clock;
 pub mod event;
 pub mod executor;
 pub mod failpoints;
-pub mod intent_gate;
 pub mod lease;
 pub mod ledger;
 pub mod limits;

@@ -189,8 +189,9 @@ pub fn reconcile_backoff_ms(n: u32) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Agent harness (`engine::agent`). Defaults are seed 003's acceptance table; a run records the
-// limits it starts with in `AgentRunStarted`, so a restart never refills them.
+// Agent harness (the `agent` crate, which keeps its bounds here with every other). Defaults are
+// seed 003's acceptance table; a run records the limits it starts with in `AgentRunStarted`, so a
+// restart never refills them.
 // ---------------------------------------------------------------------------------------------
 
 /// Default model calls per agent run (seed 003: six transport calls). Enforced by the loop

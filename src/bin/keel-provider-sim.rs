@@ -1,5 +1,5 @@
-//! `keel-provider-sim`: the Stripe-like payment provider simulator (see `adapters::sim`).
+//! `keel-provider-sim`: the Stripe-like payment provider simulator (see `provider_sim`).
 
 fn main() -> std::process::ExitCode {
-    adapters::sim::cli_main()
+    provider_sim::cli_main()
 }

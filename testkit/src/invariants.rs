@@ -68,8 +68,8 @@ impl From<engine::memory::MemoryEffect> for Effect {
     }
 }
 
-impl From<&adapters::sim::EffectRecord> for Effect {
-    fn from(record: &adapters::sim::EffectRecord) -> Self {
+impl From<&provider_sim::EffectRecord> for Effect {
+    fn from(record: &provider_sim::EffectRecord) -> Self {
         Self {
             idempotency_key: record.idempotency_key.clone(),
             kind: record.kind,
@@ -343,7 +343,7 @@ pub fn check_files(keel_db: &Path, sim_db: &Path) -> Result<Report, Unreadable> 
     let reader = store::Reader::open(keel_db).map_err(|e| Unreadable(format!("{}: {e}", keel_db.display())))?;
     let events = reader.events_since(0).map_err(|e| Unreadable(e.to_string()))?;
     let effects: Vec<Effect> = if sim_db.exists() {
-        adapters::sim::list_effects(sim_db)
+        provider_sim::list_effects(sim_db)
             .map_err(|e| Unreadable(format!("{}: {e}", sim_db.display())))?
             .iter()
             .map(Effect::from)

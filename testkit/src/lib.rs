@@ -1,13 +1,14 @@
 //! Keel's crash-replay test kit: prove Keel's promises for *your* workflow.
 //!
 //! Owns [`Kit`], a harness that runs your [`Workflow`]s against the provider simulator
-//! (`adapters::sim`, in process, over real HTTP) and a real SQLite event log, under a
+//! (`provider_sim`, in process, over real HTTP) and a real SQLite event log, under a
 //! **seeded schedule** of crashes at every event boundary ([`engine::failpoints::Point`]) and
 //! provider faults (timeouts after the effect, 5xx, lost answers, lying or lagging lookups,
 //! declines); restarts after every crash (a second crash may hit the recovery itself); heals
 //! the provider; runs reconciliation passes; and then checks Keel's invariants over the log
 //! and the simulator's own count of effects ([`invariants`]). A failing seed is printed and
-//! replayed with `KEEL_SEED=<seed>`.
+//! replayed with `KEEL_SEED=<seed>`. [`sample`] holds the tenant and card token that Keel's
+//! own suites, the README and `keel demo` share.
 //!
 //! A crash here is a panic raised by the armed failpoint — in the executor's task or in the
 //! store's writer thread — after which the kit drops every handle and reopens the log from
@@ -20,35 +21,39 @@
 //! A workflow of your own — here, paying a supplier invoice — checked under 2 seeds:
 //!
 //! ```
-//! use engine::executor::{Context, IntentRequest, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
+//! use engine::executor::{Context, IntentRequest, Prepared, Registered, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
 //! use engine::ledger::RejectCode;
 //! use engine::provider::{BoxFuture, EffectKind, Secret};
+//! use serde::{Deserialize, Serialize};
 //! use serde_json::{Value, json};
-//! use std::sync::Arc;
 //!
 //! struct PayInvoice;
 //!
+//! /// What is stored (the card is a secret of the invocation, never stored).
+//! #[derive(Serialize, Deserialize)]
+//! struct Invoice { invoice: String, cents: i64 }
+//!
 //! impl Workflow for PayInvoice {
+//!     type Input = Invoice;
 //!     fn name(&self) -> &'static str { "pay_invoice" }
-//!     fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+//!     fn prepare(&self, raw: &Value) -> Result<Prepared<Invoice>, Rejection> {
 //!         let invalid = |d: &str| Rejection { code: RejectCode::InvalidArguments, details: vec![d.to_owned()] };
 //!         let card = raw["card"].as_str().ok_or_else(|| invalid("card is required"))?;
-//!         let mut stored = raw.clone();
-//!         stored["card"] = json!("<secret>");
-//!         Ok(Prepared { stored_input: stored, secrets: [("card".to_owned(), Secret::new(card))].into() })
+//!         let invoice = raw["invoice"].as_str().ok_or_else(|| invalid("invoice is required"))?.to_owned();
+//!         let cents = raw["cents"].as_i64().ok_or_else(|| invalid("cents is required"))?;
+//!         Ok(Prepared { input: Invoice { invoice, cents }, secrets: [("card".to_owned(), Secret::new(card))].into() })
 //!     }
-//!     fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+//!     fn run<'a>(&'a self, ctx: &'a mut Context, input: Invoice) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
 //!         Box::pin(async move {
-//!             let invoice = input["invoice"].as_str().unwrap_or_default().to_owned();
 //!             let outcome = ctx.intent(IntentRequest {
 //!                 kind: EffectKind::Charge,
 //!                 tenant: "acme".to_owned(),
-//!                 intent_id: format!("pay_{invoice}"),
-//!                 order_id: invoice.clone(),
-//!                 business_ref: invoice,
-//!                 amount_minor: input["cents"].as_i64().unwrap_or_default(),
+//!                 intent_id: format!("pay_{}", input.invoice),
+//!                 order_id: input.invoice.clone(),
+//!                 business_ref: input.invoice.clone(),
+//!                 amount_minor: input.cents,
 //!                 currency: "EUR".to_owned(),
-//!                 payload: json!({"invoice": input["invoice"], "cents": input["cents"]}),
+//!                 payload: json!({"invoice": input.invoice, "cents": input.cents}),
 //!                 payment_method: ctx.secret("card"),
 //!             }).await?;
 //!             end_with(&outcome)
@@ -56,7 +61,7 @@
 //!     }
 //! }
 //!
-//! let kit = testkit::Kit::new(vec![Arc::new(PayInvoice)])
+//! let kit = testkit::Kit::new(vec![Registered::new(PayInvoice)])
 //!     .submit("pay_invoice", json!({"invoice": "inv_2041", "cents": 12_000, "card": "pm_card_visa_4242"}))
 //!     .submit("pay_invoice", json!({"invoice": "inv_2042", "cents": 800, "card": "pm_card_visa_4242"}))
 //!     .mismatch(|input| { let mut other = input.clone(); other["cents"] = json!(1); other })
@@ -66,17 +71,18 @@
 //! ```
 
 pub mod invariants;
+pub mod sample;
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
-use adapters::sim::{Config, FaultPlan, Server};
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, RunId, RunLimits};
-use engine::executor::{Executor, RunOutcome, RunRequest, Runtime, Workflow};
+use engine::executor::{Executor, Registered, RunOutcome, RunRequest, Runtime};
 use engine::failpoints::{Failpoints, Point};
 use engine::lease::{LeaseOwner, Lessee, SoleSurvivor};
 use engine::provider::PaymentProvider;
 pub use invariants::{Effect, Report};
+use provider_sim::{Config, FaultPlan, Rng, Server};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -89,36 +95,6 @@ pub const SEED_ENV: &str = "KEEL_SEED";
 /// The provider's per-request timeout inside the kit: short, so a held answer (a timeout
 /// after the effect) costs little wall time.
 pub const REQUEST_TIMEOUT_MS: u64 = 250;
-
-/// A small deterministic PRNG (SplitMix64): the schedule depends on the seed alone.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n` (`n` ≥ 1).
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
-    }
-}
 
 /// One request the kit submits: a workflow name and its raw input (secrets included: the
 /// kit re-submits it, as a caller would after an ambiguous answer).
@@ -135,7 +111,7 @@ type Mutate = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
 /// The harness. Build it with [`Kit::new`], add [`Kit::submit`]s, run with [`Kit::run`].
 #[derive(Clone)]
 pub struct Kit {
-    workflows: Vec<Arc<dyn Workflow>>,
+    workflows: Vec<Registered>,
     submissions: Vec<Submission>,
     mismatch: Option<Mutate>,
     first_seed: u64,
@@ -189,7 +165,7 @@ impl std::error::Error for Failure {}
 impl Kit {
     /// A kit over your workflows, with 4 seeds from 1, a crash armed in half the submissions and a
     /// provider fault in about 1 of 5 requests, and 6 reconciliation passes after healing.
-    pub fn new(workflows: Vec<Arc<dyn Workflow>>) -> Self {
+    pub fn new(workflows: Vec<Registered>) -> Self {
         Self {
             workflows,
             submissions: Vec::new(),

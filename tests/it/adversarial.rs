@@ -7,18 +7,18 @@
 //! re-submit the same charge), then the status, the effect count and every invariant.
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
-use adapters::sim::{Config, FaultPlan, Server};
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::executor::{Executor, RunRequest, Runtime};
 use engine::memory::MemoryLog;
 use engine::provider::{Capability, EffectKind, PaymentProvider};
+use provider_sim::{Config, FaultPlan, Server};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::sync::Arc;
+use testkit::sample::{CARD_TOKEN, TENANT};
 
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 const PASSES: usize = 6;
 
 fn provider(server: &Server, tier: &str) -> Arc<dyn PaymentProvider> {
@@ -50,7 +50,7 @@ async fn check(path: &Path) {
     let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 2, 1, 10, 0, 0).single().expect("valid")));
     let log = Arc::new(MemoryLog::new(clock.clone()));
     let input = json!({"tenant_id": TENANT, "intent_id": format!("adversarial_{name}"), "order_id": format!("order_{name}"),
-                       "amount_minor": 4_900, "currency": "EUR", "payment_method_token": "pm_card_visa_4242424242"});
+                       "amount_minor": 4_900, "currency": "EUR", "payment_method_token": CARD_TOKEN});
     let mut runs = 0;
     let mut request = || {
         runs += 1;
@@ -99,7 +99,7 @@ async fn check(path: &Path) {
     let ledger = log.ledger();
     let intent = ledger.intent(&key).unwrap_or_else(|| panic!("{name}: the intent exists ({first:?})"));
     let effects: Vec<testkit::Effect> =
-        adapters::sim::list_effects(&sim_db).expect("effects").iter().map(testkit::Effect::from).collect();
+        provider_sim::list_effects(&sim_db).expect("effects").iter().map(testkit::Effect::from).collect();
     let expect = &fixture["expect"];
     assert_eq!(intent.status.as_str(), expect["status"], "{name}: {intent:#?}");
     if let Some(source) = expect["source"].as_str() {

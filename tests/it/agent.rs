@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
+use testkit::sample::CARD_TOKEN;
 
 /// Runs `keel --db DB --json ARGS` with exactly `env` added (no key inherited from the host);
 /// returns the exit code, stdout and stderr.
@@ -90,15 +91,15 @@ fn forbidden_never_runs_the_body() {
 }
 
 /// An agent run's state, folded from its facts on the log.
-pub(crate) fn agent_state(db: &Path, run_id: &str) -> engine::agent::AgentState {
+pub(crate) fn agent_state(db: &Path, run_id: &str) -> agent::AgentState {
     let reader = store::Reader::open(db).expect("opens");
     let history = reader.history(&engine::event::RunId::new(run_id)).expect("reads").expect("the run");
-    let facts: Vec<engine::agent::AgentEvent> = history
+    let facts: Vec<agent::AgentEvent> = history
         .agent_entries
         .into_iter()
         .map(|entry| serde_json::from_value(entry).expect("an agent fact decodes"))
         .collect();
-    engine::agent::AgentState::from_events(&facts)
+    agent::AgentState::from_events(&facts)
 }
 
 /// A run's stored input.
@@ -152,7 +153,7 @@ fn a_run_killed_at_its_fourth_model_call_resumes_with_one_tool_call_left_and_no_
     let reader = store::Reader::open(&db).expect("opens");
     let runs = reader.runs().expect("runs");
     assert_eq!(runs.len(), 1);
-    assert_eq!(runs[0].status, "running", "killed: no RunFinished");
+    assert_eq!(runs[0].status.as_str(), "running", "killed: no RunFinished");
     let run_id = runs[0].run_id.clone();
     let before = recorded_answers(&db, &run_id);
     assert_eq!(before.len(), 3, "three answers recorded before the death");
@@ -177,8 +178,8 @@ fn a_run_killed_at_its_fourth_model_call_resumes_with_one_tool_call_left_and_no_
 #[test]
 fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
     let (dir, db) = temp();
-    let sim = crate::cli::Sim::start(dir.path());
-    let url = sim.1.as_str();
+    let sim = crate::cli::start_sim(dir.path(), None);
+    let url = sim.url();
     let tenant = workflows::support_agent::TENANT;
     let charge = [
         "--provider",
@@ -195,7 +196,7 @@ fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
         "--currency",
         "EUR",
         "--payment-method-token",
-        "pm_card_visa_4242424242",
+        CARD_TOKEN,
     ];
     assert_eq!(keel(&db, &charge, &[]).0, 0, "the order is charged first");
     let (exit, report) = keel(&db, &["--provider", url, "agent", "run", "support", "--scenario", "repeat"], &[]);
@@ -204,7 +205,7 @@ fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
     let key = report["awaiting_approval"].as_str().expect("the intent key to approve").to_owned();
     let run_id = report["run_id"].as_str().expect("a run id").to_owned();
     let refunds = || {
-        adapters::sim::list_effects(&dir.path().join("sim.db"))
+        provider_sim::list_effects(&dir.path().join("sim.db"))
             .expect("the simulator's effects list")
             .into_iter()
             .filter(|e| e.id.starts_with("re_"))

@@ -96,7 +96,7 @@ fn run_row(db: &Path, run_id: &str) -> store::RunRow {
     store::Reader::open(db).expect("opens").run(&engine::event::RunId::new(run_id)).expect("reads").expect("the run")
 }
 
-fn agent_state(db: &Path, run_id: &str) -> engine::agent::AgentState {
+fn agent_state(db: &Path, run_id: &str) -> agent::AgentState {
     crate::agent::agent_state(db, run_id)
 }
 
@@ -199,7 +199,7 @@ fn a_payment_provider_that_echoes_the_card_token_never_gets_it_stored() {
         &url,
         "charge",
         "--tenant",
-        crate::cli::TENANT,
+        testkit::sample::TENANT,
         "--intent-id",
         "order_7734_charge_1",
         "--order",
@@ -254,8 +254,8 @@ fn support_without_a_provider_is_a_json_usage_error_for_run_and_resume() {
     assert!(json_of(&stdout)["error"].as_str().is_some_and(|e| e.contains("--provider")), "{stdout}");
     assert!(!db.exists(), "nothing is written");
 
-    let sim = crate::cli::Sim::start(dir.path());
-    let (_, report) = keel(&db, &["--provider", &sim.1, "agent", "run", "support", "--scenario", "injection"], &[]);
+    let sim = crate::cli::start_sim(dir.path(), None);
+    let (_, report) = keel(&db, &["--provider", sim.url(), "agent", "run", "support", "--scenario", "injection"], &[]);
     let run_id = report["run_id"].as_str().expect("a run id").to_owned();
     let before = agent_state(&db, &run_id);
     let (exit, stdout, stderr) = keel_raw(&db, &["agent", "resume", &run_id], &[]);
@@ -461,7 +461,7 @@ fn an_answer_over_the_limits_is_a_controlled_stop_that_names_the_limit_and_ends_
         assert_eq!((report["status"].as_str(), report["model_calls"].as_u64()), (Some("answer_too_large"), Some(1)));
         assert_eq!(report["tool_calls"], 0, "{name}: nothing of it ran");
         let row = run_row(&db, report["run_id"].as_str().expect("a run id"));
-        assert_eq!(row.status, "answer_too_large", "{name}: the run ended");
+        assert_eq!(row.status.as_str(), "answer_too_large", "{name}: the run ended");
         assert!(row.detail.unwrap_or_default().contains(limit), "{name}: the stop names {limit}");
     }
     // Over HTTP, the body is not even read past its bound.

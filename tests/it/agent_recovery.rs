@@ -55,6 +55,14 @@ fn refund_at_the_provider(desk: &Desk) -> (String, String, Child) {
     assert_eq!(code, 0, "{approved}");
     let child = spawn(desk, &["agent", "resume", &run_id]);
     wait_for_status(desk, &key, "attempting");
+    // `attempting` is durable before the request leaves: wait until the provider has the
+    // refund (and holds its answer), or a kill could land before the request is sent — a
+    // different scenario, whose lookup rightly answers "absent, too early to believe".
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while desk.refunds_at_provider() == 0 {
+        assert!(Instant::now() < deadline, "timed out waiting for the refund to reach the provider");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     (run_id, key, child)
 }
 

@@ -3,11 +3,13 @@
 //! suspended run — each ends in a truthful status with nothing left held (issue 15, items 1,
 //! 2 and 5). Through the real binary and a real simulator process.
 
-use crate::cli::Sim;
+use crate::cli::start_sim;
+use provider_sim::Process;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use testkit::sample::CARD_TOKEN;
 
 /// The provider request timeout every desk command runs with.
 pub(crate) const PROVIDER_TIMEOUT_MS: u64 = 2_000;
@@ -15,7 +17,7 @@ pub(crate) const PROVIDER_TIMEOUT_MS: u64 = 2_000;
 pub(crate) struct Desk {
     pub(crate) dir: tempfile::TempDir,
     pub(crate) db: PathBuf,
-    pub(crate) sim: Sim,
+    pub(crate) sim: Process,
 }
 
 impl Desk {
@@ -28,7 +30,7 @@ impl Desk {
     pub(crate) fn with_faults(plan: Option<&str>) -> Self {
         let dir = tempfile::tempdir().expect("a temp dir");
         let db = dir.path().join("keel.db");
-        let sim = Sim::with_faults(dir.path(), plan);
+        let sim = start_sim(dir.path(), plan);
         let desk = Self { dir, db, sim };
         let (code, charged) = desk.keel(&[
             "charge",
@@ -43,7 +45,7 @@ impl Desk {
             "--currency",
             "EUR",
             "--payment-method-token",
-            "pm_card_visa_4242424242",
+            CARD_TOKEN,
         ]);
         assert_eq!(code, 0, "the order is charged first: {charged}");
         desk
@@ -55,7 +57,7 @@ impl Desk {
         command
             .arg("--db")
             .arg(&self.db)
-            .args(["--json", "--provider", &self.sim.1, "--provider-consistency-window-ms", "0"])
+            .args(["--json", "--provider", self.sim.url(), "--provider-consistency-window-ms", "0"])
             // Above the slowest held answer these tests use (1.5 s); an absence is believed
             // only once a request's timeout has passed since it was sent.
             .args(["--provider-timeout-ms", &PROVIDER_TIMEOUT_MS.to_string()])
@@ -81,7 +83,7 @@ impl Desk {
     }
 
     pub(crate) fn refunds_at_provider(&self) -> usize {
-        adapters::sim::list_effects(&self.dir.path().join("sim.db"))
+        provider_sim::list_effects(&self.dir.path().join("sim.db"))
             .expect("the simulator's effects")
             .into_iter()
             .filter(|e| e.id.starts_with("re_"))

@@ -1,43 +1,17 @@
 //! The operator CLI end to end: exit codes, JSON contracts, nothing written on bad input,
 //! `verify` catching tampering. Runs the real binaries against a real simulator process.
 
+use provider_sim::Process;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+use testkit::sample::{CARD_TOKEN, TENANT};
 
-pub(crate) const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
-const TOKEN: &str = "pm_card_visa_4242424242";
-
-pub(crate) struct Sim(pub(crate) Child, pub(crate) String);
-
-impl Sim {
-    pub(crate) fn start(dir: &Path) -> Self {
-        Self::with_faults(dir, None)
-    }
-
-    /// A simulator on `dir/sim.db`, with a fault plan when given.
-    pub(crate) fn with_faults(dir: &Path, plan: Option<&str>) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel-provider-sim"));
-        command.args(["serve", "--db"]).arg(dir.join("sim.db"));
-        if let Some(plan) = plan {
-            let path = dir.join("faults.json");
-            std::fs::write(&path, plan).expect("writes the plan");
-            command.arg("--faults").arg(path);
-        }
-        let mut child = command.stdout(Stdio::piped()).spawn().expect("the simulator starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout is piped")).read_line(&mut line).expect("a first line");
-        let url = line.trim().strip_prefix("listening on ").expect("the simulator announces its address").to_owned();
-        Self(child, url)
-    }
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// A simulator child process on `dir/sim.db` (the real `keel-provider-sim` binary), with a
+/// fault plan when given.
+pub(crate) fn start_sim(dir: &Path, plan: Option<&str>) -> Process {
+    let binary = Command::new(env!("CARGO_BIN_EXE_keel-provider-sim"));
+    Process::serve(binary, &dir.join("sim.db"), plan).unwrap_or_else(|e| panic!("the simulator starts: {e}"))
 }
 
 pub(crate) fn keel(db: &Path, url: Option<&str>, args: &[&str]) -> (i32, Value, String) {
@@ -66,7 +40,7 @@ pub(crate) fn charge_args<'a>(intent_id: &'a str, amount: &'a str) -> Vec<&'a st
         "--currency",
         "EUR",
         "--payment-method-token",
-        TOKEN,
+        CARD_TOKEN,
     ]
 }
 
@@ -79,8 +53,8 @@ pub(crate) fn temp() -> (tempfile::TempDir, PathBuf) {
 #[test]
 fn a_charge_is_validated_then_deduplicated_then_a_mismatch_is_rejected() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
-    let (code, first, _) = keel(&db, Some(&sim.1), &charge_args("order_1842_charge", "4900"));
+    let sim = start_sim(dir.path(), None);
+    let (code, first, _) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "4900"));
     assert_eq!(code, 0, "{first}");
     let key = format!("charge:{TENANT}:order_1842_charge");
     assert_eq!(first["intent_key"], key.as_str());
@@ -88,11 +62,11 @@ fn a_charge_is_validated_then_deduplicated_then_a_mismatch_is_rejected() {
     assert_eq!(first["source"], "provider");
     assert_eq!(first["attempts"], 1);
 
-    let (code, again, _) = keel(&db, Some(&sim.1), &charge_args("order_1842_charge", "4900"));
+    let (code, again, _) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "4900"));
     assert_eq!(code, 0);
     assert_eq!(again["source"], "deduplicated");
 
-    let (code, mismatch, _) = keel(&db, Some(&sim.1), &charge_args("order_1842_charge", "9900"));
+    let (code, mismatch, _) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "9900"));
     assert_eq!(code, 2);
     assert_eq!(mismatch["status"], "rejected");
     assert_eq!(mismatch["code"], "intent_payload_mismatch");
@@ -118,11 +92,11 @@ fn a_charge_is_validated_then_deduplicated_then_a_mismatch_is_rejected() {
 #[test]
 fn bad_input_is_a_clear_error_and_writes_nothing() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     let input = dir.path().join("bad.json");
-    std::fs::write(&input, format!(r#"{{"tenant_id":"{TENANT}","intent_id":"short","order_id":"o","amount_minor":-3,"currency":"GBP","payment_method_token":"{TOKEN}","extra":1}}"#))
+    std::fs::write(&input, format!(r#"{{"tenant_id":"{TENANT}","intent_id":"short","order_id":"o","amount_minor":-3,"currency":"GBP","payment_method_token":"{CARD_TOKEN}","extra":1}}"#))
         .expect("writes");
-    let (code, out, _) = keel(&db, Some(&sim.1), &["charge", "--input", input.to_str().expect("utf-8 path")]);
+    let (code, out, _) = keel(&db, Some(sim.url()), &["charge", "--input", input.to_str().expect("utf-8 path")]);
     assert_eq!(code, 2);
     assert_eq!(out["code"], "invalid_arguments");
     let details = out["details"].to_string();
@@ -151,8 +125,8 @@ fn usage_errors_exit_64() {
 #[test]
 fn verify_names_a_tampered_event() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
-    assert_eq!(keel(&db, Some(&sim.1), &charge_args("order_1842_charge", "4900")).0, 0);
+    let sim = start_sim(dir.path(), None);
+    assert_eq!(keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "4900")).0, 0);
     let connection = rusqlite::Connection::open(&db).expect("opens");
     let blocked = connection.execute("UPDATE events SET payload = '{}' WHERE seq = 3", []);
     assert!(blocked.is_err(), "events are append-only");
@@ -168,19 +142,22 @@ fn verify_names_a_tampered_event() {
 fn operator_decisions_are_refused_or_recorded_with_the_operators_name() {
     let (dir, db) = temp();
     let plan = r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":3000}]}"#;
-    let sim = Sim::with_faults(dir.path(), Some(plan));
+    let sim = start_sim(dir.path(), Some(plan));
     let mut lost = charge_args("order_1900_charge", "2500");
     lost.extend(["--max-attempts", "3"]);
-    let (code, unknown, _) = keel(&db, Some(&sim.1), &[&["--provider-timeout-ms", "300"][..], &lost].concat());
+    let (code, unknown, _) = keel(&db, Some(sim.url()), &[&["--provider-timeout-ms", "300"][..], &lost].concat());
     assert_eq!(code, 2, "{unknown}");
     assert_eq!(unknown["status"], "outcome_unknown");
     let key = unknown["intent_key"].as_str().expect("a key").to_owned();
 
     let (code, refused, _) = keel(&db, None, &["cancel", &key, "--by", "ana", "--reason", "customer asked"]);
     assert_eq!(code, 2, "cancel is refused while the outcome is unknown: {refused}");
-    let landed = adapters::sim::list_effects(&dir.path().join("sim.db")).expect("effects")[0].id.clone();
-    let (code, resolved, _) =
-        keel(&db, Some(&sim.1), &["resolve", &key, "--landed", &landed, "--by", "ana", "--reason", "in the dashboard"]);
+    let landed = provider_sim::list_effects(&dir.path().join("sim.db")).expect("effects")[0].id.clone();
+    let (code, resolved, _) = keel(
+        &db,
+        Some(sim.url()),
+        &["resolve", &key, "--landed", &landed, "--by", "ana", "--reason", "in the dashboard"],
+    );
     assert_eq!(code, 0, "{resolved}");
     assert_eq!(resolved["status"], "validated");
     let (_, shown, _) = keel(&db, None, &["show", &key]);
@@ -192,13 +169,13 @@ fn operator_decisions_are_refused_or_recorded_with_the_operators_name() {
 #[test]
 fn an_approval_is_bound_to_the_fingerprint_and_a_denial_ends_the_intent() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     let gated = |intent: &'static str| {
         let mut args = charge_args(intent, "5000");
         args.extend(["--approval-threshold-minor", "1000"]);
         args
     };
-    let (code, waiting, _) = keel(&db, Some(&sim.1), &gated("order_1842_charge"));
+    let (code, waiting, _) = keel(&db, Some(sim.url()), &gated("order_1842_charge"));
     assert_eq!(code, 2, "{waiting}");
     assert_eq!(waiting["status"], "awaiting_approval");
     let key = waiting["intent_key"].as_str().expect("a key").to_owned();
@@ -206,19 +183,19 @@ fn an_approval_is_bound_to_the_fingerprint_and_a_denial_ends_the_intent() {
     let wrong = "0".repeat(64);
     assert_eq!(keel(&db, None, &["approve", &key, "--by", "lead", "--fingerprint", &wrong]).0, 2);
     assert_eq!(keel(&db, None, &["approve", &key, "--by", "lead"]).0, 0);
-    let (code, done, _) = keel(&db, Some(&sim.1), &gated("order_1842_charge"));
+    let (code, done, _) = keel(&db, Some(sim.url()), &gated("order_1842_charge"));
     assert_eq!(code, 0, "{done}");
     assert_eq!(done["status"], "validated");
 
     let mut other = charge_args("order_1843_charge", "5000");
     other[6] = "order_1843";
     other.extend(["--approval-threshold-minor", "1000"]);
-    let (_, waiting, _) = keel(&db, Some(&sim.1), &other);
+    let (_, waiting, _) = keel(&db, Some(sim.url()), &other);
     let denied_key = waiting["intent_key"].as_str().expect("a key").to_owned();
     let (code, denied, _) = keel(&db, None, &["deny", &denied_key, "--by", "lead", "--reason", "suspicious"]);
     assert_eq!(code, 0, "{denied}");
     assert_eq!(denied["status"], "rejected");
-    let (code, after, _) = keel(&db, Some(&sim.1), &other);
+    let (code, after, _) = keel(&db, Some(sim.url()), &other);
     assert_eq!(code, 2);
     assert_eq!(after["status"], "rejected");
     let (_, intents, _) = keel(&db, None, &["intents", "--state", "validated"]);

@@ -4,6 +4,7 @@
 //! `BEGIN IMMEDIATE`), and the provider — one that does NOT deduplicate, so a second attempt
 //! would show — holds exactly one effect per key.
 
+use adapters::provider_http::stripe_like;
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, Event, RunId, RunLimits};
@@ -13,12 +14,12 @@ use engine::provider::Capability;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::Arc;
+use testkit::sample::{CARD_TOKEN, TENANT};
 
 const WORKERS: usize = 8;
 const INTENTS_PER_WORKER: usize = 1_000;
 const SHARED_KEYS: usize = INTENTS_PER_WORKER / 4;
 const IN_FLIGHT_PER_WORKER: usize = 32;
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 
 #[test]
 fn eight_workers_on_one_database_reserve_each_key_once() {
@@ -66,7 +67,7 @@ fn eight_workers_on_one_database_reserve_each_key_once() {
                             let executor = executor.clone();
                             let input = json!({"tenant_id": TENANT, "intent_id": id, "order_id": format!("order_{id}"),
                                                "amount_minor": 2_500, "currency": "EUR",
-                                               "payment_method_token": "pm_card_visa_4242424242"});
+                                               "payment_method_token": CARD_TOKEN});
                             let request = RunRequest {
                                 run_id: RunId::new(format!("w{worker}-{id}")),
                                 limits: RunLimits {
@@ -172,7 +173,7 @@ fn a_proposal_that_loses_the_race_for_the_attempt_reports_the_winners_outcome() 
         workflows::builtin(None),
     );
     let input = json!({"tenant_id": TENANT, "intent_id": "order_3001_charge", "order_id": "order_3001",
-                       "amount_minor": 2_500, "currency": "EUR", "payment_method_token": "pm_card_visa_4242424242"});
+                       "amount_minor": 2_500, "currency": "EUR", "payment_method_token": CARD_TOKEN});
     let request = RunRequest {
         run_id: RunId::new("late"),
         limits: RunLimits {
@@ -191,12 +192,8 @@ fn a_proposal_that_loses_the_race_for_the_attempt_reports_the_winners_outcome() 
     assert_eq!(provider.effects().len(), 0, "this caller sent nothing");
 }
 
+/// A Stripe-like provider whose requests are over at once: a resend waits for the
+/// consistency window only, not for a request timeout too.
 fn stripe() -> Capability {
-    Capability {
-        dedup_by_key: true,
-        lookup: true,
-        key_window_ms: 86_400_000,
-        consistency_window_ms: 2_000,
-        request_timeout_ms: 0,
-    }
+    Capability { request_timeout_ms: 0, ..stripe_like() }
 }

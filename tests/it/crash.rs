@@ -4,7 +4,7 @@
 //! token is never stored; refunds resend by themselves), and every invariant is checked over
 //! the log and the simulator's own effects. Cases include second crashes during recovery.
 
-use crate::cli::{Sim, TENANT, charge_args};
+use crate::cli::{charge_args, start_sim};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::Path;
 use std::process::Command;
@@ -93,9 +93,9 @@ fn run_step(dir: &Path, url: &str, step: Step) {
 /// Runs the steps, then checks the final status of `(kind, id)` and every invariant.
 fn check(plan: Option<&str>, steps: &[Step], kind: &str, id: &str, expected: &str) {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let sim = Sim::with_faults(dir.path(), plan);
+    let sim = start_sim(dir.path(), plan);
     for step in steps {
-        run_step(dir.path(), &sim.1, *step);
+        run_step(dir.path(), sim.url(), *step);
     }
     let db = dir.path().join("keel.db");
     // Invariants first: a broken promise is the finding, a surprising status only its echo.
@@ -105,12 +105,13 @@ fn check(plan: Option<&str>, steps: &[Step], kind: &str, id: &str, expected: &st
     let intent_key = engine::event::IntentKey::parse(&key(kind, id)).expect("a key");
     let intent = ledger.intent(&intent_key).expect("the intent exists");
     assert_eq!(intent.status.as_str(), expected, "{intent:#?}");
-    let effects = adapters::sim::list_effects(&dir.path().join("sim.db")).expect("effects");
+    let effects = provider_sim::list_effects(&dir.path().join("sim.db")).expect("effects");
     let on_key = effects.iter().filter(|e| e.idempotency_key == intent_key.as_str()).count();
     assert_eq!(on_key, usize::from(expected == "validated"), "effects on {intent_key}");
 }
 
 use Step::{Charge, Reconcile, Refund, Resume, WaitOutTimeout};
+use testkit::sample::TENANT;
 
 #[test]
 fn after_reservation() {

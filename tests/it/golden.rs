@@ -14,8 +14,7 @@ use engine::provider::{CallOutcome, Capability, EffectKind, Evidence, LookupOutc
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::sync::Arc;
-
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+use testkit::sample::TENANT;
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/golden")
@@ -243,7 +242,7 @@ impl NowPlus for ManualClock {
 /// A whole agent run (seed 003's `complete` scenario) on the log: `AgentRecorded` facts.
 fn agent_run() -> Vec<StoredEvent> {
     use adapters::model::scripted::ScriptedTransport;
-    use engine::agent::{AgentEnv, Cancellation, LogJournal, ManualTimer};
+    use agent::{AgentEnv, Cancellation, LogJournal, ManualTimer};
     use workflows::ticket_review::{Scenario, run};
     let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2025, 3, 1, 12, 0, 0).single().expect("valid")));
     let log = Arc::new(MemoryLog::new(clock.clone()));
@@ -251,7 +250,7 @@ fn agent_run() -> Vec<StoredEvent> {
     let transport =
         ScriptedTransport::from_file(scenario.transcript(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")))
             .expect("the transcript parses");
-    let start = engine::agent::NewRun { input: json!({"scenario": "complete"}), limits: RunLimits::default() };
+    let start = agent::NewRun { input: json!({"scenario": "complete"}), limits: RunLimits::default() };
     let shared: Arc<dyn engine::log::EventLog> = log.clone();
     let lessee = engine::lease::Lessee::new(engine::lease::LeaseOwner::named("golden"));
     let journal = LogJournal::new(shared, RunId::new("golden-agent-1"), Cause::command("golden"), Some(start), lessee);

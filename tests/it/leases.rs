@@ -2,13 +2,14 @@
 //! alive, a worker that was presumed dead is fenced, and the definitive answer it brings back
 //! is recorded anyway (issue 7, item 6).
 
-use crate::cli::{Sim, TENANT, charge_args};
+use crate::cli::{charge_args, start_sim};
 use engine::event::{Event, IntentKey, LateVerdict};
 use engine::ledger::IntentStatus;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use testkit::sample::TENANT;
 
 /// The simulator holds the first charge's answer for `ms` (the effect is made first).
 fn slow_charge(ms: u64) -> String {
@@ -69,7 +70,7 @@ fn signal(child: &Child, name: &str) {
 }
 
 fn effects_on(dir: &Path, key: &IntentKey) -> usize {
-    let effects = adapters::sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects");
+    let effects = provider_sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects");
     effects.iter().filter(|e| e.idempotency_key == key.as_str()).count()
 }
 
@@ -82,14 +83,14 @@ fn events_of(db: &Path, key: &IntentKey) -> Vec<Event> {
 fn resume_leaves_an_attempt_whose_worker_is_alive_to_that_worker() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let db = dir.path().join("keel.db");
-    let sim = Sim::with_faults(dir.path(), Some(&slow_charge(2_500)));
+    let sim = start_sim(dir.path(), Some(&slow_charge(2_500)));
     let key = IntentKey::parse(&format!("charge:{TENANT}:order_7001_charge")).expect("a key");
-    let worker = spawn_charge(&db, &sim.1, &[], "order_7001_charge");
+    let worker = spawn_charge(&db, sim.url(), &[], "order_7001_charge");
     wait_until("the worker's attempt is written ahead", || status_of(&db, &key) == Some(IntentStatus::Attempting));
 
     // Two resumes while the worker waits for the provider: neither touches its attempt.
     for _ in 0..2 {
-        let resumed = keel(&db, &sim.1, &[], &["resume"]).output().expect("keel resume runs");
+        let resumed = keel(&db, sim.url(), &[], &["resume"]).output().expect("keel resume runs");
         assert_eq!(resumed.status.code(), Some(0), "{}", String::from_utf8_lossy(&resumed.stderr));
         let report = json_of(&resumed);
         assert_eq!(report["recovered"], serde_json::json!([]), "{report}");
@@ -120,10 +121,10 @@ fn resume_leaves_an_attempt_whose_worker_is_alive_to_that_worker() {
 fn a_worker_presumed_dead_is_fenced_and_its_late_answer_is_kept() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let db = dir.path().join("keel.db");
-    let sim = Sim::with_faults(dir.path(), Some(&slow_charge(3_000)));
+    let sim = start_sim(dir.path(), Some(&slow_charge(3_000)));
     let key = IntentKey::parse(&format!("charge:{TENANT}:order_7002_charge")).expect("a key");
     let short_lease = ["--lease-ttl-ms", "1500"];
-    let worker = spawn_charge(&db, &sim.1, &short_lease, "order_7002_charge");
+    let worker = spawn_charge(&db, sim.url(), &short_lease, "order_7002_charge");
     wait_until("the worker's attempt is written ahead", || status_of(&db, &key) == Some(IntentStatus::Attempting));
 
     // The worker stops renewing (a long pause, a partition): once its lease expires, a
@@ -131,7 +132,7 @@ fn a_worker_presumed_dead_is_fenced_and_its_late_answer_is_kept() {
     signal(&worker, "STOP");
     let mut taken = Value::Null;
     wait_until("a resume takes the expired run over", || {
-        let resumed = keel(&db, &sim.1, &short_lease, &["resume"]).output().expect("keel resume runs");
+        let resumed = keel(&db, sim.url(), &short_lease, &["resume"]).output().expect("keel resume runs");
         taken = json_of(&resumed);
         taken["recovered"].as_array().is_some_and(|r| r.iter().any(|k| k == key.as_str()))
     });

@@ -15,4 +15,5 @@ mod kills;
 mod leases;
 mod model;
 mod money;
+mod teeth;
 mod testkit;

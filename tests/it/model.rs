@@ -21,8 +21,8 @@ use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
 use testkit::invariants::{self, Effect};
+use testkit::sample::{CARD_TOKEN, TENANT};
 
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 const ORDERS: u8 = 3;
 
 #[derive(Clone, Debug)]
@@ -100,7 +100,7 @@ fn amount(i: u8) -> i64 {
 
 fn charge(i: u8, bump: i64) -> Value {
     json!({"tenant_id": TENANT, "intent_id": format!("model_order_{i}_charge"), "order_id": format!("order_{i}"),
-           "amount_minor": amount(i) + bump, "currency": "EUR", "payment_method_token": "pm_card_visa_4242424242"})
+           "amount_minor": amount(i) + bump, "currency": "EUR", "payment_method_token": CARD_TOKEN})
 }
 
 fn refund(i: u8) -> Value {

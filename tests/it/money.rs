@@ -4,15 +4,17 @@
 //! the real simulator process, or a hand-written provider on 127.0.0.1 where the simulator
 //! cannot misbehave the way a test needs.
 
-use crate::cli::{Sim, TENANT, charge_args, keel, temp};
+use crate::cli::{charge_args, keel, start_sim, temp};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
+use provider_sim::Process;
 use serde_json::Value;
 use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
+use testkit::sample::{CARD_TOKEN, TENANT};
 
 fn refund_args<'a>(intent_id: &'a str, order: &'a str, amount: &'a str, currency: &'a str) -> Vec<&'a str> {
     vec![
@@ -48,8 +50,8 @@ fn event_count(db: &Path) -> u64 {
 }
 
 /// The simulator's effects, as it lists them.
-fn effects(dir: &Path) -> Vec<adapters::sim::EffectRecord> {
-    adapters::sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects")
+fn effects(dir: &Path) -> Vec<provider_sim::EffectRecord> {
+    provider_sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects")
 }
 
 fn last_event(db: &Path, key: &str) -> Value {
@@ -96,17 +98,17 @@ fn asked_amount(body: &str) -> i64 {
 #[test]
 fn a_refund_that_would_overflow_the_refunded_total_is_refused_before_the_provider() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
-    assert_eq!(keel(&db, Some(&sim.1), &charge_args("order_1842_charge", "100")).0, 0);
-    let (code, first, _) = keel(&db, Some(&sim.1), &refund_args("order_1842_refund_1", "order_1842", "1", "EUR"));
+    let sim = start_sim(dir.path(), None);
+    assert_eq!(keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "100")).0, 0);
+    let (code, first, _) = keel(&db, Some(sim.url()), &refund_args("order_1842_refund_1", "order_1842", "1", "EUR"));
     assert_eq!(code, 0, "{first}");
     let before = event_count(&db);
     let (code, out, _) =
-        keel(&db, Some(&sim.1), &refund_args("order_1842_refund_2", "order_1842", "9223372036854775807", "EUR"));
+        keel(&db, Some(sim.url()), &refund_args("order_1842_refund_2", "order_1842", "9223372036854775807", "EUR"));
     assert_eq!(code, 2, "{out}");
     assert_eq!(out["code"], "invalid_arguments", "{out}");
     assert!(out["details"].to_string().contains("amount_minor"), "{out}");
-    let (code, out, _) = keel(&db, Some(&sim.1), &charge_args("order_1843_charge", "1000000000001"));
+    let (code, out, _) = keel(&db, Some(sim.url()), &charge_args("order_1843_charge", "1000000000001"));
     assert_eq!((code, out["code"].as_str()), (2, Some("invalid_arguments")), "{out}");
     assert_eq!(event_count(&db), before, "nothing was written");
     assert_eq!(effects(dir.path()).len(), 2, "one charge and one refund of 1 at the provider");
@@ -117,10 +119,10 @@ fn a_refund_that_would_overflow_the_refunded_total_is_refused_before_the_provide
 #[test]
 fn a_refund_in_another_currency_than_the_charge_is_refused_and_writes_nothing() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
-    assert_eq!(keel(&db, Some(&sim.1), &charge_in("order_1842_charge", "4900", "XOF")).0, 0);
+    let sim = start_sim(dir.path(), None);
+    assert_eq!(keel(&db, Some(sim.url()), &charge_in("order_1842_charge", "4900", "XOF")).0, 0);
     let before = event_count(&db);
-    let (code, out, _) = keel(&db, Some(&sim.1), &refund_args("order_1842_refund", "order_1842", "4900", "EUR"));
+    let (code, out, _) = keel(&db, Some(sim.url()), &refund_args("order_1842_refund", "order_1842", "4900", "EUR"));
     assert_eq!(code, 2, "{out}");
     assert!(["invalid_arguments", "invariant_violated"].contains(&out["code"].as_str().unwrap_or("")), "{out}");
     assert_eq!(event_count(&db), before);
@@ -130,8 +132,8 @@ fn a_refund_in_another_currency_than_the_charge_is_refused_and_writes_nothing() 
 #[test]
 fn a_currency_flag_is_case_insensitive_and_stored_upper_case() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
-    let (code, out, _) = keel(&db, Some(&sim.1), &charge_in("order_1842_charge", "4900", "eur"));
+    let sim = start_sim(dir.path(), None);
+    let (code, out, _) = keel(&db, Some(sim.url()), &charge_in("order_1842_charge", "4900", "eur"));
     assert_eq!(code, 0, "{out}");
     let (_, shown, _) = keel(&db, None, &["show", out["intent_key"].as_str().expect("a key")]);
     assert_eq!(shown["intent"]["currency"], "EUR", "{shown}");
@@ -141,7 +143,7 @@ fn a_currency_flag_is_case_insensitive_and_stored_upper_case() {
 #[test]
 fn money_and_duration_flags_out_of_range_are_usage_errors_that_write_nothing() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     let charge = charge_args("order_1842_charge", "4900");
     for extra in [
         &["--deadline-ms", "18446744073709551615"][..],
@@ -152,7 +154,7 @@ fn money_and_duration_flags_out_of_range_are_usage_errors_that_write_nothing() {
         &["--provider-timeout-ms", "18446744073709551615"],
         &["--provider-consistency-window-ms", "18446744073709551615"],
     ] {
-        let (code, out, stderr) = keel(&db, Some(&sim.1), &[&charge[..], extra].concat());
+        let (code, out, stderr) = keel(&db, Some(sim.url()), &[&charge[..], extra].concat());
         assert_eq!(code, 64, "{extra:?}: {out} {stderr}");
         assert_eq!(out["status"], "usage_error", "{extra:?}: {out}");
     }
@@ -161,7 +163,7 @@ fn money_and_duration_flags_out_of_range_are_usage_errors_that_write_nothing() {
 
     let mut gated = charge_args("order_1844_charge", "5000");
     gated.extend(["--approval-threshold-minor", "1000"]);
-    let (_, waiting, _) = keel(&db, Some(&sim.1), &gated);
+    let (_, waiting, _) = keel(&db, Some(sim.url()), &gated);
     let key = waiting["intent_key"].as_str().expect("a key").to_owned();
     let before = event_count(&db);
     for ttl in ["9000000000000000", "18446744073709551615"] {
@@ -175,18 +177,18 @@ fn money_and_duration_flags_out_of_range_are_usage_errors_that_write_nothing() {
 #[test]
 fn duplicate_keys_in_an_input_file_are_refused_and_nothing_is_charged() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     let input = dir.path().join("dup.json");
     for text in [
         format!(
-            r#"{{"tenant_id":"{TENANT}","intent_id":"order_1842_charge","order_id":"order_1842","amount_minor":100,"amount_minor":999999,"currency":"EUR","payment_method_token":"pm_card_visa_4242424242"}}"#
+            r#"{{"tenant_id":"{TENANT}","intent_id":"order_1842_charge","order_id":"order_1842","amount_minor":100,"amount_minor":999999,"currency":"EUR","payment_method_token":"{CARD_TOKEN}"}}"#
         ),
         format!(
-            r#"{{"tenant_id":"{TENANT}","intent_id":"order_1842_charge","order_id":"order_1842","amount_minor":100,"currency":"EUR","currency":"USD","payment_method_token":"pm_card_visa_4242424242"}}"#
+            r#"{{"tenant_id":"{TENANT}","intent_id":"order_1842_charge","order_id":"order_1842","amount_minor":100,"currency":"EUR","currency":"USD","payment_method_token":"{CARD_TOKEN}"}}"#
         ),
     ] {
         std::fs::write(&input, text).expect("writes");
-        let (code, out, stderr) = keel(&db, Some(&sim.1), &["charge", "--input", input.to_str().expect("utf-8")]);
+        let (code, out, stderr) = keel(&db, Some(sim.url()), &["charge", "--input", input.to_str().expect("utf-8")]);
         assert_eq!(code, 64, "{out} {stderr}");
         assert!(out["error"].to_string().contains("duplicate"), "{out}");
     }
@@ -232,12 +234,12 @@ fn post(url: &str, path: &str, key: &str, body: &str) -> u16 {
 #[test]
 fn the_simulator_refuses_a_request_body_with_duplicate_keys() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     let body = r#"{"amount":100,"amount":999999,"currency":"EUR","payment_method":"pm_card_visa_4242424242","metadata":{"order_id":"o","intent_id":"i","tenant":"t"}}"#;
-    assert_eq!(post(&sim.1, "/v1/charges", "charge:t:dup_1", body), 400);
+    assert_eq!(post(sim.url(), "/v1/charges", "charge:t:dup_1", body), 400);
     let nested =
         r#"{"amount":100,"currency":"EUR","metadata":{"order_id":"o","order_id":"p","intent_id":"i","tenant":"t"}}"#;
-    assert_eq!(post(&sim.1, "/v1/refunds", "refund:t:dup_2", nested), 400);
+    assert_eq!(post(sim.url(), "/v1/refunds", "refund:t:dup_2", nested), 400);
     assert!(effects(dir.path()).is_empty(), "nothing was charged");
 }
 
@@ -316,16 +318,16 @@ fn empty_or_contradictory_provider_answers_are_never_evidence() {
     assert_ne!(code, 0, "an operator's blank evidence is refused: {out}");
 }
 
-fn lost_answer_sim(dir: &Path) -> Sim {
+fn lost_answer_sim(dir: &Path) -> Process {
     let plan = r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":1500}]}"#;
-    Sim::with_faults(dir, Some(plan))
+    start_sim(dir, Some(plan))
 }
 
 /// A charge whose effect landed at the simulator while its answer was lost.
-fn landed_but_unknown(db: &Path, sim: &Sim) -> String {
+fn landed_but_unknown(db: &Path, sim: &Process) -> String {
     let (code, out, _) = keel(
         db,
-        Some(&sim.1),
+        Some(sim.url()),
         &[&["--provider-timeout-ms", "300"][..], &charge_args("order_1900_charge", "2500")].concat(),
     );
     assert_eq!((code, out["status"].as_str()), (2, Some("outcome_unknown")), "{out}");
@@ -341,7 +343,7 @@ fn resolve_refuses_what_the_provider_contradicts_unless_overridden_with_a_reason
     let before = event_count(&db);
     for decision in [&["--landed", "ch_DOES_NOT_EXIST"][..], &["--absent"]] {
         let args = [&["resolve", &key][..], decision, &["--by", "ana", "--reason", "looked"]].concat();
-        let (code, out, stderr) = keel(&db, Some(&sim.1), &args);
+        let (code, out, stderr) = keel(&db, Some(sim.url()), &args);
         assert_eq!(code, 2, "{decision:?}: {out} {stderr}");
         assert!(out["error"].to_string().contains(&real), "{decision:?}: says what the provider says: {out}");
     }
@@ -350,7 +352,8 @@ fn resolve_refuses_what_the_provider_contradicts_unless_overridden_with_a_reason
     assert_eq!(code, 64, "a provider that can look up must be asked: {out}");
 
     let args = ["resolve", &key, "--landed", "ch_DOES_NOT_EXIST", "--by", "ana", "--reason", "dashboard"];
-    let (code, out, _) = keel(&db, Some(&sim.1), &[&args[..], &["--override", "the bank statement shows it"]].concat());
+    let (code, out, _) =
+        keel(&db, Some(sim.url()), &[&args[..], &["--override", "the bank statement shows it"]].concat());
     assert_eq!(code, 0, "{out}");
     let last = last_event(&db, &key);
     assert_eq!(last["type"], "IntentResolved");
@@ -365,7 +368,8 @@ fn resolve_landed_that_the_provider_confirms_is_recorded_as_verified() {
     let sim = lost_answer_sim(dir.path());
     let key = landed_but_unknown(&db, &sim);
     let real = effects(dir.path())[0].id.clone();
-    let (code, out, _) = keel(&db, Some(&sim.1), &["resolve", &key, "--landed", &real, "--by", "ana", "--reason", "r"]);
+    let (code, out, _) =
+        keel(&db, Some(sim.url()), &["resolve", &key, "--landed", &real, "--by", "ana", "--reason", "r"]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(out["status"], "validated");
     let payload = last_event(&db, &key)["payload"].clone();
@@ -378,7 +382,7 @@ fn resolve_without_a_lookup_records_that_it_is_unverified() {
     let sim = lost_answer_sim(dir.path());
     let args =
         [&["--provider-timeout-ms", "300", "--provider-tier", "none"][..], &charge_args("order_1900_charge", "2500")];
-    let (code, out, _) = keel(&db, Some(&sim.1), &args.concat());
+    let (code, out, _) = keel(&db, Some(sim.url()), &args.concat());
     assert_eq!((code, out["status"].as_str()), (2, Some("escalated")), "{out}");
     let key = out["intent_key"].as_str().expect("a key").to_owned();
     let real = effects(dir.path())[0].id.clone();
@@ -406,8 +410,8 @@ fn a_provider_that_refuses_connections_leaves_the_intent_pending_for_a_resubmiss
     assert!(types.iter().filter(|t| **t == "AttemptNotSent").count() > 1, "retried: {types:?}");
     assert!(!types.contains(&"IntentEscalated"), "{types:?}");
 
-    let sim = Sim::start(dir.path());
-    let (code, out, _) = keel(&db, Some(&sim.1), &charge_args("order_1842_charge", "4900"));
+    let sim = start_sim(dir.path(), None);
+    let (code, out, _) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "4900"));
     assert_eq!(code, 0, "the same request, re-submitted, continues the intent: {out}");
     assert_eq!(effects(dir.path()).len(), 1);
 }
@@ -415,10 +419,10 @@ fn a_provider_that_refuses_connections_leaves_the_intent_pending_for_a_resubmiss
 #[test]
 fn the_provider_request_timeout_is_stored_with_the_intent() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     let (code, out, _) = keel(
         &db,
-        Some(&sim.1),
+        Some(sim.url()),
         &[&["--provider-timeout-ms", "700"][..], &charge_args("order_1842_charge", "4900")].concat(),
     );
     assert_eq!(code, 0, "{out}");
@@ -429,7 +433,7 @@ fn the_provider_request_timeout_is_stored_with_the_intent() {
 #[test]
 fn ids_that_cannot_travel_are_invalid_and_write_nothing() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     for (intent_id, order) in [
         ("order_1842_charge\u{7}", "order_1842"),
         ("order_1842\u{200b}_charge", "order_1842"),
@@ -440,12 +444,12 @@ fn ids_that_cannot_travel_are_invalid_and_write_nothing() {
     ] {
         let mut args = charge_args(intent_id, "4900");
         args[6] = order;
-        let (code, out, _) = keel(&db, Some(&sim.1), &args);
+        let (code, out, _) = keel(&db, Some(sim.url()), &args);
         assert_eq!((code, out["code"].as_str()), (2, Some("invalid_arguments")), "{intent_id:?} {order:?}: {out}");
     }
     let mut tenant = charge_args("order_1842_charge", "4900");
     tenant[2] = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d1ﾐ";
-    let (code, out, _) = keel(&db, Some(&sim.1), &tenant);
+    let (code, out, _) = keel(&db, Some(sim.url()), &tenant);
     assert_eq!((code, out["code"].as_str()), (2, Some("invalid_arguments")), "{out}");
     assert_eq!(event_count(&db), 0);
     assert!(effects(dir.path()).is_empty());
@@ -454,10 +458,10 @@ fn ids_that_cannot_travel_are_invalid_and_write_nothing() {
 #[test]
 fn operator_commands_find_an_intent_keyed_by_an_upper_case_tenant() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     let mut gated = charge_args("order_1842_charge", "5000");
     gated.extend(["--approval-threshold-minor", "1000"]);
-    let (code, waiting, _) = keel(&db, Some(&sim.1), &gated);
+    let (code, waiting, _) = keel(&db, Some(sim.url()), &gated);
     assert_eq!(code, 2, "{waiting}");
     let upper = format!("charge:{}:order_1842_charge", TENANT.to_ascii_uppercase());
     let (code, shown, _) = keel(&db, None, &["show", &upper]);
@@ -514,23 +518,24 @@ fn fields_named(value: &Value, name: &str) -> usize {
 #[test]
 fn every_json_output_names_the_intent_key_intent_key() {
     let (dir, db) = temp();
-    let sim = Sim::start(dir.path());
+    let sim = start_sim(dir.path(), None);
     let mut outputs = Vec::new();
-    let (_, charged, _) = keel(&db, Some(&sim.1), &charge_args("order_1842_charge", "4900"));
+    let (_, charged, _) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "4900"));
     let key = charged["intent_key"].as_str().expect("a key").to_owned();
     outputs.push(("charge", charged));
     let mut gated = charge_args("order_1843_charge", "5000");
     gated[6] = "order_1843";
     gated.extend(["--approval-threshold-minor", "1000"]);
-    let (_, waiting, _) = keel(&db, Some(&sim.1), &gated);
+    let (_, waiting, _) = keel(&db, Some(sim.url()), &gated);
     let gated_key = waiting["intent_key"].as_str().expect("a key").to_owned();
     outputs.push(("charge awaiting approval", waiting));
-    outputs.push(("refund", keel(&db, Some(&sim.1), &refund_args("order_1842_refund", "order_1842", "100", "EUR")).1));
+    outputs
+        .push(("refund", keel(&db, Some(sim.url()), &refund_args("order_1842_refund", "order_1842", "100", "EUR")).1));
     outputs.push(("intents", keel(&db, None, &["intents"]).1));
     outputs.push(("show", keel(&db, None, &["show", &key]).1));
     outputs.push(("approve", keel(&db, None, &["approve", &gated_key, "--by", "lead"]).1));
-    outputs.push(("reconcile", keel(&db, Some(&sim.1), &["reconcile", &key]).1));
-    outputs.push(("resume", keel(&db, Some(&sim.1), &["resume"]).1));
+    outputs.push(("reconcile", keel(&db, Some(sim.url()), &["reconcile", &key]).1));
+    outputs.push(("resume", keel(&db, Some(sim.url()), &["resume"]).1));
     for (command, output) in &outputs {
         assert_ne!(output, &Value::Null, "{command} printed JSON");
         assert_eq!(fields_named(output, "key"), 0, "{command} names a key `key`: {output}");

@@ -2,46 +2,59 @@
 //! supplier invoices) and Keel's built-in charge and refund, each under seeded crashes and
 //! provider faults. A failure prints its seed; `KEEL_SEED=N` replays it.
 
-use engine::executor::{Context, IntentRequest, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
+use engine::executor::{
+    Context, IntentRequest, Prepared, Registered, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with,
+};
 use engine::ledger::RejectCode;
 use engine::provider::{BoxFuture, EffectKind, Secret};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::sync::Arc;
-
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+use testkit::sample::{CARD_TOKEN, TENANT};
 
 /// Pays a supplier invoice from a stored card: one intent per invoice, two lines of payload.
 struct PayInvoice;
 
+/// An invoice as stored: the card is a secret of the invocation, never stored.
+#[derive(Serialize, Deserialize)]
+struct Invoice {
+    invoice: String,
+    cents: i64,
+    supplier: String,
+}
+
 impl Workflow for PayInvoice {
+    type Input = Invoice;
+
     fn name(&self) -> &'static str {
         "pay_invoice"
     }
 
-    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+    fn prepare(&self, raw: &Value) -> Result<Prepared<Invoice>, Rejection> {
         let invalid = |detail: &str| Rejection { code: RejectCode::InvalidArguments, details: vec![detail.to_owned()] };
-        let card = raw.get("card").and_then(Value::as_str).ok_or_else(|| invalid("card is required"))?;
-        if raw.get("cents").and_then(Value::as_i64).is_none_or(|c| c <= 0) {
-            return Err(invalid("cents must be a positive integer"));
-        }
-        let mut stored = raw.clone();
-        stored["card"] = json!("<secret>");
-        Ok(Prepared { stored_input: stored, secrets: [("card".to_owned(), Secret::new(card))].into() })
+        let text = |name: &str| raw.get(name).and_then(Value::as_str).map(str::to_owned);
+        let card = text("card").ok_or_else(|| invalid("card is required"))?;
+        let invoice = text("invoice").ok_or_else(|| invalid("invoice is required"))?;
+        let supplier = text("supplier").ok_or_else(|| invalid("supplier is required"))?;
+        let cents = raw.get("cents").and_then(Value::as_i64).filter(|c| *c > 0);
+        let cents = cents.ok_or_else(|| invalid("cents must be a positive integer"))?;
+        Ok(Prepared {
+            input: Invoice { invoice, cents, supplier },
+            secrets: [("card".to_owned(), Secret::new(card))].into(),
+        })
     }
 
-    fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+    fn run<'a>(&'a self, ctx: &'a mut Context, input: Invoice) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
         Box::pin(async move {
-            let invoice = input["invoice"].as_str().unwrap_or_default().to_owned();
             let outcome = ctx
                 .intent(IntentRequest {
                     kind: EffectKind::Charge,
                     tenant: TENANT.to_owned(),
-                    intent_id: format!("invoice_{invoice}"),
-                    order_id: invoice.clone(),
-                    business_ref: invoice,
-                    amount_minor: input["cents"].as_i64().unwrap_or_default(),
+                    intent_id: format!("invoice_{}", input.invoice),
+                    order_id: input.invoice.clone(),
+                    business_ref: input.invoice.clone(),
+                    amount_minor: input.cents,
                     currency: "EUR".to_owned(),
-                    payload: json!({"invoice": input["invoice"], "cents": input["cents"], "supplier": input["supplier"]}),
+                    payload: json!({"invoice": input.invoice, "cents": input.cents, "supplier": input.supplier}),
                     payment_method: ctx.secret("card"),
                 })
                 .await?;
@@ -56,7 +69,7 @@ fn invoice(id: &str, cents: i64) -> Value {
 
 #[test]
 fn a_users_invoice_workflow_keeps_every_invariant_under_seeded_crashes() {
-    let kit = testkit::Kit::new(vec![Arc::new(PayInvoice)])
+    let kit = testkit::Kit::new(vec![Registered::new(PayInvoice)])
         .submit("pay_invoice", invoice("inv_0001", 12_000))
         .submit("pay_invoice", invoice("inv_0002", 800))
         .submit("pay_invoice", invoice("inv_0003", 55_500))
@@ -77,7 +90,7 @@ fn a_users_invoice_workflow_keeps_every_invariant_under_seeded_crashes() {
 fn keels_charge_and_refund_keep_every_invariant_under_seeded_crashes() {
     let charge = |id: &str, order: &str, amount: i64| {
         json!({"tenant_id": TENANT, "intent_id": id, "order_id": order, "amount_minor": amount, "currency": "EUR",
-               "payment_method_token": "pm_card_visa_4242424242"})
+               "payment_method_token": CARD_TOKEN})
     };
     let refund = |id: &str, order: &str, amount: i64| json!({"tenant_id": TENANT, "intent_id": id, "order_id": order, "amount_minor": amount, "currency": "EUR"});
     let kit = testkit::Kit::new(workflows::builtin(None))

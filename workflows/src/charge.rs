@@ -6,13 +6,14 @@
 //! reaches the log: the stored input and the fingerprint carry its SHA-256 only, and the
 //! clear token lives in the invocation's secrets.
 
-use crate::input::{Fields, intent_request};
+use crate::input::{EffectInput, Fields};
 use engine::canonical::sha256_hex;
 use engine::executor::{Context, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
 use engine::ledger::RejectCode;
 use engine::limits::PAYMENT_METHOD_TOKEN_MIN_CHARS;
 use engine::provider::{BoxFuture, EffectKind, Secret};
-use serde_json::Value;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
 /// The fields a charge accepts.
@@ -29,38 +30,54 @@ pub struct Charge {
     pub max_amount_minor: Option<i64>,
 }
 
+/// A charge's validated input: the effect's fields and the payment method's SHA-256 (the
+/// token itself is a secret of the invocation, never stored).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChargeInput {
+    /// The effect's fields.
+    #[serde(flatten)]
+    pub effect: EffectInput,
+    /// The payment method token's SHA-256, hex.
+    pub payment_method_sha256: String,
+}
+
 impl Workflow for Charge {
+    type Input = ChargeInput;
+
     fn name(&self) -> &'static str {
         "charge"
     }
 
-    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+    fn prepare(&self, raw: &Value) -> Result<Prepared<ChargeInput>, Rejection> {
         let mut fields = Fields::new(raw, &FIELDS);
-        let mut stored = fields.effect();
+        let effect = fields.effect();
         let token = fields.string("payment_method_token", PAYMENT_METHOD_TOKEN_MIN_CHARS, 4096);
         fields.finish().map_err(|details| Rejection { code: RejectCode::InvalidArguments, details })?;
-        let amount_minor = stored["amount_minor"].as_i64().unwrap_or_default();
         if let Some(max) = self.max_amount_minor
-            && amount_minor > max
+            && effect.amount_minor > max
         {
             return Err(Rejection {
                 code: RejectCode::PolicyDenied,
-                details: vec![format!("amount_minor {amount_minor} is above the per-charge maximum of {max}")],
+                details: vec![format!("amount_minor {} is above the per-charge maximum of {max}", effect.amount_minor)],
             });
         }
         Ok(Prepared {
-            stored_input: {
-                stored.insert("payment_method_sha256".to_owned(), Value::String(sha256_hex(token.as_bytes())));
-                Value::Object(stored)
-            },
+            input: ChargeInput { effect, payment_method_sha256: sha256_hex(token.as_bytes()) },
             secrets: BTreeMap::from([(PAYMENT_METHOD.to_owned(), Secret::new(token))]),
         })
     }
 
-    fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+    fn run<'a>(
+        &'a self,
+        ctx: &'a mut Context,
+        input: ChargeInput,
+    ) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
         Box::pin(async move {
-            let request =
-                intent_request(EffectKind::Charge, &input, &["payment_method_sha256"], ctx.secret(PAYMENT_METHOD));
+            let hashed = Map::from_iter([(
+                "payment_method_sha256".to_owned(),
+                Value::String(input.payment_method_sha256.clone()),
+            )]);
+            let request = input.effect.intent_request(EffectKind::Charge, hashed, ctx.secret(PAYMENT_METHOD));
             let outcome = ctx.intent(request).await?;
             end_with(&outcome)
         })

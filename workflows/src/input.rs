@@ -1,7 +1,8 @@
 //! Strict validation of workflow inputs (seed 004's contract).
 //!
 //! Owns [`Fields`], a reader over a JSON object that collects every problem as
-//! `field: message` instead of stopping at the first, and refuses unknown fields. It never
+//! `field: message` instead of stopping at the first, and refuses unknown fields, and
+//! [`EffectInput`], the typed fields every single-effect workflow shares. It never
 //! coerces: a string is not a number, `49.5` is not an amount in minor units. The one
 //! normalisation is the wire's own: a currency code is case-insensitive, so `eur` is `EUR`.
 //!
@@ -14,6 +15,7 @@ use engine::executor::IntentRequest;
 use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS, ORDER_ID_MAX_CHARS};
 use engine::money::{Currency, check_amount};
 use engine::provider::{EffectKind, Secret};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// Currencies the provider accepts.
@@ -142,15 +144,15 @@ impl<'a> Fields<'a> {
     }
 
     /// The five fields every single-effect input has (tenant UUID, intent id, order id,
-    /// amount, currency), as the stored input's object: read in that order, problems collected.
-    pub fn effect(&mut self) -> Map<String, Value> {
-        let mut stored = Map::new();
-        stored.insert("tenant_id".to_owned(), Value::String(self.uuid("tenant_id")));
-        stored.insert("intent_id".to_owned(), Value::String(self.intent_id("intent_id")));
-        stored.insert("order_id".to_owned(), Value::String(self.identifier("order_id", 1, ORDER_ID_MAX_CHARS)));
-        stored.insert("amount_minor".to_owned(), Value::from(self.amount_minor("amount_minor")));
-        stored.insert("currency".to_owned(), Value::String(self.currency("currency")));
-        stored
+    /// amount, currency), read in that order, problems collected.
+    pub fn effect(&mut self) -> EffectInput {
+        EffectInput {
+            tenant_id: self.uuid("tenant_id"),
+            intent_id: self.intent_id("intent_id"),
+            order_id: self.identifier("order_id", 1, ORDER_ID_MAX_CHARS),
+            amount_minor: self.amount_minor("amount_minor"),
+            currency: self.currency("currency"),
+        }
     }
 
     /// Every problem found, or `Ok` when there are none.
@@ -159,31 +161,47 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// The intent a single-effect workflow asks for, from its stored (already validated) input:
-/// the business reference is the order, and the fingerprint covers `order_id`,
-/// `amount_minor`, `currency` and the `extra_fingerprinted` fields.
-pub fn intent_request(
-    kind: EffectKind,
-    input: &Value,
-    extra_fingerprinted: &[&str],
-    payment_method: Option<Secret>,
-) -> IntentRequest {
-    let text = |name: &str| input.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
-    let payload: Map<String, Value> = ["order_id", "amount_minor", "currency"]
-        .iter()
-        .chain(extra_fingerprinted)
-        .map(|name| ((*name).to_owned(), input.get(*name).cloned().unwrap_or(Value::Null)))
-        .collect();
-    IntentRequest {
-        kind,
-        tenant: text("tenant_id"),
-        intent_id: text("intent_id"),
-        order_id: text("order_id"),
-        business_ref: text("order_id"),
-        amount_minor: input.get("amount_minor").and_then(Value::as_i64).unwrap_or_default(),
-        currency: text("currency"),
-        payload: Value::Object(payload),
-        payment_method,
+/// What every single-effect input holds once validated: stored as this object in
+/// `RunStarted`, decoded back into it on replay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EffectInput {
+    /// The tenant, a lower-case UUID.
+    pub tenant_id: String,
+    /// The caller's intent id.
+    pub intent_id: String,
+    /// The order.
+    pub order_id: String,
+    /// The amount, in minor units.
+    pub amount_minor: i64,
+    /// The currency, upper case.
+    pub currency: String,
+}
+
+impl EffectInput {
+    /// The intent a single-effect workflow asks for: the business reference is the order,
+    /// and the fingerprint covers `order_id`, `amount_minor`, `currency` and `extra` (named
+    /// fields the effect also depends on, already hashed if secret).
+    pub fn intent_request(
+        &self,
+        kind: EffectKind,
+        extra: Map<String, Value>,
+        payment_method: Option<Secret>,
+    ) -> IntentRequest {
+        let mut payload = extra;
+        payload.insert("order_id".to_owned(), Value::String(self.order_id.clone()));
+        payload.insert("amount_minor".to_owned(), Value::from(self.amount_minor));
+        payload.insert("currency".to_owned(), Value::String(self.currency.clone()));
+        IntentRequest {
+            kind,
+            tenant: self.tenant_id.clone(),
+            intent_id: self.intent_id.clone(),
+            order_id: self.order_id.clone(),
+            business_ref: self.order_id.clone(),
+            amount_minor: self.amount_minor,
+            currency: self.currency.clone(),
+            payload: Value::Object(payload),
+            payment_method,
+        }
     }
 }
 

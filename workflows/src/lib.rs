@@ -22,10 +22,9 @@ pub mod refund;
 pub mod support_agent;
 pub mod ticket_review;
 
-use engine::executor::Workflow;
-use std::sync::Arc;
+use engine::executor::Registered;
 
 /// Every built-in workflow, configured with the given per-charge maximum.
-pub fn builtin(max_charge_minor: Option<i64>) -> Vec<Arc<dyn Workflow>> {
-    vec![Arc::new(charge::Charge { max_amount_minor: max_charge_minor }), Arc::new(refund::Refund)]
+pub fn builtin(max_charge_minor: Option<i64>) -> Vec<Registered> {
+    vec![Registered::new(charge::Charge { max_amount_minor: max_charge_minor }), Registered::new(refund::Refund)]
 }

@@ -5,11 +5,11 @@
 //! an order never exceed what was charged on it — is checked by the ledger in the
 //! reservation's own transaction, not here: a check here would race.
 
-use crate::input::{Fields, intent_request};
+use crate::input::{EffectInput, Fields};
 use engine::executor::{Context, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
 use engine::ledger::RejectCode;
 use engine::provider::{BoxFuture, EffectKind};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// The fields a refund accepts.
 pub const FIELDS: [&str; 5] = ["tenant_id", "intent_id", "order_id", "amount_minor", "currency"];
@@ -19,21 +19,26 @@ pub const FIELDS: [&str; 5] = ["tenant_id", "intent_id", "order_id", "amount_min
 pub struct Refund;
 
 impl Workflow for Refund {
+    type Input = EffectInput;
+
     fn name(&self) -> &'static str {
         "refund"
     }
 
-    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
+    fn prepare(&self, raw: &Value) -> Result<Prepared<EffectInput>, Rejection> {
         let mut fields = Fields::new(raw, &FIELDS);
-        let stored = fields.effect();
+        let input = fields.effect();
         fields.finish().map_err(|details| Rejection { code: RejectCode::InvalidArguments, details })?;
-        Ok(Prepared { stored_input: Value::Object(stored), secrets: Default::default() })
+        Ok(Prepared::plain(input))
     }
 
-    fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
+    fn run<'a>(
+        &'a self,
+        ctx: &'a mut Context,
+        input: EffectInput,
+    ) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
         Box::pin(async move {
-            let request = intent_request(EffectKind::Refund, &input, &[], None);
-            let outcome = ctx.intent(request).await?;
+            let outcome = ctx.intent(input.intent_request(EffectKind::Refund, Map::new(), None)).await?;
             end_with(&outcome)
         })
     }

@@ -14,7 +14,7 @@
 //!   cumulative invariant (refunds reserved, unknown or validated ≤ charged on the order,
 //!   which the `charge` workflow must have charged in the same log), the approval above
 //!   [`APPROVAL_THRESHOLD_MINOR`] (bound to the fingerprint, expiring), and drives the
-//!   attempt through the `PaymentProvider` ([`engine::intent_gate::IntentGate`]).
+//!   attempt through the `PaymentProvider` ([`agent::IntentGate`]).
 //!
 //! The order never comes from the ticket's text: it is the account's (the [`Case`]). The
 //! module owns the tools, the completion condition (ticket read, then a refund of the order
@@ -22,14 +22,15 @@
 //! decides an intent transition.
 
 use crate::input::CURRENCIES;
-use engine::agent::{
+use agent::IntentGate;
+use agent::{
     AgentEnv, AgentError, AgentLimits, AgentState, ApprovalPolicy, EffectClass, EffectIntent, EffectOutcome,
     ModelTransport, Registry, RunOutcome, RunSpec, Tool, ToolContext, ToolOutcome, ToolOutput, ToolSpec,
 };
 use engine::canonical::{self, sha256_hex};
 use engine::event::RunLimits;
-use engine::executor::WorkflowError;
-use engine::intent_gate::IntentGate;
+use engine::executor::{OutcomeStatus, WorkflowError};
+use engine::ledger::IntentStatus;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -220,8 +221,8 @@ async fn refund_body(gate: &IntentGate, order: Order, args: RefundArgs, ctx: Too
                 .with_effect(EffectOutcome::Unknown { detail: error.to_string() });
         }
     };
-    match outcome.status.as_str() {
-        "validated" => {
+    match outcome.status {
+        OutcomeStatus::Intent(IntentStatus::Validated) => {
             let receipt = outcome.provider_ref.clone().unwrap_or_default();
             ToolOutput::ok(
                 json!({"status": "validated", "order_id": order.id, "amount_minor": args.amount_minor,
@@ -230,19 +231,22 @@ async fn refund_body(gate: &IntentGate, order: Order, args: RefundArgs, ctx: Too
             )
             .with_effect(EffectOutcome::Validated { evidence: receipt })
         }
-        "declined" => {
-            let code = outcome.code.clone().unwrap_or_else(|| "declined".to_owned());
+        OutcomeStatus::Intent(IntentStatus::Declined) => {
+            let code = outcome.code.as_ref().map_or("declined", |code| code.as_str()).to_owned();
             ToolOutput::error(format!("the provider declined the refund ({code}); nothing was refunded."))
                 .with_effect(EffectOutcome::Declined { code })
         }
         // The approval lapsed between the check and the dispatch: nothing was sent; the run
         // waits for a fresh one.
-        "awaiting_approval" => ToolOutput::error("the refund's approval lapsed; nothing was sent.")
-            .with_effect(EffectOutcome::AwaitingApproval),
-        status @ ("rejected" | "cancelled") => {
-            ToolOutput::error(format!("the refund is {status} ({}); nothing was sent.", outcome.details.join("; ")))
+        OutcomeStatus::Intent(IntentStatus::AwaitingApproval) => {
+            ToolOutput::error("the refund's approval lapsed; nothing was sent.")
+                .with_effect(EffectOutcome::AwaitingApproval)
         }
+        OutcomeStatus::Intent(status @ (IntentStatus::Rejected | IntentStatus::Cancelled)) => ToolOutput::error(
+            format!("the refund is {} ({}); nothing was sent.", status.as_str(), outcome.details.join("; ")),
+        ),
         status => {
+            let status = status.as_str();
             ToolOutput::error(format!("the refund's outcome is {status}; Keel reconciles it before anything else."))
                 .with_effect(EffectOutcome::Unknown { detail: format!("intent {} is {status}", outcome.intent_key) })
         }
@@ -305,7 +309,7 @@ pub async fn run(
         capabilities,
     };
     let env = AgentEnv { gate: Some(&**gate), ..env };
-    engine::agent::run(env, transport, &registry, &spec, &is_complete).await
+    agent::run(env, transport, &registry, &spec, &is_complete).await
 }
 
 /// Seed 002's order C-1042, paid 89.90 EUR.

@@ -12,7 +12,7 @@
 //! [`run`] starts or resumes one run. The binary only picks the transport and the journal:
 //!
 //! ```no_run
-//! # async fn demo(env: engine::agent::AgentEnv<'_>) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn demo(env: agent::AgentEnv<'_>) -> Result<(), Box<dyn std::error::Error>> {
 //! use adapters::model::scripted::ScriptedTransport;
 //! use workflows::ticket_review::{Scenario, run};
 //! let scenario = Scenario::parse("repeat").expect("a known scenario");
@@ -23,7 +23,7 @@
 //! # }
 //! ```
 
-use engine::agent::{
+use agent::{
     AgentEnv, AgentError, AgentLimits, AgentState, ApprovalPolicy, EffectClass, ModelTransport, Registry, RunOutcome,
     RunSpec, Tool, ToolContext, ToolOutcome, ToolOutput, ToolSpec,
 };
@@ -204,7 +204,7 @@ pub async fn run(
         limits,
         capabilities,
     };
-    engine::agent::run(env, transport, &registry, &spec, &is_complete).await
+    agent::run(env, transport, &registry, &spec, &is_complete).await
 }
 
 /// Seed 003's acceptance scenarios.

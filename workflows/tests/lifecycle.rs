@@ -2,11 +2,13 @@
 //! against the in-memory log and provider (the same decide/apply code the SQLite store runs).
 //! Each test names the rule it proves.
 
+use adapters::provider_http::stripe_like;
 use chrono::{TimeZone, Utc};
 use engine::clock::{Clock, ManualClock};
 use engine::event::{Cause, Event, IntentKey, RunId, RunLimits};
 use engine::executor::{
-    Context, Executor, Prepared, Rejection, RunOutcome, RunRequest, Runtime, Workflow, WorkflowEnd, WorkflowError,
+    Context, Executor, Prepared, Registered, Rejection, RunOutcome, RunRequest, Runtime, Workflow, WorkflowEnd,
+    WorkflowError,
 };
 use engine::ledger::{Action, Command, IntentStatus, Ledger, Refusal};
 use engine::log::{EventLog, LogError};
@@ -14,18 +16,12 @@ use engine::memory::{MemoryLog, MemoryProvider, Scripted};
 use engine::provider::{BoxFuture, Capability, EffectKind};
 use serde_json::{Value, json};
 use std::sync::Arc;
+use testkit::sample::{CARD_TOKEN, TENANT};
 
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
-const TOKEN: &str = "pm_card_visa_4242424242";
-
+/// A Stripe-like provider whose requests are over at once: a resend waits for the
+/// consistency window only, not for a request timeout too.
 fn stripe() -> Capability {
-    Capability {
-        dedup_by_key: true,
-        lookup: true,
-        key_window_ms: 86_400_000,
-        consistency_window_ms: 2_000,
-        request_timeout_ms: 0,
-    }
+    Capability { request_timeout_ms: 0, ..stripe_like() }
 }
 
 struct Harness {
@@ -40,7 +36,7 @@ impl Harness {
         Self::with_workflows(capability, workflows::builtin(Some(1_000_000)))
     }
 
-    fn with_workflows(capability: Capability, workflows: Vec<Arc<dyn Workflow>>) -> Self {
+    fn with_workflows(capability: Capability, workflows: Vec<Registered>) -> Self {
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
         let log = Arc::new(MemoryLog::new(clock.clone()));
@@ -101,7 +97,7 @@ fn limits() -> RunLimits {
 }
 
 fn charge_input(intent_id: &str, order: &str, amount_minor: i64) -> Value {
-    json!({"tenant_id": TENANT, "intent_id": intent_id, "order_id": order, "amount_minor": amount_minor, "currency": "EUR", "payment_method_token": TOKEN})
+    json!({"tenant_id": TENANT, "intent_id": intent_id, "order_id": order, "amount_minor": amount_minor, "currency": "EUR", "payment_method_token": CARD_TOKEN})
 }
 
 fn charge_key(intent_id: &str) -> IntentKey {
@@ -143,23 +139,23 @@ async fn invalid_input_and_policy_denial_write_nothing_and_do_not_burn_the_key()
     let h = Harness::new(stripe());
     for (bad, code) in [
         (
-            json!({"tenant_id": "not-a-uuid", "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": "not-a-uuid", "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "short", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "short", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "", "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": -1, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": -1, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "GBP", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "GBP", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
@@ -167,16 +163,16 @@ async fn invalid_input_and_policy_denial_write_nothing_and_do_not_burn_the_key()
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": TOKEN, "extra": true}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN, "extra": true}),
             "invalid_arguments",
         ),
         (charge_input(&"i".repeat(121), "o", 4900), "invalid_arguments"),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 49.5, "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "amount_minor": 49.5, "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (
-            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "currency": "EUR", "payment_method_token": TOKEN}),
+            json!({"tenant_id": TENANT, "intent_id": "order_1842_charge", "order_id": "o", "currency": "EUR", "payment_method_token": CARD_TOKEN}),
             "invalid_arguments",
         ),
         (charge_input("order_1842_charge", "o", 2_000_000), "policy_denied"),
@@ -195,8 +191,8 @@ async fn the_token_never_reaches_the_log() {
     let h = Harness::new(stripe());
     h.charge("order_1842_charge", "order_1842", 4900).await;
     let log = serde_json::to_string(&h.log.events()).expect("events serialize");
-    assert!(!log.contains(TOKEN), "the payment method token is stored only as a hash");
-    assert!(log.contains(&engine::canonical::sha256_hex(TOKEN.as_bytes())));
+    assert!(!log.contains(CARD_TOKEN), "the payment method token is stored only as a hash");
+    assert!(log.contains(&engine::canonical::sha256_hex(CARD_TOKEN.as_bytes())));
 }
 
 #[tokio::test]
@@ -212,8 +208,8 @@ async fn a_lost_answer_is_unknown_never_resent_blindly_and_reconciled_by_lookup(
     assert_eq!(h.ledger().intent(&charge_key("order_1900_charge")).expect("exists").attempts, 1);
     let reconciled =
         h.executor.reconcile(&charge_key("order_1900_charge"), Cause::command("reconcile")).await.expect("reconciles");
-    assert_eq!(reconciled.status, "validated");
-    assert_eq!(reconciled.source.as_deref(), Some("reconciled"));
+    assert_eq!(reconciled.status.as_str(), "validated");
+    assert_eq!(reconciled.source, Some(engine::executor::ValidatedBy::Reconciled));
     assert_eq!(h.provider.effect_count(), 1);
 }
 
@@ -226,7 +222,7 @@ async fn absence_resends_with_the_same_key_only_past_the_consistency_window() {
     assert_eq!(text(&out, "status"), "outcome_unknown");
     // Reconciled inside the window: absent is not yet proof.
     let early = h.executor.reconcile(&key, Cause::command("reconcile")).await.expect("reconciles");
-    assert_eq!(early.status, "outcome_unknown");
+    assert_eq!(early.status.as_str(), "outcome_unknown");
     assert_eq!(h.provider.effect_count(), 0);
     h.clock.advance_ms(2_500);
     // Past the window, the resubmitting caller (who holds the token) drives the resend.
@@ -277,7 +273,7 @@ async fn past_the_key_window_no_resend_happens() {
     h.charge("order_3200_charge", "order_3200", 1000).await;
     h.clock.advance_ms(11_000);
     let out = h.executor.reconcile(&key, Cause::command("reconcile")).await.expect("reconciles");
-    assert_eq!(out.status, "escalated");
+    assert_eq!(out.status.as_str(), "escalated");
     assert_eq!(h.provider.effect_count(), 0);
     assert!(h.ledger().intent(&key).expect("exists").absence_proven, "absence proven: its money is released");
 }
@@ -308,7 +304,7 @@ async fn a_decline_is_definitive_and_releases_the_money() {
     let run_limits = RunLimits { cost_minor_max: Some(1000), ..limits() };
     let out = h.run("charge", &charge_input("order_3400_charge", "order_3400", 1000), run_limits.clone()).await;
     assert_eq!(text(&out.output, "status"), "declined");
-    let run = RunId::new(out.run_id);
+    let run = out.run_id;
     assert_eq!(h.ledger().run_cost_committed_minor(&run), 0);
     assert_eq!(h.provider.effect_count(), 0);
 }
@@ -388,7 +384,7 @@ async fn approvals_are_bound_to_the_fingerprint_and_expire() {
     let gated = RunLimits { approval_threshold_minor: Some(5_000), ..limits() };
     let key = charge_key("order_4400_charge");
     let out = h.run("charge", &charge_input("order_4400_charge", "order_4400", 100_000), gated.clone()).await;
-    assert_eq!(out.status, "suspended");
+    assert_eq!(out.status.as_str(), "suspended");
     assert_eq!(h.status(&key), IntentStatus::AwaitingApproval);
     assert_eq!(h.provider.effect_count(), 0);
     let wrong = h
@@ -408,7 +404,7 @@ async fn approvals_are_bound_to_the_fingerprint_and_expire() {
         .expect("approves");
     h.clock.advance_ms(61_000);
     let stale = h.run("charge", &charge_input("order_4400_charge", "order_4400", 100_000), gated.clone()).await;
-    assert_eq!(stale.status, "suspended", "a stale approval releases nothing");
+    assert_eq!(stale.status.as_str(), "suspended", "a stale approval releases nothing");
     assert_eq!(h.provider.effect_count(), 0);
     h.command(Action::Approve { key: key.clone(), by: "lead".into(), ttl_ms: 60_000, fingerprint: None })
         .await
@@ -471,14 +467,17 @@ async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
 }
 
 /// A workflow whose step names depend on a flag, to change the code between runs.
-struct Shifty(std::sync::atomic::AtomicBool);
+#[derive(Clone)]
+struct Shifty(Arc<std::sync::atomic::AtomicBool>);
 
 impl Workflow for Shifty {
+    type Input = Value;
+
     fn name(&self) -> &'static str {
         "shifty"
     }
-    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
-        Ok(Prepared { stored_input: raw.clone(), secrets: Default::default() })
+    fn prepare(&self, raw: &Value) -> Result<Prepared<Value>, Rejection> {
+        Ok(Prepared::plain(raw.clone()))
     }
     fn run<'a>(&'a self, ctx: &'a mut Context, _input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
         Box::pin(async move {
@@ -489,6 +488,7 @@ impl Workflow for Shifty {
             Ok(WorkflowEnd {
                 status: engine::event::RunStatus::Completed,
                 output: json!({"first": first, "signal": approval}),
+                intent: None,
             })
         })
     }
@@ -496,27 +496,27 @@ impl Workflow for Shifty {
 
 #[tokio::test]
 async fn replay_returns_recorded_steps_and_a_different_step_stops_the_run() {
-    let shifty = Arc::new(Shifty(std::sync::atomic::AtomicBool::new(false)));
-    let h = Harness::with_workflows(stripe(), vec![shifty.clone()]);
+    let shifty = Shifty(Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let h = Harness::with_workflows(stripe(), vec![Registered::new(shifty.clone())]);
     let out = h.run("shifty", &json!({}), limits()).await;
-    assert_eq!(out.status, "suspended", "waits for its signal");
-    let run_id = RunId::new(out.run_id.clone());
+    assert_eq!(out.status.as_str(), "suspended", "waits for its signal");
+    let run_id = out.run_id.clone();
     h.command(Action::DeliverSignal { run_id: run_id.clone(), name: "go".into(), payload: json!("approved") })
         .await
         .expect("delivers");
     let run = h.ledger().run(&run_id).expect("exists").clone();
     let resumed = h.executor.resume(&run, Cause::command("resume")).await.expect("resumes");
-    assert_eq!(resumed.status, "completed");
+    assert_eq!(resumed.status.as_str(), "completed");
     assert_eq!(resumed.output["signal"], "approved");
     assert_eq!(resumed.output["first"], 7);
 
     // Same journal, changed code: the run stops nondeterministic_replay.
-    let h2 = Harness::with_workflows(stripe(), vec![shifty.clone()]);
+    let h2 = Harness::with_workflows(stripe(), vec![Registered::new(shifty.clone())]);
     let out = h2.run("shifty", &json!({}), limits()).await;
     shifty.0.store(true, std::sync::atomic::Ordering::SeqCst);
-    let run = h2.ledger().run(&RunId::new(out.run_id)).expect("exists").clone();
+    let run = h2.ledger().run(&out.run_id).expect("exists").clone();
     let replayed = h2.executor.resume(&run, Cause::command("resume")).await.expect("resumes");
-    assert_eq!(replayed.status, "nondeterministic_replay");
+    assert_eq!(replayed.status.as_str(), "nondeterministic_replay");
 }
 
 #[tokio::test]

@@ -3,12 +3,13 @@
 //! requests proven never sent. Each test names the rule it proves; a provider that misbehaves
 //! in a way the in-memory one cannot is written here, by hand.
 
+use adapters::provider_http::stripe_like;
 use chrono::{DateTime, TimeZone, Utc};
 use engine::clock::{Clock, ManualClock};
 use engine::event::{Cause, Event, IntentKey, RunId, RunLimits};
 use engine::executor::{
-    Context, Executor, IntentRequest, Prepared, Rejection, RunOutcome, RunRequest, Runtime, Workflow, WorkflowEnd,
-    WorkflowError, end_with,
+    Context, Executor, IntentRequest, Prepared, Registered, Rejection, RunOutcome, RunRequest, Runtime, Workflow,
+    WorkflowEnd, WorkflowError, end_with,
 };
 use engine::ledger::IntentStatus;
 use engine::memory::{MemoryLog, MemoryProvider, Scripted};
@@ -18,19 +19,7 @@ use engine::provider::{
 };
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
-
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
-const TOKEN: &str = "pm_card_visa_4242424242";
-
-fn stripe() -> Capability {
-    Capability {
-        dedup_by_key: true,
-        lookup: true,
-        key_window_ms: 86_400_000,
-        consistency_window_ms: 2_000,
-        request_timeout_ms: 5_000,
-    }
-}
+use testkit::sample::{CARD_TOKEN, TENANT};
 
 fn start() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0).single().expect("a valid instant")
@@ -52,7 +41,7 @@ impl Harness {
             lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("money-test")),
         };
         let mut workflows = workflows::builtin(None);
-        workflows.push(Arc::new(Unchecked));
+        workflows.push(Registered::new(Unchecked));
         Self { executor: Executor::new(runtime, workflows), clock, log }
     }
 
@@ -78,7 +67,7 @@ impl Harness {
 
     async fn charge(&self, intent_id: &str, order: &str, amount_minor: i64, currency: &str) -> Value {
         let input = json!({"tenant_id": TENANT, "intent_id": intent_id, "order_id": order,
-                           "amount_minor": amount_minor, "currency": currency, "payment_method_token": TOKEN});
+                           "amount_minor": amount_minor, "currency": currency, "payment_method_token": CARD_TOKEN});
         self.run("charge", &input).await.output
     }
 
@@ -105,12 +94,14 @@ impl Harness {
 struct Unchecked;
 
 impl Workflow for Unchecked {
+    type Input = Value;
+
     fn name(&self) -> &'static str {
         "unchecked"
     }
 
-    fn prepare(&self, raw: &Value) -> Result<Prepared, Rejection> {
-        Ok(Prepared { stored_input: raw.clone(), secrets: Default::default() })
+    fn prepare(&self, raw: &Value) -> Result<Prepared<Value>, Rejection> {
+        Ok(Prepared::plain(raw.clone()))
     }
 
     fn run<'a>(&'a self, ctx: &'a mut Context, input: Value) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {
@@ -126,7 +117,7 @@ impl Workflow for Unchecked {
                 amount_minor: input["amount_minor"].as_i64().unwrap_or_default(),
                 currency: text("currency"),
                 payload: input.clone(),
-                payment_method: (kind == EffectKind::Charge).then(|| Secret::new(TOKEN)),
+                payment_method: (kind == EffectKind::Charge).then(|| Secret::new(CARD_TOKEN)),
             };
             let outcome = ctx.intent(request).await?;
             end_with(&outcome)
@@ -140,7 +131,7 @@ fn code(out: &Value) -> &str {
 
 #[tokio::test]
 async fn a_refund_whose_total_would_overflow_is_refused_by_the_ledger_and_writes_nothing() {
-    let (h, provider) = Harness::memory(stripe());
+    let (h, provider) = Harness::memory(stripe_like());
     assert_eq!(h.unchecked("charge", "order_7000_charge", 100, "EUR").await["status"], "validated");
     assert_eq!(h.unchecked("refund", "order_7000_refund_1", 1, "EUR").await["status"], "validated");
     let before = h.events().len();
@@ -157,7 +148,7 @@ async fn a_refund_whose_total_would_overflow_is_refused_by_the_ledger_and_writes
 
 #[tokio::test]
 async fn amounts_above_the_documented_maximum_are_invalid_at_input() {
-    let (h, provider) = Harness::memory(stripe());
+    let (h, provider) = Harness::memory(stripe_like());
     let over = engine::limits::AMOUNT_MINOR_MAX + 1;
     let charge = h.charge("order_7100_charge", "order_7100", over, "EUR").await;
     assert_eq!(code(&charge), "invalid_arguments", "{charge}");
@@ -174,7 +165,7 @@ async fn amounts_above_the_documented_maximum_are_invalid_at_input() {
 
 #[tokio::test]
 async fn a_refund_in_another_currency_than_its_charge_is_refused_and_writes_nothing() {
-    let (h, provider) = Harness::memory(stripe());
+    let (h, provider) = Harness::memory(stripe_like());
     assert_eq!(h.charge("order_7200_charge", "order_7200", 4900, "XOF").await["status"], "validated");
     let before = h.events().len();
     for currency in ["EUR", "USD"] {
@@ -191,7 +182,7 @@ async fn a_refund_in_another_currency_than_its_charge_is_refused_and_writes_noth
 
 #[tokio::test]
 async fn a_currency_is_case_insensitive_on_input_and_upper_case_inside() {
-    let (h, _) = Harness::memory(stripe());
+    let (h, _) = Harness::memory(stripe_like());
     let out = h.charge("order_7300_charge", "order_7300", 4900, "eur").await;
     assert_eq!(out["status"], "validated", "{out}");
     let key = IntentKey::new(EffectKind::Charge, TENANT, "order_7300_charge");
@@ -203,7 +194,7 @@ async fn a_currency_is_case_insensitive_on_input_and_upper_case_inside() {
 
 #[tokio::test]
 async fn distinct_partial_refunds_of_one_order_go_through_while_one_is_pending() {
-    let (h, provider) = Harness::memory(stripe());
+    let (h, provider) = Harness::memory(stripe_like());
     assert_eq!(h.charge("order_7400_charge", "order_7400", 5000, "EUR").await["status"], "validated");
     provider.script([Scripted::LoseAnswer]);
     assert_eq!(h.refund("order_7400_refund_1", "order_7400", 1000, "EUR").await["status"], "outcome_unknown");
@@ -294,7 +285,7 @@ async fn a_resend_after_absence_waits_for_the_request_timeout_plus_the_consisten
 
 #[tokio::test]
 async fn a_request_proven_never_sent_is_retried_with_backoff_and_stays_pending_for_the_caller() {
-    let (h, provider) = Harness::memory(stripe());
+    let (h, provider) = Harness::memory(stripe_like());
     provider.script(std::iter::repeat_n(Scripted::Refuse, 50));
     let before = h.clock.now();
     let out = h.charge("order_7600_charge", "order_7600", 1000, "EUR").await;
@@ -316,7 +307,7 @@ struct EmptyEvidence;
 
 impl PaymentProvider for EmptyEvidence {
     fn capability(&self) -> Capability {
-        stripe()
+        stripe_like()
     }
 
     fn execute<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome> {
@@ -343,16 +334,16 @@ async fn empty_evidence_is_never_a_validation() {
     assert_eq!(out["status"], "outcome_unknown", "an empty provider id proves nothing: {out}");
     let key = IntentKey::new(EffectKind::Charge, TENANT, "order_7700_charge");
     let reconciled = h.executor.reconcile(&key, Cause::command("reconcile")).await.expect("reconciles");
-    assert_ne!(reconciled.status, "validated", "a blank id from a lookup proves nothing either");
+    assert_ne!(reconciled.status.as_str(), "validated", "a blank id from a lookup proves nothing either");
     assert!(!h.events().iter().any(|e| matches!(e, Event::IntentValidated { .. })));
 }
 
 #[tokio::test]
 async fn ids_with_control_invisible_or_non_ascii_characters_are_invalid_and_write_nothing() {
-    let (h, provider) = Harness::memory(stripe());
+    let (h, provider) = Harness::memory(stripe_like());
     let charge = |tenant: &str, intent_id: &str, order: &str| {
         json!({"tenant_id": tenant, "intent_id": intent_id, "order_id": order, "amount_minor": 100,
-               "currency": "EUR", "payment_method_token": TOKEN})
+               "currency": "EUR", "payment_method_token": CARD_TOKEN})
     };
     for bad in [
         charge(TENANT, "order_7800_charge\u{7}", "order_7800"),

@@ -4,16 +4,17 @@
 //! provider's effects. Each test names the rule it proves.
 
 use adapters::model::scripted::{ScriptedTransport, Transcript};
-use chrono::{TimeZone, Utc};
-use engine::agent::{
+use adapters::provider_http::stripe_like;
+use agent::IntentGate;
+use agent::{
     AgentEnv, AgentLimits, AgentState, AgentStatus, ApprovalPolicy, Cancellation, EffectClass, EffectIntent,
     EffectOutcome, LogJournal, ManualTimer, NewRun, Registry, RunOutcome, RunSpec, Tool, ToolContext, ToolOutput,
     ToolSpec,
 };
+use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, RunId};
 use engine::executor::{Executor, RunRequest, Runtime};
-use engine::intent_gate::IntentGate;
 use engine::ledger::{Action, Command, Intent, IntentStatus, Reply};
 use engine::log::EventLog;
 use engine::memory::{MemoryLog, MemoryProvider};
@@ -21,6 +22,7 @@ use engine::provider::{Capability, EffectKind};
 use serde_json::json;
 use std::path::Path;
 use std::sync::Arc;
+use testkit::sample::CARD_TOKEN;
 use workflows::support_agent::{self, Order, Scenario, TENANT};
 
 struct Desk {
@@ -36,13 +38,7 @@ impl Desk {
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
         let log = Arc::new(MemoryLog::new(clock.clone()));
-        let capability = Capability {
-            dedup_by_key: true,
-            lookup: true,
-            key_window_ms: 86_400_000,
-            consistency_window_ms: 2_000,
-            request_timeout_ms: 0,
-        };
+        let capability = Capability { request_timeout_ms: 0, ..stripe_like() };
         let provider = Arc::new(MemoryProvider::new(capability));
         let runtime = Runtime {
             log: log.clone(),
@@ -58,7 +54,7 @@ impl Desk {
     async fn charge(&self, order: &Order) {
         let input = json!({"tenant_id": TENANT, "intent_id": format!("charge-{}-000001", order.id),
             "order_id": order.id, "amount_minor": order.amount_minor, "currency": order.currency,
-            "payment_method_token": "pm_card_visa_4242424242"});
+            "payment_method_token": CARD_TOKEN});
         let request = RunRequest {
             run_id: RunId::new(format!("charge-{}", order.id)),
             limits: engine::event::RunLimits { approval_threshold_minor: None, ..support_agent::spine_limits() },
@@ -66,7 +62,7 @@ impl Desk {
             cause: Cause::command("charge"),
         };
         let outcome = self.executor.start("charge", &input, request).await.expect("the charge runs");
-        assert_eq!(outcome.status, "completed", "the order is charged: {}", outcome.output);
+        assert_eq!(outcome.status.as_str(), "completed", "the order is charged: {}", outcome.output);
     }
 
     /// Starts or resumes the support run `run_id` of `scenario`.
@@ -117,7 +113,7 @@ impl Desk {
 fn agent_state_of(log: &MemoryLog, run_id: &str) -> AgentState {
     use engine::ledger::View as _;
     let entries = log.ledger().history(&RunId::new(run_id)).map(|h| h.agent_entries).unwrap_or_default();
-    let facts: Vec<engine::agent::AgentEvent> =
+    let facts: Vec<agent::AgentEvent> =
         entries.into_iter().map(|entry| serde_json::from_value(entry).expect("an agent fact decodes")).collect();
     AgentState::from_events(&facts)
 }
@@ -252,9 +248,9 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         async move {
             let ticket = ctx.effect.expect("an effect tool runs with its reserved intent");
             match gate.drive(&ticket).await {
-                Ok(outcome) if outcome.status == "validated" => ToolOutput::ok("refunded")
+                Ok(outcome) if outcome.is_validated() => ToolOutput::ok("refunded")
                     .with_effect(EffectOutcome::Validated { evidence: outcome.provider_ref.unwrap_or_default() }),
-                Ok(outcome) => ToolOutput::error(format!("the refund is {}", outcome.status)),
+                Ok(outcome) => ToolOutput::error(format!("the refund is {}", outcome.status.as_str())),
                 Err(error) => ToolOutput::error(error.to_string()),
             }
         }
@@ -297,7 +293,7 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         capabilities: ["order.refund".to_owned()].into(),
     };
     let refunded = |state: &AgentState| state.tool_succeeded("refund");
-    engine::agent::run(env, &transport, &registry, &spec, &refunded).await.expect("the run ends with an outcome")
+    agent::run(env, &transport, &registry, &spec, &refunded).await.expect("the run ends with an outcome")
 }
 
 #[tokio::test]

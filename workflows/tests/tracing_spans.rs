@@ -1,6 +1,7 @@
 //! The traces carry seed 004's attribute names on run → intent → attempt → reconciliation,
 //! and never a key's parts or the payment token: only their hashes.
 
+use adapters::provider_http::stripe_like;
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
@@ -10,13 +11,11 @@ use engine::provider::{Capability, EffectKind};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use testkit::sample::{CARD_TOKEN, TENANT};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
-
-const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
-const TOKEN: &str = "pm_card_visa_4242424242";
 
 /// A span's name and its fields as recorded (at creation and later).
 type Recorded = (String, BTreeMap<String, String>);
@@ -57,13 +56,7 @@ async fn spans_carry_the_seed_attributes_and_no_secret() {
     let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
     let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("an instant")));
     let log = Arc::new(MemoryLog::new(clock.clone()));
-    let capability = Capability {
-        dedup_by_key: true,
-        lookup: true,
-        key_window_ms: 86_400_000,
-        consistency_window_ms: 2_000,
-        request_timeout_ms: 0,
-    };
+    let capability = Capability { request_timeout_ms: 0, ..stripe_like() };
     let provider = Arc::new(MemoryProvider::new(capability));
     provider.script([Scripted::LoseAnswer]);
     let executor = Executor::new(
@@ -76,7 +69,7 @@ async fn spans_carry_the_seed_attributes_and_no_secret() {
         workflows::builtin(None),
     );
     let input = json!({"tenant_id": TENANT, "intent_id": "order_1900_charge", "order_id": "order_1900",
-                       "amount_minor": 2500, "currency": "EUR", "payment_method_token": TOKEN});
+                       "amount_minor": 2500, "currency": "EUR", "payment_method_token": CARD_TOKEN});
     let request = RunRequest {
         run_id: RunId::new("run-1"),
         limits: RunLimits::default(),
@@ -106,6 +99,6 @@ async fn spans_carry_the_seed_attributes_and_no_secret() {
     assert!(reconciliation.get("reconciliation.evidence_id").is_some_and(|id| !id.is_empty()));
 
     let everything = format!("{spans:?}");
-    assert!(!everything.contains(TOKEN), "the payment token is never traced");
+    assert!(!everything.contains(CARD_TOKEN), "the payment token is never traced");
     assert!(!everything.contains(key.as_str()), "the intent key (it names the tenant) is traced only as a hash");
 }

@@ -23,7 +23,7 @@
 //! ([`Secret::scrub`]) before any error or answer is built from it, so the key reaches
 //! neither the journal nor a log line. A [`BaseUrl`] never carries credentials.
 
-use engine::agent::TransportError;
+use agent::TransportError;
 use engine::limits;
 use engine::provider::Secret;
 use serde_json::Value;

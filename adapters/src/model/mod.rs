@@ -28,7 +28,7 @@ pub mod http;
 pub mod openai;
 pub mod scripted;
 
-use engine::agent::{ModelResponse, ModelTransport, Timer, TransportError};
+use agent::{ModelResponse, ModelTransport, Timer, TransportError};
 use engine::clock::{Clock, ms_between};
 use engine::provider::BoxFuture;
 use serde_json::Value;

@@ -8,9 +8,7 @@
 
 use super::http::{HttpConfig, HttpTransport};
 use super::{count_field, protocol, str_field};
-use engine::agent::{
-    Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, TransportError, Usage,
-};
+use agent::{Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, TransportError, Usage};
 use engine::provider::BoxFuture;
 use serde_json::{Value, json};
 

@@ -19,7 +19,7 @@
 //! [`TransportError::TranscriptExhausted`]: a fixture bug, reported as an internal error.
 
 use super::{WireFormat, parse_response};
-use engine::agent::{AgentState, ModelRequest, ModelResponse, ModelTransport, TransportError};
+use agent::{AgentState, ModelRequest, ModelResponse, ModelTransport, TransportError};
 use engine::provider::BoxFuture;
 use serde_json::Value;
 use std::path::Path;

@@ -6,16 +6,15 @@ use super::http::HttpConfig;
 use super::openai::{self, OpenAiClient};
 use super::scripted::{ScriptStep, ScriptedTransport, Transcript};
 use super::*;
+use agent::{
+    AgentEnv, AgentEvent, AgentLimits, AgentState, AgentStatus, ApprovalDecision, ApprovalPolicy, Cancellation,
+    CorrectionCode, EffectClass, EffectIntent, EffectOutcome, ManualTimer, MemoryGate, MemoryJournal, ModelRequest,
+    Registry, ResponseBlock, RunOutcome, RunSpec, StopReason, Tool, ToolContext, ToolOutput, ToolSpec,
+};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use engine::agent::{
-    AgentEnv, AgentEvent, AgentLimits, AgentState, AgentStatus, ApprovalDecision, ApprovalPolicy, Cancellation,
-    CorrectionCode, EffectClass, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision, ManualTimer,
-    MemoryJournal, ModelRequest, Registry, ResponseBlock, RunOutcome, RunSpec, StopReason, Tool, ToolContext,
-    ToolOutput, ToolSpec,
-};
 use engine::clock::ManualClock;
 use engine::provider::Secret;
 use serde::{Deserialize, Serialize};
@@ -220,42 +219,6 @@ fn registry(counters: &Arc<Counters>) -> Registry {
     registry
 }
 
-/// Stands in for the spine's intents: one fingerprint per key.
-#[derive(Default)]
-struct FakeGate {
-    keys: Mutex<BTreeMap<String, String>>,
-}
-
-impl EffectGate for FakeGate {
-    fn reserve<'a>(&'a self, _: &'a str, intent: &'a EffectIntent, approval: bool) -> BoxFuture<'a, GateDecision> {
-        let mut keys = self.keys.lock().expect("test mutex");
-        let decision = match keys.get(&intent.key()) {
-            Some(fp) if *fp == intent.fingerprint() => {
-                GateDecision::Deduplicated { content: "already refunded".into() }
-            }
-            Some(_) => GateDecision::Refused {
-                code: "intent_payload_mismatch".into(),
-                message: "this idempotency key was used with other arguments".into(),
-            },
-            None => {
-                keys.insert(intent.key(), intent.fingerprint());
-                GateDecision::Proceed(EffectTicket {
-                    key: intent.key(),
-                    fingerprint: intent.fingerprint(),
-                    approval_required: approval,
-                })
-            }
-        };
-        Box::pin(async move { decision })
-    }
-    fn approval<'a>(&'a self, _: &'a EffectTicket, _: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
-        Box::pin(async { ApprovalDecision::Approved })
-    }
-    fn settle<'a>(&'a self, _: &'a EffectTicket, _: &'a EffectOutcome) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
-    }
-}
-
 struct Checked {
     outcome: RunOutcome,
     events: Vec<AgentEvent>,
@@ -277,17 +240,17 @@ async fn run_timed(
     transport: &dyn ModelTransport,
     limits: AgentLimits,
     real_time: bool,
-    completion: engine::agent::Completion<'_>,
+    completion: agent::Completion<'_>,
 ) -> Checked {
     let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
-    let timer: Box<dyn engine::agent::Timer> = if real_time {
+    let timer: Box<dyn agent::Timer> = if real_time {
         Box::new(TokioTimer::new(clock.clone()))
     } else {
         Box::new(ManualTimer::new(Arc::clone(&clock)))
     };
     let cancel = Cancellation::new();
     let journal = MemoryJournal::new();
-    let gate = FakeGate::default();
+    let gate = MemoryGate::new(ApprovalDecision::Approved);
     let counters = Arc::new(Counters::default());
     let registry = registry(&counters);
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &*timer, cancel: &cancel, gate: Some(&gate) };
@@ -299,7 +262,7 @@ async fn run_timed(
         limits,
         capabilities: ["ticket.read", "order.refund"].into_iter().map(String::from).collect(),
     };
-    let outcome = engine::agent::run(env, transport, &registry, &spec, completion).await.expect("no internal error");
+    let outcome = agent::run(env, transport, &registry, &spec, completion).await.expect("no internal error");
     Checked {
         outcome,
         events: journal.events(),
@@ -572,7 +535,7 @@ async fn model_unavailable_http_provider_stops_the_run() {
 fn model_text_blocks_round_trip_through_the_request_builders() {
     let request = ModelRequest {
         system: "sys".into(),
-        messages: vec![engine::agent::Message::Assistant {
+        messages: vec![agent::Message::Assistant {
             content: vec![
                 ResponseBlock::Text { text: "hi".into() },
                 ResponseBlock::ToolUse { id: "t1".into(), name: "x".into(), arguments: "{not json".into() },

@@ -2,8 +2,8 @@
 //! `fixtures/faults/`.
 
 use crate::support::{Sim, charge};
-use adapters::sim::FaultPlan;
 use engine::provider::{CallOutcome, EffectKind, LookupOutcome, PaymentProvider, UnknownReason};
+use provider_sim::FaultPlan;
 use std::time::{Duration, Instant};
 
 fn reason(outcome: &CallOutcome) -> UnknownReason {

@@ -187,12 +187,6 @@ async fn a_stopped_simulator_refuses_connections() {
     assert!(matches!(fresh.execute(&charge("intent_0012", 100)).await, CallOutcome::NotSent { .. }));
 }
 
-#[test]
-fn the_command_line_is_well_formed() {
-    use clap::CommandFactory;
-    adapters::sim::Cli::command().debug_assert();
-}
-
 /// The simulator's own answers, checked over raw HTTP: the client's checks must not be what
 /// makes the tests above pass.
 #[tokio::test]

@@ -2,8 +2,8 @@
 //! provider pointed at it with short timeouts so that the suite runs in seconds.
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig};
-use adapters::sim::{Config, EffectRecord, FaultPlan, Server, list_effects};
 use engine::provider::{EffectKind, EffectRequest, Secret};
+use provider_sim::{Config, EffectRecord, FaultPlan, Server, list_effects};
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -6,6 +6,7 @@
 //!   whole-log [`Ledger`] and the store's per-entity projections both run.
 //! - [`view`] — [`View`], what a decision reads: entities one by one, never the whole log.
 //! - [`protocol`] — [`Command`], [`Action`], the typed [`Refusal`], [`Reply`], [`Decision`].
+//! - [`next`] — [`Next`], the step an intent's reply tells the executor to take.
 //! - [`decide()`] — a command in, the events to append (or a refusal) out; one submodule per
 //!   part of the lifecycle.
 //! - [`Ledger`] — the fold of a whole log in memory (the in-memory log, `verify`'s reference
@@ -19,6 +20,7 @@
 //! appends: it only says what to append.
 
 pub mod fold;
+mod next;
 mod protocol;
 mod state;
 mod view;
@@ -28,6 +30,7 @@ mod decide;
 
 pub use decide::{decide, reply_after};
 pub use fold::FoldError;
+pub use next::{Launched, Next};
 pub use protocol::{
     Action, AgentRunStart, Command, Decision, IntentSpec, Refusal, RejectCode, Reply, ReplyTarget, RunStart,
     SpineRequest, Step,
@@ -38,5 +41,7 @@ pub use state::{
 pub use view::View;
 pub use whole::Ledger;
 
+#[cfg(test)]
+mod boundary_tests;
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 //! Every refusal writes nothing. Typed helpers that send one request and read its one reply
 //! live with the log ([`crate::log`]).
 
+use super::next::{Launched, Next};
 use super::state::{Intent, IntentStatus, Recovery, Run, RunHistory};
 use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus};
 use crate::lease::{LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse};
@@ -670,6 +671,8 @@ pub enum Reply {
         intent: Box<Intent>,
         /// Whether this command reserved it.
         fresh: bool,
+        /// What the run that sent the command must do next for it.
+        next: Next,
     },
     /// A run's state.
     Run(Box<Run>),
@@ -693,13 +696,41 @@ pub enum Reply {
     },
 }
 
+impl Reply {
+    /// What kind of reply this is, in words.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Done => "a commit",
+            Self::Intent { .. } => "an intent",
+            Self::Run(_) => "a run",
+            Self::History(_) => "a run's history",
+            Self::Recovered(_) => "a recovery report",
+            Self::Claimed(_) => "a lease grant",
+            Self::Renewed { .. } => "a renewal",
+            Self::Snapshot { .. } => "a snapshot",
+        }
+    }
+}
+
 /// What a reply refers to, resolved after the events are applied.
 #[derive(Clone, Debug)]
 pub enum ReplyTarget {
     /// Nothing.
     Done,
-    /// An intent, and whether the command reserved it.
-    Intent(IntentKey, bool),
+    /// An intent: whether the command reserved it, what it launched, and for whom, at
+    /// which instant (what [`Next`] is computed from).
+    Intent {
+        /// The intent.
+        key: IntentKey,
+        /// Whether the command reserved it.
+        fresh: bool,
+        /// What the command started.
+        launched: Launched,
+        /// The run the command acted for.
+        acting: Option<RunId>,
+        /// The decision's instant.
+        now: DateTime<Utc>,
+    },
     /// A run.
     Run(RunId),
     /// A run's history.

@@ -140,7 +140,7 @@ fn a_version_2_file_migrates_keeps_verifying_and_continues_its_chain() {
     }));
     let before = reference.intent(&IntentKey::new(EffectKind::Charge, TENANT, id)).expect("golden intent").clone();
     match store.execute_blocking(command) {
-        Ok(Reply::Intent { intent, fresh }) => {
+        Ok(Reply::Intent { intent, fresh, .. }) => {
             assert!(!fresh);
             assert_eq!(intent.duplicates_suppressed, before.duplicates_suppressed + 1);
         }

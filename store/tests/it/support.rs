@@ -164,7 +164,7 @@ pub fn outcome(id: &str, attempt: u32, outcome: CallOutcome) -> Command {
 /// The intent of a reply, and whether the command reserved it.
 pub fn intent_of(reply: Result<Reply, LogError>) -> (Intent, bool) {
     match reply {
-        Ok(Reply::Intent { intent, fresh }) => (*intent, fresh),
+        Ok(Reply::Intent { intent, fresh, .. }) => (*intent, fresh),
         other => panic!("expected an intent reply, got {other:?}"),
     }
 }

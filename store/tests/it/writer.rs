@@ -119,7 +119,7 @@ fn state_after_a_restart_equals_state_before() {
     let (intents_before, runs_before) = (reader.intents(None).expect("intents"), reader.runs().expect("runs"));
     let statuses: Vec<&str> = intents_before.iter().map(|row| row.status.as_str()).collect();
     assert_eq!(statuses, ["validated", "declined", "outcome_unknown", "reserved", "reserved"]);
-    assert_eq!(runs_before[0].status, "completed");
+    assert_eq!(runs_before[0].status.as_str(), "completed");
     drop(reader);
 
     fixture.reopen();

@@ -5,7 +5,7 @@
 
 use super::*;
 use adapters::model::scripted::ScriptedTransport;
-use engine::agent::{AgentEvent, AgentStatus, Cancellation, ControlEvent, JournalError, ManualTimer, MemoryJournal};
+use agent::{AgentEvent, AgentStatus, Cancellation, ControlEvent, JournalError, ManualTimer, MemoryJournal};
 use engine::clock::ManualClock;
 use std::path::PathBuf;
 

@@ -8,7 +8,7 @@ use crate::event::{Event, IntentKey, LateAnswer, LateVerdict, RunId, Source};
 use crate::ledger::protocol::{Refusal, ReplyTarget, RunStart, Step};
 use crate::ledger::state::{Intent, IntentStatus};
 use crate::limits;
-use crate::provider::{CallOutcome, UnknownReason};
+use crate::provider::{CallOutcome, Evidence, UnknownReason};
 
 impl Decider<'_> {
     pub(super) fn start_attempt(
@@ -36,7 +36,7 @@ impl Decider<'_> {
                     if approval.fingerprint == intent.definition.fingerprint && approval.expires_at > self.now => {}
                 Some(approval) if approval.expires_at <= self.now => {
                     self.push(Event::ApprovalExpired { key: key.clone() });
-                    return Ok(ReplyTarget::Intent(key.clone(), false));
+                    return Ok(self.answer(key, false));
                 }
                 _ => return Err(Refusal::NoValidApproval(key.clone())),
             }
@@ -47,7 +47,7 @@ impl Decider<'_> {
                 reason: format!("all {} attempts spent", intent.attempts_max),
                 absence_proven: intent.absence_proven,
             });
-            return Ok(ReplyTarget::Intent(key.clone(), false));
+            return Ok(self.answer(key, false));
         }
         if intent.network_retry_by(run_id) {
             let spent = self.view.run(run_id).map_or(0, |run| run.network_retries);
@@ -62,7 +62,7 @@ impl Decider<'_> {
                     .to_owned(),
                 absence_proven: intent.absence_proven,
             });
-            return Ok(ReplyTarget::Intent(key.clone(), false));
+            return Ok(self.answer(key, false));
         }
         let left_ms = ms_between(self.now, deadline_at);
         if left_ms < limits::RECONCILIATION_RESERVE_MS {
@@ -73,7 +73,7 @@ impl Decider<'_> {
             });
         }
         self.push(Event::AttemptStarted { key: key.clone(), attempt: intent.attempts + 1, run_id: run_id.clone() });
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     pub(super) fn record_outcome(
@@ -90,7 +90,7 @@ impl Decider<'_> {
             // The attempt stopped being awaited (recovery declared it crashed, its lease was
             // taken, a later attempt went out): a definitive answer is still evidence.
             self.late_answer(&intent, attempt, outcome);
-            return Ok(ReplyTarget::Intent(key.clone(), false));
+            return Ok(self.answer(key, false));
         }
         match outcome {
             CallOutcome::Succeeded(evidence) => match super::reconcile::evidence_mismatch(&intent, evidence) {
@@ -110,7 +110,7 @@ impl Decider<'_> {
             }
             CallOutcome::Unknown { reason, detail } => self.unknown(&intent, attempt, *reason, detail.clone()),
         }
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     /// A definitive answer for an attempt no longer awaited: recorded, then it settles an
@@ -118,92 +118,18 @@ impl Decider<'_> {
     /// contradicts it (the intent escalates: a human must look). An answer that is not
     /// definitive (unknown, not sent) adds nothing.
     fn late_answer(&mut self, intent: &Intent, attempt: u32, outcome: &CallOutcome) {
-        use IntentStatus as S;
-        let key = intent.key().clone();
-        let latest = attempt == intent.attempts;
         let (answer, verdict, follow) = match outcome {
             CallOutcome::Unknown { .. } | CallOutcome::NotSent { .. } => return,
             CallOutcome::Succeeded(evidence) => {
-                let answer = LateAnswer::Succeeded { evidence: evidence.clone() };
-                let contradicted = |detail: String| {
-                    let escalate = Event::IntentEscalated {
-                        key: key.clone(),
-                        reason: format!("a late provider answer contradicts the intent: {detail}"),
-                        absence_proven: false,
-                    };
-                    (LateVerdict::Contradicted { detail }, Some(escalate))
-                };
-                let (verdict, follow) = if let Some(why) = super::reconcile::evidence_mismatch(intent, evidence) {
-                    contradicted(why)
-                } else {
-                    match intent.status {
-                        S::Validated => match &intent.evidence {
-                            Some(known) if known.provider_ref == evidence.provider_ref => {
-                                (LateVerdict::Consistent, None)
-                            }
-                            known => contradicted(format!(
-                                "the provider reports {} for attempt {attempt}, the intent was validated by {}",
-                                evidence.provider_ref,
-                                known.as_ref().map_or("nothing", |e| e.provider_ref.as_str())
-                            )),
-                        },
-                        S::Escalated if intent.absence_proven => contradicted(format!(
-                            "the provider reports {} for attempt {attempt}, the effect was proven absent",
-                            evidence.provider_ref
-                        )),
-                        S::Declined | S::Cancelled | S::Rejected => contradicted(format!(
-                            "the provider reports {} for attempt {attempt}, the intent was {}",
-                            evidence.provider_ref,
-                            intent.status.as_str()
-                        )),
-                        S::Attempting
-                        | S::OutcomeUnknown
-                        | S::Reconciling
-                        | S::Reserved
-                        | S::AwaitingApproval
-                        | S::Escalated => (
-                            LateVerdict::Settled,
-                            Some(Event::IntentValidated {
-                                key: key.clone(),
-                                attempt,
-                                source: Source::Reconciled,
-                                evidence: evidence.clone(),
-                            }),
-                        ),
-                    }
-                };
-                (answer, verdict, follow)
+                let (verdict, follow) = late_success(intent, attempt, evidence);
+                (LateAnswer::Succeeded { evidence: evidence.clone() }, verdict, follow)
             }
             CallOutcome::Declined { code } => {
-                let answer = LateAnswer::Declined { code: code.clone() };
-                match intent.status {
-                    // A decline of the latest attempt is the definitive "no effect" the intent
-                    // was waiting for; of an earlier one, it says nothing about the later one.
-                    S::OutcomeUnknown | S::Reconciling | S::Reserved if latest => (
-                        answer,
-                        LateVerdict::Settled,
-                        Some(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() }),
-                    ),
-                    S::Escalated if latest && !intent.absence_proven => (
-                        answer,
-                        LateVerdict::Settled,
-                        Some(Event::IntentDeclined { key: key.clone(), attempt, code: code.clone() }),
-                    ),
-                    S::Validated if latest => {
-                        let detail =
-                            format!("the provider declined attempt {attempt} ({code}), the intent was validated");
-                        let escalate = Event::IntentEscalated {
-                            key: key.clone(),
-                            reason: format!("a late provider answer contradicts the intent: {detail}"),
-                            absence_proven: false,
-                        };
-                        (answer, LateVerdict::Contradicted { detail }, Some(escalate))
-                    }
-                    _ => (answer, LateVerdict::Consistent, None),
-                }
+                let (verdict, follow) = late_decline(intent, attempt, code);
+                (LateAnswer::Declined { code: code.clone() }, verdict, follow)
             }
         };
-        self.push(Event::LateAnswerRecorded { key, attempt, answer, verdict });
+        self.push(Event::LateAnswerRecorded { key: intent.key().clone(), attempt, answer, verdict });
         if let Some(follow) = follow {
             self.push(follow);
         }
@@ -231,5 +157,74 @@ impl Decider<'_> {
                 absence_proven: false,
             });
         }
+    }
+}
+
+/// A late answer's verdict, and the event that follows it (a settlement or an escalation).
+type Verdict = (LateVerdict, Option<Event>);
+
+/// A contradiction: the intent escalates, a human must look.
+fn contradicted(intent: &Intent, detail: String) -> Verdict {
+    let escalate = Event::IntentEscalated {
+        key: intent.key().clone(),
+        reason: format!("a late provider answer contradicts the intent: {detail}"),
+        absence_proven: false,
+    };
+    (LateVerdict::Contradicted { detail }, Some(escalate))
+}
+
+/// A late success: it settles an open intent, agrees with the same validation, and
+/// contradicts anything else (another effect, a proven absence, a decline).
+fn late_success(intent: &Intent, attempt: u32, evidence: &Evidence) -> Verdict {
+    use IntentStatus as S;
+    if let Some(why) = super::reconcile::evidence_mismatch(intent, evidence) {
+        return contradicted(intent, why);
+    }
+    let reported = &evidence.provider_ref;
+    match intent.status {
+        S::Validated => match &intent.evidence {
+            Some(known) if &known.provider_ref == reported => (LateVerdict::Consistent, None),
+            known => contradicted(
+                intent,
+                format!(
+                    "the provider reports {reported} for attempt {attempt}, the intent was validated by {}",
+                    known.as_ref().map_or("nothing", |e| e.provider_ref.as_str())
+                ),
+            ),
+        },
+        S::Escalated if intent.absence_proven => contradicted(
+            intent,
+            format!("the provider reports {reported} for attempt {attempt}, the effect was proven absent"),
+        ),
+        S::Declined | S::Cancelled | S::Rejected => contradicted(
+            intent,
+            format!("the provider reports {reported} for attempt {attempt}, the intent was {}", intent.status.as_str()),
+        ),
+        S::Attempting | S::OutcomeUnknown | S::Reconciling | S::Reserved | S::AwaitingApproval | S::Escalated => {
+            let settle = Event::IntentValidated {
+                key: intent.key().clone(),
+                attempt,
+                source: Source::Reconciled,
+                evidence: evidence.clone(),
+            };
+            (LateVerdict::Settled, Some(settle))
+        }
+    }
+}
+
+/// A late decline: of the latest attempt, it is the definitive "no effect" an open intent
+/// was waiting for, and contradicts a validation; of an earlier one, it says nothing about
+/// the later one.
+fn late_decline(intent: &Intent, attempt: u32, code: &str) -> Verdict {
+    use IntentStatus as S;
+    let latest = attempt == intent.attempts;
+    let settle = || Some(Event::IntentDeclined { key: intent.key().clone(), attempt, code: code.to_owned() });
+    match intent.status {
+        S::OutcomeUnknown | S::Reconciling | S::Reserved if latest => (LateVerdict::Settled, settle()),
+        S::Escalated if latest && !intent.absence_proven => (LateVerdict::Settled, settle()),
+        S::Validated if latest => {
+            contradicted(intent, format!("the provider declined attempt {attempt} ({code}), the intent was validated"))
+        }
+        _ => (LateVerdict::Consistent, None),
     }
 }

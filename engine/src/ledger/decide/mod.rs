@@ -19,9 +19,10 @@ mod recover;
 mod reserve;
 mod runs;
 
+use super::next::{Launched, Next};
 use super::protocol::{Action, Command, Decision, Refusal, Reply, ReplyTarget};
 use super::view::View;
-use crate::event::Event;
+use crate::event::{Event, IntentKey, RunId};
 use crate::lease::{LeaseEffect, LeaseUse, LeaseView};
 use crate::limits;
 use chrono::{DateTime, Utc};
@@ -38,7 +39,8 @@ pub fn decide(
     command: &Command,
     now: DateTime<Utc>,
 ) -> Result<Decision, Refusal> {
-    let mut decider = Decider { view, leases, now, events: Vec::new(), effects: Vec::new() };
+    let acting = command.action.fenced_run().or(command.cause.run_id.as_ref()).cloned();
+    let mut decider = Decider { view, leases, now, acting, events: Vec::new(), effects: Vec::new() };
     let start = command.start_run.as_ref();
     if let Some(start) = start {
         decider.start_run(start)?;
@@ -57,8 +59,11 @@ pub fn decide(
 pub fn reply_after(view: &dyn View, target: &ReplyTarget) -> Reply {
     match target {
         ReplyTarget::Done => Reply::Done,
-        ReplyTarget::Intent(key, fresh) => match view.intent(key) {
-            Some(intent) => Reply::Intent { intent: Box::new(intent), fresh: *fresh },
+        ReplyTarget::Intent { key, fresh, launched, acting, now } => match view.intent(key) {
+            Some(intent) => {
+                let next = Next::after(&intent, *launched, *now, acting.as_ref());
+                Reply::Intent { intent: Box::new(intent), fresh: *fresh, next }
+            }
             None => Reply::Done,
         },
         ReplyTarget::Run(run_id) => view.run(run_id).map_or(Reply::Done, |run| Reply::Run(Box::new(run))),
@@ -80,6 +85,8 @@ struct Decider<'a> {
     view: &'a dyn View,
     leases: &'a dyn LeaseView,
     now: DateTime<Utc>,
+    /// The run the command acts for (its cause's, or the one the action names).
+    acting: Option<RunId>,
     events: Vec<Event>,
     effects: Vec<LeaseEffect>,
 }
@@ -98,7 +105,7 @@ impl Decider<'_> {
             },
             Action::Observe { key } => {
                 self.existing(key)?;
-                Ok(ReplyTarget::Intent(key.clone(), false))
+                Ok(self.answer(key, false))
             }
             Action::ObserveRun { run_id } => {
                 self.view.run(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
@@ -148,7 +155,24 @@ impl Decider<'_> {
         }
     }
 
-    fn existing(&self, key: &crate::event::IntentKey) -> Result<super::state::Intent, Refusal> {
+    /// The reply naming `key`: what this decision launched for it (an attempt written
+    /// ahead, a reconciliation started) is read from the events decided so far, so it must be
+    /// the decision's last word.
+    fn answer(&self, key: &IntentKey, fresh: bool) -> ReplyTarget {
+        let launched = self
+            .events
+            .iter()
+            .rev()
+            .find_map(|event| match event {
+                Event::AttemptStarted { key: started, .. } if started == key => Some(Launched::Attempt),
+                Event::ReconciliationStarted { key: started, .. } if started == key => Some(Launched::Lookup),
+                _ => None,
+            })
+            .unwrap_or(Launched::Nothing);
+        ReplyTarget::Intent { key: key.clone(), fresh, launched, acting: self.acting.clone(), now: self.now }
+    }
+
+    fn existing(&self, key: &IntentKey) -> Result<super::state::Intent, Refusal> {
         self.view.intent(key).ok_or_else(|| Refusal::UnknownIntent(key.clone()))
     }
 

@@ -43,7 +43,7 @@ impl Decider<'_> {
             by: by.to_owned(),
             expires_at,
         });
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     /// An approval that lapsed before anything was sent is recorded expired, so the intent
@@ -57,7 +57,7 @@ impl Decider<'_> {
         if lapsed {
             self.push(Event::ApprovalExpired { key: key.clone() });
         }
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     pub(super) fn deny(&mut self, key: &IntentKey, by: &str, reason: &str) -> Result<ReplyTarget, Refusal> {
@@ -66,7 +66,7 @@ impl Decider<'_> {
             return Err(Refusal::WrongStatus { key: key.clone(), status: intent.status, step: Step::Deny });
         }
         self.push(Event::ApprovalDenied { key: key.clone(), by: by.to_owned(), reason: reason.to_owned() });
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     pub(super) fn cancel(&mut self, key: &IntentKey, by: &str, reason: &str) -> Result<ReplyTarget, Refusal> {
@@ -75,7 +75,7 @@ impl Decider<'_> {
             return Err(Refusal::WrongStatus { key: key.clone(), status: intent.status, step: Step::Cancel });
         }
         self.push(Event::IntentCancelled { key: key.clone(), by: by.to_owned(), reason: reason.to_owned() });
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     pub(super) fn resolve(
@@ -96,7 +96,7 @@ impl Decider<'_> {
             landed: landed.map(str::to_owned),
             check,
         });
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 }
 

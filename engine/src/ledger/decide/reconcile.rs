@@ -34,14 +34,14 @@ impl Decider<'_> {
                 reason: format!("all {} reconciliations spent", intent.reconciliations_max),
                 absence_proven: false,
             });
-            return Ok(ReplyTarget::Intent(key.clone(), false));
+            return Ok(self.answer(key, false));
         }
         self.push(Event::ReconciliationStarted {
             key: key.clone(),
             reconciliation: intent.reconciliations + 1,
             run_id: Some(run_id.clone()),
         });
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     pub(super) fn record_lookup(
@@ -68,7 +68,7 @@ impl Decider<'_> {
             LookupOutcome::Unavailable { detail } => (LookupStatus::Unavailable, None, detail.clone()),
         };
         self.resolve_lookup(&intent, reconciliation, status, evidence, detail);
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     /// What a lookup's answer means: validated, a resend allowed (absence proven past the
@@ -82,54 +82,8 @@ impl Decider<'_> {
         evidence: Option<Evidence>,
         detail: String,
     ) {
-        let now = self.now;
         let key = intent.key().clone();
-        let spent = reconciliation >= intent.reconciliations_max;
-        let retry_or_escalate = |reason: String| {
-            if spent {
-                (AfterLookup::Escalated, Some((reason, false)))
-            } else {
-                (AfterLookup::RetryAt { reconcile_after: after_backoff_from(now, reconciliation + 1) }, None)
-            }
-        };
-        let (after, escalation) = match status {
-            LookupStatus::Found => (AfterLookup::Validated, None),
-            LookupStatus::Absent => {
-                let window_end = intent.resend_window_end().unwrap_or(now);
-                if now < window_end {
-                    if spent {
-                        (
-                            AfterLookup::Escalated,
-                            Some(("absent, but only before the request was certainly over".to_owned(), false)),
-                        )
-                    } else {
-                        // Too early to believe: look again the moment the absence can be proof.
-                        (AfterLookup::RetryAt { reconcile_after: window_end }, None)
-                    }
-                } else if intent.attempts_spent() >= intent.attempts_max {
-                    (
-                        AfterLookup::Escalated,
-                        Some((format!("proven absent, all {} attempts spent", intent.attempts_max), true)),
-                    )
-                } else if intent.capability.dedup_by_key && !intent.within_key_window(now) {
-                    (
-                        AfterLookup::Escalated,
-                        Some(("proven absent, but the idempotency-key window has passed".to_owned(), true)),
-                    )
-                } else {
-                    (AfterLookup::ResendAllowed, None)
-                }
-            }
-            LookupStatus::Unavailable => {
-                retry_or_escalate(format!("lookup unavailable after {reconciliation} reconciliations"))
-            }
-            LookupStatus::Inconsistent => {
-                retry_or_escalate(format!("lookup inconsistent after {reconciliation} reconciliations: {detail}"))
-            }
-            LookupStatus::Interrupted => {
-                retry_or_escalate(format!("lookup interrupted after {reconciliation} reconciliations"))
-            }
-        };
+        let (after, escalation) = after_lookup(intent, reconciliation, status, &detail, self.now);
         self.push(Event::ReconciliationResolved {
             key: key.clone(),
             reconciliation,
@@ -155,6 +109,66 @@ impl Decider<'_> {
         }
         if let Some((reason, absence_proven)) = escalation {
             self.push(Event::IntentEscalated { key, reason, absence_proven });
+        }
+    }
+}
+
+/// What a lookup's answer means for `intent` at `now`: the state after it, and the
+/// escalation (its reason, and whether the effect's absence is proven) when a human must
+/// take over.
+fn after_lookup(
+    intent: &Intent,
+    reconciliation: u32,
+    status: LookupStatus,
+    detail: &str,
+    now: DateTime<Utc>,
+) -> (AfterLookup, Option<(String, bool)>) {
+    let spent = reconciliation >= intent.reconciliations_max;
+    let retry_or_escalate = |reason: String| {
+        if spent {
+            (AfterLookup::Escalated, Some((reason, false)))
+        } else {
+            (AfterLookup::RetryAt { reconcile_after: after_backoff_from(now, reconciliation + 1) }, None)
+        }
+    };
+    match status {
+        LookupStatus::Found => (AfterLookup::Validated, None),
+        LookupStatus::Absent => {
+            let window_end = intent.resend_window_end().unwrap_or(now);
+            if now < window_end {
+                if spent {
+                    (
+                        AfterLookup::Escalated,
+                        Some(("absent, but only before the request was certainly over".to_owned(), false)),
+                    )
+                } else {
+                    // Too early to believe: look again once the absence can be proof, and not
+                    // before the backoff (the provider is not hammered).
+                    let reconcile_after = window_end.max(after_backoff_from(now, reconciliation + 1));
+                    (AfterLookup::RetryAt { reconcile_after }, None)
+                }
+            } else if intent.attempts_spent() >= intent.attempts_max {
+                (
+                    AfterLookup::Escalated,
+                    Some((format!("proven absent, all {} attempts spent", intent.attempts_max), true)),
+                )
+            } else if intent.capability.dedup_by_key && !intent.within_key_window(now) {
+                (
+                    AfterLookup::Escalated,
+                    Some(("proven absent, but the idempotency-key window has passed".to_owned(), true)),
+                )
+            } else {
+                (AfterLookup::ResendAllowed, None)
+            }
+        }
+        LookupStatus::Unavailable => {
+            retry_or_escalate(format!("lookup unavailable after {reconciliation} reconciliations"))
+        }
+        LookupStatus::Inconsistent => {
+            retry_or_escalate(format!("lookup inconsistent after {reconciliation} reconciliations: {detail}"))
+        }
+        LookupStatus::Interrupted => {
+            retry_or_escalate(format!("lookup interrupted after {reconciliation} reconciliations"))
         }
     }
 }

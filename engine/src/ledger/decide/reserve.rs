@@ -51,7 +51,7 @@ impl Decider<'_> {
         if start_attempt && !approval_required && time_left {
             self.push(Event::AttemptStarted { key: key.clone(), attempt: 1, run_id: run_id.clone() });
         }
-        Ok(ReplyTarget::Intent(key.clone(), true))
+        Ok(self.answer(key, true))
     }
 
     /// The same key proposed again: the stored intent when the payload is the same (a
@@ -86,7 +86,7 @@ impl Decider<'_> {
         if existing.status == IntentStatus::Validated {
             self.push(Event::IntentDeduplicated { key: key.clone(), run_id: run_id.clone() });
         }
-        Ok(ReplyTarget::Intent(key.clone(), false))
+        Ok(self.answer(key, false))
     }
 
     /// Everything a new intent must satisfy before it is reserved, in order: a valid amount

@@ -1,0 +1,152 @@
+//! The harness's [`EffectGate`] over the executor: an agent's effect goes
+//! through the same intent lifecycle as a workflow's.
+//!
+//! Owns [`IntentGate`]. Guard step 8 is [`executor::reserve_for_run`] (key + fingerprint +
+//! money, the cumulative invariants and the reference check in one commit, journaled on the
+//! agent's run); step 9 reads the intent's approval, which the ledger binds to the
+//! fingerprint and re-checks, with its expiry, when the attempt starts; step 10 — the tool
+//! body — calls [`IntentGate::drive`], which is [`executor::drive_intent`]: write-ahead
+//! attempts, classification, reconciliation. It never calls the provider itself and never
+//! decides a transition: the ledger does.
+//!
+//! Only refunds are supported: a charge needs a payment method, which an agent never holds.
+
+use crate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
+use engine::event::{Cause, IntentKey, RunId};
+use engine::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
+use engine::ledger::IntentStatus;
+use engine::log::{Ask, Asking, IntentAnswer};
+use engine::provider::{BoxFuture, CallOutcome, EffectKind, UnknownReason};
+
+/// The intent lifecycle behind an agent's effect tools.
+#[derive(Clone)]
+pub struct IntentGate {
+    runtime: Runtime,
+    cause: Cause,
+}
+
+impl IntentGate {
+    /// A gate over `runtime`; every command it sends carries `cause`.
+    pub fn new(runtime: Runtime, cause: Cause) -> Self {
+        Self { runtime, cause }
+    }
+
+    /// Guard step 10 for a reserved intent: takes it as far as the lifecycle allows now.
+    pub async fn drive(&self, ticket: &EffectTicket) -> Result<IntentOutcome, WorkflowError> {
+        let key = IntentKey::parse(&ticket.key)
+            .ok_or_else(|| WorkflowError::Failed(format!("{} is not an intent key", ticket.key)))?;
+        executor::drive_intent(&self.runtime, self.cause.clone(), &key).await
+    }
+
+    async fn reserve(&self, run_id: &str, intent: &EffectIntent, approval_required: bool) -> GateDecision {
+        let refused = |code: &str, message: String| GateDecision::Refused { code: code.to_owned(), message };
+        if intent.operation != EffectKind::Refund.as_str() {
+            return refused(
+                "unsupported_operation",
+                format!("{} cannot go through an agent: only refunds can.", intent.operation),
+            );
+        }
+        let (Some(amount_minor), Some(currency)) = (intent.amount_minor, intent.currency.clone()) else {
+            return refused("invalid_arguments", "a refund needs an amount and a currency.".to_owned());
+        };
+        let request = IntentRequest {
+            kind: EffectKind::Refund,
+            tenant: intent.tenant.clone(),
+            intent_id: intent.intent_id.clone(),
+            order_id: intent.reference.clone(),
+            business_ref: intent.reference.clone(),
+            amount_minor,
+            currency,
+            payload: intent.payload.clone(),
+            payment_method: None,
+        };
+        let cause = self.cause.clone().for_run(&RunId::new(run_id));
+        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval_required).await {
+            Ok(Reservation::Reserved(answer)) if answer.intent.status == IntentStatus::Validated => {
+                GateDecision::Deduplicated {
+                    content: serde_json::json!({
+                        "status": "validated",
+                        "source": "deduplicated",
+                        "receipt": answer.intent.evidence.as_ref().map(|e| e.provider_ref.clone()),
+                        "note": "this exact refund was already made; nothing was sent again",
+                    })
+                    .to_string(),
+                }
+            }
+            Ok(Reservation::Reserved(answer)) => GateDecision::Proceed(EffectTicket {
+                key: answer.intent.key().to_string(),
+                fingerprint: answer.intent.definition.fingerprint.clone(),
+                // The ledger's flag: the tool's policy or the run's threshold, the stricter.
+                approval_required: answer.intent.approval_required,
+            }),
+            Ok(Reservation::Rejected(outcome)) => refused(
+                outcome.code.as_ref().map_or("rejected", |code| code.as_str()),
+                format!("refused by the ledger: {}. Nothing was executed.", outcome.details.join("; ")),
+            ),
+            Err(error) => refused(
+                "intent_unavailable",
+                format!("the intent could not be reserved ({error}); nothing was executed."),
+            ),
+        }
+    }
+
+    async fn approval(&self, ticket: &EffectTicket) -> ApprovalDecision {
+        let Some(key) = IntentKey::parse(&ticket.key) else {
+            return ApprovalDecision::Denied { reason: format!("{} is not an intent key", ticket.key) };
+        };
+        // Checked, not just read: an approval that lapsed is recorded expired, so the intent
+        // awaits a fresh one (and `keel approve` accepts it) instead of stranding the run.
+        let checked = self.runtime.log.ask(Ask::check_approval(self.cause.clone(), key)).await;
+        match checked {
+            Ok(IntentAnswer { intent, .. }) => match intent.status {
+                IntentStatus::AwaitingApproval => ApprovalDecision::Pending,
+                IntentStatus::Rejected => ApprovalDecision::Denied {
+                    reason: intent.note.clone().unwrap_or_else(|| "the intent was rejected".to_owned()),
+                },
+                // Approved and still valid (the ledger re-checks fingerprint and expiry when the
+                // attempt starts), or already past approval: the driver takes it from there.
+                _ => ApprovalDecision::Approved,
+            },
+            // The log cannot say: waiting is the only safe answer.
+            Err(_) => ApprovalDecision::Pending,
+        }
+    }
+}
+
+impl EffectGate for IntentGate {
+    fn reserve<'a>(
+        &'a self,
+        run_id: &'a str,
+        intent: &'a EffectIntent,
+        approval_required: bool,
+    ) -> BoxFuture<'a, GateDecision> {
+        Box::pin(self.reserve(run_id, intent, approval_required))
+    }
+
+    fn approval<'a>(&'a self, ticket: &'a EffectTicket, _intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
+        Box::pin(self.approval(ticket))
+    }
+
+    /// A body that returned recorded its outcome through the driver already. A body cut
+    /// short (the caller's interrupt, the deadline) leaves an attempt in flight without an
+    /// answer: it is recorded unknown now, so reconciliation takes it on at once instead of
+    /// waiting for a recovery. An attempt that was not in flight is left as it is.
+    fn settle<'a>(&'a self, ticket: &'a EffectTicket, outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let (EffectOutcome::Unknown { detail }, Some(key)) = (outcome, IntentKey::parse(&ticket.key)) else {
+                return;
+            };
+            let observed = self.runtime.log.ask(Ask::observe(self.cause.clone(), key.clone()));
+            let Ok(IntentAnswer { intent, .. }) = observed.await else {
+                return;
+            };
+            if intent.status == IntentStatus::Attempting {
+                let unknown = CallOutcome::Unknown { reason: UnknownReason::Interrupted, detail: detail.clone() };
+                let record = Ask::record_outcome(self.cause.clone(), key, intent.attempts, unknown);
+                if let Err(error) = self.runtime.log.ask(record).await {
+                    tracing::warn!(%error, "the interrupted attempt stays in flight: recovery will declare it unknown");
+                }
+            }
+        })
+    }
+}

@@ -1,0 +1,444 @@
+//! The run executor: starts runs, resumes them by replay, recovers what a dead process left
+//! in flight, and reconciles what is due.
+//!
+//! Owns [`Executor`], [`RunRequest`], [`ResumeReport`] and [`LeftAlone`]. Every run it
+//! drives it drives under the run's lease — the one this process holds, or one it claims
+//! and gives back — and a run another live process holds is left to it and reported, never
+//! touched. Agent runs are not resumed here: they need their transport and tools, and
+//! `keel agent resume` continues them.
+
+use super::context::Context;
+use super::driver::Leased;
+use super::leases::{claim_run, release_runs};
+use super::outcome::{IntentOutcome, RunEnd, RunOutcome};
+use super::workflow::{Registered, Rejection, WorkflowEnd, outcome_json};
+use super::{Runtime, WorkflowError};
+use crate::clock::{checked_plus_ms, ms_between};
+use crate::event::{Cause, IntentKey, RunId, RunLimits, RunStatus};
+use crate::failpoints::{Failpoints, Point};
+use crate::lease::{LeaseGrant, LeaseUse};
+use crate::ledger::{Intent, IntentStatus, Refusal, RejectCode, Run, RunStart};
+use crate::limits;
+use crate::log::{Ask, Asking, LogError, Resolution};
+use serde::Serialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use tracing::{Instrument, info_span};
+
+/// Limits and identity for a new run.
+#[derive(Clone, Debug)]
+pub struct RunRequest {
+    /// The new run's id.
+    pub run_id: RunId,
+    /// Its limits.
+    pub limits: RunLimits,
+    /// Its deadline, counted from now.
+    pub deadline_ms: u64,
+    /// What caused it (`command:charge`, …).
+    pub cause: Cause,
+}
+
+/// Starts, resumes and reconciles.
+#[derive(Clone)]
+pub struct Executor {
+    runtime: Runtime,
+    workflows: BTreeMap<&'static str, Registered>,
+    failpoints: Failpoints,
+}
+
+/// What `recover_and_resume` did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ResumeReport {
+    /// Intents whose in-flight attempt or lookup recovery recorded as interrupted.
+    pub recovered: Vec<IntentKey>,
+    /// Runs resumed, with their new status.
+    pub resumed: Vec<RunOutcome>,
+    /// Reconciliations performed, with the intents' new status.
+    pub reconciled: Vec<IntentOutcome>,
+    /// What was left alone because another process holds it live: the intent key or run
+    /// id, and why (the holder and until when).
+    pub left_to_their_owner: Vec<LeftAlone>,
+}
+
+/// Something recovery left alone: another live process is working on it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeftAlone {
+    /// The intent key or run id.
+    pub subject: String,
+    /// Who holds it, in words.
+    pub held_by: String,
+}
+
+impl Executor {
+    /// An executor over `runtime` with the given workflows.
+    pub fn new(runtime: Runtime, workflows: Vec<Registered>) -> Self {
+        let workflows = workflows.into_iter().map(|w| (w.name(), w)).collect();
+        Self { runtime, workflows, failpoints: Failpoints::disarmed() }
+    }
+
+    /// The same executor with `failpoints` armed at its event boundaries (crash tests only;
+    /// the default is disarmed).
+    pub fn with_failpoints(mut self, failpoints: Failpoints) -> Self {
+        self.failpoints = failpoints;
+        self
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Starts a new run of `workflow` with a raw input. A rejected input writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// An unknown workflow, the log's failure, or a workflow error other than its outcome.
+    pub async fn start(
+        &self,
+        workflow: &str,
+        raw_input: &Value,
+        request: RunRequest,
+    ) -> Result<RunOutcome, WorkflowError> {
+        let registered = self.workflow(workflow)?;
+        let prepared = match registered.prepare(raw_input) {
+            Ok(prepared) => prepared,
+            Err(rejection) => return Ok(rejected(request.run_id, &rejection)),
+        };
+        let deadline_at = checked_plus_ms(self.runtime.clock.now(), request.deadline_ms)
+            .filter(|_| request.deadline_ms <= limits::RUN_DEADLINE_MAX_MS);
+        let Some(deadline_at) = deadline_at else {
+            let detail =
+                format!("deadline_ms: {} is above the maximum of {}", request.deadline_ms, limits::RUN_DEADLINE_MAX_MS);
+            let rejection = Rejection { code: RejectCode::InvalidArguments, details: vec![detail] };
+            return Ok(rejected(request.run_id, &rejection));
+        };
+        let ctx = Context {
+            runtime: self.runtime.clone(),
+            run_id: request.run_id.clone(),
+            workflow: workflow.to_owned(),
+            pending_start: Some(RunStart {
+                run_id: request.run_id.clone(),
+                workflow: workflow.to_owned(),
+                input: prepared.input.clone(),
+                deadline_at,
+                limits: request.limits.clone(),
+                owner: Some(self.runtime.lessee.owner().clone()),
+            }),
+            journal: Vec::new(),
+            position: 0,
+            deadline_at,
+            secrets: prepared.secrets,
+            cause: request.cause,
+            failpoints: self.failpoints.clone(),
+            lease: None,
+        };
+        self.drive_run(registered, ctx, prepared.input).await
+    }
+
+    /// Resumes one unfinished run by replaying its journal, under its lease: the one this
+    /// process holds, or one it claims ([`WorkflowError::Busy`] when another process holds
+    /// it live). The lease is given back when the replay stops.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkflowError::Busy`], an unknown workflow, the log's failure.
+    pub async fn resume(&self, run: &Run, cause: Cause) -> Result<RunOutcome, WorkflowError> {
+        let registered = self.workflow(&run.workflow)?;
+        let lease = match self.runtime.lessee.grant(&run.run_id) {
+            Some(grant) => grant,
+            None => claim_run(&*self.runtime.log, &self.runtime.lessee, &cause, &run.run_id).await?,
+        };
+        let history = self.runtime.log.ask(Ask::load_run(cause.clone(), run.run_id.clone())).await?;
+        let ctx = Context {
+            runtime: self.runtime.clone(),
+            run_id: run.run_id.clone(),
+            workflow: run.workflow.clone(),
+            pending_start: None,
+            journal: history.journal,
+            position: 0,
+            deadline_at: history.run.deadline_at,
+            secrets: BTreeMap::new(),
+            cause: cause.clone(),
+            failpoints: self.failpoints.clone(),
+            lease: Some(lease.clone()),
+        };
+        let outcome = self.drive_run(registered, ctx, history.input).await;
+        // A finished run released its lease with its `RunFinished`; a suspended one is given
+        // back here, so whoever continues it later can claim it.
+        if self.runtime.lessee.grant(&run.run_id).is_some() {
+            release_runs(&*self.runtime.log, &self.runtime.lessee, &cause, vec![lease]).await?;
+        }
+        outcome
+    }
+
+    fn workflow(&self, name: &str) -> Result<Registered, WorkflowError> {
+        self.workflows
+            .get(name)
+            .cloned()
+            .ok_or_else(|| WorkflowError::Failed(format!("no workflow named {name:?} is registered")))
+    }
+
+    /// Runs (or replays) the workflow to its end or its suspension, and records the end.
+    async fn drive_run(
+        &self,
+        workflow: Registered,
+        mut ctx: Context,
+        input: Value,
+    ) -> Result<RunOutcome, WorkflowError> {
+        let span = info_span!(
+            "run",
+            agent.run.id = %ctx.run_id,
+            workflow = %ctx.workflow,
+            budget.remaining_ms = ms_between(self.runtime.clock.now(), ctx.deadline_at),
+            release.version = env!("CARGO_PKG_VERSION"),
+        );
+        async {
+            let end = match workflow.run(&mut ctx, input).await {
+                Ok(end) => end,
+                Err(WorkflowError::Suspended { reason, intent }) => return Ok(suspended(&ctx, reason, intent)),
+                Err(WorkflowError::DeadlineExceeded(why)) => stopped(RunStatus::DeadlineExceeded, why),
+                Err(WorkflowError::Nondeterministic(refusal)) => {
+                    stopped(RunStatus::NondeterministicReplay, refusal.to_string())
+                }
+                Err(other) => return Err(other),
+            };
+            let written = ctx.started();
+            let end = if written { self.finish(&mut ctx, end).await? } else { end };
+            tracing::info!(status = end.status.as_str(), written, "run ended");
+            Ok(RunOutcome {
+                run_id: ctx.run_id.clone(),
+                status: RunEnd::Finished(end.status),
+                written,
+                intent: end.intent,
+                rejection: None,
+                output: end.output,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Records the run's end, giving back its lease in the same commit. A run another
+    /// process took while this one finished its work (this one was presumed dead) keeps what
+    /// it learned; the new holder ends it, and the caller is told so.
+    async fn finish(&self, ctx: &mut Context, mut end: WorkflowEnd) -> Result<WorkflowEnd, WorkflowError> {
+        let detail = end.output.get("details").and_then(|d| d.get(0)).and_then(Value::as_str).map(str::to_owned);
+        let lease = ctx.lease.clone().map_or(LeaseUse::None, LeaseUse::Release);
+        let finish = Ask::finish_run(ctx.cause.clone().for_run(&ctx.run_id), ctx.run_id.clone(), end.status, detail);
+        match ctx.ask_under(finish, lease).await {
+            Ok(_) => {}
+            Err(LogError::Refused(refusal @ Refusal::Fenced { .. })) => {
+                tracing::warn!(%refusal, "the run was taken over; its new holder finishes it");
+                add_detail(&mut end.output, format!("{refusal}; the new holder finishes the run"));
+            }
+            Err(other) => return Err(other.into()),
+        }
+        if let Some(grant) = &ctx.lease {
+            self.runtime.lessee.forget(&grant.run_id);
+        }
+        Ok(end)
+    }
+
+    /// Reconciles one intent now (an operator's explicit request: even if not yet due), then
+    /// takes it as far as allowed (a proven absence past the window resends with the same key
+    /// when no secret is needed), under its run's lease ([`WorkflowError::Busy`] when another
+    /// process holds that run live).
+    ///
+    /// # Errors
+    ///
+    /// [`WorkflowError::Busy`]; the log's failure or refusal.
+    pub async fn reconcile(&self, key: &IntentKey, cause: Cause) -> Result<IntentOutcome, WorkflowError> {
+        let intent = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
+        let leased = Leased::for_its_run(&self.runtime, cause, &self.failpoints, intent.run_id.clone()).await?;
+        let outcome = async {
+            let reconcilable = intent.status == IntentStatus::OutcomeUnknown
+                || (intent.status == IntentStatus::Escalated && !intent.absence_proven);
+            if reconcilable && intent.capability.lookup {
+                let answer = leased.driver.reconcile_now(&intent).await?;
+                leased.driver.drive(answer, None).await
+            } else {
+                leased.driver.drive_from(&intent, None).await
+            }
+        }
+        .await;
+        leased.release().await?;
+        outcome
+    }
+
+    /// An operator's manual resolution of an unknown or escalated intent, checked with the
+    /// provider first when it can look effects up: an answer the lookup contradicts is refused
+    /// (nothing written) unless `override_reason` says why; where no lookup is possible the
+    /// recorded event says the resolution is unverified. `landed` is the provider's reference
+    /// proving the effect, `None` asserts it is absent.
+    ///
+    /// # Errors
+    ///
+    /// The ledger's refusal (wrong status, contradicted, …); the log's failure.
+    pub async fn resolve(
+        &self,
+        key: &IntentKey,
+        by: &str,
+        reason: &str,
+        landed: Option<String>,
+        override_reason: Option<String>,
+    ) -> Result<Intent, WorkflowError> {
+        let cause = Cause::operator(by);
+        let intent = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
+        let lookup = if intent.capability.lookup {
+            Some(self.runtime.provider.lookup(intent.definition.kind, key.as_str()).await)
+        } else {
+            None
+        };
+        let resolution = Resolution {
+            key: key.clone(),
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            landed,
+            lookup,
+            override_reason,
+        };
+        Ok(self.runtime.log.ask(Ask::resolve(cause, resolution)).await?.intent)
+    }
+
+    /// Recovery: every attempt without an outcome whose run no live process holds becomes
+    /// `outcome_unknown (crash)` exactly once, this process taking those runs' leases; then
+    /// unfinished runs are replayed and due reconciliations run. What another live process
+    /// holds is left to it and reported.
+    ///
+    /// # Errors
+    ///
+    /// The log's failure; a run that cannot be replayed.
+    pub async fn recover_and_resume(&self, cause: Cause) -> Result<ResumeReport, WorkflowError> {
+        let recover = Ask::recover(cause.clone(), self.runtime.lessee.owner().clone(), None);
+        let recovery = self.runtime.log.ask(recover).await?;
+        let mut report = ResumeReport {
+            recovered: recovery.recovered,
+            left_to_their_owner: recovery
+                .held_elsewhere
+                .iter()
+                .map(|(key, owner)| LeftAlone { subject: key.to_string(), held_by: owner.to_string() })
+                .collect(),
+            ..ResumeReport::default()
+        };
+        for grant in &recovery.claimed {
+            self.runtime.lessee.hold(grant);
+        }
+        self.failpoints.hit(Point::AfterRecover);
+        let resumed = self.resume_all(&cause, &mut report).await;
+        let still_held: Vec<LeaseGrant> =
+            recovery.claimed.into_iter().filter(|grant| self.runtime.lessee.grant(&grant.run_id).is_some()).collect();
+        release_runs(&*self.runtime.log, &self.runtime.lessee, &cause, still_held).await?;
+        resumed.map(|()| report)
+    }
+
+    /// Replays every unfinished workflow run, then reconciles what is due.
+    async fn resume_all(&self, cause: &Cause, report: &mut ResumeReport) -> Result<(), WorkflowError> {
+        let snapshot = self.runtime.log.ask(Ask::snapshot(cause.clone())).await?;
+        for run in snapshot.unfinished.into_iter().filter(|run| !run.is_agent()) {
+            match self.resume(&run, cause.clone()).await {
+                Ok(outcome) => report.resumed.push(outcome),
+                Err(WorkflowError::Busy(refusal)) => report
+                    .left_to_their_owner
+                    .push(LeftAlone { subject: run.run_id.to_string(), held_by: refusal.to_string() }),
+                Err(other) => return Err(other),
+            }
+        }
+        let (reconciled, busy) = self.reconcile_due_reporting(cause.clone()).await?;
+        report.reconciled = reconciled;
+        report.left_to_their_owner.extend(busy);
+        Ok(())
+    }
+
+    /// Reconciles every intent whose reconciliation is due, at most
+    /// [`limits::RECONCILE_PASS_MAX`] per pass; an intent whose run another live process
+    /// holds is left to it.
+    ///
+    /// # Errors
+    ///
+    /// The log's failure.
+    pub async fn reconcile_due(&self, cause: Cause) -> Result<Vec<IntentOutcome>, WorkflowError> {
+        Ok(self.reconcile_due_reporting(cause).await?.0)
+    }
+
+    async fn reconcile_due_reporting(
+        &self,
+        cause: Cause,
+    ) -> Result<(Vec<IntentOutcome>, Vec<LeftAlone>), WorkflowError> {
+        let mut outcomes = Vec::new();
+        let mut busy = Vec::new();
+        let due = self.runtime.log.ask(Ask::snapshot(cause.clone())).await?.due;
+        for key in due.into_iter().take(limits::RECONCILE_PASS_MAX) {
+            let intent = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
+            if !intent.reconcile_due(self.runtime.clock.now()) {
+                continue; // Someone else got to it first.
+            }
+            let leased = match Leased::for_its_run(
+                &self.runtime,
+                cause.clone(),
+                &self.failpoints,
+                intent.run_id.clone(),
+            )
+            .await
+            {
+                Ok(leased) => leased,
+                Err(WorkflowError::Busy(refusal)) => {
+                    busy.push(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() });
+                    continue;
+                }
+                Err(other) => return Err(other),
+            };
+            let outcome = leased.driver.drive_from(&intent, None).await;
+            leased.release().await?;
+            match outcome {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(WorkflowError::Busy(refusal)) => {
+                    busy.push(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() })
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Ok((outcomes, busy))
+    }
+}
+
+/// A run refused before anything was written.
+fn rejected(run_id: RunId, rejection: &Rejection) -> RunOutcome {
+    RunOutcome {
+        run_id,
+        status: RunEnd::Finished(RunStatus::Rejected),
+        written: false,
+        intent: None,
+        rejection: Some(rejection.clone()),
+        output: json!({ "status": "rejected", "code": rejection.code.as_str(), "details": rejection.details }),
+    }
+}
+
+/// A run that waits: what its caller is told meanwhile.
+fn suspended(ctx: &Context, reason: String, intent: Option<Box<IntentOutcome>>) -> RunOutcome {
+    let output = match intent.as_deref().map(outcome_json) {
+        Some(Ok(output)) => output,
+        _ => json!({ "status": "suspended", "details": [reason] }),
+    };
+    RunOutcome {
+        run_id: ctx.run_id.clone(),
+        status: RunEnd::Suspended,
+        written: ctx.started(),
+        intent: intent.map(|i| *i),
+        rejection: None,
+        output,
+    }
+}
+
+/// A run the executor stops (deadline, nondeterminism), with why.
+fn stopped(status: RunStatus, why: String) -> WorkflowEnd {
+    WorkflowEnd { status, output: json!({ "status": status.as_str(), "details": [why] }), intent: None }
+}
+
+/// Adds a detail line to a workflow's output.
+fn add_detail(output: &mut Value, detail: String) {
+    if let Some(details) = output.get_mut("details").and_then(Value::as_array_mut) {
+        details.push(Value::String(detail));
+    } else if let Some(map) = output.as_object_mut() {
+        map.insert("details".into(), json!([detail]));
+    }
+}
