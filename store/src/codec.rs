@@ -145,6 +145,14 @@ fn remove_if(map: &mut serde_json::Map<String, Value>, field: &str, expected: &s
 
 /// The event of a packed payload stored on `stream` with type `type_name`.
 pub(crate) fn unpack_payload(stream: &str, type_name: &str, bytes: &[u8], seq: u64) -> Result<Event> {
+    let payload = unpack_value(stream, type_name, bytes, seq)?;
+    Event::from_stored(type_name, &payload)
+        .map_err(|e| Error::corrupt(seq, format!("{type_name} payload does not decode: {e}")))
+}
+
+/// The whole payload (as JSON) of a packed payload stored on `stream` with type `type_name`:
+/// what [`pack_payload`] left out put back.
+fn unpack_value(stream: &str, type_name: &str, bytes: &[u8], seq: u64) -> Result<Value> {
     let mut payload =
         packed::decode(bytes).map_err(|e| Error::corrupt(seq, format!("payload does not unpack: {e}")))?;
     if let Value::Object(map) = &mut payload {
@@ -174,8 +182,7 @@ pub(crate) fn unpack_payload(stream: &str, type_name: &str, bytes: &[u8], seq: u
             }
         }
     }
-    Event::from_stored(type_name, &payload)
-        .map_err(|e| Error::corrupt(seq, format!("{type_name} payload does not decode: {e}")))
+    Ok(payload)
 }
 
 /// The chain hash of a decoded event, from its own fields and its stored previous hash.
@@ -431,6 +438,37 @@ pub(crate) fn first_event(conn: &Connection, stream_id: i64, name: &str) -> Resu
         .query_row([name], LegacyRow::from_row)
         .optional()?;
     legacy.map(LegacyRow::decode).transpose()
+}
+
+/// The type and whole payload (as JSON) of the first event of the stream with id
+/// `stream_id` named `name` — its `RunStarted` or `IntentReserved` — without building the
+/// event: what an entity row leaves out is read from it. Not hash-checked (`verify` checks
+/// every row's hash).
+pub(crate) fn first_payload(conn: &Connection, stream_id: i64, name: &str) -> Result<Option<(&'static str, Value)>> {
+    let compact: Option<(i64, i64, Vec<u8>)> = conn
+        .prepare_cached("SELECT seq, type, payload FROM events WHERE stream = ?1 AND stream_seq = 1")?
+        .query_row([stream_id], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .optional()?;
+    if let Some((seq, code, bytes)) = compact {
+        let seq = to_u64(seq, 0, "seq")?;
+        let type_name = type_name(code, seq)?;
+        return Ok(Some((type_name, unpack_value(name, type_name, &bytes, seq)?)));
+    }
+    let legacy: Option<(i64, String, String)> = conn
+        .prepare_cached("SELECT seq, type, payload FROM events_v1 WHERE stream = ?1 AND stream_seq = 1")?
+        .query_row([name], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .optional()?;
+    let Some((seq, stored_type, text)) = legacy else {
+        return Ok(None);
+    };
+    let seq = to_u64(seq, 0, "seq")?;
+    let type_name = TYPES
+        .iter()
+        .copied()
+        .find(|t| *t == stored_type)
+        .ok_or_else(|| Error::corrupt(seq, format!("unknown type {stored_type:?}")))?;
+    let payload = serde_json::from_str(&text).map_err(|e| Error::corrupt(seq, format!("payload is not JSON: {e}")))?;
+    Ok(Some((type_name, payload)))
 }
 
 /// The largest stored seq and its hash (0 and the genesis hash for an empty log).

@@ -11,10 +11,10 @@
 //! reservation) is read back from the stream's first event rather than stored twice. A run
 //! row keeps the whole `Run` but its id, which is its stream's name.
 
-use crate::codec::{self, first_event, micros, to_i64};
+use crate::codec::{self, first_payload, micros, to_i64};
 use crate::error::{Error, Result};
 use crate::packed;
-use engine::event::{Event, IntentKey, RunId};
+use engine::event::{IntentKey, RunId};
 use engine::ledger::{Intent, IntentStatus, Run};
 use engine::provider::EffectKind;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -156,15 +156,16 @@ impl IntentRecord {
             Value::Object(map) => map,
             _ => return Err(bad("state is not an object".to_owned())),
         };
-        let reserved = first_event(conn, self.stream, &self.name)?.ok_or_else(|| bad("no events".to_owned()))?;
-        if !matches!(reserved.event, Event::IntentReserved { .. }) {
-            return Err(bad(format!("its stream starts with {}", reserved.event.type_name())));
+        let (type_name, reservation) =
+            first_payload(conn, self.stream, &self.name)?.ok_or_else(|| bad("no events".to_owned()))?;
+        let Value::Object(mut reservation) = reservation else {
+            return Err(bad(format!("its {type_name} payload is not an object")));
+        };
+        if type_name != "IntentReserved" {
+            return Err(bad(format!("its stream starts with {type_name}")));
         }
         // The reservation's payload holds the definition (`intent`) and the reservation's
         // fields under the names the intent's state uses.
-        let Value::Object(mut reservation) = reserved.event.payload() else {
-            unreachable!("an event's payload is an object")
-        };
         if let Some(Value::Object(definition)) = reservation.remove("intent") {
             state.extend(definition);
         }
