@@ -22,15 +22,26 @@ use engine::ledger::fold::Entities;
 use engine::ledger::{Intent, Run, RunHistory, View};
 use rusqlite::Connection;
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Reads through the cache: stream ids, lengths and entities.
+///
+/// Besides the bounded cache it keeps every entity it loaded (`memo`) for as long as it
+/// lives — one command — so a command that reads more entities than the cache holds (a
+/// recovery pass: up to `RECOVERY_PASS_MAX` intents and their runs) loads each once, for its
+/// decision and for its fold. That memory is bounded by what one command may read.
 pub(crate) struct Store<'a> {
-    pub(crate) conn: &'a Connection,
-    pub(crate) cache: &'a RefCell<Cache>,
+    conn: &'a Connection,
+    cache: &'a RefCell<Cache>,
+    memo: RefCell<HashMap<i64, Entity>>,
 }
 
-impl Store<'_> {
+impl<'a> Store<'a> {
+    /// Reads on `conn` through `cache`, for one command (or one batch's replies).
+    pub(crate) fn new(conn: &'a Connection, cache: &'a RefCell<Cache>) -> Self {
+        Self { conn, cache, memo: RefCell::new(HashMap::new()) }
+    }
+
     /// The id of stream `name`, if it has one.
     pub(crate) fn id(&self, name: &StreamId) -> Result<Option<i64>> {
         if let Some(id) = self.cache.borrow_mut().id(name) {
@@ -72,10 +83,14 @@ impl Store<'_> {
     }
 
     fn cached(&self, id: i64) -> Option<Entity> {
+        if let Some(entity) = self.memo.borrow().get(&id) {
+            return Some(entity.clone());
+        }
         self.cache.borrow_mut().entry(id).and_then(|e| e.entity.clone())
     }
 
     fn keep(&self, id: i64, entity: Entity) {
+        self.memo.borrow_mut().insert(id, entity.clone());
         self.cache.borrow_mut().entry_or_default(id).entity = Some(entity);
     }
 

@@ -357,7 +357,7 @@ impl Writer {
     }
 
     fn store(&self) -> tx::Store<'_> {
-        tx::Store { conn: &self.conn, cache: &self.cache }
+        tx::Store::new(&self.conn, &self.cache)
     }
 
     fn run_batch(&mut self, jobs: &mut Vec<Job>) {
@@ -482,7 +482,7 @@ impl Writer {
             ));
         }
         if stored > known {
-            let store = tx::Store { conn: &self.conn, cache: &self.cache };
+            let store = tx::Store::new(&self.conn, &self.cache);
             let mut touched = Vec::new();
             let mut chain = self.chain.clone();
             codec::scan_events(&self.conn, known, |event| {
@@ -507,7 +507,7 @@ impl Writer {
 
     /// Decides one command and appends its events. `Ok(Err(refusal))`: nothing written.
     fn append_command(&mut self, command: &Command, now: DateTime<Utc>) -> Result<Outcome> {
-        let store = tx::Store { conn: &self.conn, cache: &self.cache };
+        let store = tx::Store::new(&self.conn, &self.cache);
         let leases = leases::TableView::new(&self.conn, &*self.owner_probe, self.lease_ttl_ms);
         let view = TxView::new(&store);
         let decided = engine::ledger::decide(&view, &leases, command, now);
