@@ -145,3 +145,31 @@ fn eight_stores_opening_a_new_file_at_once_all_succeed() {
         }
     }
 }
+
+#[test]
+fn a_cached_entity_is_dropped_when_another_process_appends_to_its_stream() {
+    let fixture = Fixture::new();
+    let other = fixture.second_store();
+    // This store reserves the intent and keeps it (and its run) in its cache.
+    let (reserved, _) = intent_of(fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))));
+    assert_eq!(reserved.status, IntentStatus::Reserved);
+    // The other process moves it on: an attempt, then its success.
+    intent_of(other.execute_blocking(start_attempt("run-1", "intent-000001")));
+    intent_of(other.execute_blocking(succeed("intent-000001", 1, 100)));
+    // Deciding from its cache, this store would see it reserved and start attempt 1 again;
+    // its catch-up dropped the cached entity, so it sees the validated intent instead.
+    let again = fixture.store.execute_blocking(start_attempt("run-1", "intent-000001"));
+    assert!(
+        !matches!(again, Err(engine::log::LogError::Unavailable { .. })),
+        "decided on a stale view, the append would have collided: {again:?}"
+    );
+    assert_eq!(fixture.store.stats().failed_batches, 0);
+    let observed = fixture.store.execute_blocking(engine::ledger::Command::new(
+        engine::event::Cause::command("test"),
+        engine::ledger::Action::Observe { key: key("intent-000001") },
+    ));
+    let (intent, _) = intent_of(observed);
+    assert_eq!((intent.status, intent.attempts), (IntentStatus::Validated, 1));
+    other.shutdown().expect("shutdown");
+    assert!(fixture.store.reader().expect("reader").verify().expect("verify").is_ok());
+}
