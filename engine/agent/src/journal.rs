@@ -15,8 +15,9 @@
 use super::event::{AgentEvent, AgentState};
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::lease::{LeaseGrant, LeaseUse, Lessee};
-use engine::ledger::{Action, AgentRunStart, Command, Refusal, Reply, SpineRequest};
-use engine::log::{EventLog, LogError};
+use engine::ledger::{AgentRunStart, Refusal, SpineRequest};
+use engine::log::{AgentBatch, Ask, Asking, EventLog, LogError};
+
 use engine::provider::BoxFuture;
 use std::sync::{Arc, Mutex};
 
@@ -87,10 +88,6 @@ impl LogJournal {
         Self { log, run_id, cause, start, lessee, state: Mutex::new(AgentState::default()) }
     }
 
-    fn command(&self, action: Action) -> Command {
-        Command::new(self.cause.clone(), action)
-    }
-
     fn state(&self) -> std::sync::MutexGuard<'_, AgentState> {
         self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -158,14 +155,15 @@ impl AgentJournal for LogJournal {
                 .iter()
                 .map(|event| serde_json::to_value(event).expect("an agent fact serializes: plain data"))
                 .collect();
-            let action = Action::RecordAgentEntries {
+            let batch = AgentBatch {
                 run_id: self.run_id.clone(),
                 position,
                 entries,
                 start: self.run_start(&events),
                 spine: spine_requests(&events),
             };
-            self.log.execute(self.command(action).under(lease)).await.map_err(|e| unavailable(&e))?;
+            let record = Ask::record_agent_entries(self.cause.clone(), batch).under(lease);
+            self.log.ask(record).await.map_err(|e| unavailable(&e))?;
             *self.state() = folded;
             match grant {
                 Some(_) if stops => self.lessee.forget(&self.run_id),
@@ -180,11 +178,10 @@ impl AgentJournal for LogJournal {
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Vec<AgentEvent>, JournalError>> {
-        let action = Action::LoadRun { run_id: self.run_id.clone() };
+        let load = Ask::load_run(self.cause.clone(), self.run_id.clone());
         Box::pin(async move {
-            let entries = match self.log.execute(self.command(action)).await {
-                Ok(Reply::History(history)) => history.agent_entries,
-                Ok(_) => return Err(JournalError::Unavailable { detail: "loading a run did not return it".into() }),
+            let entries = match self.log.ask(load).await {
+                Ok(history) => history.agent_entries,
                 Err(LogError::Refused(Refusal::UnknownRun(_))) => Vec::new(),
                 Err(error) => return Err(unavailable(&error)),
             };
@@ -270,6 +267,7 @@ mod tests {
     use crate::AgentStatus;
     use engine::clock::ManualClock;
     use engine::event::Event;
+    use engine::ledger::{Action, Command, Reply};
     use engine::memory::MemoryLog;
 
     fn started(run_id: &str) -> AgentEvent {

@@ -262,7 +262,15 @@ impl Executor {
         }
         .await;
         leased.release().await?;
-        outcome
+        match outcome {
+            // The lookup was made; a resend its run has no time left to reconcile is not
+            // started, and the intent is reported where it stands.
+            Err(WorkflowError::DeadlineExceeded(why)) => {
+                let now = self.runtime.log.ask(Ask::observe(Cause::command("reconcile"), key.clone())).await?.intent;
+                Ok(IntentOutcome::of(&now, false).with_detail(why))
+            }
+            other => other,
+        }
     }
 
     /// An operator's manual resolution of an unknown or escalated intent, checked with the
@@ -391,6 +399,12 @@ impl Executor {
             leased.release().await?;
             match outcome {
                 Ok(outcome) => outcomes.push(outcome),
+                // A resend its run has no time left to reconcile is not started: the intent
+                // stays where it is, and recovery goes on with the others.
+                Err(WorkflowError::DeadlineExceeded(why)) => {
+                    let now = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
+                    outcomes.push(IntentOutcome::of(&now, false).with_detail(why));
+                }
                 Err(WorkflowError::Busy(refusal)) => {
                     busy.push(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() })
                 }

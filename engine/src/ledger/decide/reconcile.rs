@@ -142,10 +142,8 @@ fn after_lookup(
                         Some(("absent, but only before the request was certainly over".to_owned(), false)),
                     )
                 } else {
-                    // Too early to believe: look again once the absence can be proof, and not
-                    // before the backoff (the provider is not hammered).
-                    let reconcile_after = window_end.max(after_backoff_from(now, reconciliation + 1));
-                    (AfterLookup::RetryAt { reconcile_after }, None)
+                    // Too early to believe: look again the moment the absence can be proof.
+                    (AfterLookup::RetryAt { reconcile_after: window_end }, None)
                 }
             } else if intent.attempts_spent() >= intent.attempts_max {
                 (
