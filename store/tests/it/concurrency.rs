@@ -151,7 +151,8 @@ fn a_cached_entity_is_dropped_when_another_process_appends_to_its_stream() {
     let fixture = Fixture::new();
     let other = fixture.second_store();
     // This store reserves the intent and keeps it (and its run) in its cache.
-    let (reserved, _) = intent_of(fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))));
+    let (reserved, _) =
+        intent_of(fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))));
     assert_eq!(reserved.status, IntentStatus::Reserved);
     // The other process moves it on: an attempt, then its success.
     intent_of(other.execute_blocking(start_attempt("run-1", "intent-000001")));
