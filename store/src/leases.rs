@@ -1,4 +1,5 @@
-//! The `leases` table: who holds each run, its fencing token, and until when.
+//! The `leases` table: who holds each run, its fencing token, and until when (a run by its
+//! stream id, a holder by its id in `owners`).
 //!
 //! Owns [`TableView`], the [`LeaseView`] the ledger reads inside the writer's transaction,
 //! and [`apply`], which writes a decision's [`LeaseEffect`]s in the same transaction as its
@@ -33,8 +34,11 @@ impl<'a> TableView<'a> {
     fn read(&self, run_id: &RunId) -> Result<Option<LeaseRow>> {
         let row: Option<(String, i64, Option<String>)> = self
             .conn
-            .prepare_cached("SELECT owner, token, expires_at FROM leases WHERE run_id = ?1")?
-            .query_row([run_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .prepare_cached(
+                "SELECT o.owner, l.token, l.expires_at FROM leases l JOIN owners o ON o.id = l.owner \
+                 WHERE l.run = (SELECT id FROM streams WHERE name = ?1)",
+            )?
+            .query_row([run_id.stream().as_str()], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
             .optional()?;
         let Some((owner, token, expires_at)) = row else {
             return Ok(None);
@@ -68,24 +72,46 @@ impl LeaseView for TableView<'_> {
     }
 }
 
-/// Writes lease changes, in order, inside the caller's transaction.
+/// Writes lease changes, in order, inside the caller's transaction. A run's stream gets its
+/// id here if the lease comes before its first event (a run started with its lease).
 pub(crate) fn apply(conn: &Connection, effects: &[LeaseEffect]) -> Result<()> {
     for effect in effects {
         match effect {
             LeaseEffect::Hold { run_id, owner, token, expires_at } => {
+                let run = crate::codec::ensure_stream(conn, run_id.stream().as_str())?;
                 let owner = serde_json::to_string(owner).expect("a lease owner serializes: plain fields");
                 conn.prepare_cached(
-                    "INSERT INTO leases (run_id, owner, token, expires_at) VALUES (?1, ?2, ?3, ?4) \
-                     ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
+                    "INSERT INTO leases (run, owner, token, expires_at) VALUES (?1, ?2, ?3, ?4) \
+                     ON CONFLICT (run) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
                      expires_at = excluded.expires_at",
                 )?
-                .execute(params![run_id.as_str(), owner, to_i64(*token), format_time(*expires_at)])?;
+                .execute(params![
+                    run,
+                    owner_id(conn, &owner)?,
+                    to_i64(*token),
+                    format_time(*expires_at)
+                ])?;
             }
             LeaseEffect::Release { run_id } => {
-                conn.prepare_cached("UPDATE leases SET expires_at = NULL WHERE run_id = ?1")?
-                    .execute([run_id.as_str()])?;
+                conn.prepare_cached(
+                    "UPDATE leases SET expires_at = NULL WHERE run = (SELECT id FROM streams WHERE name = ?1)",
+                )?
+                .execute([run_id.stream().as_str()])?;
             }
         }
     }
     Ok(())
+}
+
+/// The id of a holder, given the next one if it has none yet.
+fn owner_id(conn: &Connection, owner: &str) -> Result<i64> {
+    let found: Option<i64> = conn
+        .prepare_cached("SELECT id FROM owners WHERE owner = ?1")?
+        .query_row([owner], |row| row.get(0))
+        .optional()?;
+    if let Some(id) = found {
+        return Ok(id);
+    }
+    conn.prepare_cached("INSERT INTO owners (owner) VALUES (?1)")?.execute([owner])?;
+    Ok(conn.last_insert_rowid())
 }

@@ -310,6 +310,37 @@ UPDATE meta SET value = 'sha256 over canonical JSON of (prev, seq, stream, strea
     WHERE key = 'hash_chain';
 "#;
 
+/// Version 4: compact lease rows. A lease names its run by stream id and its holder by an id
+/// in `owners` (a process holds many runs: its host, pid, start time and nonce were repeated in
+/// every row), so a run's lease costs a few bytes instead of about 150.
+const V4: &str = r#"
+-- Lease holders (`engine::lease::LeaseOwner` as JSON), one row per process that ever held a
+-- run. The UNIQUE index serves the writer's lookup of a holder's id.
+CREATE TABLE owners (
+    id    INTEGER PRIMARY KEY,
+    owner TEXT    NOT NULL UNIQUE
+) STRICT;
+
+-- One row per run ever leased; a released hold keeps its row (and its token, so the next
+-- claim takes the one after) with no expiry. Read by primary key when a command writes for a
+-- run (the fencing check) or claims one (`ClaimRun`, `Recover`).
+CREATE TABLE leases_v4 (
+    run        INTEGER PRIMARY KEY REFERENCES streams (id),
+    owner      INTEGER NOT NULL REFERENCES owners (id),
+    token      INTEGER NOT NULL CHECK (token >= 1),
+    expires_at TEXT
+) STRICT;
+
+INSERT INTO owners (owner) SELECT DISTINCT owner FROM leases ORDER BY owner;
+INSERT OR IGNORE INTO streams (name) SELECT 'run:' || run_id FROM leases ORDER BY run_id;
+INSERT INTO leases_v4 (run, owner, token, expires_at)
+    SELECT s.id, o.id, l.token, l.expires_at FROM leases l
+    JOIN streams s ON s.name = 'run:' || l.run_id
+    JOIN owners o ON o.owner = l.owner;
+DROP TABLE leases;
+ALTER TABLE leases_v4 RENAME TO leases;
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -323,6 +354,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V1, then: None },
     Migration { sql: V2, then: None },
     Migration { sql: V3, then: Some(rebuild_entities) },
+    Migration { sql: V4, then: None },
 ];
 
 /// The schema version this build writes and reads.

@@ -184,3 +184,54 @@ fn a_corrupt_version_2_file_is_refused_by_its_migration() {
     let opened = Store::open(&path, Options::default(), Arc::new(ManualClock::new(start())));
     assert!(matches!(opened, Err(store::Error::Corrupt { seq: 3, .. })), "{opened:?}");
 }
+
+#[test]
+fn version_3_leases_keep_their_holder_token_and_expiry_in_version_4() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("v3.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).expect("creates the file");
+        let tx = conn.transaction().expect("a transaction");
+        for migration in &MIGRATIONS[..3] {
+            tx.execute_batch(migration.sql).expect("the old migrations");
+            if let Some(then) = migration.then {
+                then(&tx).expect("its Rust half");
+            }
+        }
+        tx.pragma_update(None, "user_version", 3).expect("version 3");
+        let owner = r#"{"host":"h","nonce":"n","pid":7,"started":9}"#;
+        for (run, token, expires) in [("r1", 3, Some("2025-03-01T12:00:00.000000Z")), ("r2", 1, None)] {
+            tx.execute(
+                "INSERT INTO leases (run_id, owner, token, expires_at) VALUES (?1, ?2, ?3, ?4)",
+                rusqlite::params![run, owner, token, expires],
+            )
+            .expect("a version-3 lease");
+        }
+        tx.commit().expect("commit");
+    }
+    Store::open(&path, Options::default(), Arc::new(ManualClock::new(start())))
+        .expect("migrates")
+        .shutdown()
+        .expect("shutdown");
+    let raw = rusqlite::Connection::open(&path).expect("raw");
+    let rows: Vec<(String, String, i64, Option<String>)> = raw
+        .prepare(
+            "SELECT s.name, o.owner, l.token, l.expires_at FROM leases l JOIN streams s ON s.id = l.run \
+             JOIN owners o ON o.id = l.owner ORDER BY s.name",
+        )
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    let owner = r#"{"host":"h","nonce":"n","pid":7,"started":9}"#.to_owned();
+    assert_eq!(
+        rows,
+        [
+            ("run:r1".to_owned(), owner.clone(), 3, Some("2025-03-01T12:00:00.000000Z".to_owned())),
+            ("run:r2".to_owned(), owner, 1, None),
+        ]
+    );
+    let owners: i64 = raw.query_row("SELECT count(*) FROM owners", [], |r| r.get(0)).expect("count");
+    assert_eq!(owners, 1, "one holder, one row");
+}
