@@ -517,6 +517,11 @@ fn two_calls_with_one_id_are_refused_as_a_correction_never_dropped() {
     let first = &state.turns[0];
     assert_eq!(first.results.len(), 1, "one result for the one id");
     assert!(first.results[0].content.contains("toolu_dup"), "the model is told which id: {}", first.results[0].content);
+    assert!(
+        first.results[0].content.contains("2 tool calls of this answer use the id"),
+        "and how many calls share it: {}",
+        first.results[0].content
+    );
 }
 
 #[test]

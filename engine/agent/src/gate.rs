@@ -141,17 +141,24 @@ pub trait EffectGate: Send + Sync {
 /// An in-memory [`EffectGate`] for tests, as `MemoryJournal` is for the journal: one payload
 /// fingerprint per intent key, so a repeated call is deduplicated and a changed one refused
 /// `intent_payload_mismatch`, as the spine answers; every approval check gets the one answer
-/// it was built with; nothing is settled. It checks no money and no reference.
+/// it was built with; what each effect was settled with is kept, in order, for the test to
+/// read. It checks no money and no reference.
 #[derive(Debug)]
 pub struct MemoryGate {
     intents: Mutex<BTreeMap<String, String>>,
     approval: ApprovalDecision,
+    settled: Mutex<Vec<EffectOutcome>>,
 }
 
 impl MemoryGate {
     /// A gate that answers every approval check with `approval`.
     pub fn new(approval: ApprovalDecision) -> Self {
-        Self { intents: Mutex::new(BTreeMap::new()), approval }
+        Self { intents: Mutex::new(BTreeMap::new()), approval, settled: Mutex::new(Vec::new()) }
+    }
+
+    /// What the effects that went through this gate were settled with, oldest first.
+    pub fn settled(&self) -> Vec<EffectOutcome> {
+        self.settled.lock().expect("the gate's lock is never held across a panic").clone()
     }
 }
 
@@ -184,7 +191,8 @@ impl EffectGate for MemoryGate {
         Box::pin(async move { self.approval.clone() })
     }
 
-    fn settle<'a>(&'a self, _ticket: &'a EffectTicket, _outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
+    fn settle<'a>(&'a self, _ticket: &'a EffectTicket, outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
+        self.settled.lock().expect("the gate's lock is never held across a panic").push(outcome.clone());
         Box::pin(async {})
     }
 }

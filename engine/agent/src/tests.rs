@@ -639,3 +639,144 @@ fn agent_events_round_trip_through_json() {
         assert_eq!(serde_json::from_str::<AgentEvent>(&text).expect("deserializes"), event);
     }
 }
+
+// ----- issue 14: what cargo-mutants found unchecked in the guard ---------------------------------
+
+/// A registry whose `read_ticket` and `refund` never return; `refund` first cancels the run
+/// when its amount is 1 (the caller's ctrl-c arriving while the effect is at the provider).
+fn hanging_registry(cancel: &Cancellation) -> Registry {
+    let mut registry = Registry::new();
+    registry
+        .register(Tool::new(read_spec(), |_: TicketArgs, _| std::future::pending::<ToolOutput>()))
+        .expect("read_ticket registers");
+    let cancel = cancel.clone();
+    let refund = ToolSpec {
+        name: "refund".into(),
+        description: "Refunds the ticket's order.".into(),
+        version: "1".into(),
+        schema: json!({"type":"object","properties":{
+            "idempotency_key":{"type":"string"},"amount_minor":{"type":"integer"},"currency":{"type":"string"}},
+            "required":["idempotency_key","amount_minor","currency"],"additionalProperties":false}),
+        capability: "order.refund".into(),
+        effect: EffectClass::Irreversible,
+        approval: ApprovalPolicy::Never,
+    };
+    let tool = Tool::new(refund, move |args: RefundArgs, _| {
+        if args.amount_minor == 1 {
+            cancel.cancel();
+        }
+        std::future::pending::<ToolOutput>()
+    })
+    .intent(|a: &RefundArgs| EffectIntent {
+        operation: "refund".into(),
+        tenant: "t1".into(),
+        intent_id: a.idempotency_key.clone(),
+        reference: "C-1042".into(),
+        payload: json!({"order":"C-1042","amount_minor":a.amount_minor,"currency":a.currency}),
+        amount_minor: Some(a.amount_minor),
+        currency: Some(a.currency.clone()),
+    });
+    registry.register(tool).expect("refund registers");
+    registry
+}
+
+#[tokio::test]
+async fn agent_a_call_cut_short_stops_the_run_and_an_effect_cut_short_is_left_unknown() {
+    // (the call, the run's status, what the effect's intent is settled with)
+    let cases: [(Step, AgentStatus, Option<&str>); 3] = [
+        (calls("c1", "read_ticket", r#"{"input":42}"#), AgentStatus::DeadlineExceeded, None),
+        (refund("c1", "k1", 500, "EUR"), AgentStatus::OutcomeUnknown, Some("deadline passed")),
+        (refund("c1", "k1", 1, "EUR"), AgentStatus::Cancelled, Some("the caller interrupted")),
+    ];
+    for (step, status, settled) in cases {
+        let mut rig = Rig::new();
+        rig.registry = hanging_registry(&rig.cancel);
+        let journal = MemoryJournal::new();
+        let outcome = go(&rig, &journal, &Script::new(vec![step]), AgentLimits::default(), ALL).await;
+        assert_eq!(outcome.status, status);
+        let state = AgentState::from_events(&journal.events());
+        let results: Vec<ToolOutcome> = state.results().map(|r| r.outcome).collect();
+        assert_eq!(results, [ToolOutcome::Interrupted], "{status:?}: the call has its one result");
+        let details: Vec<String> = rig
+            .gate
+            .settled()
+            .iter()
+            .map(|o| match o {
+                EffectOutcome::Unknown { detail } => detail.clone(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        match settled {
+            None => assert!(details.is_empty(), "a read has no intent to settle: {details:?}"),
+            Some(why) => {
+                assert_eq!(details.len(), 1, "{status:?}: {details:?}");
+                assert!(details[0].contains(why), "{status:?}: the intent says why it is unknown: {details:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn agent_a_long_tool_result_is_cut_at_a_character_boundary_and_says_how_much() {
+    let max = engine::limits::AGENT_TOOL_RESULT_MAX_BYTES;
+    let at_the_bound = "x".repeat(max);
+    // One ASCII byte, then two-byte characters: the bound falls inside one of them.
+    let over = format!("a{}", "é".repeat(max / 2 + 1_000));
+    let (exact, long) = (at_the_bound.clone(), over.clone());
+    let mut rig = Rig::new();
+    let mut registry = Registry::new();
+    registry
+        .register(Tool::new(read_spec(), move |args: TicketArgs, _| {
+            let text = if args.input == 1 { exact.clone() } else { long.clone() };
+            async move { ToolOutput::ok(text) }
+        }))
+        .expect("read_ticket registers");
+    rig.registry = registry;
+    let journal = MemoryJournal::new();
+    let script = Script::new(vec![
+        calls("c1", "read_ticket", r#"{"input":1}"#),
+        calls("c2", "read_ticket", r#"{"input":2}"#),
+        says("Done."),
+    ]);
+    go(&rig, &journal, &script, AgentLimits::default(), ALL).await;
+    let state = AgentState::from_events(&journal.events());
+    let contents: Vec<String> = state.results().map(|r| r.content.clone()).collect();
+    assert_eq!(contents.len(), 2);
+    assert_eq!(contents[0], at_the_bound, "a result of exactly the bound is kept whole");
+    let cut = max - 1; // the last character boundary at or below the bound
+    assert!(over.is_char_boundary(cut) && !over.is_char_boundary(max));
+    assert_eq!(contents[1], format!("{}\n[{} bytes omitted]", &over[..cut], over.len() - cut));
+}
+
+#[tokio::test]
+async fn agent_a_wait_after_one_that_ended_is_recorded_and_ends_like_the_first() {
+    let count = |events: &[AgentEvent], name: &str| events.iter().filter(|e| e.type_name() == name).count();
+    let steps = || vec![refund("c1", "k1", 20_000, "EUR"), says("ok")];
+    // The refund is above the threshold: the run suspends, waiting for a human.
+    let mut rig = Rig::new();
+    rig.gate = MemoryGate::new(ApprovalDecision::Pending);
+    let journal = MemoryJournal::new();
+    let outcome = go(&rig, &journal, &Script::new(steps()), AgentLimits::default(), ALL).await;
+    assert_eq!(outcome.status, AgentStatus::AwaitingApproval);
+    // Approved: the wait ends — and the process dies right after, before the refund ran. (A
+    // fresh gate per process: the fake's memory of reservations is not the spine's.)
+    let rig = Rig::new();
+    let resumed = MemoryJournal::with_events(journal.events());
+    go(&rig, &resumed, &Script::skipping(steps(), 1), AgentLimits::default(), ALL).await;
+    let events = resumed.events();
+    let ended = events.iter().position(|e| e.type_name() == "ApprovalWaitEnded").expect("the wait ended");
+    let survived = MemoryJournal::with_events(events[..=ended].to_vec());
+    // Resumed once the approval lapsed: a second wait, recorded like the first.
+    let mut rig = Rig::new();
+    rig.gate = MemoryGate::new(ApprovalDecision::Pending);
+    let outcome = go(&rig, &survived, &Script::skipping(steps(), 1), AgentLimits::default(), ALL).await;
+    assert_eq!(outcome.status, AgentStatus::AwaitingApproval);
+    let events = survived.events();
+    assert_eq!((count(&events, "ApprovalAwaited"), count(&events, "ApprovalWaitEnded")), (2, 1), "{events:#?}");
+    // The human approves again: the second wait ends too, and the run goes on.
+    let rig = Rig::new();
+    go(&rig, &survived, &Script::skipping(steps(), 1), AgentLimits::default(), ALL).await;
+    let events = survived.events();
+    assert_eq!(count(&events, "ApprovalWaitEnded"), 2, "{events:#?}");
+    assert_eq!(rig.refunds(), 1, "refunded once, after the second approval");
+}

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Mutation testing of the decision code (issue 14): cargo-mutants over the files and with the
+# tests that `.cargo/mutants.toml` names. Not part of CI in full: on two cores a mutant costs
+# 30–60 s (an incremental build of the workspace, then the fast suites), so the whole scope
+# takes hours. Narrow it with `--re`, a regex over the mutant names that `--list` prints
+# (`FILE:LINE:COL: replace … in FUNCTION`); `--file` cannot narrow, it adds to the config's
+# globs:
+#
+#   tests/mutants.sh --list                                        # what would be generated
+#   tests/mutants.sh --re 'engine/src/agent/guard\.rs:'            # one file
+#   tests/mutants.sh --re 'in Ledger::(resolve_lookup|decide_start_attempt)'   # functions
+#   tests/mutants.sh --shard 3/10                                  # a tenth of everything
+#   tests/mutants.sh --iterate ...                                 # only what was not caught last time
+#   tests/mutants.sh --in-place ...                                # mutate this tree, no copy
+#
+# Without `--in-place` cargo-mutants copies the tree and builds it from scratch once (a few
+# minutes); `--in-place` reuses ./target but leaves a mutant in the sources if it is killed
+# hard (`git diff` shows it). cargo-mutants 27 also keeps one "delete field" mutant of
+# `engine/src/executor.rs` whatever `--re` says.
+#
+# Results land in mutants.out/ (caught.txt, missed.txt, timeout.txt, unviable.txt). Each
+# mutant's tests are bounded by MUTANTS_TIMEOUT_S (default 180 s); a mutant that loops
+# forever is reported as a timeout, not waited for. The proptest model runs
+# PROPTEST_CASES (default 100) cases without shrinking: a mutant needs one failing case.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v cargo-mutants >/dev/null 2>&1; then
+    echo "cargo-mutants is not installed: cargo install cargo-mutants --locked" >&2
+    exit 2
+fi
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+    echo "cargo-nextest is not installed: cargo install cargo-nextest --locked" >&2
+    exit 2
+fi
+
+export PROPTEST_CASES="${PROPTEST_CASES:-100}"
+export PROPTEST_MAX_SHRINK_ITERS="${PROPTEST_MAX_SHRINK_ITERS:-0}"
+exec cargo mutants --workspace --timeout "${MUTANTS_TIMEOUT_S:-180}" "$@"
