@@ -257,6 +257,19 @@ impl Lessee {
         self.book().remove(run_id);
     }
 
+    /// Forgets `grant` if it is still the one held for its run; says whether it was. A
+    /// renewal that raced with this process's own release (or with a fresh claim of the same
+    /// run under a new token) must neither report the run lost nor drop the newer grant.
+    pub fn forget_grant(&self, grant: &LeaseGrant) -> bool {
+        let mut book = self.book();
+        if book.get(&grant.run_id) == Some(&grant.token) {
+            book.remove(&grant.run_id);
+            true
+        } else {
+            false
+        }
+    }
+
     /// Every grant held, in run order (what the renewal loop renews).
     pub fn grants(&self) -> Vec<LeaseGrant> {
         self.book().iter().map(|(run_id, &token)| LeaseGrant { run_id: run_id.clone(), token }).collect()
@@ -279,6 +292,23 @@ mod tests {
 
     fn at(seconds: i64) -> DateTime<Utc> {
         DateTime::from_timestamp(seconds, 0).expect("a valid instant")
+    }
+
+    #[test]
+    fn a_grant_is_forgotten_only_while_it_is_the_one_held() {
+        let lessee = Lessee::new(owner(1));
+        let run_id = RunId::new("run-1");
+        let first = LeaseGrant { run_id: run_id.clone(), token: 1 };
+        let second = LeaseGrant { run_id: run_id.clone(), token: 2 };
+        // Given back before the renewal answered: not held, so not a loss.
+        assert!(!lessee.forget_grant(&first));
+        // Claimed again under a new token: the stale renewal must not drop the new grant.
+        lessee.hold(&second);
+        assert!(!lessee.forget_grant(&first));
+        assert_eq!(lessee.grant(&run_id), Some(second.clone()));
+        // Still the one held: lost for real, and forgotten.
+        assert!(lessee.forget_grant(&second));
+        assert_eq!(lessee.grant(&run_id), None);
     }
 
     #[test]

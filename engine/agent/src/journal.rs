@@ -162,16 +162,17 @@ impl AgentJournal for LogJournal {
                 start: self.run_start(&events),
                 spine: spine_requests(&events),
             };
+            // A lease given back leaves the book before the release is asked for, so a
+            // renewal answered after it never mistakes it for a takeover.
+            if grant.is_some() && stops {
+                self.lessee.forget(&self.run_id);
+            }
             let record = Ask::record_agent_entries(self.cause.clone(), batch).under(lease);
             self.log.ask(record).await.map_err(|e| unavailable(&e))?;
             *self.state() = folded;
-            match grant {
-                Some(_) if stops => self.lessee.forget(&self.run_id),
-                // The first batch of a new run started it under this process's lease.
-                None if !stops && position == 0 && self.start.is_some() => {
-                    self.lessee.hold(&LeaseGrant { run_id: self.run_id.clone(), token: 1 })
-                }
-                _ => {}
+            // The first batch of a new run started it under this process's lease.
+            if grant.is_none() && !stops && position == 0 && self.start.is_some() {
+                self.lessee.hold(&LeaseGrant { run_id: self.run_id.clone(), token: 1 });
             }
             Ok(())
         })

@@ -48,8 +48,10 @@ pub async fn release_runs(
 }
 
 /// Renews every lease `lessee` holds; returns the runs it lost to another process (whose
-/// later writes from here will be fenced). The binary calls it at a third of the lease's
-/// time to live.
+/// later writes from here will be fenced). A grant this process gave back (or replaced)
+/// while the renewal was on its way is not a loss: only a grant still held when the answer
+/// comes is forgotten and reported. The binary calls it at a third of the lease's time to
+/// live.
 ///
 /// # Errors
 ///
@@ -59,9 +61,11 @@ pub async fn renew_leases(log: &dyn EventLog, lessee: &Lessee, cause: &Cause) ->
     if grants.is_empty() {
         return Ok(Vec::new());
     }
-    let renewal = log.ask(Ask::renew_leases(cause.clone(), lessee.owner().clone(), grants)).await?;
-    for run_id in &renewal.lost {
-        lessee.forget(run_id);
-    }
-    Ok(renewal.lost)
+    let renewal = log.ask(Ask::renew_leases(cause.clone(), lessee.owner().clone(), grants.clone())).await?;
+    let lost = grants
+        .iter()
+        .filter(|grant| renewal.lost.contains(&grant.run_id) && lessee.forget_grant(grant))
+        .map(|grant| grant.run_id.clone())
+        .collect();
+    Ok(lost)
 }

@@ -224,6 +224,11 @@ impl Executor {
     async fn finish(&self, ctx: &mut Context, mut end: WorkflowEnd) -> Result<WorkflowEnd, WorkflowError> {
         let detail = end.output.get("details").and_then(|d| d.get(0)).and_then(Value::as_str).map(str::to_owned);
         let lease = ctx.lease.clone().map_or(LeaseUse::None, LeaseUse::Release);
+        // Out of the book before the release is asked for, so a renewal answered after the
+        // release never mistakes it for a takeover.
+        if let Some(grant) = &ctx.lease {
+            self.runtime.lessee.forget(&grant.run_id);
+        }
         let finish = Ask::finish_run(ctx.cause.clone().for_run(&ctx.run_id), ctx.run_id.clone(), end.status, detail);
         match ctx.ask_under(finish, lease).await {
             Ok(_) => {}
@@ -232,9 +237,6 @@ impl Executor {
                 add_detail(&mut end.output, format!("{refusal}; the new holder finishes the run"));
             }
             Err(other) => return Err(other.into()),
-        }
-        if let Some(grant) = &ctx.lease {
-            self.runtime.lessee.forget(&grant.run_id);
         }
         Ok(end)
     }
