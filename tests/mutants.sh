@@ -7,8 +7,8 @@
 # globs:
 #
 #   tests/mutants.sh --list                                        # what would be generated
-#   tests/mutants.sh --re 'engine/src/agent/guard\.rs:'            # one file
-#   tests/mutants.sh --re 'in Ledger::(resolve_lookup|decide_start_attempt)'   # functions
+#   tests/mutants.sh --re 'engine/agent/src/guard\.rs:'            # one file
+#   tests/mutants.sh --re 'in Decider::(reserve|reserve_again)'   # functions
 #   tests/mutants.sh --shard 3/10                                  # a tenth of everything
 #   tests/mutants.sh --iterate ...                                 # only what was not caught last time
 #   tests/mutants.sh --in-place ...                                # mutate this tree, no copy
@@ -16,7 +16,7 @@
 # Without `--in-place` cargo-mutants copies the tree and builds it from scratch once (a few
 # minutes); `--in-place` reuses ./target but leaves a mutant in the sources if it is killed
 # hard (`git diff` shows it). cargo-mutants 27 also keeps one "delete field" mutant of
-# `engine/src/executor.rs` whatever `--re` says.
+# `engine/src/executor/driver.rs` whatever `--re` says.
 #
 # Results land in mutants.out/ (caught.txt, missed.txt, timeout.txt, unviable.txt). Each
 # mutant's tests are bounded by MUTANTS_TIMEOUT_S (default 180 s); a mutant that loops
