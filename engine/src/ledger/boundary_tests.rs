@@ -272,7 +272,7 @@ fn rows() -> Vec<Row> {
 }
 
 /// No run is leased: the table is about the intent lifecycle, fencing has its own tests.
-struct NoLeases;
+pub(super) struct NoLeases;
 
 impl LeaseView for NoLeases {
     fn holder(&self, _run_id: &crate::event::RunId) -> Option<LeaseRow> {

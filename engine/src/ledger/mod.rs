@@ -44,4 +44,6 @@ pub use whole::Ledger;
 #[cfg(test)]
 mod boundary_tests;
 #[cfg(test)]
+mod reserve_tests;
+#[cfg(test)]
 mod tests;
