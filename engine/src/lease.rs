@@ -295,6 +295,28 @@ mod tests {
     }
 
     #[test]
+    fn the_book_holds_every_grant_in_run_order_until_it_is_forgotten() {
+        let lessee = Lessee::new(owner(1));
+        let grant = |run: &str, token| LeaseGrant { run_id: RunId::new(run), token };
+        lessee.hold(&grant("run-b", 4));
+        lessee.hold(&grant("run-a", 2));
+        // Every clone shares the one book: the renewal loop sees what the executor holds.
+        let renewal_loop = lessee.clone();
+        assert_eq!(renewal_loop.grants(), [grant("run-a", 2), grant("run-b", 4)]);
+        lessee.forget(&RunId::new("run-a"));
+        assert_eq!(renewal_loop.grants(), [grant("run-b", 4)]);
+        assert_eq!(renewal_loop.grant(&RunId::new("run-a")), None);
+    }
+
+    #[test]
+    fn a_sole_survivor_sees_itself_alive_and_every_other_owner_dead() {
+        let probe = SoleSurvivor(owner(1));
+        assert_eq!(probe.liveness(&owner(1)), Liveness::Alive);
+        assert_eq!(probe.liveness(&owner(2)), Liveness::Dead);
+        assert_eq!(ExpiryOnly.liveness(&owner(1)), Liveness::Unknown);
+    }
+
+    #[test]
     fn a_grant_is_forgotten_only_while_it_is_the_one_held() {
         let lessee = Lessee::new(owner(1));
         let run_id = RunId::new("run-1");
