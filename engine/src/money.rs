@@ -118,4 +118,11 @@ mod tests {
             assert!(Currency::parse(bad).is_err(), "{bad:?}");
         }
     }
+
+    #[test]
+    fn a_code_read_in_any_case_is_kept_and_shown_upper_case() {
+        let code = Currency::parse("uSd").expect("three letters");
+        assert_eq!((code.as_str(), code.to_string()), ("USD", "USD".to_owned()));
+        assert_eq!(code.into_string(), "USD");
+    }
 }
