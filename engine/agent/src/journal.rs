@@ -31,6 +31,13 @@ pub enum JournalError {
         /// Human detail.
         detail: String,
     },
+    /// An operator asked the run to stop (`keel run cancel`): the batch was refused, nothing
+    /// of it written; the run records its `cancelled` stop instead.
+    #[error("{detail}")]
+    Cancelled {
+        /// Who cancelled it and why.
+        detail: String,
+    },
     /// A test journal simulated a process death at this length.
     #[error("simulated crash: the journal holds {length} events")]
     Crashed {
@@ -163,7 +170,13 @@ impl AgentJournal for LogJournal {
                 spine: spine_requests(&events),
             };
             let record = Ask::record_agent_entries(self.cause.clone(), batch).under(lease);
-            self.log.ask(record).await.map_err(|e| unavailable(&e))?;
+            match self.log.ask(record).await {
+                Ok(()) => {}
+                Err(LogError::Refused(Refusal::RunCancelled { by, reason, .. })) => {
+                    return Err(JournalError::Cancelled { detail: format!("cancelled by operator {by}: {reason}") });
+                }
+                Err(error) => return Err(unavailable(&error)),
+            }
             *self.state() = folded;
             match grant {
                 Some(_) if stops => self.lessee.forget(&self.run_id),
