@@ -30,7 +30,7 @@
 //! `KEEL_TEST_ABORT_AFTER_MODEL_ANSWER=N` aborts once the transport has returned its Nth
 //! answer, before it is recorded: an answer the vendor billed and the run never saw.
 
-use crate::output::Output;
+use crate::output::{Failure, Outcome, Output, plural};
 use crate::wiring::{SystemClock, open_store};
 use crate::{AgentCommand, exit};
 use adapters::model::anthropic::AnthropicClient;
@@ -40,19 +40,19 @@ use adapters::model::scripted::{ScriptedTransport, Transcript};
 use adapters::model::{BoxTransport, TokioTimer};
 use agent::IntentGate;
 use agent::{
-    AgentEnv, AgentEvent, AgentJournal, AgentLimits, AgentState, Cancellation, LogJournal, ModelRequest, ModelResponse,
-    ModelTransport, NewRun, RunOutcome, TransportError,
+    AgentEnv, AgentEvent, AgentJournal, AgentLimits, AgentState, AgentStatus, Cancellation, LogJournal, ModelRequest,
+    ModelResponse, ModelTransport, NewRun, RunOutcome, TransportError,
 };
-use anyhow::Context as _;
 use engine::clock::Clock;
 use engine::event::{Cause, RunId, RunLimits};
 use engine::log::{Ask, Asking, EventLog};
 use engine::provider::{BoxFuture, Secret};
+use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use workflows::support_agent;
 use workflows::ticket_review::{self, Scenario};
 
@@ -238,13 +238,13 @@ impl ModelTransport for AbortAt {
     fn complete<'a>(&'a self, request: &'a ModelRequest) -> BoxFuture<'a, Result<ModelResponse, TransportError>> {
         let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if self.at == Some(call) {
-            eprintln!("keel: {ABORT_AT_MODEL_CALL}={call}: aborting the process (test facility)");
+            errln!("keel: {ABORT_AT_MODEL_CALL}={call}: aborting the process (test facility)");
             std::process::abort();
         }
         Box::pin(async move {
             let answer = self.inner.complete(request).await;
             if self.after_answer == Some(call) {
-                eprintln!("keel: {ABORT_AFTER_MODEL_ANSWER}={call}: aborting the process (test facility)");
+                errln!("keel: {ABORT_AFTER_MODEL_ANSWER}={call}: aborting the process (test facility)");
                 std::process::abort();
             }
             answer
@@ -272,57 +272,99 @@ pub async fn dispatch(
     provider: &crate::ProviderArgs,
     out: &Output,
     command: AgentCommand,
-) -> anyhow::Result<u8> {
-    let resuming = matches!(command, AgentCommand::Resume { .. });
-    let plan = match command {
-        AgentCommand::Run { workflow, scenario, transcript, model, limits, capabilities } => {
-            match plan_new(
+) -> Outcome {
+    let (plan, resuming) = match command {
+        AgentCommand::Run { workflow, scenario, transcript, model, limits, capabilities, .. } => {
+            let plan = plan_new(
                 &workflow,
                 scenario.as_deref(),
                 transcript.as_deref(),
                 &model,
                 limits.as_deref(),
                 capabilities.as_deref(),
-            ) {
-                Ok(plan) => plan,
-                Err(message) => return Ok(out.usage_error(&message)),
-            }
+            )
+            .map_err(Failure::Usage)?;
+            (plan, false)
         }
-        AgentCommand::Resume { run_id } => {
-            if !db.exists() {
-                return Ok(out.usage_error(&format!("{} does not exist", db.display())));
-            }
-            let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-            let run_id = RunId::new(run_id);
-            let Some(history) = reader.history(&run_id)?.filter(|h| h.run.is_agent()) else {
-                return Ok(out.usage_error(&format!("no agent run {run_id} in {}", db.display())));
-            };
-            let workflow = history.run.workflow.trim_start_matches(engine::ledger::AGENT_WORKFLOW_PREFIX).to_owned();
-            let script = match Script::from_input(&workflow, &history.input) {
-                Ok(script) => script,
-                Err(message) => return Ok(out.usage_error(&format!("run {run_id}: {message}"))),
-            };
-            let facts: Result<Vec<AgentEvent>, _> =
-                history.agent_entries.into_iter().map(serde_json::from_value).collect();
-            let facts = facts.with_context(|| format!("run {run_id}: its agent facts do not decode"))?;
-            let state = AgentState::from_events(&facts);
-            let Some(header) = state.header.as_ref() else {
-                return Ok(out.usage_error(&format!("run {run_id} never started its agent loop")));
-            };
-            Plan { limits: header.limits.clone(), capabilities: header.capabilities.clone(), run_id, workflow, script }
-        }
+        AgentCommand::Resume { run_id, .. } => (plan_resume(db, &RunId::new(run_id))?, true),
     };
     // Before anything is opened: a missing key or transcript writes nothing.
-    let source = match plan.script.load() {
-        Ok(source) => source,
-        Err(message) => return Ok(out.usage_error(&message)),
-    };
+    let source = plan.script.load().map_err(Failure::Usage)?;
     // The support agent's refunds go through the provider; ticket review needs none.
-    if matches!(plan.script, Script::Support(_)) && provider.url.is_none() {
-        return Ok(out.usage_error(
-            "the support agent's refunds need the payment provider: pass --provider URL or set KEEL_PROVIDER_URL",
-        ));
+    if matches!(plan.script, Script::Support(_)) {
+        crate::required_provider(provider, "the support agent's refunds")?;
     }
+    // First, so a run killed at any later point can be found (`keel runs`, `keel resume`).
+    errln!("keel: agent run {} {} ({})", plan.run_id, if resuming { "resuming" } else { "started" }, plan.workflow);
+    match drive(db, durability, provider, &plan, source, Mode::Interactive { resuming }).await? {
+        Driven::Busy(refused) => Err(Failure::Refused(refused)),
+        Driven::Ended { outcome, interrupted } => {
+            print_outcome(out, &plan, &outcome);
+            Ok(exit_code(&outcome, interrupted))
+        }
+    }
+}
+
+/// The exit code of an agent run's outcome: ctrl-c's `cancelled` is an interruption (130),
+/// an operator's `keel run cancel` a controlled stop (2).
+fn exit_code(outcome: &RunOutcome, interrupted: bool) -> u8 {
+    if outcome.status == AgentStatus::Cancelled && !interrupted {
+        return exit::CONTROLLED;
+    }
+    u8::try_from(outcome.exit_code()).unwrap_or(exit::INTERNAL)
+}
+
+/// The plan of an existing agent run, from its log: its workflow, script, limits and grants.
+fn plan_resume(db: &Path, run_id: &RunId) -> Result<Plan, Failure> {
+    let reader = store::Reader::open(db)
+        .map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))?;
+    let Some(history) = reader.history(run_id)?.filter(|h| h.run.is_agent()) else {
+        return Err(Failure::NotFound(format!("no agent run {run_id} in this log")));
+    };
+    let workflow = history.run.workflow.trim_start_matches(engine::ledger::AGENT_WORKFLOW_PREFIX).to_owned();
+    let script =
+        Script::from_input(&workflow, &history.input).map_err(|m| Failure::Usage(format!("run {run_id}: {m}")))?;
+    let facts: Result<Vec<AgentEvent>, _> = history.agent_entries.into_iter().map(serde_json::from_value).collect();
+    let facts = facts.map_err(|e| Failure::Internal(format!("run {run_id}: its agent facts do not decode: {e}")))?;
+    let state = AgentState::from_events(&facts);
+    let Some(header) = state.header.as_ref() else {
+        return Err(Failure::Usage(format!("run {run_id} never started its agent loop")));
+    };
+    Ok(Plan {
+        limits: header.limits.clone(),
+        capabilities: header.capabilities.clone(),
+        run_id: run_id.clone(),
+        workflow,
+        script,
+    })
+}
+
+/// How a run is driven: by `keel agent run|resume` (ctrl-c and SIGTERM its own, waiting for
+/// another live holder), or by `keel resume` (one run among others: a run held live
+/// elsewhere is left to its holder).
+#[derive(Clone, Copy)]
+enum Mode {
+    Interactive { resuming: bool },
+    Recovery,
+}
+
+/// What driving a run came to.
+enum Driven {
+    /// Another live process holds the run: who.
+    Busy(String),
+    /// The run stopped or suspended; `interrupted` when ctrl-c stopped it.
+    Ended { outcome: RunOutcome, interrupted: bool },
+}
+
+/// Opens the log, takes the run (when resuming), and drives it to its stop or suspension.
+async fn drive(
+    db: &Path,
+    durability: store::Durability,
+    provider: &crate::ProviderArgs,
+    plan: &Plan,
+    source: Source,
+    mode: Mode,
+) -> Result<Driven, Failure> {
     let (node, gate) = match plan.script {
         Script::Support(_) => {
             let node = crate::wiring::Node::open(db, durability, provider, None)?;
@@ -338,19 +380,20 @@ pub async fn dispatch(
     let log: Arc<dyn EventLog> = Arc::new(node.store.clone());
     let lessee = crate::wiring::lessee();
     let cause = Cause::command("agent");
-    if resuming {
+    if !matches!(mode, Mode::Interactive { resuming: false }) {
         // One process acts for a run at a time: take its lease (refused while another
         // process holds it live), then recover what the run had in flight — an attempt its
         // dead owner sent becomes unknown and is reconciled before the run goes on.
-        if let Err(refused) = claim_and_recover(&*log, &lessee, &cause, &plan.run_id).await {
+        let patient = matches!(mode, Mode::Interactive { .. });
+        if let Err(refused) = claim_and_recover(&*log, &lessee, &cause, &plan.run_id, patient).await {
             node.shutdown()?;
-            return Ok(out.refused(&refused));
+            return Ok(Driven::Busy(refused));
         }
     }
     let limits = if gate.is_some() { support_agent::spine_limits() } else { RunLimits::default() };
     let start = NewRun { input: plan.script.input(), limits };
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), cause.clone(), Some(start), lessee.clone());
-    let recorded = AgentState::from_events(&journal.load().await?);
+    let recorded = AgentState::from_events(&journal.load().await.map_err(|e| Failure::Internal(e.to_string()))?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());
     let after_answer = std::env::var(ABORT_AFTER_MODEL_ANSWER).ok().and_then(|v| v.parse().ok());
     let inner: BoxTransport = match source {
@@ -364,7 +407,7 @@ pub async fn dispatch(
                 Ok(client) => client,
                 Err(error) => {
                     node.shutdown()?;
-                    anyhow::bail!("cannot build the {} client: {error}", api.wire());
+                    return Err(Failure::Internal(format!("cannot build the {} client: {error}", api.wire())));
                 }
             }
         }
@@ -374,14 +417,22 @@ pub async fn dispatch(
     let timer = TokioTimer::new(Arc::clone(&clock));
     let cancel = Cancellation::new();
     let on_interrupt = cancel.clone();
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let saw_ctrl_c = Arc::clone(&interrupted);
     // ctrl-c cancels the run (recorded `cancelled`, exit 130); SIGTERM pauses it between two
-    // steps, resumable (exit 143).
-    let watcher = tokio::spawn(async move {
-        let mut terminate = crate::wiring::sigterm();
-        tokio::select! {
-            interrupted = tokio::signal::ctrl_c() => if interrupted.is_ok() { on_interrupt.cancel() },
-            () = terminate.recv() => on_interrupt.terminate(),
-        }
+    // steps, resumable (exit 143). Under `keel resume`, the command's own handlers stop the
+    // process instead: the run is left as a crash leaves it, and resumable.
+    let watcher = matches!(mode, Mode::Interactive { .. }).then(|| {
+        tokio::spawn(async move {
+            let mut terminate = crate::wiring::sigterm();
+            tokio::select! {
+                signal = tokio::signal::ctrl_c() => if signal.is_ok() {
+                    saw_ctrl_c.store(true, Ordering::SeqCst);
+                    on_interrupt.cancel();
+                },
+                () = terminate.recv() => on_interrupt.terminate(),
+            }
+        })
     });
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
     let result = match (&plan.script, &gate) {
@@ -395,16 +446,109 @@ pub async fn dispatch(
                 .await
         }
     };
-    watcher.abort();
+    if let Some(watcher) = watcher {
+        watcher.abort();
+    }
     // A run that stopped gave its lease back with its last facts; a suspended one (or one
     // cut short by an error) is given back here, so whoever resumes it need not wait.
     if let Some(grant) = lessee.grant(&plan.run_id) {
-        engine::executor::release_runs(&*log, &lessee, &cause, vec![grant]).await?;
+        engine::executor::release_runs(&*log, &lessee, &cause, vec![grant])
+            .await
+            .map_err(|e| Failure::Internal(e.to_string()))?;
     }
     node.shutdown()?;
-    let outcome = result.with_context(|| format!("agent run {} failed", plan.run_id))?;
-    print_outcome(out, &plan, &outcome);
-    Ok(u8::try_from(outcome.exit_code()).unwrap_or(exit::INTERNAL))
+    let outcome = result.map_err(|e| Failure::Internal(format!("agent run {} failed: {e}", plan.run_id)))?;
+    Ok(Driven::Ended { outcome, interrupted: interrupted.load(Ordering::SeqCst) })
+}
+
+/// What `keel resume` did with one unfinished agent run.
+#[derive(Debug, Serialize)]
+pub struct AgentResumed {
+    /// The run.
+    pub run_id: String,
+    /// Its agent workflow.
+    pub workflow: String,
+    /// Its status after the resume (`awaiting_approval` for one still suspended), or
+    /// `not_resumed`.
+    pub status: String,
+    /// Model calls reserved, all resumes included.
+    pub model_calls: u32,
+    /// Tool attempts admitted.
+    pub tool_calls: u32,
+    /// Why it was not resumed (its API key is not set, another process holds it…), or why it
+    /// stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+impl AgentResumed {
+    /// The one line `keel resume` prints for it.
+    pub fn summary(&self) -> String {
+        let detail = self.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
+        format!(
+            "{}, {}, {}{detail}",
+            self.status,
+            plural(self.model_calls, "model call"),
+            plural(self.tool_calls, "tool call")
+        )
+    }
+}
+
+/// `keel resume`'s agent part: every unfinished agent run nobody holds live is resumed from
+/// its journal (no recorded model answer requested again), one after another. A run that
+/// cannot be (its API key is not set, its transcript is gone) is reported and left as it is.
+pub async fn resume_unfinished(
+    db: &Path,
+    durability: store::Durability,
+    provider: &crate::ProviderArgs,
+) -> Result<Vec<AgentResumed>, Failure> {
+    let reader = store::Reader::open(db)
+        .map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))?;
+    let running = store::RunFilter { state: Some(store::RunState::Running), ..store::RunFilter::default() };
+    let runs: Vec<RunId> = reader
+        .runs_matching(&running)?
+        .into_iter()
+        .filter(|row| row.workflow.starts_with(engine::ledger::AGENT_WORKFLOW_PREFIX))
+        .map(|row| RunId::new(row.run_id))
+        .collect();
+    drop(reader);
+    let mut out = Vec::new();
+    for run_id in runs.into_iter().take(engine::limits::RESUME_PASS_MAX) {
+        let not_resumed = |workflow: &str, detail: String| AgentResumed {
+            run_id: run_id.to_string(),
+            workflow: workflow.to_owned(),
+            status: "not_resumed".into(),
+            model_calls: 0,
+            tool_calls: 0,
+            detail: Some(detail),
+        };
+        let plan = match plan_resume(db, &run_id) {
+            Ok(plan) => plan,
+            Err(failure) => {
+                out.push(not_resumed("?", failure.message()));
+                continue;
+            }
+        };
+        let source = match plan.script.load() {
+            Ok(source) => source,
+            Err(message) => {
+                out.push(not_resumed(&plan.workflow, message));
+                continue;
+            }
+        };
+        match drive(db, durability, provider, &plan, source, Mode::Recovery).await? {
+            Driven::Busy(holder) => out.push(not_resumed(&plan.workflow, holder)),
+            Driven::Ended { outcome, .. } => out.push(AgentResumed {
+                run_id: run_id.to_string(),
+                workflow: plan.workflow.clone(),
+                status: outcome.status.as_str().to_owned(),
+                model_calls: outcome.model_calls,
+                tool_calls: outcome.tool_calls,
+                detail: outcome.detail.clone(),
+            }),
+        }
+    }
+    Ok(out)
 }
 
 /// Takes the run's lease for this process and recovers the run's own attempts and lookups
@@ -418,6 +562,7 @@ async fn claim_and_recover(
     lessee: &engine::lease::Lessee,
     cause: &Cause,
     run_id: &RunId,
+    patient: bool,
 ) -> anyhow::Result<(), String> {
     let started = std::time::Instant::now();
     let patience = std::time::Duration::from_millis(engine::limits::AGENT_RESUME_WAIT_MAX_MS);
@@ -426,11 +571,14 @@ async fn claim_and_recover(
         match engine::executor::claim_run(log, lessee, cause, run_id).await {
             Ok(_) => break,
             Err(engine::executor::WorkflowError::Busy(refusal)) => {
+                if !patient {
+                    return Err(refusal.to_string());
+                }
                 if started.elapsed() >= patience {
                     return Err(format!("{refusal}; still held after waiting, try again later"));
                 }
                 if !told {
-                    eprintln!("keel: {refusal}: waiting for it to finish or suspend the run");
+                    errln!("keel: {refusal}: waiting for it to finish or suspend the run");
                     told = true;
                 }
                 tokio::time::sleep(std::time::Duration::from_millis(engine::limits::LEASE_POLL_MS)).await;
@@ -461,14 +609,8 @@ fn plan_new(
                     known.join("|")
                 )
             })?;
-        return finish_plan(
-            workflow,
-            Script::Support(scenario),
-            support_agent::limits(),
-            support_agent::all_capabilities(),
-            limits,
-            capabilities,
-        );
+        let all = support_agent::all_capabilities();
+        return finish_plan(workflow, Script::Support(scenario), support_agent::limits(), all, limits, capabilities);
     }
     if workflow != ticket_review::WORKFLOW {
         return Err(format!(
@@ -520,7 +662,19 @@ fn finish_plan(
     }
     plan_limits.validate().map_err(|e| format!("limits: {e}"))?;
     if let Some(list) = capabilities {
+        let known = if workflow == support_agent::WORKFLOW {
+            support_agent::all_capabilities()
+        } else {
+            ticket_review::all_capabilities()
+        };
         grants = list.split(',').map(str::trim).filter(|c| !c.is_empty()).map(str::to_owned).collect();
+        if let Some(unknown) = grants.iter().find(|c| !known.contains(*c)) {
+            let known: Vec<&str> = known.iter().map(String::as_str).collect();
+            return Err(format!(
+                "--capabilities: unknown capability {unknown:?} for {workflow} (known: {})",
+                known.join(", ")
+            ));
+        }
     }
     Ok(Plan {
         run_id: RunId::new(uuid::Uuid::new_v4().to_string()),
@@ -531,20 +685,28 @@ fn finish_plan(
     })
 }
 
+/// `keel agent run --json`'s document: the run id first, then the report.
+#[derive(Serialize)]
+struct Report<'a> {
+    run_id: &'a str,
+    #[serde(flatten)]
+    report: agent::RunReport,
+}
+
 fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
-    let mut document = serde_json::to_value(outcome.report()).unwrap_or(Value::Null);
-    if let Some(map) = document.as_object_mut() {
-        map.insert("run_id".into(), json!(plan.run_id.as_str()));
-    }
+    let document = Report { run_id: plan.run_id.as_str(), report: outcome.report() };
     out.emit(&document, || {
-        println!("agent: {} (bounded harness), run {}", plan.workflow, plan.run_id);
-        println!("transport: {}", plan.script.describe());
+        outln!("agent: {} (bounded harness), run {}", plan.workflow, plan.run_id);
+        outln!("transport: {}", plan.script.describe());
         let grants: Vec<&str> = plan.capabilities.iter().map(String::as_str).collect();
-        println!("capabilities: {}", if grants.is_empty() { "(none)".to_owned() } else { grants.join(", ") });
+        outln!("capabilities: {}", if grants.is_empty() { "(none)".to_owned() } else { grants.join(", ") });
         let limits = &plan.limits;
-        println!(
-            "limits: {} model calls, {} tool attempts, {} per signature, {} ms deadline",
-            limits.model_calls_max, limits.tool_calls_max, limits.repeats_per_signature_max, limits.deadline_ms
+        outln!(
+            "limits: {}, {}, {} per signature, {} ms deadline",
+            plural(limits.model_calls_max, "model call"),
+            plural(limits.tool_calls_max, "tool attempt"),
+            limits.repeats_per_signature_max,
+            limits.deadline_ms
         );
         let completion = match plan.script {
             Script::Support(_) => "the ticket read, then a refund of its own order validated",
@@ -552,25 +714,32 @@ fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
                 "ticket 42 read, then finish_review(42) succeeded"
             }
         };
-        println!("completion: {completion} (the model saying so is not enough)");
+        outln!("completion: {completion} (the model saying so is not enough)");
         for event in &outcome.events {
-            println!("  {:<20} {:<16} {}", event.kind, event.name, event.count);
+            outln!("  {:<20} {:<16} {}", event.kind, event.name, event.count);
         }
-        println!(
-            "status: {} ({} model calls, {} tool calls)",
+        outln!(
+            "status: {} ({}, {})",
             outcome.status.as_str(),
-            outcome.model_calls,
-            outcome.tool_calls
+            plural(outcome.model_calls, "model call"),
+            plural(outcome.tool_calls, "tool call")
         );
-        if let Some(detail) = &outcome.detail {
-            println!("  {detail}");
-        }
-        if let Some(key) = &outcome.awaiting_approval {
-            println!("  awaiting approval: keel approve {key} --by NAME (or keel deny {key} --by NAME --reason WHY),");
-            println!("  then keel agent resume {}", plan.run_id);
+        match &outcome.awaiting_approval {
+            // The hint once, in full (the detail says the same).
+            Some(key) => {
+                outln!(
+                    "  awaiting approval: keel approve {key} --by NAME (or keel deny {key} --by NAME --reason WHY),"
+                );
+                outln!("  then keel agent resume {}", plan.run_id);
+            }
+            None => {
+                if let Some(detail) = &outcome.detail {
+                    outln!("  {detail}");
+                }
+            }
         }
         if let Some(text) = outcome.text.as_deref().filter(|_| outcome.status.as_str() == "incomplete") {
-            println!("  model text (not a success): {text}");
+            outln!("  model text (not a success): {text}");
         }
     });
 }

@@ -6,13 +6,15 @@
 //! `agent`; the harnesses that drive Keel (`demo`, `soak`, `bench`) in [`harness`], which no
 //! operator command imports.
 //!
-//! Exit codes: 0 validated / ok; 2 a controlled outcome (rejected, declined, unknown,
-//! escalated, cancelled, refused); 1 internal error; 64 usage error; 130 interrupted.
+//! Exit codes: one table, `output::exit`, and one mapping from every failure to its code,
+//! `output::Failure` (the README's table).
 
+#[macro_use]
+mod output;
 mod agent;
 mod harness;
 mod ops;
-mod output;
+mod runs;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
@@ -25,10 +27,15 @@ use std::process::ExitCode;
 /// Every proposal, decision, attempt and outcome is an event in an append-only SQLite log.
 /// A repeated intent never makes a second effect; an ambiguous outcome is reconciled with
 /// the provider before anything acts again.
+///
+/// Exit codes: 0 ok; 1 internal error; 2 a controlled outcome (rejected, declined, unknown,
+/// escalated, cancelled, awaiting approval, refused); 64 usage (bad input, no event log, no
+/// provider, no such intent or run); 130 interrupted; 143 stopped by SIGTERM.
 #[derive(Parser, Debug)]
-#[command(name = "keel", version, propagate_version = true, max_term_width = 100)]
+#[command(name = "keel", version, propagate_version = true, max_term_width = 100, subcommand_required = true)]
 pub struct Cli {
-    /// The event log (SQLite, created if missing).
+    /// The event log (SQLite). Only commands that write new work create it; the others
+    /// refuse a missing one unless given --create.
     #[arg(long, global = true, env = "KEEL_DB", default_value = "./keel.db")]
     db: PathBuf,
 
@@ -36,49 +43,132 @@ pub struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
-    /// Durability of acknowledged appends: `full` survives power loss (fsync per commit),
-    /// `normal` survives a process crash but may lose the last commits on power loss.
-    #[arg(long, global = true, env = "KEEL_DURABILITY", default_value = "full", value_parser = ["full", "normal"])]
-    durability: String,
+    /// Logs on stderr: `text` (no colour off a terminal or with NO_COLOR) or `json`, one
+    /// object a line. Filtered by RUST_LOG (default: warnings).
+    #[arg(long, global = true, value_name = "FORMAT", env = "KEEL_LOG_FORMAT", default_value = "text",
+          value_parser = ["text", "json"])]
+    log_format: String,
 
-    /// How long a run's lease lasts unless its holder renews it, in ms. Another process may
-    /// take a run over (and reconcile its attempts) only once its holder's lease expired or
-    /// the holder is proven dead on this host; a holder renews at a third of it.
-    #[arg(long, global = true, env = "KEEL_LEASE_TTL_MS", default_value_t = engine::limits::LEASE_TTL_DEFAULT_MS,
-          value_parser = clap::value_parser!(u64).range(engine::limits::LEASE_TTL_MIN_MS..=engine::limits::LEASE_TTL_MAX_MS))]
-    lease_ttl_ms: u64,
-
+    /// The store and provider options given before the subcommand (`keel --provider URL
+    /// charge …`), accepted for every subcommand and hidden from help: each subcommand's help
+    /// shows the ones it uses.
     #[command(flatten)]
-    provider: ProviderArgs,
+    before: BeforeSubcommand,
 
     #[command(subcommand)]
     command: Command,
 }
 
+/// The store and provider options, given before the subcommand. A subcommand's own flag
+/// wins over these; these win over the environment, which wins over the defaults.
+#[derive(Args, Debug, Clone, Default)]
+struct BeforeSubcommand {
+    #[arg(long, hide = true, env = "KEEL_DURABILITY", value_parser = ["full", "normal"])]
+    durability: Option<String>,
+    #[arg(long, hide = true, env = "KEEL_LEASE_TTL_MS",
+          value_parser = clap::value_parser!(u64).range(engine::limits::LEASE_TTL_MIN_MS..=engine::limits::LEASE_TTL_MAX_MS))]
+    lease_ttl_ms: Option<u64>,
+    #[arg(long = "provider", value_name = "URL", hide = true, env = "KEEL_PROVIDER_URL")]
+    provider: Option<String>,
+    #[arg(long = "provider-tier", hide = true, value_parser = ["dedup+lookup", "lookup", "dedup", "none"])]
+    provider_tier: Option<String>,
+    #[arg(long = "provider-consistency-window-ms", hide = true,
+          value_parser = clap::value_parser!(u64).range(..=engine::limits::PROVIDER_WAIT_MAX_MS))]
+    provider_consistency_window_ms: Option<u64>,
+    #[arg(long = "provider-timeout-ms", hide = true,
+          value_parser = clap::value_parser!(u64).range(1..=engine::limits::PROVIDER_WAIT_MAX_MS))]
+    provider_timeout_ms: Option<u64>,
+}
+
+/// How commands that write append to the event log.
+#[derive(Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Event log")]
+struct StoreFlags {
+    /// Durability of acknowledged appends: `full` survives power loss (fsync per commit),
+    /// `normal` survives a process crash but may lose the last commits on power loss.
+    /// [default: full] [env: KEEL_DURABILITY]
+    #[arg(long, value_parser = ["full", "normal"])]
+    durability: Option<String>,
+
+    /// How long a run's lease lasts unless its holder renews it, in ms. Another process may
+    /// take a run over (and reconcile its attempts) only once its holder's lease expired or
+    /// the holder is proven dead on this host; a holder renews at a third of it.
+    /// [default: 30000] [env: KEEL_LEASE_TTL_MS]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(engine::limits::LEASE_TTL_MIN_MS..=engine::limits::LEASE_TTL_MAX_MS))]
+    lease_ttl_ms: Option<u64>,
+}
+
+/// Whether a missing event log is created.
+#[derive(Args, Debug, Clone, Copy, Default)]
+#[command(next_help_heading = "Event log")]
+pub(crate) struct CreateFlag {
+    /// Create the event log when it does not exist (without it, a missing log is refused:
+    /// exit 64).
+    #[arg(long)]
+    pub(crate) create: bool,
+}
+
 /// How to reach the payment provider.
-#[derive(Args, Debug, Clone)]
-pub struct ProviderArgs {
-    /// Base URL of the Stripe-like payment provider (e.g. a `keel-provider-sim`).
-    #[arg(long = "provider", global = true, env = "KEEL_PROVIDER_URL")]
+#[derive(Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Payment provider")]
+struct ProviderFlags {
+    /// Base URL of the Stripe-like payment provider (e.g. the address `keel-provider-sim
+    /// serve` prints). [env: KEEL_PROVIDER_URL]
+    #[arg(long = "provider", value_name = "URL")]
     url: Option<String>,
 
     /// What the provider can do for exactly-once: `dedup+lookup` (Stripe), `lookup`,
     /// `dedup`, or `none`. Decides what Keel may do after an unknown outcome.
-    #[arg(long = "provider-tier", global = true, default_value = "dedup+lookup",
-          value_parser = ["dedup+lookup", "lookup", "dedup", "none"])]
-    tier: String,
+    /// [default: dedup+lookup]
+    #[arg(long = "provider-tier", value_name = "TIER", value_parser = ["dedup+lookup", "lookup", "dedup", "none"])]
+    tier: Option<String>,
 
     /// How long a lookup may miss a fresh effect, in ms (resends wait at least this long after
-    /// the request is certainly over). At most one hour.
-    #[arg(long = "provider-consistency-window-ms", global = true, default_value_t = 2_000,
+    /// the request is certainly over). At most one hour. [default: 2000]
+    #[arg(long = "provider-consistency-window-ms", value_name = "MS",
           value_parser = clap::value_parser!(u64).range(..=engine::limits::PROVIDER_WAIT_MAX_MS))]
-    consistency_window_ms: u64,
+    consistency_window_ms: Option<u64>,
 
     /// Per-request timeout towards the provider, in ms. Past it the outcome is unknown, and a
-    /// resend waits at least this long after the send. 1 ms to one hour.
-    #[arg(long = "provider-timeout-ms", global = true, default_value_t = 5_000,
+    /// resend waits at least this long after the send. 1 ms to one hour. [default: 5000]
+    #[arg(long = "provider-timeout-ms", value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..=engine::limits::PROVIDER_WAIT_MAX_MS))]
-    timeout_ms: u64,
+    timeout_ms: Option<u64>,
+}
+
+/// How to reach the payment provider, resolved from the flags, the options before the
+/// subcommand, the environment and the defaults.
+#[derive(Debug, Clone)]
+pub struct ProviderArgs {
+    /// Base URL, when given.
+    pub url: Option<String>,
+    /// The capability tier.
+    pub tier: String,
+    /// The consistency window, ms.
+    pub consistency_window_ms: u64,
+    /// The per-request timeout, ms.
+    pub timeout_ms: u64,
+}
+
+impl BeforeSubcommand {
+    fn provider(&self, flags: Option<&ProviderFlags>) -> ProviderArgs {
+        let flags = flags.cloned().unwrap_or_default();
+        ProviderArgs {
+            url: flags.url.or_else(|| self.provider.clone()),
+            tier: flags.tier.or_else(|| self.provider_tier.clone()).unwrap_or_else(|| "dedup+lookup".to_owned()),
+            consistency_window_ms: flags.consistency_window_ms.or(self.provider_consistency_window_ms).unwrap_or(2_000),
+            timeout_ms: flags.timeout_ms.or(self.provider_timeout_ms).unwrap_or(5_000),
+        }
+    }
+
+    fn durability(&self, flags: Option<&StoreFlags>) -> store::Durability {
+        let flag = flags.and_then(|f| f.durability.clone()).or_else(|| self.durability.clone());
+        wiring::durability(flag.as_deref().unwrap_or("full"))
+    }
+
+    fn lease_ttl_ms(&self, flags: Option<&StoreFlags>) -> u64 {
+        flags.and_then(|f| f.lease_ttl_ms).or(self.lease_ttl_ms).unwrap_or(engine::limits::LEASE_TTL_DEFAULT_MS)
+    }
 }
 
 /// Limits of a new run.
@@ -148,22 +238,24 @@ pub struct ModelArgs {
 
 /// `keel agent …`: bounded agent runs on the event log.
 #[derive(Subcommand, Debug)]
-pub enum AgentCommand {
+pub(crate) enum AgentCommand {
     /// Run an agent workflow on a scripted transcript or a live model API. Exit 0 completed; 2
     /// incomplete or any controlled stop (permission_denied, repeated_call, tool_budget,
-    /// model_budget, deadline_exceeded, provider_unavailable, awaiting approval…); 130 on
-    /// ctrl-c.
+    /// model_budget, deadline_exceeded, provider_unavailable, awaiting approval, cancelled by
+    /// an operator…); 130 on ctrl-c. The run id is printed on stderr as the run starts.
     ///
     /// The model's answers come from exactly one of --scenario, --transcript or --model-api.
     ///
     /// Live (ticket-review): `--model-api anthropic --model NAME` reads the key from
     /// ANTHROPIC_API_KEY, `--model-api openai --model NAME` from OPENAI_API_KEY (exit 64 when
     /// it is unset). The key is never printed, logged or stored; the run records the API, the
-    /// model and the base URL, so `keel agent resume RUN_ID` rebuilds the same client (the
-    /// key again from the environment) and never requests a recorded answer again.
+    /// model and the base URL, so `keel agent resume RUN_ID` (or `keel resume`) rebuilds the
+    /// same client (the key again from the environment) and never requests a recorded answer
+    /// again.
     #[command(group(clap::ArgGroup::new("source").required(true).args(["scenario", "transcript", "model_api"])))]
     Run {
-        /// The agent workflow: ticket-review, or support (refunds: needs --provider URL).
+        /// The agent workflow: ticket-review, or support (refunds: needs --provider URL, and
+        /// order C-1042 charged in the log — see the README).
         workflow: String,
         /// A named scenario (ticket-review: complete, incomplete, forbidden, repeat, changing,
         /// budget, deadline, unavailable; support: refund, injection, repeat, approval-bound),
@@ -171,7 +263,8 @@ pub enum AgentCommand {
         #[arg(long)]
         scenario: Option<String>,
         /// A JSON array of model responses, each a complete Anthropic Messages or OpenAI Chat
-        /// Completions response object (a captured transcript replays as is).
+        /// Completions response object (a captured transcript replays as is), e.g.
+        /// fixtures/agent/ticket-review/complete.json.
         #[arg(long, value_name = "FILE")]
         transcript: Option<PathBuf>,
         /// A live model API instead of a script.
@@ -180,15 +273,56 @@ pub enum AgentCommand {
         /// JSON object overriding the default limits, e.g. {"model_calls_max": 1}.
         #[arg(long, value_name = "JSON")]
         limits: Option<String>,
-        /// Capabilities granted, comma-separated (default: all the workflow's).
+        /// Capabilities granted, comma-separated (default: all the workflow's; an unknown one
+        /// is refused, naming the known ones).
         #[arg(long, value_name = "a,b")]
         capabilities: Option<String>,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
     },
     /// Resume an agent run from the log: recorded model answers are never requested again,
     /// every counter continues where it was.
     Resume {
-        /// The run id (printed by `keel agent run`).
+        /// The run id (printed by `keel agent run`, listed by `keel runs`).
         run_id: String,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
+    },
+}
+
+/// `keel run …`: one run.
+#[derive(Subcommand, Debug)]
+pub(crate) enum RunCommand {
+    /// Show one run: its status, limits, every budget's use and what is left, its intents,
+    /// and why it stopped.
+    Show {
+        /// The run id.
+        run_id: String,
+        #[command(flatten)]
+        create: CreateFlag,
+    },
+    /// Ask a run to stop: recorded with the operator's name and reason; the run stops
+    /// `cancelled` at its next guard (its next reservation, attempt, step or model call). An
+    /// attempt already in flight is reconciled as usual. A finished run refuses (exit 2).
+    Cancel {
+        /// The run id.
+        run_id: String,
+        /// The operator's name (recorded).
+        #[arg(long)]
+        by: String,
+        /// Why (recorded).
+        #[arg(long)]
+        reason: String,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
     },
 }
 
@@ -203,8 +337,9 @@ enum Command {
     /// Charge a payment method for an order: reserve, attempt (write-ahead), classify.
     ///
     /// Exit 0 when validated (by the provider, deduplicated, or reconciled); 2 when
-    /// rejected, declined, unknown or escalated. Re-submitting the same request is safe: the
-    /// same key and payload return the stored result without calling the provider.
+    /// rejected, declined, unknown, escalated or awaiting approval. Re-submitting the same
+    /// request is safe: the same key and payload return the stored result without calling
+    /// the provider.
     Charge {
         #[command(flatten)]
         effect: EffectArgs,
@@ -213,6 +348,10 @@ enum Command {
         payment_method_token: Option<String>,
         #[command(flatten)]
         limits: LimitArgs,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
     },
     /// Refund (part of) a charged order. Refunds reserved, unknown or validated on an order
     /// never exceed what was charged on it.
@@ -221,31 +360,79 @@ enum Command {
         effect: EffectArgs,
         #[command(flatten)]
         limits: LimitArgs,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
     },
-    /// List intents, optionally only those in one state.
+    /// List intents (a header, then one line each: status, key, amount, attempts,
+    /// reconciliations, when last sent), optionally only those in one state.
     Intents {
         /// reserved, awaiting_approval, attempting, validated, declined, outcome_unknown,
         /// reconciling, escalated, cancelled, rejected.
         #[arg(long)]
         state: Option<String>,
+        #[command(flatten)]
+        create: CreateFlag,
     },
     /// Show one intent: its state and its full ordered event history.
     Show {
         /// The intent key, `operation:tenant:intent_id`.
         key: String,
+        #[command(flatten)]
+        create: CreateFlag,
+    },
+    /// List runs (oldest first), optionally only those in one status, of one workflow, or
+    /// started since a time.
+    Runs {
+        /// running, or how a run ended: completed, rejected, declined, outcome_unknown,
+        /// escalated, cancelled, deadline_exceeded, cost_budget, … (an unknown one is refused,
+        /// naming them all).
+        #[arg(long, value_name = "STATUS")]
+        status: Option<String>,
+        /// charge, refund, ticket-review, support (or agent:ticket-review).
+        #[arg(long, value_name = "NAME")]
+        workflow: Option<String>,
+        /// Runs started at or after this RFC 3339 instant (2026-01-31T12:00:00Z) or this long
+        /// ago (90s, 15m, 2h, 7d).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        #[command(flatten)]
+        create: CreateFlag,
+    },
+    /// One run: `keel run show RUN_ID`, `keel run cancel RUN_ID --by NAME --reason WHY`.
+    Run {
+        #[command(subcommand)]
+        command: RunCommand,
     },
     /// Reconcile one intent now (lookup by its key), or every intent whose reconciliation is due.
+    #[command(override_usage = "keel reconcile [OPTIONS] <KEY|--due>")]
+    #[command(group(clap::ArgGroup::new("target").required(true).args(["key", "due"])))]
     Reconcile {
         /// The intent key.
-        #[arg(required_unless_present = "due", conflicts_with = "due")]
+        #[arg(conflicts_with = "due")]
         key: Option<String>,
         /// Reconcile every intent that is due.
         #[arg(long)]
         due: bool,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
     },
     /// Recover after a crash: in-flight attempts become outcome_unknown (crash) exactly once,
-    /// unfinished runs are replayed, due reconciliations run.
-    Resume,
+    /// unfinished runs are replayed (agent runs from their journal, no recorded model answer
+    /// asked again), due reconciliations run.
+    Resume {
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
+    },
     /// Cancel an intent that has nothing in flight or unknown.
     Cancel {
         /// The intent key.
@@ -256,20 +443,26 @@ enum Command {
         /// Why (recorded).
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
     },
-    /// Resolve an unknown or escalated intent by hand, with evidence.
+    /// Resolve an unknown or escalated intent by hand, with evidence: --landed REF or --absent.
     ///
     /// When the intent's provider can look effects up (its tier has a lookup), Keel asks it
     /// first (--provider is then required) and refuses an answer it contradicts, saying what
     /// it says (exit 2, nothing written), unless --override gives the reason you know better;
     /// both are recorded. Without a lookup, the event records the resolution as unverified.
+    #[command(override_usage = "keel resolve [OPTIONS] <KEY> <--landed REF|--absent> --by NAME --reason WHY")]
+    #[command(group(clap::ArgGroup::new("evidence").required(true).args(["landed", "absent"])))]
     Resolve {
         /// The intent key.
         key: String,
-        /// The provider's reference proving the effect landed.
-        #[arg(long, required_unless_present = "absent", conflicts_with = "absent")]
+        /// The provider's reference proving the effect landed (or --absent).
+        #[arg(long, value_name = "REF", conflicts_with = "absent")]
         landed: Option<String>,
-        /// Assert, from your own check, that the effect did not happen.
+        /// Assert, from your own check, that the effect did not happen (or --landed REF).
         #[arg(long)]
         absent: bool,
         /// Record the resolution even though the provider contradicts it, for this reason.
@@ -281,6 +474,12 @@ enum Command {
         /// Why (recorded).
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
     },
     /// Approve an intent awaiting approval, bound to its payload fingerprint.
     Approve {
@@ -296,6 +495,10 @@ enum Command {
         #[arg(long, default_value_t = engine::limits::APPROVAL_TTL_DEFAULT_MS,
               value_parser = clap::value_parser!(u64).range(..=engine::limits::APPROVAL_TTL_MAX_MS))]
         ttl_ms: u64,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
     },
     /// Deny an intent awaiting approval: it ends rejected, its money released.
     Deny {
@@ -307,20 +510,32 @@ enum Command {
         /// Why (recorded).
         #[arg(long)]
         reason: String,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
     },
     /// Check the hash chain, rebuild every entity row by replaying its stream and compare,
     /// in bounded memory (progress on a terminal). The one command that reads the whole log.
     /// Exit 1 naming the first mismatch.
-    Verify,
+    Verify {
+        #[command(flatten)]
+        create: CreateFlag,
+    },
     /// Run the demo: charges and refunds through a provider simulator child process, a lost
-    /// answer reconciled, a worker killed with SIGKILL and recovered.
+    /// answer reconciled, a worker killed with SIGKILL and recovered. Its files are removed
+    /// when every promise held, unless --keep or --dir.
     Demo {
         /// Keep the demo's files in DIR instead of a temporary directory.
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Keep the temporary directory even when every promise held.
+        #[arg(long)]
+        keep: bool,
     },
     /// Benchmark the charge workflow end to end against an in-process zero-latency provider
-    /// at the chosen durability, then re-submit everything and check no new effect.
+    /// at the chosen durability, then re-submit everything and check no new effect
+    /// (progress on a terminal).
     Bench {
         /// Intents to charge.
         #[arg(long, default_value_t = 20_000)]
@@ -334,10 +549,13 @@ enum Command {
         /// Number of the first charge (`bench_intent_N`): to extend a kept log with new ones.
         #[arg(long, default_value_t = 0)]
         first: usize,
+        /// Durability of the benchmark's appends: `full` (fsync per commit) or `normal`.
+        #[arg(long, value_parser = ["full", "normal"], default_value = "full")]
+        durability: String,
     },
     /// Measure what `charge`, `show`, `intents --state` and `resume` cost (wall time, peak RSS,
     /// via /usr/bin/time) on logs of growing size, built in DIR and reused by later calls, and
-    /// what `resume` costs with attempts in flight.
+    /// what `resume` costs with attempts in flight (progress on a terminal).
     #[command(name = "bench-scale")]
     BenchScale {
         /// Where the logs are built and kept.
@@ -368,7 +586,8 @@ enum Command {
     /// refunds, colliding keys, provider faults), restart, heal, then check every invariant.
     ///
     /// Prints the invariant report (kills, intents, double_effects, budget_refills,
-    /// unreconciled, verify_failures, seed, …); exit 1 on any violation.
+    /// unreconciled, verify_failures, seed, …); exit 1 on any violation. Progress on a
+    /// terminal. Its files are removed when every invariant held, unless --keep or --dir.
     Soak {
         /// SIGKILLs to deliver (workers and, sometimes, `keel resume` itself).
         #[arg(long, default_value_t = 300)]
@@ -376,9 +595,12 @@ enum Command {
         /// Seed of the schedule, the workload and the simulator's fault plan.
         #[arg(long, default_value_t = 1)]
         seed: u64,
-        /// Keep the soak's files in DIR (kept on failure in any case).
+        /// Keep the soak's files in DIR (kept in any case).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Keep the temporary directory even when every invariant held (it is kept on failure).
+        #[arg(long)]
+        keep: bool,
     },
     /// One soak round's worker (started and killed by `keel soak`).
     #[command(name = "soak-worker", hide = true)]
@@ -399,21 +621,8 @@ enum Command {
     },
 }
 
-/// Exit codes, as documented in `--help` and the README.
-pub mod exit {
-    /// Validated / ok.
-    pub const OK: u8 = 0;
-    /// Internal error.
-    pub const INTERNAL: u8 = 1;
-    /// A controlled outcome: rejected, declined, unknown, escalated, cancelled, refused.
-    pub const CONTROLLED: u8 = 2;
-    /// Bad invocation.
-    pub const USAGE: u8 = 64;
-    /// Interrupted by the caller (SIGINT).
-    pub const INTERRUPTED: u8 = 130;
-    /// Stopped by SIGTERM: a graceful stop, the run resumable.
-    pub const TERMINATED: u8 = 143;
-}
+/// Exit codes, as documented in `--help` and the README (the table is `output::exit`).
+pub use output::exit;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -422,10 +631,24 @@ fn main() -> ExitCode {
             // `--json` may stand anywhere, even where parsing stopped: look for it in argv.
             let json = std::env::args_os().skip(1).take_while(|a| a != "--").any(|a| a == "--json");
             let out = output::Output { json };
-            return ExitCode::from(out.usage_error(error.render().to_string().trim_end()));
+            let text = error.render().to_string();
+            let text = text.trim_end();
+            // `keel` alone: the help, as it is (its first line is not an error message).
+            if error.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                if json {
+                    outln!(
+                        "{}",
+                        serde_json::json!({"status": "usage_error", "reason": "bad_input", "error": "a subcommand is required"})
+                    );
+                }
+                errln!("{text}");
+                return ExitCode::from(exit::USAGE);
+            }
+            return ExitCode::from(out.usage_error(text.strip_prefix("error: ").unwrap_or(text)));
         }
         Err(help_or_version) => {
-            let _ = help_or_version.print();
+            let text = help_or_version.render().to_string();
+            outln!("{}", text.trim_end());
             return ExitCode::from(exit::OK);
         }
     };
@@ -433,8 +656,11 @@ fn main() -> ExitCode {
     if let Command::ProviderSim { args } = &cli.command {
         return harness::run_provider_sim(args);
     }
-    wiring::init_tracing();
-    wiring::init_lease_ttl(cli.lease_ttl_ms);
+    // The demo and the soak keep their children's expected warnings (a timeout they cause on
+    // purpose) off the terminal unless RUST_LOG asks for them.
+    let quiet = matches!(cli.command, Command::Demo { .. } | Command::Soak { .. });
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    wiring::init_tracing(cli.log_format == "json", quiet, no_color);
     // Read once, here: libraries receive the parsed value, never the environment.
     if let Err(message) = wiring::init_failpoints(std::env::var("KEEL_FAILPOINT").ok().as_deref()) {
         return ExitCode::from(out.usage_error(&format!("KEEL_FAILPOINT: {message}")));
@@ -443,18 +669,17 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(error) => return ExitCode::from(out.internal_error(&format!("cannot start the async runtime: {error}"))),
     };
+    let finished = |result: output::Outcome| match result {
+        Ok(code) => code,
+        Err(failure) => out.fail(&failure),
+    };
     // An agent run handles ctrl-c itself (it records its `cancelled` stop, then exits 130).
     if matches!(cli.command, Command::Agent { .. }) {
-        let code = runtime.block_on(dispatch(cli)).unwrap_or_else(|error| out.internal_error(&format!("{error:#}")));
-        return ExitCode::from(code);
+        return ExitCode::from(finished(runtime.block_on(dispatch(cli))));
     }
     let code = runtime.block_on(async {
         let command = dispatch(cli);
         tokio::pin!(command);
-        let finished = |result: anyhow::Result<u8>| match result {
-            Ok(code) => code,
-            Err(error) => out.internal_error(&format!("{error:#}")),
-        };
         let mut terminate = wiring::sigterm();
         tokio::select! {
             result = &mut command => finished(result),
@@ -469,9 +694,9 @@ fn main() -> ExitCode {
                     Ok(result) => {
                         finished(result);
                     }
-                    Err(_) => eprintln!("keel: the step in progress did not finish within the grace period"),
+                    Err(_) => errln!("keel: the step in progress did not finish within the grace period"),
                 }
-                eprintln!("keel: stopped by SIGTERM; whatever was acknowledged is durable, `keel resume` continues it");
+                errln!("keel: stopped by SIGTERM; whatever was acknowledged is durable, `keel resume` continues it");
                 exit::TERMINATED
             }
         }
@@ -479,99 +704,149 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
-async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
-    let out = output::Output { json: cli.json };
-    let durability = wiring::durability(&cli.durability);
-    let needs_provider = matches!(
-        cli.command,
-        Command::Charge { .. } | Command::Refund { .. } | Command::Reconcile { .. } | Command::Resume
-    );
-    if needs_provider && cli.provider.url.is_none() {
-        return Ok(out.usage_error(
-            "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. the address `keel-provider-sim serve` prints)",
-        ));
+/// Refuses a missing event log unless `--create`: recovery, inspection and operator
+/// commands never start an empty one by accident (`keel --db typo.db resume`).
+fn existing_log(db: &std::path::Path, create: CreateFlag) -> Result<(), output::Failure> {
+    if create.create || db.exists() { Ok(()) } else { Err(output::Failure::MissingDatabase(db.to_owned())) }
+}
+
+/// The provider, required.
+fn required_provider(provider: &ProviderArgs, what: &str) -> Result<(), output::Failure> {
+    match provider.url {
+        Some(_) => Ok(()),
+        None => Err(output::Failure::MissingProvider(format!(
+            "{what} needs the payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. the address \
+             `keel-provider-sim serve` prints)"
+        ))),
     }
+}
+
+/// What a command's store and provider options come to.
+struct Setting {
+    durability: store::Durability,
+    provider: ProviderArgs,
+}
+
+async fn dispatch(cli: Cli) -> output::Outcome {
+    let out = output::Output { json: cli.json };
+    let before = cli.before;
+    let db = cli.db.as_path();
+    // Each command's store and provider options over those given before the subcommand.
+    let setting = |store: Option<&StoreFlags>, provider: Option<&ProviderFlags>| {
+        wiring::init_lease_ttl(before.lease_ttl_ms(store));
+        Setting { durability: before.durability(store), provider: before.provider(provider) }
+    };
     match cli.command {
-        Command::Agent { command } => agent::dispatch(&cli.db, durability, &cli.provider, &out, command).await,
-        Command::Charge { effect, payment_method_token, limits } => {
-            let input = match ops::effect_input(&effect, payment_method_token.as_deref()) {
-                Ok(input) => input,
-                Err(message) => return Ok(out.usage_error(&message)),
+        Command::Agent { command } => {
+            let (store, provider, create) = match &command {
+                AgentCommand::Run { store, provider, .. } => (store, provider, CreateFlag { create: true }),
+                AgentCommand::Resume { store, provider, create, .. } => (store, provider, *create),
             };
-            let node = wiring::Node::open(&cli.db, durability, &cli.provider, limits.max_charge_minor)?;
+            existing_log(db, create)?;
+            let setting = setting(Some(store), Some(provider));
+            agent::dispatch(db, setting.durability, &setting.provider, &out, command).await
+        }
+        Command::Charge { effect, payment_method_token, limits, store, provider } => {
+            let setting = setting(Some(&store), Some(&provider));
+            required_provider(&setting.provider, "charge")?;
+            let input = ops::effect_input(&effect, payment_method_token.as_deref()).map_err(output::Failure::Usage)?;
+            let node = wiring::Node::open(db, setting.durability, &setting.provider, limits.max_charge_minor)?;
             ops::run_effect(&node, &out, "charge", &input, &limits).await
         }
-        Command::Refund { effect, limits } => {
-            let input = match ops::effect_input(&effect, None) {
-                Ok(input) => input,
-                Err(message) => return Ok(out.usage_error(&message)),
-            };
-            let node = wiring::Node::open(&cli.db, durability, &cli.provider, limits.max_charge_minor)?;
+        Command::Refund { effect, limits, store, provider } => {
+            let setting = setting(Some(&store), Some(&provider));
+            required_provider(&setting.provider, "refund")?;
+            let input = ops::effect_input(&effect, None).map_err(output::Failure::Usage)?;
+            let node = wiring::Node::open(db, setting.durability, &setting.provider, limits.max_charge_minor)?;
             ops::run_effect(&node, &out, "refund", &input, &limits).await
         }
-        Command::Intents { state } => ops::list_intents(&cli.db, &out, state.as_deref()),
-        Command::Show { key } => ops::show(&cli.db, &out, &key),
-        Command::Reconcile { key, due } => {
-            let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
-            ops::reconcile(&node, &out, key.as_deref(), due).await
+        Command::Intents { state, create } => {
+            let state = ops::parse_state(state.as_deref())?;
+            existing_log(db, create)?;
+            ops::list_intents(&ops::reader(db, create)?, &out, state)
         }
-        Command::Resume => {
-            let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
-            ops::resume(&node, &out).await
+        Command::Show { key, create } => {
+            let key = ops::parse_key(&key)?;
+            existing_log(db, create)?;
+            ops::show(&ops::reader(db, create)?, &out, &key)
         }
-        Command::Cancel { key, by, reason } => {
-            ops::operator(
-                &cli.db,
-                durability,
-                &out,
-                &key,
-                |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone()),
-                &by,
-            )
-            .await
+        Command::Runs { status, workflow, since, create } => {
+            let filter = runs::filter(status.as_deref(), workflow, since.as_deref())?;
+            existing_log(db, create)?;
+            runs::list(&ops::reader(db, create)?, &out, &filter)
         }
-        Command::Resolve { key, landed, absent: _, override_reason, by, reason } => {
+        Command::Run { command: RunCommand::Show { run_id, create } } => {
+            existing_log(db, create)?;
+            runs::show(&ops::reader(db, create)?, &out, &engine::event::RunId::new(run_id))
+        }
+        Command::Run { command: RunCommand::Cancel { run_id, by, reason, create, store } } => {
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), None);
+            runs::cancel(db, setting.durability, &out, &engine::event::RunId::new(run_id), &by, &reason).await
+        }
+        Command::Reconcile { key, due, create, store, provider } => {
+            let key = key.as_deref().map(ops::parse_key).transpose()?;
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), Some(&provider));
+            required_provider(&setting.provider, "reconcile")?;
+            let node = wiring::Node::open(db, setting.durability, &setting.provider, None)?;
+            ops::reconcile(&node, &out, key.as_ref(), due).await
+        }
+        Command::Resume { create, store, provider } => {
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), Some(&provider));
+            required_provider(&setting.provider, "resume")?;
+            ops::resume(db, setting.durability, &setting.provider, &out).await
+        }
+        Command::Cancel { key, by, reason, create, store } => {
+            let key = ops::parse_key(&key)?;
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), None);
+            let ask = |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone());
+            ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Cancel).await
+        }
+        Command::Resolve { key, landed, absent: _, override_reason, by, reason, create, store, provider } => {
+            let key = ops::parse_key(&key)?;
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), Some(&provider));
             let decision = ops::Resolution { landed, by, reason, override_reason };
-            ops::resolve(&cli.db, durability, &cli.provider, &out, &key, decision).await
+            ops::resolve(db, setting.durability, &setting.provider, &out, &key, decision).await
         }
-        Command::Approve { key, by, fingerprint, ttl_ms } => {
-            ops::operator(
-                &cli.db,
-                durability,
-                &out,
-                &key,
-                |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone()),
-                &by,
-            )
-            .await
+        Command::Approve { key, by, fingerprint, ttl_ms, create, store } => {
+            let key = ops::parse_key(&key)?;
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), None);
+            let ask = |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone());
+            ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Approve).await
         }
-        Command::Deny { key, by, reason } => {
-            ops::operator(
-                &cli.db,
-                durability,
-                &out,
-                &key,
-                |cause, key| Ask::deny(cause, key, by.clone(), reason.clone()),
-                &by,
-            )
-            .await
+        Command::Deny { key, by, reason, create, store } => {
+            let key = ops::parse_key(&key)?;
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), None);
+            let ask = |cause, key| Ask::deny(cause, key, by.clone(), reason.clone());
+            ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Deny).await
         }
-        Command::Verify => ops::verify(&cli.db, &out),
-        Command::Demo { dir } => harness::demo::run(&out, dir).await,
-        Command::Bench { intents, concurrency, keep, first } => {
+        Command::Verify { create } => {
+            existing_log(db, create)?;
+            ops::verify(&ops::reader(db, create)?, &out)
+        }
+        Command::Demo { dir, keep } => Ok(harness::demo::run(&out, dir, keep).await?),
+        Command::Bench { intents, concurrency, keep, first, durability } => {
             let args = harness::bench::Args { intents, concurrency, keep, first };
-            harness::bench::run(&out, &cli.db, durability, args).await
+            Ok(harness::bench::run(&out, db, wiring::durability(&durability), args).await?)
         }
         Command::BenchScale { dir, sizes, runs, in_flight } => {
-            harness::scale::run(&out, &dir, &sizes, runs, in_flight).await
+            Ok(harness::scale::run(&out, &dir, &sizes, runs, in_flight).await?)
         }
         Command::BenchLeaveInFlight { intents, first } => {
-            harness::bench::leave_in_flight(&cli.db, durability, first, intents).await
+            let setting = setting(None, None);
+            Ok(harness::bench::leave_in_flight(db, setting.durability, first, intents).await?)
         }
-        Command::Soak { kills, seed, dir } => harness::soak::run(&out, kills, seed, dir).await,
+        Command::Soak { kills, seed, dir, keep } => Ok(harness::soak::run(&out, kills, seed, dir, keep).await?),
         Command::SoakWorker { seed, round } => {
-            let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
-            harness::soak::worker(&node, seed, round).await
+            let setting = setting(None, None);
+            let node = wiring::Node::open(db, setting.durability, &setting.provider, None)?;
+            Ok(harness::soak::worker(&node, seed, round).await?)
         }
         Command::ProviderSim { .. } => unreachable!("handled before the runtime starts"),
     }

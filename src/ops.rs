@@ -5,16 +5,15 @@
 //! and exit code. It never touches SQL (the store does) nor decides a transition (the
 //! ledger does).
 
-use crate::output::{Output, name_intent_keys};
+use crate::output::{Failure, Outcome, Output, name_intent_keys, plural};
 use crate::wiring::{Node, open_store};
 use crate::{EffectArgs, LimitArgs, ProviderArgs, exit};
-use anyhow::Context as _;
-use engine::event::{Cause, IntentKey, RunId, RunLimits};
-use engine::executor::{IntentOutcome, RunOutcome, RunRequest};
+use engine::event::{AfterLookup, Cause, Event, IntentKey, RunId, RunLimits};
+use engine::executor::{IntentOutcome, RunOutcome, RunRequest, WorkflowError};
 use engine::ledger::{Intent, IntentStatus};
 use engine::log::{Ask, Asking, EventLog, IntentAnswer, LogError};
 use serde_json::{Map, Value, json};
-use std::io::{IsTerminal as _, Read as _};
+use std::io::Read as _;
 use std::path::Path;
 
 /// Builds a workflow input from flags or `--input FILE|-`.
@@ -53,14 +52,23 @@ pub fn effect_input(args: &EffectArgs, payment_method_token: Option<&str>) -> Re
     Ok(input)
 }
 
+/// An amount in its currency's major unit: `49.00 EUR`, `1500 XOF`.
+pub fn money(amount_minor: i64, currency: &str) -> String {
+    if currency == "XOF" {
+        return format!("{amount_minor} {currency}");
+    }
+    let sign = if amount_minor < 0 { "-" } else { "" };
+    let abs = amount_minor.unsigned_abs();
+    format!("{sign}{}.{:02} {currency}", abs / 100, abs % 100)
+}
+
+/// A time as operators read it: `2026-01-31 12:00:00Z`.
+pub fn when(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%SZ").to_string()
+}
+
 /// Runs one charge or refund workflow and prints its outcome.
-pub async fn run_effect(
-    node: &Node,
-    out: &Output,
-    workflow: &str,
-    input: &Value,
-    limits: &LimitArgs,
-) -> anyhow::Result<u8> {
+pub async fn run_effect(node: &Node, out: &Output, workflow: &str, input: &Value, limits: &LimitArgs) -> Outcome {
     let request = RunRequest {
         run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
         limits: RunLimits {
@@ -72,12 +80,23 @@ pub async fn run_effect(
         deadline_ms: limits.deadline_ms,
         cause: Cause::command(workflow),
     };
-    let outcome = node.executor.start(workflow, input, request).await?;
+    let outcome = node.executor.start(workflow, input, request).await;
     node.shutdown()?;
+    let outcome = outcome?;
     let mut document = outcome.output.clone();
     if let Some(map) = document.as_object_mut() {
-        map.insert("run_id".to_owned(), json!(outcome.run_id));
+        // A proposal refused before anything was written has no run to name, and no
+        // reserved intent whose limits it could show.
+        if outcome.written {
+            map.insert("run_id".to_owned(), json!(outcome.run_id));
+        }
+        if map.get("attempts_max").and_then(Value::as_u64) == Some(0) {
+            for field in ["attempts", "attempts_max", "reconciliations", "reconciliations_max"] {
+                map.remove(field);
+            }
+        }
         map.insert("run_status".to_owned(), json!(outcome.status));
+        map.insert("recorded".to_owned(), json!(outcome.written));
     }
     out.emit(&document, || print_run(workflow, &outcome));
     Ok(if outcome.intent.as_ref().is_some_and(IntentOutcome::is_validated) { exit::OK } else { exit::CONTROLLED })
@@ -89,10 +108,10 @@ fn print_run(workflow: &str, outcome: &RunOutcome) {
     match (&outcome.intent, &outcome.rejection) {
         (Some(intent), _) => print_intent(workflow, intent),
         (None, Some(rejection)) => {
-            println!("{workflow} (no key) → rejected, code {}", rejection.code.as_str());
-            rejection.details.iter().for_each(|detail| println!("  - {detail}"));
+            outln!("{workflow} (no key) → rejected, code {}, nothing recorded", rejection.code.as_str());
+            rejection.details.iter().for_each(|detail| outln!("  - {detail}"));
         }
-        (None, None) => println!("{workflow} run {} → {}", outcome.run_id, outcome.status.as_str()),
+        (None, None) => outln!("{workflow} run {} → {}", outcome.run_id, outcome.status.as_str()),
     }
 }
 
@@ -107,57 +126,156 @@ fn print_intent(workflow: &str, outcome: &IntentOutcome) {
     if let Some(provider_ref) = &outcome.provider_ref {
         line.push_str(&format!(", evidence {provider_ref}"));
     }
-    line.push_str(&format!(", {} attempt(s)", outcome.attempts));
-    if let Some(at) = outcome.reconcile_after {
-        line.push_str(&format!(", reconcile after {}", at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)));
+    if outcome.attempts_max > 0 {
+        line.push_str(&format!(", {}", plural(outcome.attempts, "attempt")));
     }
-    println!("{line}");
-    outcome.details.iter().for_each(|detail| println!("  - {detail}"));
+    if let Some(at) = outcome.reconcile_after {
+        line.push_str(&format!(", reconcile after {}", when(at)));
+    }
+    outln!("{line}");
+    outcome.details.iter().for_each(|detail| outln!("  - {detail}"));
 }
 
 fn print_outcome(outcome: &IntentOutcome) {
     print_intent(outcome.intent_key.as_str().split(':').next().unwrap_or("intent"), outcome);
 }
 
-fn parse_key(key: &str) -> Result<IntentKey, String> {
+/// An intent key typed by an operator.
+pub fn parse_key(key: &str) -> Result<IntentKey, Failure> {
     IntentKey::parse(key).ok_or_else(|| {
-        format!("{key:?} is not an intent key (expected operation:tenant:intent_id, operation charge or refund)")
+        Failure::Usage(format!(
+            "{key:?} is not an intent key (expected operation:tenant:intent_id, operation charge or refund)"
+        ))
     })
 }
 
-/// `keel intents [--state S]`.
-pub fn list_intents(db: &Path, out: &Output, state: Option<&str>) -> anyhow::Result<u8> {
-    if let Some(state) = state
-        && IntentStatus::parse(state).is_none()
-    {
-        let known: Vec<&str> = engine::ledger::ALL_STATUSES.iter().map(|s| s.as_str()).collect();
-        return Ok(out.usage_error(&format!("unknown state {state:?} (known: {})", known.join(", "))));
+/// An intent status typed by an operator; an unknown one is refused with the list.
+pub fn parse_state(state: Option<&str>) -> Result<Option<IntentStatus>, Failure> {
+    state
+        .map(|name| {
+            IntentStatus::parse(name).ok_or_else(|| {
+                let known: Vec<&str> = engine::ledger::ALL_STATUSES.iter().map(|s| s.as_str()).collect();
+                Failure::Usage(format!("unknown state {name:?} (known: {})", known.join(", ")))
+            })
+        })
+        .transpose()
+}
+
+/// A reader on the log; with `--create`, a missing log is created first (empty).
+pub fn reader(db: &Path, create: crate::CreateFlag) -> Result<store::Reader, Failure> {
+    if create.create && !db.exists() {
+        open_store(db, store::Durability::Full)?.shutdown()?;
     }
-    let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-    let rows = reader.intents(state)?;
+    store::Reader::open(db).map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))
+}
+
+/// `keel intents [--state S]`.
+pub fn list_intents(reader: &store::Reader, out: &Output, state: Option<IntentStatus>) -> Outcome {
+    let rows = reader.intents(state.map(|s| s.as_str()))?;
     out.emit(&name_intent_keys(serde_json::to_value(&rows)?), || {
         if rows.is_empty() {
-            println!("no intents{}", state.map(|s| format!(" in state {s}")).unwrap_or_default());
+            outln!("no intents{}", state.map(|s| format!(" in state {}", s.as_str())).unwrap_or_default());
+            return;
         }
+        let key_width = rows.iter().map(|r| r.key.len()).max().unwrap_or(3).max(3);
+        outln!(
+            "{:<18} {:<key_width$} {:>14} {:>8} {:>15} {:<20} {}",
+            "STATUS",
+            "KEY",
+            "AMOUNT",
+            "ATTEMPTS",
+            "RECONCILIATIONS",
+            "LAST SENT",
+            "RECONCILE AFTER"
+        );
         for row in &rows {
-            println!(
-                "{:<18} {:<60} {:>10} {} attempts={} reconciliations={}",
-                row.status, row.key, row.amount_minor, row.currency, row.attempts, row.reconciliations
+            let time = |t: &Option<String>| {
+                t.as_deref()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .map_or_else(|| "-".to_owned(), |t| when(t.to_utc()))
+            };
+            outln!(
+                "{:<18} {:<key_width$} {:>14} {:>8} {:>15} {:<20} {}",
+                row.status,
+                row.key,
+                money(row.amount_minor, &row.currency),
+                format!("{}/{}", row.attempts, row.attempts_max),
+                format!("{}/{}", row.reconciliations, row.reconciliations_max),
+                time(&row.last_sent_at),
+                time(&row.reconcile_after),
             );
         }
     });
     Ok(exit::OK)
 }
 
+/// What one event says, in a few words, for `keel show`'s history.
+fn describe(event: &Event) -> String {
+    match event {
+        Event::IntentReserved { intent, approval_required, .. } => format!(
+            "{}{}",
+            money(intent.amount_minor, &intent.currency),
+            if *approval_required { ", approval required" } else { "" }
+        ),
+        Event::AttemptStarted { attempt, .. } => format!("attempt {attempt}"),
+        Event::AttemptNotSent { attempt, detail, .. } => format!("attempt {attempt} never sent: {detail}"),
+        Event::IntentValidated { source, evidence, .. } => format!(
+            "{} by {}, {}",
+            evidence.provider_ref,
+            match source {
+                engine::event::Source::Provider => "the provider",
+                engine::event::Source::Reconciled => "reconciliation",
+            },
+            money(evidence.amount_minor, &evidence.currency)
+        ),
+        Event::IntentDeclined { code, .. } => format!("code {code}"),
+        Event::OutcomeUnknown { reason, reconcile_after, .. } => format!(
+            "{}{}",
+            reason.as_str(),
+            reconcile_after.map(|at| format!(", reconcile after {}", when(at))).unwrap_or_default()
+        ),
+        Event::ReconciliationStarted { reconciliation, .. } => format!("lookup {reconciliation}"),
+        Event::ReconciliationResolved { reconciliation, status, evidence, detail, after, .. } => {
+            let mut text = format!("lookup {reconciliation}: {}", status.as_str());
+            if let Some(evidence) = evidence {
+                text.push_str(&format!(
+                    " {} ({})",
+                    evidence.provider_ref,
+                    money(evidence.amount_minor, &evidence.currency)
+                ));
+            }
+            text.push_str(&match after {
+                AfterLookup::Validated => " → validated".to_owned(),
+                AfterLookup::ResendAllowed => " → resend allowed".to_owned(),
+                AfterLookup::RetryAt { reconcile_after } => format!(" → look again after {}", when(*reconcile_after)),
+                AfterLookup::Escalated => " → escalated".to_owned(),
+            });
+            if !detail.is_empty() {
+                text.push_str(&format!(" ({detail})"));
+            }
+            text
+        }
+        Event::IntentEscalated { reason, .. } => reason.clone(),
+        Event::ApprovalGranted { by, expires_at, .. } => format!("by {by}, valid until {}", when(*expires_at)),
+        Event::ApprovalDenied { by, reason, .. } | Event::IntentCancelled { by, reason, .. } => {
+            format!("by {by}: {reason}")
+        }
+        Event::IntentResolved { by, reason, landed, check, .. } => format!(
+            "by {by}: {} ({reason}){}",
+            landed.as_deref().map_or_else(|| "absent".to_owned(), |r| format!("landed {r}")),
+            check.annotation()
+        ),
+        Event::ApprovalRequested { closes_at, .. } => format!("window closes {}", when(*closes_at)),
+        Event::IntentReleased { reason, .. } => reason.to_string(),
+        Event::IntentDeduplicated { run_id, .. } => format!("proposed again by run {run_id}"),
+        _ => String::new(),
+    }
+}
+
 /// `keel show KEY`.
-pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
-    let key = match parse_key(key) {
-        Ok(key) => key,
-        Err(message) => return Ok(out.usage_error(&message)),
-    };
-    let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-    let Some(intent) = reader.intent_state(&key)? else {
-        return Ok(out.refused(&format!("no intent with key {key}")));
+pub fn show(reader: &store::Reader, out: &Output, key: &IntentKey) -> Outcome {
+    let Some(intent) = reader.intent_state(key)? else {
+        return Err(Failure::NotFound(format!("no intent with key {key} in this log")));
     };
     let events = reader.stream(&key.stream())?;
     let history: Vec<Value> = events
@@ -184,33 +302,37 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         "events": history,
     });
     out.emit(&name_intent_keys(document), || {
-        println!("{key}: {}", intent.status.as_str());
-        println!(
-            "  {} {} {} for order {}, fingerprint {}",
+        outln!("{key}: {}", intent.status.as_str());
+        outln!(
+            "  {} {} for order {}, run {}, fingerprint {}",
             intent.definition.kind.as_str(),
-            intent.definition.amount_minor,
-            intent.definition.currency,
+            money(intent.definition.amount_minor, &intent.definition.currency),
             intent.definition.order_id,
+            intent.run_id,
             intent.definition.fingerprint
         );
-        println!(
+        outln!(
             "  attempts {}/{}, reconciliations {}/{}",
-            intent.attempts, intent.attempts_max, intent.reconciliations, intent.reconciliations_max
+            intent.attempts,
+            intent.attempts_max,
+            intent.reconciliations,
+            intent.reconciliations_max
         );
         if let Some(evidence) = &intent.evidence {
-            println!("  evidence {} ({} {})", evidence.provider_ref, evidence.amount_minor, evidence.currency);
+            outln!("  evidence {} ({})", evidence.provider_ref, money(evidence.amount_minor, &evidence.currency));
         }
         if let Some(note) = &intent.note {
-            println!("  note: {note}");
+            outln!("  note: {note}");
         }
-        println!("  history:");
+        outln!("  history:");
         for e in &events {
-            println!(
-                "    #{:<6} {} {:<24} by {}",
+            outln!(
+                "    #{:<6} {} {:<24} {:<22} {}",
                 e.seq,
                 e.at.format("%H:%M:%S%.3f"),
                 e.event.type_name(),
-                e.cause.actor
+                e.cause.actor,
+                describe(&e.event)
             );
         }
     });
@@ -218,27 +340,17 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
 }
 
 /// `keel reconcile KEY|--due`.
-pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) -> anyhow::Result<u8> {
+pub async fn reconcile(node: &Node, out: &Output, key: Option<&IntentKey>, due: bool) -> Outcome {
     let cause = Cause::command("reconcile");
-    let outcomes = if due {
-        node.executor.reconcile_due(cause).await?
-    } else {
-        let key = match parse_key(key.unwrap_or_default()) {
-            Ok(key) => key,
-            Err(message) => return Ok(out.usage_error(&message)),
-        };
-        match node.executor.reconcile(&key, cause).await {
-            Ok(outcome) => vec![outcome],
-            Err(engine::executor::WorkflowError::Log(LogError::Refused(refusal))) => {
-                return Ok(out.refused(&refusal.to_string()));
-            }
-            Err(other) => return Err(other.into()),
-        }
+    let outcomes = match key.filter(|_| !due) {
+        None => node.executor.reconcile_due(cause).await,
+        Some(key) => node.executor.reconcile(key, cause).await.map(|outcome| vec![outcome]),
     };
     node.shutdown()?;
+    let outcomes = outcomes.map_err(workflow_failure)?;
     out.emit(&outcomes, || {
         if outcomes.is_empty() {
-            println!("nothing due for reconciliation");
+            outln!("nothing due for reconciliation");
         }
         outcomes.iter().for_each(print_outcome);
     });
@@ -246,60 +358,111 @@ pub async fn reconcile(node: &Node, out: &Output, key: Option<&str>, due: bool) 
     Ok(if due || all_validated { exit::OK } else { exit::CONTROLLED })
 }
 
-/// `keel resume`.
-pub async fn resume(node: &Node, out: &Output) -> anyhow::Result<u8> {
-    let report = node.executor.recover_and_resume(Cause::command("resume")).await?;
+/// A workflow error as a failure: the ledger's refusals keep their kind.
+pub fn workflow_failure(error: WorkflowError) -> Failure {
+    match error {
+        WorkflowError::Log(LogError::Refused(refusal)) => Failure::refusal(&refusal),
+        WorkflowError::Busy(refusal) => Failure::Refused(refusal.to_string()),
+        other => Failure::Internal(other.to_string()),
+    }
+}
+
+/// `keel resume`: the workflow runs and reconciliations, then the agent runs.
+pub async fn resume(db: &Path, durability: store::Durability, provider: &ProviderArgs, out: &Output) -> Outcome {
+    let node = Node::open(db, durability, provider, None)?;
+    let report = node.executor.recover_and_resume(Cause::command("resume")).await;
     node.shutdown()?;
-    out.emit(&report, || {
-        println!(
-            "recovered {} in-flight intent(s), resumed {} run(s), reconciled {} intent(s)",
-            report.recovered.len(),
-            report.resumed.len(),
-            report.reconciled.len()
+    let report = report.map_err(workflow_failure)?;
+    let agents = crate::agent::resume_unfinished(db, durability, provider).await?;
+    let mut document = serde_json::to_value(&report)?;
+    if let Some(map) = document.as_object_mut() {
+        map.insert("agent_runs".into(), serde_json::to_value(&agents)?);
+    }
+    out.emit(&name_intent_keys(document), || {
+        outln!(
+            "recovered {}, resumed {} and {}, reconciled {}",
+            plural(report.recovered.len() as u64, "in-flight intent"),
+            plural(report.resumed.len() as u64, "workflow run"),
+            plural(agents.len() as u64, "agent run"),
+            plural(report.reconciled.len() as u64, "intent")
         );
         for key in &report.recovered {
-            println!("  recovered {key}: outcome_unknown (crash)");
+            outln!("  recovered {key}: outcome_unknown (crash)");
         }
         for run in &report.resumed {
-            println!("  run {}: {}", run.run_id, run.status.as_str());
+            outln!("  run {}: {}", run.run_id, run.status.as_str());
+        }
+        for run in &agents {
+            outln!("  agent run {} ({}): {}", run.run_id, run.workflow, run.summary());
         }
         report.reconciled.iter().for_each(print_outcome);
+        for left in &report.left_to_their_owner {
+            outln!("  left to its owner: {} ({})", left.subject, left.held_by);
+        }
     });
     Ok(exit::OK)
 }
 
-/// `keel cancel|resolve|approve|deny`: one operator decision, recorded with the name.
+/// Which operator decision a command records, to say what it did.
+#[derive(Clone, Copy, Debug)]
+pub enum Decision {
+    /// `keel approve`.
+    Approve,
+    /// `keel deny`.
+    Deny,
+    /// `keel cancel`.
+    Cancel,
+    /// `keel resolve`.
+    Resolve,
+}
+
+/// `keel cancel|approve|deny`: one operator decision, recorded with the name.
 pub async fn operator(
     db: &Path,
     durability: store::Durability,
     out: &Output,
-    key: &str,
+    key: IntentKey,
     ask: impl FnOnce(Cause, IntentKey) -> Ask<IntentAnswer>,
     by: &str,
-) -> anyhow::Result<u8> {
-    let key = match parse_key(key) {
-        Ok(key) => key,
-        Err(message) => return Ok(out.usage_error(&message)),
-    };
+    decision: Decision,
+) -> Outcome {
     if by.trim().is_empty() {
-        return Ok(out.usage_error("--by needs the operator's name"));
+        return Err(Failure::Usage("--by needs the operator's name".into()));
     }
     let store = open_store(db, durability)?;
     let result = (&store as &dyn EventLog).ask(ask(Cause::operator(by), key)).await;
     store.shutdown()?;
     match result {
-        Ok(answer) => print_decision(out, &answer.intent),
-        Err(LogError::Refused(refusal)) => Ok(out.refused(&refusal.to_string())),
+        Ok(answer) => print_decision(out, &answer.intent, decision),
+        Err(LogError::Refused(refusal)) => Err(Failure::refusal(&refusal)),
         Err(other) => Err(other.into()),
     }
 }
 
-/// Prints the intent an operator decision left.
-fn print_decision(out: &Output, intent: &Intent) -> anyhow::Result<u8> {
+/// Prints what an operator decision did, and the intent it left.
+fn print_decision(out: &Output, intent: &Intent, decision: Decision) -> Outcome {
     out.emit(&name_intent_keys(serde_json::to_value(intent)?), || {
-        println!("{}: {}", intent.key(), intent.status.as_str());
+        let key = intent.key();
+        match (decision, &intent.approval) {
+            (Decision::Approve, Some(approval)) => {
+                outln!(
+                    "approved {key} by {}, fingerprint {}…, valid until {}",
+                    approval.by,
+                    &approval.fingerprint[..12.min(approval.fingerprint.len())],
+                    when(approval.expires_at)
+                );
+                outln!(
+                    "  nothing is sent yet: re-submit the same request, or `keel agent resume {}` for an agent's run",
+                    intent.run_id
+                );
+            }
+            (Decision::Approve, None) => outln!("approved {key}: it is {}", intent.status.as_str()),
+            (Decision::Deny, _) => outln!("denied {key}: it is {}, its money released", intent.status.as_str()),
+            (Decision::Cancel, _) => outln!("cancelled {key}: it is {}", intent.status.as_str()),
+            (Decision::Resolve, _) => outln!("resolved {key}: it is {}", intent.status.as_str()),
+        }
         if let Some(note) = &intent.note {
-            println!("  note: {note}");
+            outln!("  note: {note}");
         }
     });
     Ok(exit::OK)
@@ -324,23 +487,23 @@ pub async fn resolve(
     durability: store::Durability,
     provider: &ProviderArgs,
     out: &Output,
-    key: &str,
+    key: &IntentKey,
     decision: Resolution,
-) -> anyhow::Result<u8> {
-    let key = match parse_key(key) {
-        Ok(key) => key,
-        Err(message) => return Ok(out.usage_error(&message)),
-    };
+) -> Outcome {
     if decision.by.trim().is_empty() {
-        return Ok(out.usage_error("--by needs the operator's name"));
+        return Err(Failure::Usage("--by needs the operator's name".into()));
     }
     if provider.url.is_none() {
-        let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-        if reader.intent_state(&key)?.is_some_and(|intent| intent.capability.lookup) {
-            return Ok(out.usage_error(&format!(
-                "intent {key}'s provider can look it up, so resolve checks with it first: pass --provider URL \
-                 (or set KEEL_PROVIDER_URL)"
-            )));
+        let reader = reader(db, crate::CreateFlag::default())?;
+        match reader.intent_state(key)? {
+            None => return Err(Failure::NotFound(format!("no intent with key {key} in this log"))),
+            Some(intent) if intent.capability.lookup => {
+                return Err(Failure::MissingProvider(format!(
+                    "intent {key}'s provider can look it up, so resolve checks with it first: pass --provider URL \
+                     (or set KEEL_PROVIDER_URL)"
+                )));
+            }
+            Some(_) => {}
         }
     }
     let resolved = match &provider.url {
@@ -348,7 +511,7 @@ pub async fn resolve(
             let node = Node::open(db, durability, provider, None)?;
             let result = node
                 .executor
-                .resolve(&key, &decision.by, &decision.reason, decision.landed, decision.override_reason)
+                .resolve(key, &decision.by, &decision.reason, decision.landed, decision.override_reason)
                 .await;
             node.store.shutdown()?;
             result
@@ -369,38 +532,36 @@ pub async fn resolve(
         }
     };
     match resolved {
-        Ok(intent) => print_decision(out, &intent),
-        Err(engine::executor::WorkflowError::Log(LogError::Refused(refusal))) => Ok(out.refused(&refusal.to_string())),
-        Err(other) => Err(other.into()),
+        Ok(intent) => print_decision(out, &intent, Decision::Resolve),
+        Err(error) => Err(workflow_failure(error)),
     }
 }
 
 /// `keel verify`.
-pub fn verify(db: &Path, out: &Output) -> anyhow::Result<u8> {
-    if !db.exists() {
-        return Ok(out.usage_error(&format!("{} does not exist", db.display())));
-    }
-    let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
+pub fn verify(reader: &store::Reader, out: &Output) -> Outcome {
     // Progress on a terminal only: a pipe or `--json` gets the report alone.
-    let show_progress = !out.json && std::io::stderr().is_terminal();
-    let report = reader.verify_with(&mut |progress| {
-        if show_progress {
-            let phase = match progress.phase {
-                store::Phase::Chain => "hash chain, events",
-                store::Phase::Streams => "replaying streams",
+    let progress = out.progress(0, "verify: hash chain");
+    let mut phase = None;
+    let report = reader.verify_with(&mut |step| {
+        if phase != Some(step.phase) {
+            let what = match step.phase {
+                store::Phase::Chain => "verify: hash chain",
+                store::Phase::Streams => "verify: replaying streams",
             };
-            eprint!("\rverify: {phase} {}/{}   ", progress.done, progress.total);
+            progress.phase(what, step.total);
+            phase = Some(step.phase);
         }
+        progress.set(step.done);
     })?;
-    if show_progress {
-        eprint!("\r\x1b[2K");
-    }
+    progress.finish();
     out.emit(&name_intent_keys(serde_json::to_value(&report)?), || match report.first_mismatch() {
-        None => println!(
-            "ok: {} events, hash chain intact, {} intents and {} runs match their replay",
-            report.events, report.intents, report.runs
+        None => outln!(
+            "ok: {}, hash chain intact, {} and {} match their replay",
+            plural(report.events, "event"),
+            plural(report.intents, "intent"),
+            plural(report.runs, "run")
         ),
-        Some(mismatch) => println!("FAILED ({} mismatches), first: {mismatch}", report.mismatch_count),
+        Some(mismatch) => outln!("FAILED ({}), first: {mismatch}", plural(report.mismatch_count, "mismatch")),
     });
     Ok(if report.is_ok() { exit::OK } else { exit::INTERNAL })
 }

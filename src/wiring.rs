@@ -13,6 +13,7 @@ use engine::executor::{Executor, Runtime};
 use engine::failpoints::Failpoints;
 use engine::lease::{LeaseOwner, Lessee, Liveness, OwnerProbe};
 use engine::provider::{Capability, PaymentProvider};
+use std::io::IsTerminal as _;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
@@ -26,11 +27,18 @@ impl Clock for SystemClock {
     }
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
-pub fn init_tracing() {
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings; nothing when `quiet`, the
+/// harnesses whose expected warnings are the point). `json`: one JSON object a line. Text is
+/// coloured only on a terminal and without `NO_COLOR` (`no_color`, read by `main`).
+pub fn init_tracing(json: bool, quiet: bool, no_color: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if quiet { "off" } else { "warn" }));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.with_ansi(!no_color && std::io::stderr().is_terminal()).try_init()
+    };
 }
 
 /// The store's durability setting from its flag value.
@@ -70,7 +78,7 @@ pub fn init_failpoints(spec: Option<&str>) -> Result<(), String> {
                 point,
                 nth,
                 Arc::new(|point| {
-                    eprintln!("keel: failpoint {point} fired: aborting");
+                    errln!("keel: failpoint {point} fired: aborting");
                     std::process::abort()
                 }),
             )

@@ -397,6 +397,36 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// Every status, in declaration order.
+    pub const ALL: [RunStatus; 21] = [
+        Self::Completed,
+        Self::Rejected,
+        Self::Declined,
+        Self::OutcomeUnknown,
+        Self::Escalated,
+        Self::Cancelled,
+        Self::DeadlineExceeded,
+        Self::CostBudget,
+        Self::NondeterministicReplay,
+        Self::Failed,
+        Self::Incomplete,
+        Self::PermissionDenied,
+        Self::RepeatedCall,
+        Self::ToolBudget,
+        Self::ModelBudget,
+        Self::TokenBudget,
+        Self::SchemaBudget,
+        Self::NoProgress,
+        Self::Truncated,
+        Self::ProviderUnavailable,
+        Self::AnswerTooLarge,
+    ];
+
+    /// The status named `name` (its [`RunStatus::as_str`]).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == name)
+    }
+
     /// Stable snake_case name.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -700,6 +730,18 @@ pub enum Event {
         /// What it means for the intent.
         verdict: LateVerdict,
     },
+    /// An operator asked a run to stop: it stops `cancelled` at its next guard (the next
+    /// reservation, attempt, journal step or agent fact it would write is refused, and the run
+    /// records its end instead). What it holds is left where it stands: an attempt in flight is
+    /// reconciled as usual, never abandoned.
+    RunCancelRequested {
+        /// The run.
+        run_id: RunId,
+        /// The operator.
+        by: String,
+        /// Why.
+        reason: String,
+    },
     /// An operator resolved an unknown or escalated intent by hand.
     IntentResolved {
         /// The intent.
@@ -746,6 +788,7 @@ impl Event {
             Self::IntentResolved { .. } => "IntentResolved",
             Self::LateAnswerRecorded { .. } => "LateAnswerRecorded",
             Self::AgentRecorded { .. } => "AgentRecorded",
+            Self::RunCancelRequested { .. } => "RunCancelRequested",
         }
     }
 
@@ -785,6 +828,7 @@ impl Event {
             | Self::TimerStarted { .. }
             | Self::SignalDelivered { .. }
             | Self::RunFinished { .. }
+            | Self::RunCancelRequested { .. }
             | Self::AgentRecorded { .. } => None,
         }
     }
@@ -798,6 +842,7 @@ impl Event {
             | Self::TimerStarted { run_id, .. }
             | Self::SignalDelivered { run_id, .. }
             | Self::RunFinished { run_id, .. }
+            | Self::RunCancelRequested { run_id, .. }
             | Self::AgentRecorded { run_id, .. } => Some(run_id),
             _ => None,
         }

@@ -189,6 +189,11 @@ impl Ask<Run> {
         Self::new(cause, Action::DeliverSignal { run_id, name, payload })
     }
 
+    /// An operator asks a run to stop (see [`Action::CancelRun`]).
+    pub fn cancel_run(cause: Cause, run_id: RunId, by: String, reason: String) -> Self {
+        Self::new(cause, Action::CancelRun { run_id, by, reason })
+    }
+
     /// Ends a run.
     pub fn finish_run(cause: Cause, run_id: RunId, status: RunStatus, detail: Option<String>) -> Self {
         Self::new(cause, Action::FinishRun { run_id, status, detail })

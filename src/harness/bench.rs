@@ -12,7 +12,7 @@
 //! never answers and exits once every attempt is durable, as a crash would leave them.
 
 use crate::exit;
-use crate::output::Output;
+use crate::output::{Output, Progress};
 use crate::wiring::Node;
 use engine::event::{Cause, RunId, RunLimits};
 use engine::executor::{IntentOutcome, RunRequest, ValidatedBy};
@@ -101,10 +101,15 @@ pub async fn run(out: &Output, db: &Path, durability: store::Durability, args: A
     let node = Arc::new(Node::with_provider(&bench_db, durability, provider.clone(), None)?);
     let inputs = inputs(first, intents);
 
-    let (first_pass, latencies, seconds) = pass(&node, &inputs, concurrency, Expect::Validated).await?;
+    let progress = out.progress(intents as u64, "bench: charging");
+    let (first_pass, latencies, seconds) =
+        pass(&node, &inputs, concurrency, Expect::Validated, progress.clone()).await?;
+    progress.phase("bench: re-submitting", intents as u64);
     let stats = node.store.stats();
     let effects_first = provider.effect_count();
-    let (deduplicated, _, dedup_seconds) = pass(&node, &inputs, concurrency, Expect::Deduplicated).await?;
+    let (deduplicated, _, dedup_seconds) =
+        pass(&node, &inputs, concurrency, Expect::Deduplicated, progress.clone()).await?;
+    progress.finish();
     let effects_after = provider.effect_count();
     node.shutdown()?;
     drop(node);
@@ -142,23 +147,23 @@ pub async fn run(out: &Output, db: &Path, durability: store::Durability, args: A
     let ok =
         first_pass == intents && deduplicated == intents && effects_first == intents && effects_after == effects_first;
     out.emit(&report, || {
-        println!("keel bench: {intents} charges, concurrency {concurrency}, durability {}", report.durability);
-        println!(
+        outln!("keel bench: {intents} charges, concurrency {concurrency}, durability {}", report.durability);
+        outln!(
             "  {:.0} intents/s, {:.0} events/s over {:.2} s",
             report.intents_per_s, report.events_per_s, report.seconds
         );
-        println!("  latency p50 {:.2} ms, p99 {:.2} ms", report.p50_ms, report.p99_ms);
-        println!(
+        outln!("  latency p50 {:.2} ms, p99 {:.2} ms", report.p50_ms, report.p99_ms);
+        outln!(
             "  {} commits = {:.3} fsyncs per intent ({} events)",
             report.commits, report.fsyncs_per_intent, report.events
         );
-        println!(
+        outln!(
             "  re-submission: {deduplicated}/{intents} deduplicated ({:.0}/s), effects {effects_first} → {effects_after} {}",
             report.dedups_per_s,
             if ok { "(no new effect)" } else { "(MISMATCH)" }
         );
         if let (Some(path), Some(bytes)) = (&keep, kept_bytes) {
-            println!("  kept {} ({bytes} bytes, both passes' events)", path.display());
+            outln!("  kept {} ({bytes} bytes, both passes' events)", path.display());
         }
     });
     Ok(if ok { exit::OK } else { exit::INTERNAL })
@@ -172,10 +177,11 @@ pub async fn build(
     first: usize,
     count: usize,
     concurrency: usize,
+    progress: Progress,
 ) -> anyhow::Result<usize> {
     let provider = Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like()));
     let node = Arc::new(Node::with_provider(db, durability, provider, None)?);
-    let (validated, _, _) = pass(&node, &inputs(first, count), concurrency, Expect::Validated).await?;
+    let (validated, _, _) = pass(&node, &inputs(first, count), concurrency, Expect::Validated, progress).await?;
     node.shutdown()?;
     Ok(validated)
 }
@@ -227,7 +233,7 @@ pub async fn leave_in_flight(
     while node.store.stats().events < target {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    println!("{count} attempts in flight in {}", db.display());
+    outln!("{count} attempts in flight in {}", db.display());
     std::process::exit(i32::from(exit::OK))
 }
 
@@ -255,12 +261,13 @@ async fn pass(
     inputs: &Arc<Vec<serde_json::Value>>,
     concurrency: usize,
     expect: Expect,
+    progress: Progress,
 ) -> anyhow::Result<(usize, Vec<Duration>, f64)> {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
-        let (node, inputs, next) = (node.clone(), inputs.clone(), next.clone());
+        let (node, inputs, next, progress) = (node.clone(), inputs.clone(), next.clone(), progress.clone());
         workers.push(tokio::spawn(async move {
             let mut matched = 0;
             let mut latencies = Vec::new();
@@ -278,6 +285,7 @@ async fn pass(
                 let began = Instant::now();
                 let outcome = node.executor.start("charge", input, request).await?;
                 latencies.push(began.elapsed());
+                progress.inc(1);
                 if outcome.intent.as_ref().is_some_and(|intent| expect.matches(intent)) {
                     matched += 1;
                 }

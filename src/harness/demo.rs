@@ -91,7 +91,7 @@ impl Demo {
         let effects = self.effects(key)?;
         let ok = got == expected && effects == expected_effects;
         if self.human {
-            println!(
+            outln!(
                 "{} {scene}\n    {key}\n    expected {expected}, got {got}; effects at the provider: {effects}",
                 if ok { "✔" } else { "✘" }
             );
@@ -139,8 +139,10 @@ fn describe_intent(intent: &IntentOutcome) -> String {
     }
 }
 
-/// Runs the demo.
-pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
+/// Runs the demo. Its temporary directory is removed when every promise held, unless
+/// `keep`; a `dir` of the caller's is always kept.
+pub async fn run(out: &Output, dir: Option<PathBuf>, keep: bool) -> anyhow::Result<u8> {
+    let keep = keep || dir.is_some();
     let dir = match dir {
         Some(dir) => {
             std::fs::create_dir_all(&dir)?;
@@ -152,7 +154,8 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     let mut demo =
         Demo { db: dir.join("keel.db"), sim_db: dir.join("provider-sim.db"), scenes: Vec::new(), human: !out.json };
     if demo.human {
-        println!("Keel demo — files in {}\n", dir.display());
+        let kept = if keep { "kept" } else { "removed at the end unless a promise fails (--keep keeps them)" };
+        outln!("Keel demo — files in {} ({kept})\n", dir.display());
     }
     let key = |kind, id: &str| IntentKey::new(kind, TENANT, id);
 
@@ -163,7 +166,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     demo.check("a charge of 49.00 EUR", &key(EffectKind::Charge, "order_1842_charge"), "validated (provider)", got, 1)?;
     let got = demo.run_effect(&sim, "charge", &first, 5_000).await?;
     demo.check(
-        "the same charge re-submitted",
+        "the same charge of 49.00 EUR re-submitted",
         &key(EffectKind::Charge, "order_1842_charge"),
         "validated (deduplicated)",
         got,
@@ -171,7 +174,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     )?;
     let got = demo.run_effect(&sim, "charge", &charge_input("order_1842_charge", "order_1842", 9900), 5_000).await?;
     demo.check(
-        "the same key with another amount (99.00) — nothing written",
+        "the same key with another amount (99.00 EUR) — nothing written",
         &key(EffectKind::Charge, "order_1842_charge"),
         "rejected (intent_payload_mismatch)",
         got,
@@ -185,12 +188,12 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     ))?;
     let lost = key(EffectKind::Charge, "order_1900_charge");
     let got = demo.run_effect(&sim, "charge", &charge_input("order_1900_charge", "order_1900", 2500), 800).await?;
-    demo.check("a charge whose answer is lost (timeout after effect)", &lost, "outcome_unknown", got, 1)?;
+    demo.check("a charge of 25.00 EUR whose answer is lost (timeout after effect)", &lost, "outcome_unknown", got, 1)?;
     let node = Node::open(&demo.db, store::Durability::Full, &provider_args(sim.url(), 5_000), None)?;
     let reconciled = node.executor.reconcile(&lost, Cause::command("demo reconcile")).await?;
     node.shutdown()?;
     let got = describe_intent(&reconciled);
-    demo.check("… then `keel reconcile` looks it up by its key", &lost, "validated (reconciled)", got, 1)?;
+    demo.check("… then `keel reconcile` looks the 25.00 EUR up by its key", &lost, "validated (reconciled)", got, 1)?;
     drop(sim);
 
     // 5: a worker process killed with SIGKILL mid-attempt, recovered by `resume`.
@@ -198,9 +201,16 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
         .sim(Some(json!({"seed": 5, "rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 3000}]})))?;
     let killed = key(EffectKind::Charge, "order_2001_charge");
     kill_worker_mid_attempt(&demo.db, sim.url(), &killed).await?;
-    if demo.human {
-        println!("✔ a `keel charge` worker killed with SIGKILL while its attempt was in flight");
-    }
+    let left = store::Reader::open(&demo.db)?
+        .intent_state(&killed)?
+        .map_or_else(|| "no intent".to_owned(), |intent| intent.status.as_str().to_owned());
+    demo.check(
+        "a `keel charge` of 15.00 EUR killed with SIGKILL while its attempt was in flight",
+        &killed,
+        "attempting",
+        left,
+        1,
+    )?;
     let node = Node::open(&demo.db, store::Durability::Full, &provider_args(sim.url(), 5_000), None)?;
     let report = node.executor.recover_and_resume(Cause::command("demo resume")).await?;
     node.shutdown()?;
@@ -216,7 +226,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     };
     let got = if recovered { got } else { format!("{got} (not recovered as crash)") };
     demo.check(
-        "… then `keel resume`: crash recorded as outcome_unknown, reconciled",
+        "… then `keel resume`: the crash recorded as outcome_unknown, the 15.00 EUR reconciled",
         &killed,
         "validated (reconciled)",
         got,
@@ -228,7 +238,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     let sim = demo.sim(None)?;
     let got = demo.run_effect(&sim, "refund", &refund_input("order_1842_refund_1", "order_1842", 4000), 5_000).await?;
     demo.check(
-        "a refund of 40.00 on the 49.00 order",
+        "a refund of 40.00 EUR on the 49.00 EUR order",
         &key(EffectKind::Refund, "order_1842_refund_1"),
         "validated (provider)",
         got,
@@ -236,7 +246,7 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     )?;
     let got = demo.run_effect(&sim, "refund", &refund_input("order_1842_refund_2", "order_1842", 2000), 5_000).await?;
     demo.check(
-        "a second refund of 20.00 (would exceed 49.00)",
+        "a second refund of 20.00 EUR (would exceed 49.00 EUR)",
         &key(EffectKind::Refund, "order_1842_refund_2"),
         "rejected (invariant_violated)",
         got,
@@ -249,18 +259,24 @@ pub async fn run(out: &Output, dir: Option<PathBuf>) -> anyhow::Result<u8> {
     let all_ok = demo.scenes.iter().all(|s| s.ok) && verify.is_ok();
     let document = json!({"ok": all_ok, "dir": dir, "scenes": demo.scenes, "verify": verify});
     out.emit(&crate::output::name_intent_keys(document), || {
-        println!(
+        outln!(
             "\n{} `keel verify`: {} events, hash chain and projections {}",
             if verify.is_ok() { "✔" } else { "✘" },
             verify.events,
             verify.first_mismatch().map_or_else(|| "intact".to_owned(), ToString::to_string)
         );
-        println!(
-            "\n{}. Inspect with: keel --db {} intents | show KEY",
-            if all_ok { "Every promise held" } else { "SOME EXPECTATIONS FAILED" },
-            demo.db.display()
-        );
+        outln!("\n{}.", if all_ok { "Every promise held" } else { "SOME EXPECTATIONS FAILED" });
+        if keep || !all_ok {
+            outln!("Inspect the log with `keel --db {0} intents`, then `keel --db {0} show KEY`.", demo.db.display());
+        } else {
+            outln!(
+                "Its files were removed; `keel demo --keep` keeps them to inspect with `keel --db DIR/keel.db intents`."
+            );
+        }
     });
+    if all_ok && !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(if all_ok { exit::OK } else { exit::INTERNAL })
 }
 

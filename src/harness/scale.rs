@@ -74,19 +74,25 @@ fn built(db: &Path) -> usize {
 
 /// Grows the log at `db` to `charges`, in steps the note records (so an interrupted build
 /// resumes where it stopped).
-async fn grow(db: &Path, charges: usize) -> anyhow::Result<()> {
+async fn grow(out: &Output, db: &Path, charges: usize) -> anyhow::Result<()> {
     const STEP: usize = 50_000;
     let mut have = built(db);
+    let name = db.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let progress = out.progress(charges as u64, &format!("bench-scale: building {name}"));
+    progress.set(have as u64);
     while have < charges {
         let count = STEP.min(charges - have);
-        eprintln!("keel bench-scale: {}: charges {have}..{}", db.display(), have + count);
+        if !out.progress_allowed() && !out.json {
+            errln!("keel bench-scale: {}: charges {have}..{}", db.display(), have + count);
+        }
         // Durability does not change what is written, only what a power cut keeps: the build
         // is set-up, the measured commands run at the default.
-        let validated = super::bench::build(db, store::Durability::Normal, have, count, 64).await?;
+        let validated = super::bench::build(db, store::Durability::Normal, have, count, 64, progress.clone()).await?;
         anyhow::ensure!(validated == count, "only {validated} of {count} charges validated while building");
         have += count;
         std::fs::write(db.with_extension("built"), have.to_string())?;
     }
+    progress.finish();
     Ok(())
 }
 
@@ -117,7 +123,7 @@ pub async fn run(out: &Output, dir: &Path, sizes: &[usize], runs: usize, in_flig
     let mut report = Report { figures: Vec::new(), logs: Vec::new() };
     for &charges in sizes {
         let db = dir.join(format!("scale-{charges}.db"));
-        grow(&db, charges).await?;
+        grow(out, &db, charges).await?;
         let bytes = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0);
         report.logs.push(LogSize {
             charges,
@@ -214,15 +220,12 @@ pub async fn run(out: &Output, dir: &Path, sizes: &[usize], runs: usize, in_flig
     }
     drop(sim);
     out.emit(&report, || {
-        println!("{:<44} {:>9} {:>10} {:>12}", "command", "charges", "wall ms", "peak RSS MB");
+        outln!("{:<44} {:>9} {:>10} {:>12}", "command", "charges", "wall ms", "peak RSS MB");
         for f in &report.figures {
-            println!("{:<44} {:>9} {:>10.1} {:>12.1}", f.command, f.charges, f.wall_ms, f.peak_rss_mb);
+            outln!("{:<44} {:>9} {:>10.1} {:>12.1}", f.command, f.charges, f.wall_ms, f.peak_rss_mb);
         }
         for log in &report.logs {
-            println!(
-                "log of {} charges: {} bytes, {:.0} bytes per charge",
-                log.charges, log.bytes, log.bytes_per_charge
-            );
+            outln!("log of {} charges: {} bytes, {:.0} bytes per charge", log.charges, log.bytes, log.bytes_per_charge);
         }
     });
     Ok(exit::OK)

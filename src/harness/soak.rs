@@ -170,7 +170,9 @@ fn kill_after(mut command: Command, delay_ms: u64) -> anyhow::Result<bool> {
 }
 
 /// `keel soak --kills N --seed S`.
-pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> anyhow::Result<u8> {
+pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep: bool) -> anyhow::Result<u8> {
+    // A directory of the caller's is kept; a temporary one only with --keep or on failure.
+    let keep = keep || dir.is_some();
     let dir = match dir {
         Some(dir) => dir,
         None => std::env::temp_dir().join(format!("keel-soak-{seed}-{}", uuid::Uuid::new_v4())),
@@ -190,7 +192,9 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
     let sim = start_sim(&sim_db, Some(&plan), Stdio::null())?;
     let mut rng = Rng::new(seed);
     let (mut killed, mut recovery_kills, mut round) = (0u64, 0u64, 0u64);
+    let progress = out.progress(kills, "soak: kills");
     while killed < kills {
+        progress.set(killed);
         let mut worker = keel(&db, sim.url())?;
         worker.args(["soak-worker", "--seed", &seed.to_string(), "--round", &round.to_string()]);
         if kill_after(worker, 5 + rng.below(KILL_DELAY_MAX_MS))? {
@@ -210,6 +214,7 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
             }
         }
     }
+    progress.finish();
     drop(sim);
 
     // Heal: a healthy provider, recovery, re-submissions, forced reconciliations.
@@ -295,12 +300,18 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
         dir: dir.clone(),
     };
     out.emit(&soak, || {
-        println!(
+        outln!(
             "soak seed {seed}: {} kills ({} during recovery) over {} rounds, {} intents, {} effects, {} events, \
              {} attempts caught in flight",
-            soak.kills, soak.recovery_kills, soak.rounds, soak.intents, soak.effects, soak.events, soak.crash_unknowns
+            soak.kills,
+            soak.recovery_kills,
+            soak.rounds,
+            soak.intents,
+            soak.effects,
+            soak.events,
+            soak.crash_unknowns
         );
-        println!(
+        outln!(
             "  double_effects {}  budget_refills {}  unreconciled {}  verify_failures {}  blind_resends {}  \
              write_ahead_violations {}  refund_overdraws {}  key_mismatches {}  evidence_mismatches {}",
             soak.double_effects,
@@ -313,11 +324,12 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>) -> a
             soak.key_mismatches,
             soak.evidence_mismatches
         );
-        println!("  statuses {:?}", soak.statuses);
-        soak.details.iter().for_each(|d| println!("  ✘ {d}"));
-        println!("{} (files in {})", if soak.ok { "every invariant held" } else { "INVARIANTS BROKEN" }, dir.display());
+        outln!("  statuses {:?}", soak.statuses);
+        soak.details.iter().for_each(|d| outln!("  ✘ {d}"));
+        let files = if soak.ok && !keep { "its files removed; --keep keeps them" } else { "files kept" };
+        outln!("{} ({files} in {})", if soak.ok { "every invariant held" } else { "INVARIANTS BROKEN" }, dir.display());
     });
-    if soak.ok {
+    if soak.ok && !keep {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(if soak.ok { exit::OK } else { exit::INTERNAL })

@@ -94,7 +94,7 @@ pub mod writer;
 
 pub use error::{Error, Result};
 pub use projection::{IntentRow, RunRow};
-pub use reader::{Mismatch, Phase, Progress, Reader, VERIFY_MISMATCHES_MAX, VerifyReport};
+pub use reader::{Mismatch, Phase, Progress, Reader, RunFilter, RunState, VERIFY_MISMATCHES_MAX, VerifyReport};
 pub use schema::{
     BUSY_TIMEOUT_DEFAULT_MS, Durability, MIGRATIONS, Migration, Options, SCHEMA_VERSION, WAL_AUTOCHECKPOINT_PAGES,
 };

@@ -97,6 +97,10 @@ pub struct RunRow {
     pub intents: i64,
     /// Entries in its journal.
     pub journal_len: i64,
+    /// The operator who asked it to stop (`keel run cancel`), while or since it was asked.
+    pub cancel_requested_by: Option<String>,
+    /// Why.
+    pub cancel_reason: Option<String>,
     /// Global sequence of its latest event.
     pub last_seq: i64,
 }
@@ -162,6 +166,8 @@ impl RunRow {
             cost_minor_max: run.limits.cost_minor_max,
             intents: i64::try_from(intents.len()).expect("a run's intents fit in i64"),
             journal_len: i64::from(run.journal_len),
+            cancel_requested_by: run.cancel_requested.as_ref().map(|c| c.by.clone()),
+            cancel_reason: run.cancel_requested.as_ref().map(|c| c.reason.clone()),
             last_seq: to_i64(run.last_seq),
         }
     }

@@ -21,7 +21,7 @@ use crate::rebuild::{self, Found, MapCounts};
 use crate::rows;
 use crate::schema;
 use engine::event::{GENESIS_HASH, IntentKey, RunId, StoredEvent, StreamId};
-use engine::ledger::{Intent, IntentStatus, Ledger, RunHistory};
+use engine::ledger::{Intent, IntentStatus, Ledger, Run, RunHistory};
 use rusqlite::Connection;
 use serde::Serialize;
 use serde_json::Value;
@@ -32,6 +32,26 @@ use std::path::Path;
 /// one is what an operator acts on; a hundred show the extent without flooding a terminal.
 // A reporting bound of the store, not an engine bound, so it lives here.
 pub const VERIFY_MISMATCHES_MAX: usize = 100;
+
+/// Where a run stands, as `keel runs --status` selects it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunState {
+    /// Not finished.
+    Running,
+    /// Finished with this status.
+    Finished(engine::event::RunStatus),
+}
+
+/// Which runs [`Reader::runs_matching`] lists.
+#[derive(Clone, Debug, Default)]
+pub struct RunFilter {
+    /// Only runs in this state.
+    pub state: Option<RunState>,
+    /// Only runs of this workflow (`charge`, `ticket-review` or `agent:ticket-review`).
+    pub workflow: Option<String>,
+    /// Only runs started at or after this instant.
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+}
 
 /// A read-only view of the log, on its own connection.
 #[derive(Debug)]
@@ -236,6 +256,37 @@ impl Reader {
             out.push(RunRow::from_run(&run, &run_intents(&snapshot, stream)?));
         }
         Ok(out)
+    }
+
+    /// The runs `filter` selects, in id order, read from the run rows (the unfinished ones
+    /// through their index); never the log.
+    pub fn runs_matching(&self, filter: &RunFilter) -> Result<Vec<RunRow>> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        let unfinished_only = matches!(filter.state, Some(RunState::Running));
+        let mut out = Vec::new();
+        for (stream, run) in rows::runs_where(&snapshot, unfinished_only)? {
+            let state_matches = match filter.state {
+                None | Some(RunState::Running) => true,
+                Some(RunState::Finished(status)) => run.status == Some(status),
+            };
+            let workflow_matches = filter.workflow.as_deref().is_none_or(|w| {
+                run.workflow == w || run.workflow.strip_prefix(engine::ledger::AGENT_WORKFLOW_PREFIX) == Some(w)
+            });
+            let recent = filter.since.is_none_or(|since| run.started_at >= since);
+            if state_matches && workflow_matches && recent {
+                out.push(RunRow::from_run(&run, &run_intents(&snapshot, stream)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// One run's state and the intents it reserved, from their rows.
+    pub fn run_state(&self, run_id: &RunId) -> Result<Option<(Run, Vec<Intent>)>> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        let Some((stream, run)) = rows::run_by_id(&snapshot, run_id)? else {
+            return Ok(None);
+        };
+        Ok(Some((run, run_intents(&snapshot, stream)?)))
     }
 
     /// One run's row.

@@ -84,6 +84,7 @@ fn stand_in(run_id: &RunId) -> Run {
         journal_len: 0,
         agent_entries: 0,
         network_retries: 0,
+        cancel_requested: None,
         last_seq: 0,
     }
 }

@@ -351,6 +351,16 @@ pub(crate) fn runs_listed(conn: &Connection) -> Result<Vec<(i64, Run)>> {
     records.into_iter().map(|record| Ok((record.stream, record.decode()?))).collect()
 }
 
+/// Every run, or only those not finished (served by `runs_unfinished`), in id order.
+pub(crate) fn runs_where(conn: &Connection, unfinished_only: bool) -> Result<Vec<(i64, Run)>> {
+    if !unfinished_only {
+        return runs_listed(conn);
+    }
+    let mut statement = conn.prepare_cached(&format!("{RUN_SELECT} WHERE r.finished = 0 ORDER BY s.name"))?;
+    let records: Vec<RunRecord> = statement.query_map([], RunRecord::from_row)?.collect::<rusqlite::Result<_>>()?;
+    records.into_iter().map(|record| Ok((record.stream, record.decode()?))).collect()
+}
+
 /// The intent with stream id `stream`.
 pub(crate) fn intent_at(conn: &Connection, stream: i64) -> Result<Option<Intent>> {
     intent_record(conn, stream)?.map(|record| record.decode(conn)).transpose()

@@ -228,8 +228,8 @@ pub(crate) const KEY: &str = "sk-keel-live-test-4f9c2e71-never-stored";
 
 /// A local model API on 127.0.0.1: answers its fixture responses in order, on the route and
 /// with the authentication of one API, and 401 to a request without the right key.
-struct ModelServer {
-    base_url: String,
+pub(crate) struct ModelServer {
+    pub(crate) base_url: String,
     served: Served,
     _runtime: tokio::runtime::Runtime,
 }
@@ -259,7 +259,7 @@ async fn answer(State(served): State<Served>, headers: HeaderMap, body: String) 
 }
 
 impl ModelServer {
-    fn start(openai: bool, transcript: &str) -> Self {
+    pub(crate) fn start(openai: bool, transcript: &str) -> Self {
         let text = std::fs::read_to_string(fixture(transcript)).expect("the fixture");
         let answers: VecDeque<Value> = serde_json::from_str(&text).expect("a JSON array");
         let served = Served { openai, answers: Arc::new(Mutex::new(answers)), requests: Arc::default() };
@@ -273,7 +273,7 @@ impl ModelServer {
         Self { base_url: format!("http://{addr}"), served, _runtime: runtime }
     }
 
-    fn requests(&self) -> Vec<Value> {
+    pub(crate) fn requests(&self) -> Vec<Value> {
         self.served.requests.lock().expect("test mutex").clone()
     }
 }

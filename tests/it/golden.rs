@@ -239,6 +239,67 @@ impl NowPlus for ManualClock {
     }
 }
 
+/// An operator's `keel run cancel` (version 1 of `RunCancelRequested`): the run's next
+/// attempt is refused, and it ends `cancelled`, the intent it reserved left reserved.
+fn run_cancelled() -> Vec<StoredEvent> {
+    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2025, 3, 1, 12, 0, 0).single().expect("valid")));
+    let log = MemoryLog::new(clock.clone());
+    let run = RunId::new("golden-cancelled-run-1");
+    let exec = |cause: Cause, action: Action, start: Option<RunStart>| {
+        log.execute_now(&Command::new(cause, action).starting(start))
+    };
+    let key = IntentKey::new(EffectKind::Charge, TENANT, "golden_run_cancelled_1");
+    let payload = json!({"id": "golden_run_cancelled_1", "amount": 1_200});
+    let spec = IntentSpec {
+        definition: IntentDefinition {
+            key: key.clone(),
+            kind: EffectKind::Charge,
+            tenant: TENANT.into(),
+            intent_id: "golden_run_cancelled_1".into(),
+            order_id: "order_golden_run_cancelled_1".into(),
+            business_ref: "order_golden_run_cancelled_1".into(),
+            fingerprint: engine::canonical::fingerprint(&payload),
+            amount_minor: 1_200,
+            currency: "EUR".into(),
+            payload,
+        },
+        capability: Capability {
+            dedup_by_key: true,
+            lookup: true,
+            key_window_ms: 86_400_000,
+            consistency_window_ms: 0,
+            request_timeout_ms: 0,
+        },
+        approval_required: false,
+    };
+    let start = RunStart {
+        run_id: run.clone(),
+        workflow: "golden".into(),
+        input: json!({"note": "cancelled by an operator"}),
+        deadline_at: Utc.with_ymd_and_hms(2025, 3, 2, 12, 0, 0).single().expect("valid"),
+        limits: RunLimits::default(),
+        owner: None,
+    };
+    let for_run = Cause::command("golden").for_run(&run);
+    let reserve = Action::Reserve { run_id: run.clone(), position: 0, spec, start_attempt: false };
+    exec(for_run.clone(), reserve, Some(start)).expect("reserved");
+    clock.advance_ms(1_000);
+    let cancel = Action::CancelRun { run_id: run.clone(), by: "ana".into(), reason: "runaway".into() };
+    exec(Cause::operator("ana"), cancel, None).expect("recorded");
+    let refused = exec(for_run.clone(), Action::StartAttempt { key, run_id: run.clone() }, None);
+    assert!(
+        matches!(refused, Err(engine::log::LogError::Refused(engine::ledger::Refusal::RunCancelled { .. }))),
+        "{refused:?}"
+    );
+    let finish = Action::FinishRun {
+        run_id: run.clone(),
+        status: RunStatus::Cancelled,
+        detail: Some("cancelled by operator ana: runaway".into()),
+    };
+    exec(for_run, finish, None).expect("finished");
+    log.events()
+}
+
 /// A whole agent run (seed 003's `complete` scenario) on the log: `AgentRecorded` facts.
 fn agent_run() -> Vec<StoredEvent> {
     use adapters::model::scripted::ScriptedTransport;
@@ -269,6 +330,7 @@ fn agent_run() -> Vec<StoredEvent> {
 fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
     let mut seen = check("every_variant_v1", every_variant);
     seen.extend(check("agent_v1", agent_run));
+    seen.extend(check("run_cancelled_v1", run_cancelled));
     let all = [
         "RunStarted",
         "StepRecorded",
@@ -291,6 +353,7 @@ fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
         "IntentCancelled",
         "IntentResolved",
         "AgentRecorded",
+        "RunCancelRequested",
     ];
     for variant in all {
         assert!(seen.contains(&variant), "the golden logs hold no {variant}");

@@ -31,6 +31,13 @@ pub enum JournalError {
         /// Human detail.
         detail: String,
     },
+    /// An operator asked the run to stop (`keel run cancel`): the batch was refused, nothing
+    /// of it written; the run records its `cancelled` stop instead.
+    #[error("{detail}")]
+    Cancelled {
+        /// Who cancelled it and why.
+        detail: String,
+    },
     /// A test journal simulated a process death at this length.
     #[error("simulated crash: the journal holds {length} events")]
     Crashed {
@@ -168,7 +175,13 @@ impl AgentJournal for LogJournal {
                 self.lessee.forget(&self.run_id);
             }
             let record = Ask::record_agent_entries(self.cause.clone(), batch).under(lease);
-            self.log.ask(record).await.map_err(|e| unavailable(&e))?;
+            match self.log.ask(record).await {
+                Ok(()) => {}
+                Err(LogError::Refused(Refusal::RunCancelled { by, reason, .. })) => {
+                    return Err(JournalError::Cancelled { detail: format!("cancelled by operator {by}: {reason}") });
+                }
+                Err(error) => return Err(unavailable(&error)),
+            }
             *self.state() = folded;
             // The first batch of a new run started it under this process's lease.
             if grant.is_none() && !stops && position == 0 && self.start.is_some() {

@@ -62,6 +62,7 @@ use super::budget::{AgentLimits, LimitsError};
 use super::control::{Raced, race};
 use super::event::{AgentEvent, AgentState, CallHold, ToolOutcome, Turn};
 use super::guard::{self, AgentEnv, GuardedScope, Invoked, Verdict};
+use super::journal::JournalError;
 use super::model::{ModelRequest, ModelResponse, ModelTransport, StopReason, ToolCall, TransportError};
 use super::outcome::{AgentStatus, RunOutcome};
 use super::registry::{EffectClass, Registry};
@@ -100,6 +101,34 @@ pub async fn run(
     completion: Completion<'_>,
 ) -> Result<RunOutcome, AgentError> {
     let mut scope = GuardedScope::open(env).await?;
+    match drive(&mut scope, transport, registry, spec, completion).await {
+        // An operator asked the run to stop: the refused batch wrote nothing, and the run's
+        // next fact is its `cancelled` stop.
+        Err(AgentError::Journal(JournalError::Cancelled { detail })) if scope.state().stop.is_none() => {
+            let count = u64::from(scope.state().model_calls);
+            let stop = AgentEvent::RunStopped {
+                status: AgentStatus::Cancelled,
+                subject: "run".into(),
+                count,
+                detail: Some(detail),
+                text: None,
+            };
+            scope.record(vec![stop]).await?;
+            Ok(scope.state().outcome().expect("a run that recorded its stop has an outcome"))
+        }
+        other => other,
+    }
+}
+
+/// Drives an opened run to its stop (see [`run`]).
+async fn drive(
+    scope: &mut GuardedScope<'_>,
+    transport: &dyn ModelTransport,
+    registry: &Registry,
+    spec: &RunSpec,
+    completion: Completion<'_>,
+) -> Result<RunOutcome, AgentError> {
+    let env = scope.env();
     let script = transport.script_fingerprint();
     let replayed_elsewhere = match &scope.state().header {
         None => {
@@ -164,18 +193,18 @@ pub async fn run(
                 scope.record(events).await?;
                 continue;
             }
-            if let Some(intent_key) = answer_turn(&mut scope, registry, completion).await? {
+            if let Some(intent_key) = answer_turn(scope, registry, completion).await? {
                 return Ok(scope.state().suspended(&intent_key));
             }
             continue;
         }
         let (request, hold) = next_request(scope.state(), registry);
-        if let Some(event) = before_model_call(&scope, &hold) {
+        if let Some(event) = before_model_call(scope, &hold) {
             let event = or_completed(scope.state(), completion, event);
             scope.record(vec![event]).await?;
             continue;
         }
-        call_model(&mut scope, transport, &request, hold, completion).await?;
+        call_model(scope, transport, &request, hold, completion).await?;
     }
 }
 

@@ -89,6 +89,9 @@ pub enum WorkflowError {
     /// The run's deadline passed.
     #[error("deadline exceeded: {0}")]
     DeadlineExceeded(String),
+    /// An operator asked the run to stop (`keel run cancel`): it ends `cancelled`.
+    #[error("{0}")]
+    Cancelled(String),
     /// A recorded output no longer decodes into the type the code asks for.
     #[error("recorded output at position {position} does not decode: {detail}")]
     Undecodable {
@@ -117,6 +120,9 @@ impl From<LogError> for WorkflowError {
         match error {
             LogError::Refused(refusal @ Refusal::Nondeterministic { .. }) => Self::Nondeterministic(refusal),
             LogError::Refused(refusal @ (Refusal::Fenced { .. } | Refusal::LeaseHeld { .. })) => Self::Busy(refusal),
+            LogError::Refused(Refusal::RunCancelled { by, reason, .. }) => {
+                Self::Cancelled(format!("cancelled by operator {by}: {reason}"))
+            }
             other => Self::Log(other),
         }
     }

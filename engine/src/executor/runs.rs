@@ -162,7 +162,11 @@ impl Executor {
             failpoints: self.failpoints.clone(),
             lease: Some(lease.clone()),
         };
-        let outcome = self.drive_run(registered, ctx, history.input).await;
+        let outcome = match &history.run.cancel_requested {
+            // An operator asked it to stop: its next guard is now, before anything is replayed.
+            Some(request) => self.stop_cancelled(ctx, request.detail()).await,
+            None => self.drive_run(registered, ctx, history.input).await,
+        };
         // A finished run released its lease with its `RunFinished`; a suspended one is given
         // back here, so whoever continues it later can claim it.
         if self.runtime.lessee.grant(&run.run_id).is_some() {
@@ -197,6 +201,7 @@ impl Executor {
                 Ok(end) => end,
                 Err(WorkflowError::Suspended { reason, intent }) => return Ok(suspended(&ctx, reason, intent)),
                 Err(WorkflowError::DeadlineExceeded(why)) => stopped(RunStatus::DeadlineExceeded, why),
+                Err(WorkflowError::Cancelled(why)) => stopped(RunStatus::Cancelled, why),
                 Err(WorkflowError::Nondeterministic(refusal)) => {
                     stopped(RunStatus::NondeterministicReplay, refusal.to_string())
                 }
@@ -216,6 +221,19 @@ impl Executor {
         }
         .instrument(span)
         .await
+    }
+
+    /// Ends a run an operator cancelled, without replaying it.
+    async fn stop_cancelled(&self, mut ctx: Context, why: String) -> Result<RunOutcome, WorkflowError> {
+        let end = self.finish(&mut ctx, stopped(RunStatus::Cancelled, why)).await?;
+        Ok(RunOutcome {
+            run_id: ctx.run_id.clone(),
+            status: RunEnd::Finished(end.status),
+            written: true,
+            intent: end.intent,
+            rejection: None,
+            output: end.output,
+        })
     }
 
     /// Records the run's end, giving back its lease in the same commit. A run another

@@ -11,7 +11,7 @@
 //! An impossible transition is an [`FoldError`] naming the event's sequence and stream:
 //! callers that write (the store's writer) treat it as a bug and stop; `verify` reports it.
 
-use super::state::{Approval, Intent, IntentStatus, JournalEntry, Run, RunHistory};
+use super::state::{Approval, CancelRequest, Intent, IntentStatus, JournalEntry, Run, RunHistory};
 use crate::event::{AfterLookup, Event, IntentKey, LateVerdict, RunId, Source, StoredEvent, StreamId};
 use crate::provider::Evidence;
 use chrono::{DateTime, Utc};
@@ -70,6 +70,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 journal_len: 0,
                 agent_entries: 0,
                 network_retries: 0,
+                cancel_requested: None,
                 last_seq: seq,
             });
         }
@@ -126,7 +127,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
             }
             (None, Some(run_id)) => {
                 let run = entities.run_mut(run_id).ok_or_else(|| fail("event on an unknown run"))?;
-                apply_to_run(run, event).map_err(fail)?;
+                apply_to_run(run, event, at).map_err(fail)?;
                 run.last_seq = seq;
             }
             (None, None) => return Err(fail("an event about neither an intent nor a run")),
@@ -136,7 +137,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
 }
 
 /// Folds one run event (other than its start).
-fn apply_to_run(run: &mut Run, event: &Event) -> Result<(), &'static str> {
+fn apply_to_run(run: &mut Run, event: &Event, at: DateTime<Utc>) -> Result<(), &'static str> {
     match event {
         Event::RunDeadlineExtended { deadline_at, .. } => {
             if *deadline_at < run.deadline_at {
@@ -156,6 +157,12 @@ fn apply_to_run(run: &mut Run, event: &Event) -> Result<(), &'static str> {
                 return Err("agent fact on a finished run");
             }
             run.agent_entries += 1;
+        }
+        Event::RunCancelRequested { by, reason, .. } => {
+            if run.status.is_some() {
+                return Err("a cancellation of a finished run");
+            }
+            run.cancel_requested = Some(CancelRequest { by: by.clone(), reason: reason.clone(), at });
         }
         Event::RunFinished { status, detail, .. } => {
             if run.status.is_some() {
@@ -234,6 +241,7 @@ pub fn intent(stream: &[StoredEvent]) -> Result<Intent, FoldError> {
             journal_len: 0,
             agent_entries: 0,
             network_retries: 0,
+            cancel_requested: None,
             last_seq: 0,
         });
     }
@@ -459,7 +467,8 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
         | Event::TimerStarted { .. }
         | Event::SignalDelivered { .. }
         | Event::AgentRecorded { .. }
-        | Event::RunFinished { .. } => return Err("not an intent event"),
+        | Event::RunFinished { .. }
+        | Event::RunCancelRequested { .. } => return Err("not an intent event"),
     }
     Ok(())
 }

@@ -36,7 +36,8 @@ pub use protocol::{
     SpineRequest, Step,
 };
 pub use state::{
-    AGENT_WORKFLOW_PREFIX, ALL_STATUSES, Approval, Intent, IntentStatus, JournalEntry, Recovery, Run, RunHistory,
+    AGENT_WORKFLOW_PREFIX, ALL_STATUSES, Approval, CancelRequest, Intent, IntentStatus, JournalEntry, Recovery, Run,
+    RunHistory,
 };
 pub use view::View;
 pub use whole::Ledger;

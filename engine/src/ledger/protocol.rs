@@ -247,6 +247,16 @@ pub enum Action {
         /// The operator's reason for recording an answer the provider contradicts.
         override_reason: Option<String>,
     },
+    /// An operator asks a run to stop: recorded (`RunCancelRequested`), the run stops
+    /// `cancelled` at its next guard. A finished run refuses; a second request changes nothing.
+    CancelRun {
+        /// The run.
+        run_id: RunId,
+        /// The operator.
+        by: String,
+        /// Why.
+        reason: String,
+    },
     /// Record a journaled step's output.
     RecordStep {
         /// The run.
@@ -332,6 +342,7 @@ impl Action {
             | Self::CheckApproval { .. }
             | Self::Deny { .. }
             | Self::Cancel { .. }
+            | Self::CancelRun { .. }
             | Self::Resolve { .. }
             | Self::DeliverSignal { .. } => None,
         }
@@ -459,6 +470,24 @@ pub enum Refusal {
     /// The run has finished: nothing more is written for it.
     #[error("run {0} has finished")]
     RunFinished(RunId),
+    /// An operator asked the run to stop: it writes nothing more but its end.
+    #[error("run {run_id} was cancelled by operator {by} ({reason}): it stops cancelled")]
+    RunCancelled {
+        /// The run.
+        run_id: RunId,
+        /// The operator.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// A cancellation of a run that has already ended.
+    #[error("run {run_id} already finished ({}): there is nothing to cancel", status.as_str())]
+    RunAlreadyFinished {
+        /// The run.
+        run_id: RunId,
+        /// How it ended.
+        status: RunStatus,
+    },
     /// The intent's status does not allow the step.
     #[error("intent {key} is {}: {step}", status.as_str())]
     WrongStatus {

@@ -274,8 +274,30 @@ pub struct Run {
     /// bounded by [`crate::limits::NETWORK_RETRIES_PER_RUN_MAX`].
     #[serde(default, skip_serializing_if = "is_zero")]
     pub network_retries: u32,
+    /// An operator's request that the run stop (`keel run cancel`): it stops `cancelled` at
+    /// its next guard.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<CancelRequest>,
     /// Global sequence of its latest event.
     pub last_seq: u64,
+}
+
+/// An operator's request that a run stop, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequest {
+    /// The operator.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When it was recorded.
+    pub at: DateTime<Utc>,
+}
+
+impl CancelRequest {
+    /// The run's stop detail: who cancelled it and why.
+    pub fn detail(&self) -> String {
+        format!("cancelled by operator {}: {}", self.by, self.reason)
+    }
 }
 
 impl Run {

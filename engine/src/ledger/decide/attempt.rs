@@ -18,6 +18,7 @@ impl Decider<'_> {
         start: Option<&RunStart>,
     ) -> Result<ReplyTarget, Refusal> {
         let intent = self.existing(key)?;
+        self.refuse_cancelled(run_id)?;
         let deadline_at = match (self.view.run(run_id), start) {
             (Some(run), _) => run.deadline_at,
             (None, Some(start)) if &start.run_id == run_id => start.deadline_at,

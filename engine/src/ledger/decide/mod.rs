@@ -134,6 +134,7 @@ impl Decider<'_> {
             Action::CheckApproval { key } => self.check_approval(key),
             Action::Deny { key, by, reason } => self.deny(key, by, reason),
             Action::Cancel { key, by, reason } => self.cancel(key, by, reason),
+            Action::CancelRun { run_id, by, reason } => self.cancel_run(run_id, by, reason),
             Action::Resolve { key, by, reason, landed, lookup, override_reason } => {
                 self.resolve(key, by, reason, landed.as_deref(), lookup.as_ref(), override_reason.as_deref())
             }

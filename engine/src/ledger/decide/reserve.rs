@@ -28,7 +28,7 @@ impl Decider<'_> {
     ) -> Result<ReplyTarget, Refusal> {
         let definition = &spec.definition;
         let key = &definition.key;
-        let run = self.open_run(run_id, start)?;
+        let run = self.working_run(run_id, start)?;
         if let Some(existing) = self.view.intent(key) {
             return self.reserve_again(run_id, &run, position, definition, &existing);
         }

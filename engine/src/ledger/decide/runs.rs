@@ -42,6 +42,40 @@ impl Decider<'_> {
         }
     }
 
+    /// [`Self::open_run`] for a write that moves the run forward (a reservation, an attempt, a
+    /// journal step): refused once an operator asked the run to stop.
+    pub(super) fn working_run(&self, run_id: &RunId, start: Option<&RunStart>) -> Result<OpenRun, Refusal> {
+        self.refuse_cancelled(run_id)?;
+        self.open_run(run_id, start)
+    }
+
+    /// Refuses a write for a run an operator asked to stop (its end is still accepted).
+    pub(super) fn refuse_cancelled(&self, run_id: &RunId) -> Result<(), Refusal> {
+        match self.view.run(run_id).and_then(|run| run.cancel_requested.filter(|_| run.status.is_none())) {
+            Some(request) => {
+                Err(Refusal::RunCancelled { run_id: run_id.clone(), by: request.by, reason: request.reason })
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// An operator's request that a run stop. Idempotent: a run already asked keeps the first
+    /// request.
+    pub(super) fn cancel_run(&mut self, run_id: &RunId, by: &str, reason: &str) -> Result<ReplyTarget, Refusal> {
+        let run = self.view.run(run_id).ok_or_else(|| Refusal::UnknownRun(run_id.clone()))?;
+        if let Some(status) = run.status {
+            return Err(Refusal::RunAlreadyFinished { run_id: run_id.clone(), status });
+        }
+        if run.cancel_requested.is_none() {
+            self.push(Event::RunCancelRequested {
+                run_id: run_id.clone(),
+                by: by.to_owned(),
+                reason: reason.to_owned(),
+            });
+        }
+        Ok(ReplyTarget::Run(run_id.clone()))
+    }
+
     /// Refuses a journal write anywhere but the run's next free position.
     pub(super) fn check_position(&self, run_id: &RunId, run: &OpenRun, position: u32) -> Result<(), Refusal> {
         if position != run.journal_len {
@@ -58,7 +92,7 @@ impl Decider<'_> {
         name: &str,
         output: &Value,
     ) -> Result<ReplyTarget, Refusal> {
-        let run = self.open_run(run_id, start)?;
+        let run = self.working_run(run_id, start)?;
         self.check_position(run_id, &run, position)?;
         self.push(Event::StepRecorded {
             run_id: run_id.clone(),
@@ -76,7 +110,7 @@ impl Decider<'_> {
         position: u32,
         fire_at: DateTime<Utc>,
     ) -> Result<ReplyTarget, Refusal> {
-        let run = self.open_run(run_id, start)?;
+        let run = self.working_run(run_id, start)?;
         self.check_position(run_id, &run, position)?;
         self.push(Event::TimerStarted { run_id: run_id.clone(), position, fire_at });
         Ok(ReplyTarget::Run(run_id.clone()))
@@ -129,6 +163,10 @@ impl Decider<'_> {
                 None
             }
         };
+        // A run an operator asked to stop takes only the batch that stops it.
+        if !spine.iter().any(|request| matches!(request, SpineRequest::Finish { .. })) {
+            self.refuse_cancelled(run_id)?;
+        }
         let next = run.as_ref().map_or(0, |run| run.agent_entries);
         if position != next {
             return Err(Refusal::AgentPosition { run_id: run_id.clone(), asked: position, next });
