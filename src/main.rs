@@ -13,6 +13,7 @@ mod agent;
 mod harness;
 mod ops;
 mod output;
+mod vault;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
@@ -50,6 +51,9 @@ pub struct Cli {
 
     #[command(flatten)]
     provider: ProviderArgs,
+
+    #[command(flatten)]
+    vault: vault::VaultArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -308,6 +312,12 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// The payment-method vault: `keel vault purge --older-than D`, `keel vault rotate
+    /// --new-key-file FILE`.
+    Vault {
+        #[command(subcommand)]
+        command: vault::VaultCommand,
+    },
     /// Check the hash chain, rebuild every entity row by replaying its stream and compare,
     /// in bounded memory (progress on a terminal). The one command that reads the whole log.
     /// Exit 1 naming the first mismatch.
@@ -435,6 +445,11 @@ fn main() -> ExitCode {
     }
     wiring::init_tracing();
     wiring::init_lease_ttl(cli.lease_ttl_ms);
+    // Read once, here, into zeroized memory; the message of a bad key never quotes it.
+    let env_key = std::env::var(vault::KEY_ENV).ok().map(zeroize::Zeroizing::new);
+    if let Err(message) = vault::init(&cli.vault, env_key) {
+        return ExitCode::from(out.usage_error(&message));
+    }
     // Read once, here: libraries receive the parsed value, never the environment.
     if let Err(message) = wiring::init_failpoints(std::env::var("KEEL_FAILPOINT").ok().as_deref()) {
         return ExitCode::from(out.usage_error(&format!("KEEL_FAILPOINT: {message}")));
@@ -490,6 +505,13 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         return Ok(out.usage_error(
             "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. the address `keel-provider-sim serve` prints)",
         ));
+    }
+    let sends = matches!(
+        cli.command,
+        Command::Charge { .. } | Command::Reconcile { .. } | Command::Resume | Command::SoakWorker { .. }
+    );
+    if let Err(message) = vault::preflight(&cli.db, sends)? {
+        return Ok(out.usage_error(&message));
     }
     match cli.command {
         Command::Agent { command } => agent::dispatch(&cli.db, durability, &cli.provider, &out, command).await,
@@ -555,6 +577,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 &by,
             )
             .await
+        }
+        Command::Vault { command } => {
+            vault::dispatch(&cli.db, &out, command, engine::clock::Clock::now(&wiring::SystemClock))
         }
         Command::Verify => ops::verify(&cli.db, &out),
         Command::Demo { dir } => harness::demo::run(&out, dir).await,

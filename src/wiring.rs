@@ -212,6 +212,7 @@ pub fn open_store(db: &Path, durability: store::Durability) -> anyhow::Result<st
         failpoints: failpoints(),
         lease_ttl_ms: lease_ttl_ms(),
         owner_probe: Arc::new(ProcProbe),
+        vault: crate::vault::key(),
         ..Default::default()
     };
     store::Store::open(db, options, Arc::new(SystemClock))

@@ -9,7 +9,7 @@ use super::next::{Launched, Next};
 use super::state::{Intent, IntentStatus, Recovery, Run, RunHistory};
 use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus};
 use crate::lease::{LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse};
-use crate::provider::{CallOutcome, Capability, LookupOutcome};
+use crate::provider::{CallOutcome, Capability, LookupOutcome, Secret};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -43,12 +43,17 @@ pub struct Command {
     /// The lease the command writes under: a write for a run must present the run's current
     /// fencing token (see [`crate::lease`]).
     pub lease: LeaseUse,
+    /// The payment method of a reservation, for the log's vault (see
+    /// [`crate::log::EventLog::unseal`]): a log that keeps payment methods seals it beside
+    /// the intent in the reservation's own commit, if the reservation is accepted and the
+    /// intent is not final. It is never part of an event; a log without a vault ignores it.
+    pub keep: Option<Secret>,
 }
 
 impl Command {
     /// `action` on behalf of `cause`, starting nothing, under no lease.
     pub fn new(cause: Cause, action: Action) -> Self {
-        Self { cause, start_run: None, action, lease: LeaseUse::None }
+        Self { cause, start_run: None, action, lease: LeaseUse::None, keep: None }
     }
 
     /// The same command, starting `run` in its commit if accepted.
