@@ -13,6 +13,7 @@ mod agent;
 mod harness;
 mod ops;
 mod output;
+mod stuck;
 mod vault;
 mod wiring;
 
@@ -226,12 +227,16 @@ enum Command {
         #[command(flatten)]
         limits: LimitArgs,
     },
-    /// List intents, optionally only those in one state.
+    /// List intents, optionally only those in one state, or only what needs a human.
     Intents {
         /// reserved, awaiting_approval, attempting, validated, declined, outcome_unknown,
         /// reconciling, escalated, cancelled, rejected.
         #[arg(long)]
         state: Option<String>,
+        /// Only what needs a human — escalated, awaiting approval, or a charge waiting for its
+        /// caller — with the reason and since when, oldest first.
+        #[arg(long, conflicts_with = "state")]
+        stuck: bool,
     },
     /// Show one intent: its state and its full ordered event history.
     Show {
@@ -531,7 +536,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             let node = wiring::Node::open(&cli.db, durability, &cli.provider, limits.max_charge_minor)?;
             ops::run_effect(&node, &out, "refund", &input, &limits).await
         }
-        Command::Intents { state } => ops::list_intents(&cli.db, &out, state.as_deref()),
+        Command::Intents { stuck: true, .. } => {
+            stuck::list(&cli.db, &out, engine::clock::Clock::now(&wiring::SystemClock))
+        }
+        Command::Intents { state, .. } => ops::list_intents(&cli.db, &out, state.as_deref()),
         Command::Show { key } => ops::show(&cli.db, &out, &key),
         Command::Reconcile { key, due } => {
             let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;

@@ -135,15 +135,27 @@ pub fn list_intents(db: &Path, out: &Output, state: Option<&str>) -> anyhow::Res
     }
     let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
     let rows = reader.intents(state)?;
-    out.emit(&name_intent_keys(serde_json::to_value(&rows)?), || {
+    let waiting = crate::stuck::waiting_rows(&reader, &rows, engine::clock::Clock::now(&crate::wiring::SystemClock))?;
+    let mut document = name_intent_keys(serde_json::to_value(&rows)?);
+    if let Value::Array(items) = &mut document {
+        for (item, waits) in items.iter_mut().zip(&waiting) {
+            if let (Value::Object(map), Some(waits)) = (item, waits) {
+                map.insert("waiting".to_owned(), serde_json::to_value(waits)?);
+            }
+        }
+    }
+    out.emit(&document, || {
         if rows.is_empty() {
             println!("no intents{}", state.map(|s| format!(" in state {s}")).unwrap_or_default());
         }
-        for row in &rows {
+        for (row, waits) in rows.iter().zip(&waiting) {
             println!(
                 "{:<18} {:<60} {:>10} {} attempts={} reconciliations={}",
                 row.status, row.key, row.amount_minor, row.currency, row.attempts, row.reconciliations
             );
+            if let Some(crate::stuck::Waiting::Caller(reason) | crate::stuck::Waiting::Vault(reason)) = waits {
+                println!("  {reason}");
+            }
         }
     });
     Ok(exit::OK)
@@ -160,6 +172,7 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         return Ok(out.refused(&format!("no intent with key {key}")));
     };
     let events = reader.stream(&key.stream())?;
+    let waiting = crate::stuck::waiting(&reader, &intent, engine::clock::Clock::now(&crate::wiring::SystemClock))?;
     let history: Vec<Value> = events
         .iter()
         .map(|e| {
@@ -180,6 +193,7 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         "code": intent.decline_code,
         "attempts": intent.attempts,
         "reconciliations": intent.reconciliations,
+        "waiting": waiting,
         "intent": intent,
         "events": history,
     });
@@ -202,6 +216,9 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         }
         if let Some(note) = &intent.note {
             println!("  note: {note}");
+        }
+        if let Some(crate::stuck::Waiting::Caller(reason) | crate::stuck::Waiting::Vault(reason)) = &waiting {
+            println!("  {reason}");
         }
         println!("  history:");
         for e in &events {

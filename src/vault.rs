@@ -30,6 +30,23 @@ pub struct VaultArgs {
     /// has a vault, the commands that send (charge, reconcile, resume) need its key.
     #[arg(long, global = true, value_name = "FILE")]
     vault_key_file: Option<PathBuf>,
+
+    /// How long a charge may wait for its caller (ready for its next attempt, but no payment
+    /// method at hand) before `keel resume` / `keel reconcile --due` end it: rejected
+    /// `abandoned`, its money and order reference freed, when it was never sent or its effect
+    /// is proven absent; escalated otherwise. Counted from its latest attempt's send. E.g.
+    /// 90m, 30s. Default 24h (`engine::limits::ABANDON_AFTER_DEFAULT_MS`: the provider's key
+    /// window); at most 30d.
+    #[arg(long, global = true, value_name = "D", value_parser = parse_abandon_window)]
+    abandon_waiting_after: Option<u64>,
+}
+
+fn parse_abandon_window(text: &str) -> Result<u64, String> {
+    let ms = parse_duration_ms(text)?;
+    if ms > engine::limits::ABANDON_AFTER_MAX_MS {
+        return Err(format!("{text:?} is above the maximum of 30d"));
+    }
+    Ok(ms)
 }
 
 /// `keel vault …`: the payment-method vault's maintenance.
@@ -54,6 +71,7 @@ pub enum VaultCommand {
 }
 
 static KEY: OnceLock<Option<VaultKey>> = OnceLock::new();
+static ABANDON_AFTER_MS: OnceLock<u64> = OnceLock::new();
 
 /// Reads this process's vault key once, from `--vault-key-file` or `env_key` (the value of
 /// `KEEL_VAULT_KEY`, read by `main`).
@@ -72,7 +90,13 @@ pub fn init(args: &VaultArgs, env_key: Option<Zeroizing<String>>) -> Result<(), 
         (None, None) => None,
     };
     let _ = KEY.set(key);
+    let _ = ABANDON_AFTER_MS.set(args.abandon_waiting_after.unwrap_or(engine::limits::ABANDON_AFTER_DEFAULT_MS));
     Ok(())
+}
+
+/// The abandonment window this process applies (`--abandon-waiting-after`).
+pub fn abandon_after_ms() -> u64 {
+    ABANDON_AFTER_MS.get().copied().unwrap_or(engine::limits::ABANDON_AFTER_DEFAULT_MS)
 }
 
 /// This process's vault key, if one was given.

@@ -162,6 +162,11 @@ impl Ask<IntentAnswer> {
         Self::new(cause, Action::StartReconciliation { key, force, run_id })
     }
 
+    /// Ends a charge that waited for its caller for `window_ms` (see [`Action::Abandon`]).
+    pub fn abandon(cause: Cause, key: IntentKey, run_id: RunId, window_ms: u64) -> Self {
+        Self::new(cause, Action::Abandon { key, run_id, window_ms })
+    }
+
     /// Records what reconciliation `reconciliation`'s lookup answered.
     pub fn record_lookup(cause: Cause, key: IntentKey, reconciliation: u32, outcome: LookupOutcome) -> Self {
         Self::new(cause, Action::RecordLookup { key, reconciliation, outcome })
@@ -327,6 +332,9 @@ pub struct Snapshot {
     pub due: Vec<IntentKey>,
     /// Unfinished runs.
     pub unfinished: Vec<Run>,
+    /// Reserved intents nobody is sending: waiting for their caller, or for the vault's
+    /// payment method.
+    pub waiting: Vec<IntentKey>,
 }
 
 /// What renewing leases found.
@@ -383,7 +391,7 @@ impl Answer for Snapshot {
 
     fn from_reply(reply: Reply) -> Option<Self> {
         match reply {
-            Reply::Snapshot { due, unfinished } => Some(Self { due, unfinished }),
+            Reply::Snapshot { due, unfinished, waiting } => Some(Self { due, unfinished, waiting }),
             _ => None,
         }
     }

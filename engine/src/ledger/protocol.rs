@@ -298,6 +298,18 @@ pub enum Action {
         /// What the batch means for the spine.
         spine: Vec<SpineRequest>,
     },
+    /// Ends a charge that waited for its caller (ready for its next attempt, no payment
+    /// method at hand) for at least `window_ms`: rejected `abandoned` when it has no effect
+    /// (never sent, or proven absent), escalated to a human otherwise. The executor asks it
+    /// under the run's lease, once it found neither the caller nor the vault could send it.
+    Abandon {
+        /// The intent.
+        key: IntentKey,
+        /// Its run (whose lease the command holds).
+        run_id: RunId,
+        /// How long it must have waited.
+        window_ms: u64,
+    },
     /// End a run.
     FinishRun {
         /// The run.
@@ -321,6 +333,7 @@ impl Action {
             | Self::RecordStep { run_id, .. }
             | Self::StartTimer { run_id, .. }
             | Self::RecordAgentEntries { run_id, .. }
+            | Self::Abandon { run_id, .. }
             | Self::FinishRun { run_id, .. } => Some(run_id),
             Self::StartRun
             | Self::Observe { .. }
@@ -385,6 +398,9 @@ pub enum RejectCode {
     InvariantViolated,
     /// Another key for the same business reference is still pending.
     ReferencePending,
+    /// Reserved, then nobody re-submitted it within the abandonment window while it waited
+    /// for its caller; it had no effect (never sent, or proven absent).
+    Abandoned,
 }
 
 impl RejectCode {
@@ -397,6 +413,7 @@ impl RejectCode {
             Self::IntentPayloadMismatch => "intent_payload_mismatch",
             Self::InvariantViolated => "invariant_violated",
             Self::ReferencePending => "reference_pending",
+            Self::Abandoned => "abandoned",
         }
     }
 }
@@ -418,6 +435,8 @@ pub enum Step {
     Reconcile,
     /// Recording a lookup's answer.
     Lookup,
+    /// Ending an intent nobody re-submitted.
+    Abandon,
 }
 
 impl fmt::Display for Step {
@@ -433,6 +452,7 @@ impl fmt::Display for Step {
             Self::Attempt => "no new attempt now",
             Self::Reconcile => "nothing to reconcile",
             Self::Lookup => "no lookup awaits an answer",
+            Self::Abandon => "only a charge that waits for its caller (ready for its next attempt) can be abandoned",
         })
     }
 }
@@ -543,6 +563,16 @@ pub enum Refusal {
         key: IntentKey,
         /// The provider's tier.
         tier: &'static str,
+    },
+    /// An abandonment asked before the intent waited its window.
+    #[error("intent {key} waits for its caller since {}: not abandoned before {}", since.to_rfc3339(), until.to_rfc3339())]
+    WaitingWindowOpen {
+        /// The intent.
+        key: IntentKey,
+        /// Since when it waits.
+        since: DateTime<Utc>,
+        /// When the window closes.
+        until: DateTime<Utc>,
     },
     /// A reconciliation asked before it is due (without `force`).
     #[error("intent {key}: reconciliation not due before {}", due.map_or_else(|| "never".to_owned(), |at| at.to_rfc3339()))]
@@ -660,7 +690,11 @@ impl Refusal {
     pub fn may_be_a_race(&self) -> bool {
         matches!(
             self,
-            Self::WrongStatus { .. } | Self::NoSuchAttempt { .. } | Self::NoSuchLookup { .. } | Self::NotDue { .. }
+            Self::WrongStatus { .. }
+                | Self::NoSuchAttempt { .. }
+                | Self::NoSuchLookup { .. }
+                | Self::NotDue { .. }
+                | Self::WaitingWindowOpen { .. }
         )
     }
 }
@@ -698,6 +732,8 @@ pub enum Reply {
         due: Vec<IntentKey>,
         /// Unfinished runs.
         unfinished: Vec<Run>,
+        /// Reserved intents nobody is sending (see [`super::View::waiting`]).
+        waiting: Vec<IntentKey>,
     },
 }
 
