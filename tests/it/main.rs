@@ -17,3 +17,4 @@ mod model;
 mod money;
 mod teeth;
 mod testkit;
+mod vault;
