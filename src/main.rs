@@ -15,6 +15,8 @@ mod agent;
 mod harness;
 mod ops;
 mod runs;
+mod stuck;
+mod vault;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
@@ -54,6 +56,9 @@ pub struct Cli {
     /// shows the ones it uses.
     #[command(flatten)]
     before: BeforeSubcommand,
+
+    #[command(flatten)]
+    vault: vault::VaultArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -366,12 +371,17 @@ enum Command {
         provider: ProviderFlags,
     },
     /// List intents (a header, then one line each: status, key, amount, attempts,
-    /// reconciliations, when last sent), optionally only those in one state.
+    /// reconciliations, when last sent), optionally only those in one state, or only what
+    /// needs a human (`--stuck`).
     Intents {
         /// reserved, awaiting_approval, attempting, validated, declined, outcome_unknown,
         /// reconciling, escalated, cancelled, rejected.
         #[arg(long)]
         state: Option<String>,
+        /// Only what needs a human — escalated, awaiting approval, or a charge waiting for its
+        /// caller — with the reason and since when, oldest first.
+        #[arg(long, conflicts_with = "state")]
+        stuck: bool,
         #[command(flatten)]
         create: CreateFlag,
     },
@@ -514,6 +524,12 @@ enum Command {
         create: CreateFlag,
         #[command(flatten)]
         store: StoreFlags,
+    },
+    /// The payment-method vault: `keel vault purge --older-than D`, `keel vault rotate
+    /// --new-key-file FILE`.
+    Vault {
+        #[command(subcommand)]
+        command: vault::VaultCommand,
     },
     /// Check the hash chain, rebuild every entity row by replaying its stream and compare,
     /// in bounded memory (progress on a terminal). The one command that reads the whole log.
@@ -661,6 +677,11 @@ fn main() -> ExitCode {
     let quiet = matches!(cli.command, Command::Demo { .. } | Command::Soak { .. });
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
     wiring::init_tracing(cli.log_format == "json", quiet, no_color);
+    // Read once, here, into zeroized memory; the message of a bad key never quotes it.
+    let env_key = std::env::var(vault::KEY_ENV).ok().map(zeroize::Zeroizing::new);
+    if let Err(message) = vault::init(&cli.vault, env_key) {
+        return ExitCode::from(out.usage_error(&message));
+    }
     // Read once, here: libraries receive the parsed value, never the environment.
     if let Err(message) = wiring::init_failpoints(std::env::var("KEEL_FAILPOINT").ok().as_deref()) {
         return ExitCode::from(out.usage_error(&format!("KEEL_FAILPOINT: {message}")));
@@ -736,6 +757,12 @@ async fn dispatch(cli: Cli) -> output::Outcome {
         wiring::init_lease_ttl(before.lease_ttl_ms(store));
         Setting { durability: before.durability(store), provider: before.provider(provider) }
     };
+    // The commands that may resend a charge need the vault's key when the log keeps one.
+    let sends = matches!(
+        cli.command,
+        Command::Charge { .. } | Command::Reconcile { .. } | Command::Resume { .. } | Command::SoakWorker { .. }
+    );
+    vault::preflight(db, sends)?.map_err(output::Failure::Usage)?;
     match cli.command {
         Command::Agent { command } => {
             let (store, provider, create) = match &command {
@@ -760,7 +787,11 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let node = wiring::Node::open(db, setting.durability, &setting.provider, limits.max_charge_minor)?;
             ops::run_effect(&node, &out, "refund", &input, &limits).await
         }
-        Command::Intents { state, create } => {
+        Command::Intents { stuck: true, create, .. } => {
+            existing_log(db, create)?;
+            Ok(stuck::list(db, &out, engine::clock::Clock::now(&wiring::SystemClock))?)
+        }
+        Command::Intents { state, create, .. } => {
             let state = ops::parse_state(state.as_deref())?;
             existing_log(db, create)?;
             ops::list_intents(&ops::reader(db, create)?, &out, state)
@@ -825,6 +856,10 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let setting = setting(Some(&store), None);
             let ask = |cause, key| Ask::deny(cause, key, by.clone(), reason.clone());
             ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Deny).await
+        }
+        Command::Vault { command } => {
+            existing_log(db, CreateFlag { create: false })?;
+            Ok(vault::dispatch(db, &out, command, engine::clock::Clock::now(&wiring::SystemClock))?)
         }
         Command::Verify { create } => {
             existing_log(db, create)?;

@@ -169,10 +169,19 @@ pub fn reader(db: &Path, create: crate::CreateFlag) -> Result<store::Reader, Fai
     store::Reader::open(db).map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))
 }
 
-/// `keel intents [--state S]`.
+/// `keel intents [--state S]`: each intent, and why it waits when it waits for its caller.
 pub fn list_intents(reader: &store::Reader, out: &Output, state: Option<IntentStatus>) -> Outcome {
     let rows = reader.intents(state.map(|s| s.as_str()))?;
-    out.emit(&name_intent_keys(serde_json::to_value(&rows)?), || {
+    let waiting = crate::stuck::waiting_rows(reader, &rows, engine::clock::Clock::now(&crate::wiring::SystemClock))?;
+    let mut document = name_intent_keys(serde_json::to_value(&rows)?);
+    if let Value::Array(items) = &mut document {
+        for (item, waits) in items.iter_mut().zip(&waiting) {
+            if let (Value::Object(map), Some(waits)) = (item, waits) {
+                map.insert("waiting".to_owned(), serde_json::to_value(waits)?);
+            }
+        }
+    }
+    out.emit(&document, || {
         if rows.is_empty() {
             outln!("no intents{}", state.map(|s| format!(" in state {}", s.as_str())).unwrap_or_default());
             return;
@@ -188,7 +197,7 @@ pub fn list_intents(reader: &store::Reader, out: &Output, state: Option<IntentSt
             "LAST SENT",
             "RECONCILE AFTER"
         );
-        for row in &rows {
+        for (row, waits) in rows.iter().zip(&waiting) {
             let time = |t: &Option<String>| {
                 t.as_deref()
                     .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
@@ -204,6 +213,9 @@ pub fn list_intents(reader: &store::Reader, out: &Output, state: Option<IntentSt
                 time(&row.last_sent_at),
                 time(&row.reconcile_after),
             );
+            if let Some(crate::stuck::Waiting::Caller(reason) | crate::stuck::Waiting::Vault(reason)) = waits {
+                outln!("  {reason}");
+            }
         }
     });
     Ok(exit::OK)
@@ -278,6 +290,7 @@ pub fn show(reader: &store::Reader, out: &Output, key: &IntentKey) -> Outcome {
         return Err(Failure::NotFound(format!("no intent with key {key} in this log")));
     };
     let events = reader.stream(&key.stream())?;
+    let waiting = crate::stuck::waiting(reader, &intent, engine::clock::Clock::now(&crate::wiring::SystemClock))?;
     let history: Vec<Value> = events
         .iter()
         .map(|e| {
@@ -298,6 +311,7 @@ pub fn show(reader: &store::Reader, out: &Output, key: &IntentKey) -> Outcome {
         "code": intent.decline_code,
         "attempts": intent.attempts,
         "reconciliations": intent.reconciliations,
+        "waiting": waiting,
         "intent": intent,
         "events": history,
     });
@@ -323,6 +337,9 @@ pub fn show(reader: &store::Reader, out: &Output, key: &IntentKey) -> Outcome {
         }
         if let Some(note) = &intent.note {
             outln!("  note: {note}");
+        }
+        if let Some(crate::stuck::Waiting::Caller(reason) | crate::stuck::Waiting::Vault(reason)) = &waiting {
+            outln!("  {reason}");
         }
         outln!("  history:");
         for e in &events {

@@ -220,6 +220,7 @@ pub fn open_store(db: &Path, durability: store::Durability) -> anyhow::Result<st
         failpoints: failpoints(),
         lease_ttl_ms: lease_ttl_ms(),
         owner_probe: Arc::new(ProcProbe),
+        vault: crate::vault::key(),
         ..Default::default()
     };
     store::Store::open(db, options, Arc::new(SystemClock))
@@ -317,7 +318,9 @@ impl Node {
         let log: Arc<dyn engine::log::EventLog> = Arc::new(store.clone());
         let keeper = keep_leases(Arc::clone(&log));
         let runtime = Runtime { log, provider, clock: Arc::new(SystemClock), lessee: lessee() };
-        let executor = Executor::new(runtime, workflows::builtin(max_charge_minor)).with_failpoints(failpoints());
+        let executor = Executor::new(runtime, workflows::builtin(max_charge_minor))
+            .with_failpoints(failpoints())
+            .with_abandon_after(crate::vault::abandon_after_ms());
         Ok(Self { store, executor, keeper })
     }
 }

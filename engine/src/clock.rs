@@ -84,6 +84,21 @@ pub fn checked_plus_ms(at: DateTime<Utc>, ms: u64) -> Option<DateTime<Utc>> {
     at.checked_add_signed(delta)
 }
 
+/// `at` minus `ms` milliseconds, or `None` when that is before the earliest representable
+/// instant (an age limit that long holds everything).
+///
+/// ```
+/// use chrono::{DateTime, Utc};
+/// use engine::clock::checked_minus_ms;
+/// let epoch = DateTime::<Utc>::UNIX_EPOCH;
+/// assert_eq!(checked_minus_ms(epoch, 1_500).map(|t| t.timestamp_millis()), Some(-1_500));
+/// assert_eq!(checked_minus_ms(epoch, u64::MAX), None);
+/// ```
+pub fn checked_minus_ms(at: DateTime<Utc>, ms: u64) -> Option<DateTime<Utc>> {
+    let delta = TimeDelta::try_milliseconds(i64::try_from(ms).ok()?)?;
+    at.checked_sub_signed(delta)
+}
+
 /// `at` plus `ms` milliseconds, the latest representable instant when that is out of range.
 /// Kept for the agent harness until it moves to [`checked_plus_ms`], which every other
 /// caller uses: a clamped deadline is a deadline that never comes.

@@ -716,6 +716,21 @@ pub enum Event {
         /// Why nothing will send it.
         reason: ReleaseReason,
     },
+    /// Nobody re-submitted a charge that waited for its caller (ready for its next attempt,
+    /// no payment method at hand) within the abandonment window, and it has no effect: it was
+    /// never sent, or its effect is proven absent. Rejected `abandoned`; its money and its
+    /// order reference freed.
+    IntentAbandoned {
+        /// The intent.
+        key: IntentKey,
+        /// Since when it waited: its latest attempt's send, or its run's start if never sent.
+        waiting_since: DateTime<Utc>,
+        /// The window it was given, in ms.
+        window_ms: u64,
+        /// Whether no attempt of it ever reached the provider (otherwise its absence was
+        /// proven by a lookup).
+        never_sent: bool,
+    },
     /// A definitive provider answer arrived for an attempt Keel no longer awaited — its
     /// worker was presumed dead, or its lease was taken — and was kept as evidence. What it
     /// did to the intent is `verdict`; a settling or contradicting answer is followed, in the
@@ -767,6 +782,7 @@ impl Event {
             Self::RunDeadlineExtended { .. } => "RunDeadlineExtended",
             Self::ApprovalRequested { .. } => "ApprovalRequested",
             Self::IntentReleased { .. } => "IntentReleased",
+            Self::IntentAbandoned { .. } => "IntentAbandoned",
             Self::StepRecorded { .. } => "StepRecorded",
             Self::TimerStarted { .. } => "TimerStarted",
             Self::SignalDelivered { .. } => "SignalDelivered",
@@ -821,7 +837,8 @@ impl Event {
             | Self::IntentResolved { key, .. }
             | Self::LateAnswerRecorded { key, .. }
             | Self::ApprovalRequested { key, .. }
-            | Self::IntentReleased { key, .. } => Some(key),
+            | Self::IntentReleased { key, .. }
+            | Self::IntentAbandoned { key, .. } => Some(key),
             Self::RunStarted { .. }
             | Self::RunDeadlineExtended { .. }
             | Self::StepRecorded { .. }

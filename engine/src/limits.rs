@@ -141,6 +141,27 @@ pub const APPROVAL_TTL_MAX_MS: u64 = 30 * 24 * 60 * 60 * 1_000;
 /// `--provider-consistency-window-ms`, usage error 64).
 pub const PROVIDER_WAIT_MAX_MS: u64 = 60 * 60 * 1_000;
 
+/// How long a charge may wait for its caller — ready for its next attempt, but with no
+/// payment method at hand (no vault, or an entry that cannot be used) — before Keel ends it:
+/// rejected `abandoned` when its effect is proven absent or it was never sent, escalated
+/// otherwise. 24 hours, Stripe's idempotency key window: past it a resend with the same key
+/// would no longer be deduplicated, so a caller coming back later could not be served
+/// safely anyway. Counted from the latest attempt's send (from the run's start if it was
+/// never sent). Enforced by `Ledger::decide` on `Abandon` and applied by the executor's
+/// reconciliation pass (`keel resume`, `keel reconcile --due`); the binary's
+/// `--abandon-waiting-after` overrides it, up to [`ABANDON_AFTER_MAX_MS`].
+pub const ABANDON_AFTER_DEFAULT_MS: u64 = 24 * 60 * 60 * 1_000;
+
+/// Longest abandonment window an operator may set: 30 days, like a run's deadline — an
+/// intent that waits longer holds its money for nothing. Enforced by the binary (usage
+/// error 64).
+pub const ABANDON_AFTER_MAX_MS: u64 = 30 * 24 * 60 * 60 * 1_000;
+
+/// Intents waiting for their caller that one reconciliation pass looks at (sends with the
+/// vault's payment method, or ends past the abandonment window), so a backlog cannot hold
+/// the writer for long. Enforced by the executor's reconciliation pass.
+pub const WAITING_PASS_MAX: usize = 1_000;
+
 /// Reconciliations `keel reconcile --due` runs in one pass, so a backlog cannot hold the
 /// writer for long. Enforced by the executor's reconciliation pass.
 pub const RECONCILE_PASS_MAX: usize = 1_000;
@@ -161,6 +182,7 @@ pub const RECOVERY_PASS_MAX: usize = 10_000;
 pub const SECRET_PIECE_MIN_CHARS: usize = 4;
 
 const _: () = assert!(RECONCILE_BACKOFF_BASE_MS <= RECONCILE_BACKOFF_MAX_MS);
+const _: () = assert!(ABANDON_AFTER_DEFAULT_MS <= ABANDON_AFTER_MAX_MS);
 const _: () = assert!(RECONCILIATION_RESERVE_MS < RUN_DEADLINE_DEFAULT_MS);
 const _: () = assert!(WRITER_BATCH_MAX <= WRITER_CHANNEL_CAPACITY);
 // A batch's own entities stay cached across it: twice the largest batch at the least.

@@ -14,7 +14,7 @@ use crate::ledger::{
     Action, AgentRunStart, Command, Intent, IntentSpec, Next, Recovery, Refusal, Reply, Run, RunHistory, RunStart,
     SpineRequest,
 };
-use crate::provider::{BoxFuture, CallOutcome, LookupOutcome};
+use crate::provider::{BoxFuture, CallOutcome, LookupOutcome, Secret};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::marker::PhantomData;
@@ -52,6 +52,48 @@ pub trait EventLog: Send + Sync {
     /// Decides `command` against the current ledger, appends its events in one commit, and
     /// answers once they are durable.
     fn execute(&self, command: Command) -> BoxFuture<'_, Result<Reply, LogError>>;
+
+    /// The payment method kept for intent `key` by the log's vault, if it keeps them: what a
+    /// resend needs when the caller who had the secret is gone. Kept by the reservation that
+    /// carried it ([`Command::keep`]) and gone once the intent is final. The default is a log
+    /// that keeps none ([`Unsealed::NoVault`]).
+    fn unseal<'a>(&'a self, key: &'a IntentKey) -> BoxFuture<'a, Unsealed> {
+        let _ = key;
+        Box::pin(async { Unsealed::NoVault })
+    }
+}
+
+/// What the log's vault holds for one intent.
+#[derive(Clone, Debug)]
+pub enum Unsealed {
+    /// The payment method the intent was reserved with, decrypted and checked.
+    Kept(Secret),
+    /// This log keeps no payment methods (no vault key).
+    NoVault,
+    /// The vault holds nothing for the intent (it was reserved without a vault key, or its
+    /// entry was purged).
+    Missing,
+    /// The entry exists but cannot be used: it does not authenticate (tampered with, or
+    /// sealed under another key), or the vault could not be read. `why` never quotes the key
+    /// nor the secret.
+    Unreadable {
+        /// Why, for humans.
+        why: String,
+    },
+}
+
+impl Unsealed {
+    /// Why an intent that needs its payment method to be sent waits for its caller, given
+    /// what the vault said (never for [`Unsealed::Kept`]).
+    pub fn waiting_reason(&self) -> String {
+        let why = match self {
+            Self::Kept(_) => "its payment method is kept in the vault".to_owned(),
+            Self::NoVault => "the payment method is never stored".to_owned(),
+            Self::Missing => "the vault holds no payment method for it".to_owned(),
+            Self::Unreadable { why } => format!("its vault entry cannot be used ({why})"),
+        };
+        format!("ready for the next attempt, but {why}: re-submit the same request (same key, same payload) to send it")
+    }
 }
 
 /// A request whose reply has type `A`: built by one constructor per kind of command, so a
@@ -98,6 +140,13 @@ impl Ask<IntentAnswer> {
         Self::new(cause, Action::Reserve { run_id, position, spec, start_attempt })
     }
 
+    /// The same request, carrying the reservation's payment method for the log's vault (see
+    /// [`Command::keep`]).
+    pub fn keeping(mut self, payment_method: Option<Secret>) -> Self {
+        self.command.keep = payment_method;
+        self
+    }
+
     /// Writes the next attempt ahead, for `run_id`.
     pub fn start_attempt(cause: Cause, key: IntentKey, run_id: RunId) -> Self {
         Self::new(cause, Action::StartAttempt { key, run_id })
@@ -111,6 +160,11 @@ impl Ask<IntentAnswer> {
     /// Starts the next reconciliation, for `run_id`; `force` ignores its due time.
     pub fn start_reconciliation(cause: Cause, key: IntentKey, force: bool, run_id: RunId) -> Self {
         Self::new(cause, Action::StartReconciliation { key, force, run_id })
+    }
+
+    /// Ends a charge that waited for its caller for `window_ms` (see [`Action::Abandon`]).
+    pub fn abandon(cause: Cause, key: IntentKey, run_id: RunId, window_ms: u64) -> Self {
+        Self::new(cause, Action::Abandon { key, run_id, window_ms })
     }
 
     /// Records what reconciliation `reconciliation`'s lookup answered.
@@ -283,6 +337,9 @@ pub struct Snapshot {
     pub due: Vec<IntentKey>,
     /// Unfinished runs.
     pub unfinished: Vec<Run>,
+    /// Reserved intents nobody is sending: waiting for their caller, or for the vault's
+    /// payment method.
+    pub waiting: Vec<IntentKey>,
 }
 
 /// What renewing leases found.
@@ -339,7 +396,7 @@ impl Answer for Snapshot {
 
     fn from_reply(reply: Reply) -> Option<Self> {
         match reply {
-            Reply::Snapshot { due, unfinished } => Some(Self { due, unfinished }),
+            Reply::Snapshot { due, unfinished, waiting } => Some(Self { due, unfinished, waiting }),
             _ => None,
         }
     }

@@ -65,18 +65,21 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
                 owner: None,
             }),
             lease: engine::lease::LeaseUse::None,
+            keep: None,
             action: Action::Reserve { run_id: run_id.clone(), position: 0, spec, start_attempt: false },
         },
         Command {
             cause: cause.clone(),
             start_run: None,
             lease: engine::lease::LeaseUse::None,
+            keep: None,
             action: Action::StartAttempt { key: key.clone(), run_id: run_id.clone() },
         },
         Command {
             cause,
             start_run: None,
             lease: engine::lease::LeaseUse::None,
+            keep: None,
             action: Action::RecordOutcome {
                 key,
                 attempt: 1,

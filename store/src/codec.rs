@@ -52,7 +52,7 @@ pub(crate) fn to_i64(value: u64) -> i64 {
 }
 
 /// The stored `type` codes of the compact layout: code `i + 1` is `TYPES[i]`. Append-only.
-pub(crate) const TYPES: [&str; 26] = [
+pub(crate) const TYPES: [&str; 27] = [
     "RunStarted",
     "RunDeadlineExtended",
     "StepRecorded",
@@ -79,6 +79,7 @@ pub(crate) const TYPES: [&str; 26] = [
     "ApprovalRequested",
     "IntentReleased",
     "RunCancelRequested",
+    "IntentAbandoned",
 ];
 
 /// The stored code of an event type.

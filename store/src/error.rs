@@ -76,6 +76,20 @@ pub enum Error {
         /// The panic message.
         detail: String,
     },
+    /// The vault key given does not open this database's vault (another key set it up or
+    /// rotated it). Permanent for that key; the message never quotes a key.
+    #[error("vault key rejected: {detail}")]
+    VaultKeyRejected {
+        /// What is wrong.
+        detail: String,
+    },
+    /// A vault maintenance command cannot be carried out (an entry that does not
+    /// authenticate, no vault to rotate). Nothing was changed.
+    #[error("vault: {detail}")]
+    Vault {
+        /// What is wrong.
+        detail: String,
+    },
     /// The operating system refused something (spawning the writer thread).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -95,6 +109,8 @@ impl Error {
             | Self::PayloadTooLarge { .. }
             | Self::Closed
             | Self::WriterPanicked { .. }
+            | Self::VaultKeyRejected { .. }
+            | Self::Vault { .. }
             | Self::Io(_)
             | Self::Sqlite(_) => false,
         }

@@ -90,6 +90,7 @@ mod rebuild;
 mod rows;
 mod schema;
 mod tx;
+pub mod vault;
 pub mod writer;
 
 pub use error::{Error, Result};

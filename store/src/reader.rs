@@ -214,6 +214,38 @@ impl Reader {
         engine::ledger::fold::intent(&events).map(Some).map_err(|e| Error::corrupt(e.seq, e.to_string()))
     }
 
+    /// What the payment-method vault holds for intent `key`: checked (it authenticates or
+    /// not) when `vault_key` is given, only seen otherwise. One indexed read.
+    ///
+    /// # Errors
+    ///
+    /// SQLite's.
+    pub fn vault_entry(
+        &self,
+        key: &IntentKey,
+        vault_key: Option<&crate::vault::VaultKey>,
+    ) -> Result<crate::vault::EntryState> {
+        crate::vault::entry_state(&self.conn, vault_key, key)
+    }
+
+    /// Whether a vault key was ever used on this database (its payment methods then need it).
+    ///
+    /// # Errors
+    ///
+    /// SQLite's.
+    pub fn vault_configured(&self) -> Result<bool> {
+        crate::vault::configured(&self.conn)
+    }
+
+    /// Whether `vault_key` opens this database's vault (its key check value).
+    ///
+    /// # Errors
+    ///
+    /// SQLite's.
+    pub fn vault_key_opens(&self, vault_key: &crate::vault::VaultKey) -> Result<bool> {
+        crate::vault::key_opens(&self.conn, vault_key)
+    }
+
     /// What replaying one run needs, folded from its own stream (hash-checked).
     ///
     /// # Errors

@@ -307,6 +307,17 @@ pub(crate) fn in_flight_ids(conn: &Connection, limit: usize) -> Result<Vec<i64>>
     )
 }
 
+/// Intents reserved (the next attempt may go, nobody is sending it), in key order, at most
+/// `limit`. Served by `intents_by_status`; the sort is over the reserved ones only.
+pub(crate) fn reserved_ids(conn: &Connection, limit: usize) -> Result<Vec<i64>> {
+    ids(
+        conn,
+        "SELECT i.stream FROM intents i JOIN streams s ON s.id = i.stream WHERE i.status = ?1 \
+         ORDER BY s.name LIMIT ?2",
+        params![status_code(IntentStatus::Reserved), to_i64(limit as u64)],
+    )
+}
+
 /// Intents whose reconciliation is due at `now` (µs), oldest due first, ties in key order, at
 /// most `limit`. Served by `intents_due`.
 pub(crate) fn due_ids(conn: &Connection, now: i64, limit: usize) -> Result<Vec<i64>> {

@@ -57,6 +57,10 @@ pub struct Options {
     /// What the host can tell about another lease holder. Default: nothing (leases are taken
     /// only once expired); the binary passes a probe that reads `/proc`.
     pub owner_probe: std::sync::Arc<dyn engine::lease::OwnerProbe>,
+    /// The payment-method vault's key: with one, a reservation's payment method is sealed
+    /// beside the log and [`engine::log::EventLog::unseal`] opens it; without, nothing is
+    /// kept (entries of final intents are deleted either way). Default: none.
+    pub vault: Option<crate::vault::VaultKey>,
 }
 
 impl std::fmt::Debug for Options {
@@ -65,6 +69,7 @@ impl std::fmt::Debug for Options {
             .field("durability", &self.durability)
             .field("busy_timeout_ms", &self.busy_timeout_ms)
             .field("lease_ttl_ms", &self.lease_ttl_ms)
+            .field("vault", &self.vault.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -77,6 +82,7 @@ impl Default for Options {
             failpoints: engine::failpoints::Failpoints::disarmed(),
             lease_ttl_ms: engine::limits::LEASE_TTL_DEFAULT_MS,
             owner_probe: std::sync::Arc::new(engine::lease::ExpiryOnly),
+            vault: None,
         }
     }
 }
@@ -341,6 +347,31 @@ DROP TABLE leases;
 ALTER TABLE leases_v4 RENAME TO leases;
 "#;
 
+/// Version 5: the payment-method vault, outside the hash chain (like `leases`). An entry is
+/// kept by the reservation that carried the secret and deleted in the commit that makes its
+/// intent final; `store::vault` owns every statement on these tables.
+const V5: &str = r#"
+-- One sealed payment method per intent that may still need a resend: AES-256-GCM, a random
+-- 12-byte nonce first, the intent key as associated data. Read and deleted by primary key
+-- (`unseal`, shredding in the writer's commit).
+CREATE TABLE vault (
+    intent_key TEXT    PRIMARY KEY,
+    sealed     BLOB    NOT NULL CHECK (length(sealed) >= 28),
+    kept_at    INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+
+-- Serves `keel vault purge --older-than D`: the entries kept before an instant.
+CREATE INDEX vault_by_kept_at ON vault (kept_at);
+
+-- The key check value: a fixed text sealed under the vault's key, so that a process started
+-- with another key is refused before it keeps anything. One row, once a key was used.
+CREATE TABLE vault_key (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    check_value BLOB    NOT NULL,
+    set_at      INTEGER NOT NULL
+) STRICT;
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -355,6 +386,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V2, then: None },
     Migration { sql: V3, then: Some(rebuild_entities) },
     Migration { sql: V4, then: None },
+    Migration { sql: V5, then: None },
 ];
 
 /// The schema version this build writes and reads.

@@ -227,6 +227,12 @@ impl View for TxView<'_> {
         intents.into_iter().map(|intent| intent.key().clone()).collect()
     }
 
+    fn waiting(&self, limit: usize) -> Vec<IntentKey> {
+        let ids = rows::reserved_ids(self.store.conn, limit);
+        let intents = self.or_note(ids.and_then(|ids| self.store.intents(ids)), Vec::new());
+        intents.into_iter().map(|intent| intent.key().clone()).collect()
+    }
+
     fn unfinished_runs(&self, limit: usize) -> Vec<Run> {
         let read = || -> Result<Vec<Run>> {
             let mut out = Vec::new();

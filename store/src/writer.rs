@@ -64,16 +64,18 @@ use crate::leases;
 use crate::reader::Reader;
 use crate::schema::{self, Options};
 use crate::tx::{self, TxEntities, TxView};
+use crate::vault::{self, VaultKey};
 use chrono::{DateTime, SubsecRound, Utc};
 use engine::append::{Head, Sealed, seal};
 use engine::clock::Clock;
 use engine::event::Event;
+use engine::event::IntentKey;
 use engine::failpoints::Point;
 use engine::lease::OwnerProbe;
 use engine::ledger::fold;
-use engine::ledger::{Command, Decision, Refusal, Reply, ReplyTarget};
+use engine::ledger::{Action, Command, Decision, Refusal, Reply, ReplyTarget};
 use engine::limits::{ENTITY_CACHE_MAX, VERIFIED_MARK_EVENTS, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
-use engine::log::{EventLog, LogError};
+use engine::log::{EventLog, LogError, Unsealed};
 use engine::provider::BoxFuture;
 use rusqlite::Connection;
 use serde::Serialize;
@@ -142,6 +144,30 @@ struct Inner {
     sender: RwLock<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     counters: Arc<Counters>,
+    /// What opens the vault's entries, when this store has its key.
+    vault: Option<Unsealer>,
+}
+
+/// Opens vault entries on a read-only connection of its own (opened at first use), so an
+/// unseal never waits behind the writer's batches.
+struct Unsealer {
+    key: VaultKey,
+    conn: Mutex<Option<Connection>>,
+}
+
+impl Unsealer {
+    fn unseal(&self, path: &Path, intent: &IntentKey) -> Unsealed {
+        let mut conn =
+            self.conn.lock().expect("the vault connection lock is never poisoned: nothing panics holding it");
+        if conn.is_none() {
+            match schema::open_reader(path) {
+                Ok(opened) => *conn = Some(opened),
+                Err(error) => return Unsealed::Unreadable { why: format!("the vault could not be read: {error}") },
+            }
+        }
+        let conn = conn.as_ref().expect("the vault connection was opened just above");
+        vault::unseal(conn, &self.key, intent)
+    }
 }
 
 impl Inner {
@@ -200,6 +226,9 @@ impl Store {
     /// write lock past the busy timeout, [`Error::Sqlite`] / [`Error::Io`] otherwise.
     pub fn open(path: &Path, options: Options, clock: Arc<dyn Clock>) -> Result<Store> {
         let conn = schema::open_writer(path, &options)?;
+        if let Some(key) = &options.vault {
+            vault::check_key(&conn, key, clock.now())?;
+        }
         let (chain, recorded) = chain::open_checked(&conn)?;
         tracing::info!(path = %path.display(), last_seq = chain.last_seq, recorded, "store opened");
         let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
@@ -219,6 +248,7 @@ impl Store {
             failpoints,
             lease_ttl_ms: options.lease_ttl_ms,
             owner_probe: Arc::clone(&options.owner_probe),
+            vault: options.vault.clone(),
         };
         let thread =
             std::thread::Builder::new().name("keel-store-writer".to_owned()).spawn(move || writer.run(receiver))?;
@@ -228,6 +258,7 @@ impl Store {
                 sender: RwLock::new(Some(sender)),
                 thread: Mutex::new(Some(thread)),
                 counters,
+                vault: options.vault.map(|key| Unsealer { key, conn: Mutex::new(None) }),
             }),
         })
     }
@@ -294,6 +325,18 @@ impl EventLog for Store {
             answer.await.map_err(|_| writer_gone())?
         })
     }
+
+    /// Opens the intent's vault entry with this store's vault key (given in
+    /// [`Options::vault`]): one indexed read and one AES-GCM decryption, on a read-only
+    /// connection of the handle's own.
+    fn unseal<'a>(&'a self, key: &'a IntentKey) -> BoxFuture<'a, Unsealed> {
+        Box::pin(async move {
+            match &self.inner.vault {
+                Some(unsealer) => unsealer.unseal(&self.inner.path, key),
+                None => Unsealed::NoVault,
+            }
+        })
+    }
 }
 
 /// What a command came to inside a batch, before the commit.
@@ -329,6 +372,8 @@ struct Writer {
     lease_ttl_ms: u64,
     /// What the host can tell about other lease holders.
     owner_probe: Arc<dyn OwnerProbe>,
+    /// The vault's key, checked at open: reservations' payment methods are sealed with it.
+    vault: Option<VaultKey>,
 }
 
 impl Writer {
@@ -505,6 +550,45 @@ impl Writer {
         Ok(())
     }
 
+    /// The vault's part of an accepted command, in its transaction: the entry of every intent
+    /// the command made final is deleted (crypto-shredding), and a reservation's payment
+    /// method is sealed beside its intent unless the intent is final.
+    fn vault_after(
+        &self,
+        store: &tx::Store<'_>,
+        command: &Command,
+        sealed: &[Sealed],
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let mut seen = std::collections::BTreeSet::new();
+        for Sealed { stored, .. } in sealed {
+            let Some(key) = stored.event.intent_key() else { continue };
+            if !seen.insert(key) {
+                continue;
+            }
+            if let Some((_, intent)) = store.intent(key)?
+                && intent.settled()
+            {
+                vault::shred(&self.conn, key)?;
+            }
+        }
+        if let (Some(vault_key), Some(secret), Action::Reserve { spec, .. }) =
+            (&self.vault, &command.keep, &command.action)
+        {
+            let key = &spec.definition.key;
+            if let Some((_, intent)) = store.intent(key)?
+                && !intent.settled()
+                && !vault::keep(&self.conn, vault_key, key, secret, now)?
+            {
+                tracing::warn!(
+                    effect.idempotency_key_hash = %key.hash(),
+                    "the vault was rotated to another key since this process opened it: the payment method is not kept"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Decides one command and appends its events. `Ok(Err(refusal))`: nothing written.
     fn append_command(&mut self, command: &Command, now: DateTime<Utc>) -> Result<Outcome> {
         let store = tx::Store::new(&self.conn, &self.cache);
@@ -566,6 +650,7 @@ impl Writer {
             last = Some(stored);
         }
         entities.write_back()?;
+        self.vault_after(&store, command, &sealed, now)?;
         if let Some(last) = last {
             self.chain = Chain { last_seq: last.seq, last_hash: last.hash.clone() };
         }

@@ -315,6 +315,7 @@ fn releases(event: &Event) -> bool {
         event,
         Event::IntentDeclined { .. }
             | Event::IntentCancelled { .. }
+            | Event::IntentAbandoned { .. }
             | Event::ApprovalDenied { .. }
             | Event::IntentEscalated { absence_proven: true, .. }
             | Event::IntentResolved { landed: None, .. }

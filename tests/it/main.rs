@@ -18,3 +18,4 @@ mod money;
 mod operator;
 mod teeth;
 mod testkit;
+mod vault;

@@ -216,7 +216,8 @@ impl Context {
         let spec = driver::intent_spec(&self.runtime, key, request, false);
         let reserve = Ask::reserve(self.run_cause(), self.run_id.clone(), position, spec, start_attempt)
             .starting(self.pending_start.clone())
-            .under(self.lease_use());
+            .under(self.lease_use())
+            .keeping(request.payment_method.clone());
         let reservation = driver::reserve(&self.runtime, key, reserve).await?;
         if let Reservation::Reserved(answer) = &reservation {
             self.started_now();

@@ -8,7 +8,9 @@
 //! reconciliation, or stop. Decide, persist, then act: `AttemptStarted` is durable before
 //! the provider is called, and the outcome is recorded after; a transport failure is
 //! recorded `outcome_unknown`, and the next step is a lookup, never a blind resend. A secret
-//! (the payment method) is passed in by the invocation that has it and never stored.
+//! (the payment method) is passed in by the invocation that has it; without it, a resend
+//! asks the log's vault ([`crate::log::EventLog::unseal`]), and an intent whose vault has
+//! nothing usable waits for its caller, saying why.
 
 use super::leases::{claim_run, release_runs};
 use super::outcome::IntentOutcome;
@@ -18,7 +20,7 @@ use crate::event::{Cause, IntentDefinition, IntentKey, RunId};
 use crate::failpoints::{Failpoints, Point};
 use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentSpec, Next, Refusal, Run};
-use crate::log::{Ask, Asking, IntentAnswer, LogError};
+use crate::log::{Ask, Asking, IntentAnswer, LogError, Unsealed};
 use crate::provider::{CallOutcome, EffectRequest, LookupOutcome, Secret};
 use tracing::{Instrument, info_span};
 
@@ -120,8 +122,9 @@ pub async fn drive_intent(runtime: &Runtime, cause: Cause, key: &IntentKey) -> R
     outcome
 }
 
-/// A driver acting for an intent's run without any secret — what operators, recovery and an
-/// agent's effect call use (a charge that must be resent waits for its caller) — under the
+/// A driver acting for an intent's run without any secret of its own — what operators,
+/// recovery and an agent's effect call use (a charge that must be resent takes its payment
+/// method from the log's vault, or waits for its caller) — under the
 /// run's lease: the one this process holds, or one claimed for the time of the work and
 /// given back by [`Leased::release`].
 pub(super) struct Leased<'a> {
@@ -181,17 +184,32 @@ impl Driver<'_> {
     ) -> Result<IntentOutcome, WorkflowError> {
         // Whether the attempt about to be sent follows a proven absence (for its span).
         let mut after_absence = false;
+        // The payment method the log's vault kept, when the invocation has none.
+        let mut kept: Option<Secret> = None;
         loop {
+            let payment_method = payment_method.or(kept.as_ref());
             answer = match answer.next {
                 Next::Send { .. } => self.send(&answer.intent, after_absence, payment_method).await?,
                 Next::LookUp { .. } => self.look_up(&answer.intent).await?,
                 Next::Attempt { .. }
                     if answer.intent.definition.kind.needs_payment_method() && payment_method.is_none() =>
                 {
-                    return Ok(IntentOutcome::of(&answer.intent, false).with_detail(
-                        "ready for the next attempt, but the payment method is never stored: re-submit the same \
-                         request (same key, same payload) to send it",
-                    ));
+                    match self.runtime.log.unseal(answer.intent.key()).await {
+                        Unsealed::Kept(secret) => {
+                            tracing::info!(
+                                effect.idempotency_key_hash = %answer.intent.key().hash(),
+                                "payment method unsealed from the vault for the next attempt"
+                            );
+                            kept = Some(secret);
+                            continue;
+                        }
+                        waiting => {
+                            if let Unsealed::Unreadable { why } = &waiting {
+                                tracing::warn!(%why, "the vault entry cannot be used: the intent waits for its caller");
+                            }
+                            return Ok(IntentOutcome::of(&answer.intent, false).with_detail(waiting.waiting_reason()));
+                        }
+                    }
                 }
                 Next::Attempt { backoff_ms } => {
                     after_absence = answer.intent.absence_proven;

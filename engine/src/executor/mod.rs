@@ -31,8 +31,10 @@
 //!
 //! Secrets (payment method tokens) live in the [`Context`] of the invocation that received
 //! them and nowhere else: the run's stored input holds their hashes. A resumed run without
-//! the secret can reconcile but not resend; the caller re-presents the same request (same
-//! key, same fingerprint) and that invocation drives the next attempt.
+//! the secret can reconcile; it resends only with the payment method the log's vault kept
+//! (sealed in the reservation's commit, when the log has a vault key, and shredded once the
+//! intent is final). Otherwise the caller re-presents the same request (same key, same
+//! fingerprint) and that invocation drives the next attempt.
 //!
 //! This module does no I/O of its own: it talks to the log through [`EventLog`] and to the
 //! provider through [`PaymentProvider`], and reads and waits on time through [`Clock`].

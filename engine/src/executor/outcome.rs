@@ -132,7 +132,11 @@ impl IntentOutcome {
             intent_key: intent.key().clone(),
             status: OutcomeStatus::Intent(intent.status),
             source,
-            code: intent.decline_code.clone().map(OutcomeCode::Declined),
+            code: match &intent.decline_code {
+                Some(code) => Some(OutcomeCode::Declined(code.clone())),
+                None if intent.abandoned => Some(OutcomeCode::Rejected(RejectCode::Abandoned)),
+                None => None,
+            },
             attempts: intent.attempts,
             attempts_max: intent.attempts_max,
             reconciliations: intent.reconciliations,

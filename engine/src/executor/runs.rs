@@ -44,6 +44,8 @@ pub struct Executor {
     runtime: Runtime,
     workflows: BTreeMap<&'static str, Registered>,
     failpoints: Failpoints,
+    /// How long a charge may wait for its caller before the reconciliation pass ends it.
+    abandon_after_ms: u64,
 }
 
 /// What `recover_and_resume` did.
@@ -73,7 +75,19 @@ impl Executor {
     /// An executor over `runtime` with the given workflows.
     pub fn new(runtime: Runtime, workflows: Vec<Registered>) -> Self {
         let workflows = workflows.into_iter().map(|w| (w.name(), w)).collect();
-        Self { runtime, workflows, failpoints: Failpoints::disarmed() }
+        Self {
+            runtime,
+            workflows,
+            failpoints: Failpoints::disarmed(),
+            abandon_after_ms: limits::ABANDON_AFTER_DEFAULT_MS,
+        }
+    }
+
+    /// The same executor ending charges that waited for their caller `ms` (instead of
+    /// [`limits::ABANDON_AFTER_DEFAULT_MS`]): see [`Executor::reconcile_due`].
+    pub fn with_abandon_after(mut self, ms: u64) -> Self {
+        self.abandon_after_ms = ms;
+        self
     }
 
     /// The same executor with `failpoints` armed at its event boundaries (crash tests only;
@@ -378,8 +392,11 @@ impl Executor {
     }
 
     /// Reconciles every intent whose reconciliation is due, at most
-    /// [`limits::RECONCILE_PASS_MAX`] per pass; an intent whose run another live process
-    /// holds is left to it.
+    /// [`limits::RECONCILE_PASS_MAX`] per pass, and takes on the charges reserved that nobody
+    /// is sending, at most [`limits::WAITING_PASS_MAX`]: each is sent with the payment method
+    /// the log's vault kept, or, waiting for its caller past the abandonment window, ended
+    /// (rejected `abandoned` when it has no effect, escalated otherwise). An intent whose run
+    /// another live process holds is left to it.
     ///
     /// # Errors
     ///
@@ -394,11 +411,16 @@ impl Executor {
     ) -> Result<(Vec<IntentOutcome>, Vec<LeftAlone>), WorkflowError> {
         let mut outcomes = Vec::new();
         let mut busy = Vec::new();
-        let due = self.runtime.log.ask(Ask::snapshot(cause.clone())).await?.due;
-        for key in due.into_iter().take(limits::RECONCILE_PASS_MAX) {
+        let snapshot = self.runtime.log.ask(Ask::snapshot(cause.clone())).await?;
+        let due = snapshot.due.into_iter().take(limits::RECONCILE_PASS_MAX);
+        let waiting = snapshot.waiting.into_iter().take(limits::WAITING_PASS_MAX);
+        for key in due.chain(waiting) {
             let intent = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
-            if !intent.reconcile_due(self.runtime.clock.now()) {
-                continue; // Someone else got to it first.
+            let now = self.runtime.clock.now();
+            let unsent_charge =
+                intent.status == IntentStatus::Reserved && intent.definition.kind.needs_payment_method();
+            if !intent.reconcile_due(now) && !unsent_charge {
+                continue; // Someone else got to it first, or nothing is left to do here.
             }
             let leased = match Leased::for_its_run(
                 &self.runtime,
@@ -415,7 +437,10 @@ impl Executor {
                 }
                 Err(other) => return Err(other),
             };
-            let outcome = leased.driver.drive_from(&intent, None).await;
+            let outcome = match leased.driver.drive_from(&intent, None).await {
+                Ok(outcome) => self.abandon_if_due(&leased, &key, outcome).await,
+                failed => failed,
+            };
             leased.release().await?;
             match outcome {
                 Ok(outcome) => outcomes.push(outcome),
@@ -432,6 +457,42 @@ impl Executor {
             }
         }
         Ok((outcomes, busy))
+    }
+}
+
+impl Executor {
+    /// Ends a charge that still waits for its caller once it has waited the abandonment
+    /// window (the ledger decides: abandoned when it has no effect, escalated otherwise); one
+    /// whose window is still open is reported with when it closes.
+    async fn abandon_if_due(
+        &self,
+        leased: &Leased<'_>,
+        key: &IntentKey,
+        outcome: IntentOutcome,
+    ) -> Result<IntentOutcome, WorkflowError> {
+        let driver = &leased.driver;
+        let intent = driver.observe(key).await?.intent;
+        if !intent.waits_for_payment_method(self.runtime.clock.now()) {
+            return Ok(outcome);
+        }
+        let ask = Ask::abandon(driver.cause.clone(), key.clone(), driver.run_id.clone(), self.abandon_after_ms)
+            .under(driver.lease.clone().map_or(LeaseUse::None, LeaseUse::Hold));
+        match self.runtime.log.ask(ask).await {
+            Ok(answer) => {
+                tracing::warn!(
+                    effect.idempotency_key_hash = %key.hash(),
+                    status = answer.intent.status.as_str(),
+                    "nobody re-submitted the charge within the abandonment window"
+                );
+                Ok(IntentOutcome::of(&answer.intent, false))
+            }
+            Err(LogError::Refused(Refusal::WaitingWindowOpen { until, .. })) => Ok(outcome.with_detail(format!(
+                "unless it is re-submitted, it is abandoned (or escalated, if its effect is not proven absent) after {}",
+                until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ))),
+            Err(LogError::Refused(refusal)) if refusal.may_be_a_race() => Ok(outcome),
+            Err(other) => Err(other.into()),
+        }
     }
 }
 

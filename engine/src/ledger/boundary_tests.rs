@@ -76,6 +76,17 @@ fn record_lookup(reconciliation: u32, outcome: LookupOutcome) -> Action {
     Action::RecordLookup { key: key(), reconciliation, outcome }
 }
 
+/// The abandonment window of the table's rows.
+const WINDOW_MS: u64 = 60_000;
+
+fn abandon() -> Action {
+    Action::Abandon { key: key(), run_id: run(), window_ms: WINDOW_MS }
+}
+
+fn not_sent() -> CallOutcome {
+    CallOutcome::NotSent { detail: "connection refused".into() }
+}
+
 fn rows() -> Vec<Row> {
     use Expect::{Appends, Refused};
     let unknown = || vec![charge(), Given::Outcome(1, timeout())];
@@ -261,6 +272,67 @@ fn rows() -> Vec<Row> {
             }],
             command: Action::Cancel { key: key(), by: "ana".into(), reason: "customer asked".into() },
             expect: Appends(&["IntentCancelled"], Next::Done),
+        },
+        Row {
+            name: "abandoning a charge whose attempt is in flight",
+            given: vec![charge(), Given::Later(WINDOW_MS)],
+            command: abandon(),
+            expect: Refused("WrongStatus"),
+        },
+        Row {
+            name: "abandoning a never-sent charge a millisecond before its window closes",
+            given: vec![charge(), Given::Outcome(1, not_sent()), Given::Later(WINDOW_MS - 1)],
+            command: abandon(),
+            expect: Refused("WaitingWindowOpen"),
+        },
+        Row {
+            name: "a never-sent charge nobody re-submitted: abandoned when its window closes",
+            given: vec![charge(), Given::Outcome(1, not_sent()), Given::Later(WINDOW_MS)],
+            command: abandon(),
+            expect: Appends(&["IntentAbandoned"], Next::Done),
+        },
+        Row {
+            name: "a charge reserved and never attempted: its window counts from its run's start",
+            given: vec![
+                Given::Reserved { capability: tier(true, true), limits: RunLimits::default(), start_attempt: false },
+                Given::Later(WINDOW_MS),
+            ],
+            command: abandon(),
+            expect: Appends(&["IntentAbandoned"], Next::Done),
+        },
+        Row {
+            name: "a charge proven absent nobody re-submitted: abandoned",
+            given: {
+                let mut given = reconciling();
+                given.extend([Given::Lookup(1, LookupOutcome::Absent), Given::Later(WINDOW_MS)]);
+                given
+            },
+            command: abandon(),
+            expect: Appends(&["IntentAbandoned"], Next::Done),
+        },
+        Row {
+            name: "an unknown charge only a resend could reconcile (keys, no lookup): escalated, never abandoned",
+            given: vec![reserved_with(tier(true, false)), Given::Outcome(1, timeout()), Given::Later(WINDOW_MS)],
+            command: abandon(),
+            expect: Appends(&["IntentEscalated"], Next::Done),
+        },
+        Row {
+            name: "an unknown charge with a lookup is reconciled, not abandoned",
+            given: vec![charge(), Given::Outcome(1, timeout()), Given::Later(WINDOW_MS)],
+            command: abandon(),
+            expect: Refused("WrongStatus"),
+        },
+        Row {
+            name: "a validated charge is never abandoned",
+            given: vec![charge(), Given::Outcome(1, CallOutcome::Succeeded(evidence("ch_1"))), Given::Later(WINDOW_MS)],
+            command: abandon(),
+            expect: Refused("WrongStatus"),
+        },
+        Row {
+            name: "an abandonment window past any date",
+            given: vec![charge(), Given::Outcome(1, not_sent())],
+            command: Action::Abandon { key: key(), run_id: run(), window_ms: u64::MAX },
+            expect: Refused("DurationOutOfRange"),
         },
         Row {
             name: "a read of the intent in flight",

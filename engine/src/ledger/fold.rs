@@ -108,6 +108,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 in_flight_run: None,
                 late_answers: 0,
                 approval_closes_at: None,
+                abandoned: false,
                 last_seq: seq,
             });
         }
@@ -453,6 +454,19 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.status = S::Rejected;
             intent.note = Some(format!("released: {reason}"));
+        }
+        Event::IntentAbandoned { waiting_since, window_ms, never_sent, .. } => {
+            if intent.status != S::Reserved {
+                return Err("abandonment of an intent that is not ready for its next attempt");
+            }
+            intent.status = S::Rejected;
+            intent.abandoned = true;
+            let proof = if *never_sent { "never sent" } else { "proven absent" };
+            intent.note = Some(format!(
+                "abandoned: waited for its caller since {} ({window_ms} ms allowed); {proof}, so its money and \
+                 order reference are freed",
+                waiting_since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            ));
         }
         Event::LateAnswerRecorded { verdict, .. } => {
             intent.late_answers += 1;

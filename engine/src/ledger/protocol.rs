@@ -9,7 +9,7 @@ use super::next::{Launched, Next};
 use super::state::{Intent, IntentStatus, Recovery, Run, RunHistory};
 use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus};
 use crate::lease::{LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse};
-use crate::provider::{CallOutcome, Capability, LookupOutcome};
+use crate::provider::{CallOutcome, Capability, LookupOutcome, Secret};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -43,12 +43,17 @@ pub struct Command {
     /// The lease the command writes under: a write for a run must present the run's current
     /// fencing token (see [`crate::lease`]).
     pub lease: LeaseUse,
+    /// The payment method of a reservation, for the log's vault (see
+    /// [`crate::log::EventLog::unseal`]): a log that keeps payment methods seals it beside
+    /// the intent in the reservation's own commit, if the reservation is accepted and the
+    /// intent is not final. It is never part of an event; a log without a vault ignores it.
+    pub keep: Option<Secret>,
 }
 
 impl Command {
     /// `action` on behalf of `cause`, starting nothing, under no lease.
     pub fn new(cause: Cause, action: Action) -> Self {
-        Self { cause, start_run: None, action, lease: LeaseUse::None }
+        Self { cause, start_run: None, action, lease: LeaseUse::None, keep: None }
     }
 
     /// The same command, starting `run` in its commit if accepted.
@@ -303,6 +308,18 @@ pub enum Action {
         /// What the batch means for the spine.
         spine: Vec<SpineRequest>,
     },
+    /// Ends a charge that waited for its caller (ready for its next attempt, no payment
+    /// method at hand) for at least `window_ms`: rejected `abandoned` when it has no effect
+    /// (never sent, or proven absent), escalated to a human otherwise. The executor asks it
+    /// under the run's lease, once it found neither the caller nor the vault could send it.
+    Abandon {
+        /// The intent.
+        key: IntentKey,
+        /// Its run (whose lease the command holds).
+        run_id: RunId,
+        /// How long it must have waited.
+        window_ms: u64,
+    },
     /// End a run.
     FinishRun {
         /// The run.
@@ -326,6 +343,7 @@ impl Action {
             | Self::RecordStep { run_id, .. }
             | Self::StartTimer { run_id, .. }
             | Self::RecordAgentEntries { run_id, .. }
+            | Self::Abandon { run_id, .. }
             | Self::FinishRun { run_id, .. } => Some(run_id),
             Self::StartRun
             | Self::Observe { .. }
@@ -391,6 +409,9 @@ pub enum RejectCode {
     InvariantViolated,
     /// Another key for the same business reference is still pending.
     ReferencePending,
+    /// Reserved, then nobody re-submitted it within the abandonment window while it waited
+    /// for its caller; it had no effect (never sent, or proven absent).
+    Abandoned,
 }
 
 impl RejectCode {
@@ -403,6 +424,7 @@ impl RejectCode {
             Self::IntentPayloadMismatch => "intent_payload_mismatch",
             Self::InvariantViolated => "invariant_violated",
             Self::ReferencePending => "reference_pending",
+            Self::Abandoned => "abandoned",
         }
     }
 }
@@ -424,6 +446,8 @@ pub enum Step {
     Reconcile,
     /// Recording a lookup's answer.
     Lookup,
+    /// Ending an intent nobody re-submitted.
+    Abandon,
 }
 
 impl fmt::Display for Step {
@@ -439,6 +463,7 @@ impl fmt::Display for Step {
             Self::Attempt => "no new attempt now",
             Self::Reconcile => "nothing to reconcile",
             Self::Lookup => "no lookup awaits an answer",
+            Self::Abandon => "only a charge that waits for its caller (ready for its next attempt) can be abandoned",
         })
     }
 }
@@ -568,6 +593,16 @@ pub enum Refusal {
         /// The provider's tier.
         tier: &'static str,
     },
+    /// An abandonment asked before the intent waited its window.
+    #[error("intent {key} waits for its caller since {}: not abandoned before {}", since.to_rfc3339(), until.to_rfc3339())]
+    WaitingWindowOpen {
+        /// The intent.
+        key: IntentKey,
+        /// Since when it waits.
+        since: DateTime<Utc>,
+        /// When the window closes.
+        until: DateTime<Utc>,
+    },
     /// A reconciliation asked before it is due (without `force`).
     #[error("intent {key}: reconciliation not due before {}", due.map_or_else(|| "never".to_owned(), |at| at.to_rfc3339()))]
     NotDue {
@@ -684,7 +719,11 @@ impl Refusal {
     pub fn may_be_a_race(&self) -> bool {
         matches!(
             self,
-            Self::WrongStatus { .. } | Self::NoSuchAttempt { .. } | Self::NoSuchLookup { .. } | Self::NotDue { .. }
+            Self::WrongStatus { .. }
+                | Self::NoSuchAttempt { .. }
+                | Self::NoSuchLookup { .. }
+                | Self::NotDue { .. }
+                | Self::WaitingWindowOpen { .. }
         )
     }
 }
@@ -722,6 +761,8 @@ pub enum Reply {
         due: Vec<IntentKey>,
         /// Unfinished runs.
         unfinished: Vec<Run>,
+        /// Reserved intents nobody is sending (see [`super::View::waiting`]).
+        waiting: Vec<IntentKey>,
     },
 }
 

@@ -154,6 +154,10 @@ pub struct Intent {
     /// When the approval window of the run waiting on it closes (an approval after it is
     /// refused).
     pub approval_closes_at: Option<DateTime<Utc>>,
+    /// Whether it was rejected `abandoned`: it waited for its caller past the abandonment
+    /// window with no effect (`IntentAbandoned`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub abandoned: bool,
     /// Global sequence of the latest event on its stream.
     pub last_seq: u64,
 }
@@ -223,6 +227,16 @@ impl Intent {
                 | IntentStatus::Rejected
                 | IntentStatus::Escalated
         )
+    }
+
+    /// Whether the intent waits for its caller at `now`: ready for its next attempt, which
+    /// needs a payment method that only the caller (or the log's vault) has.
+    pub fn waits_for_payment_method(&self, now: DateTime<Utc>) -> bool {
+        self.definition.kind.needs_payment_method()
+            && matches!(
+                super::next::Next::after(self, super::next::Launched::Nothing, now, None),
+                super::next::Next::Attempt { .. }
+            )
     }
 
     /// Whether a reconciliation is due at `now`.

@@ -32,4 +32,8 @@ pub trait View {
     fn due(&self, now: DateTime<Utc>, limit: usize) -> Vec<IntentKey>;
     /// Runs not finished, in id order, at most `limit`.
     fn unfinished_runs(&self, limit: usize) -> Vec<Run>;
+    /// Intents reserved with no attempt in flight — the next attempt may go, but nobody is
+    /// sending it: a charge waiting for its caller, or one whose process died between a
+    /// proven absence and the resend — in key order, at most `limit`.
+    fn waiting(&self, limit: usize) -> Vec<IntentKey>;
 }

@@ -250,4 +250,11 @@ impl View for Ledger {
         open.sort_by(|a, b| a.run_id.cmp(&b.run_id));
         open.into_iter().take(limit).cloned().collect()
     }
+
+    fn waiting(&self, limit: usize) -> Vec<IntentKey> {
+        let mut waiting: Vec<&IntentKey> =
+            self.intents.values().filter(|i| i.status == IntentStatus::Reserved).map(Intent::key).collect();
+        waiting.sort();
+        waiting.into_iter().take(limit).cloned().collect()
+    }
 }

@@ -6,4 +6,5 @@ mod integrity;
 mod migration;
 mod schema;
 mod support;
+mod vault;
 mod writer;

@@ -122,6 +122,7 @@ pub fn start_and_reserve(run_id: &str, spec: IntentSpec) -> Command {
         cause: Cause::command("test").for_run(&RunId::new(run_id)),
         start_run: Some(run_start(run_id)),
         lease: engine::lease::LeaseUse::None,
+        keep: None,
         action: Action::Reserve { run_id: RunId::new(run_id), position: 0, spec, start_attempt: false },
     }
 }
@@ -131,6 +132,7 @@ pub fn start_attempt(run_id: &str, id: &str) -> Command {
         cause: Cause::command("test"),
         start_run: None,
         lease: engine::lease::LeaseUse::None,
+        keep: None,
         action: Action::StartAttempt { key: key(id), run_id: RunId::new(run_id) },
     }
 }
@@ -140,6 +142,7 @@ pub fn succeed(id: &str, attempt: u32, amount_minor: i64) -> Command {
         cause: Cause::command("test"),
         start_run: None,
         lease: engine::lease::LeaseUse::None,
+        keep: None,
         action: Action::RecordOutcome {
             key: key(id),
             attempt,
@@ -157,6 +160,7 @@ pub fn outcome(id: &str, attempt: u32, outcome: CallOutcome) -> Command {
         cause: Cause::command("test"),
         start_run: None,
         lease: engine::lease::LeaseUse::None,
+        keep: None,
         action: Action::RecordOutcome { key: key(id), attempt, outcome },
     }
 }

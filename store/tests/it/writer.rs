@@ -101,6 +101,7 @@ fn varied_workload(fixture: &Fixture) {
         cause: Cause::command("test"),
         start_run: None,
         lease: engine::lease::LeaseUse::None,
+        keep: None,
         action: Action::FinishRun {
             run_id: RunId::new("run-0"),
             status: engine::event::RunStatus::Completed,

@@ -4,13 +4,14 @@
 //! (key, fingerprint, money and the invariants, atomically), [`attempt`] (write-ahead
 //! attempts and their outcomes, late answers included), [`reconcile`] (lookups and what they
 //! prove), [`recover`] (in-flight work whose process died), [`operator`] (approvals, denials,
-//! cancellations, resolutions), [`runs`] (journals, timers, signals, agent entries, ends) and
+//! cancellations, resolutions), [`abandon`] (the end of a charge nobody re-submits), [`runs`] (journals, timers, signals, agent entries, ends) and
 //! [`leases`] (claims, renewals, releases, fencing).
 //!
 //! A decision reads only the entities it is about, through a [`View`] (indexed reads inside
 //! the store's transaction), and never reads a clock: `now` is an input. It is pure: the
 //! caller appends the events and applies the lease effects, in one commit, or nothing.
 
+mod abandon;
 mod attempt;
 mod leases;
 mod operator;
@@ -75,6 +76,7 @@ pub fn reply_after(view: &dyn View, target: &ReplyTarget) -> Reply {
         ReplyTarget::Renewed(lost) => Reply::Renewed { lost: lost.clone() },
         ReplyTarget::Snapshot(now) => Reply::Snapshot {
             due: view.due(*now, limits::RECONCILE_PASS_MAX),
+            waiting: view.waiting(limits::WAITING_PASS_MAX),
             unfinished: view.unfinished_runs(limits::RESUME_PASS_MAX),
         },
     }
@@ -152,6 +154,7 @@ impl Decider<'_> {
                 }
                 self.record_agent_entries(run_id, *position, entries, agent_start.as_ref(), spine)
             }
+            Action::Abandon { key, run_id, window_ms } => self.abandon(key, run_id, *window_ms),
             Action::FinishRun { run_id, status, detail } => self.finish_run(run_id, *status, detail.clone()),
         }
     }
