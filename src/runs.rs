@@ -144,12 +144,12 @@ fn agent_state(reader: &store::Reader, run_id: &RunId) -> Result<Option<AgentSta
 fn budgets(run: &Run, intents: &[Intent], agent: Option<&AgentState>, now: DateTime<Utc>) -> Vec<Budget> {
     let committed: i64 = intents.iter().filter(|i| i.money_committed()).map(|i| i.definition.amount_minor).sum();
     let mut out = vec![Budget::new("cost_minor", committed, run.limits.cost_minor_max)];
-    let total_ms = (run.deadline_at - run.started_at).num_milliseconds().max(0);
-    let used_ms = match run.status {
-        None => (now - run.started_at).num_milliseconds().clamp(0, total_ms),
-        Some(_) => total_ms.min((now - run.started_at).num_milliseconds().max(0)),
-    };
-    out.push(Budget::new("deadline_ms", used_ms, Some(total_ms)));
+    // Time is a budget while the run runs; a finished run's deadline is only a date.
+    if run.status.is_none() {
+        let total_ms = (run.deadline_at - run.started_at).num_milliseconds().max(0);
+        let used_ms = (now - run.started_at).num_milliseconds().clamp(0, total_ms);
+        out.push(Budget::new("deadline_ms", used_ms, Some(total_ms)));
+    }
     out.push(Budget::new(
         "network_retries",
         run.network_retries,
