@@ -450,14 +450,19 @@ pub async fn operator(
     let result = (&store as &dyn EventLog).ask(ask(Cause::operator(by), key)).await;
     store.shutdown()?;
     match result {
-        Ok(answer) => print_decision(out, &answer.intent, decision),
+        Ok(answer) => {
+            let run = store::Reader::open(db).ok().and_then(|r| r.run(&answer.intent.run_id).ok().flatten());
+            let agent = run.is_some_and(|run| run.workflow.starts_with(engine::ledger::AGENT_WORKFLOW_PREFIX));
+            print_decision(out, &answer.intent, decision, agent)
+        }
         Err(LogError::Refused(refusal)) => Err(Failure::refusal(&refusal)),
         Err(other) => Err(other.into()),
     }
 }
 
-/// Prints what an operator decision did, and the intent it left.
-fn print_decision(out: &Output, intent: &Intent, decision: Decision) -> Outcome {
+/// Prints what an operator decision did, and the intent it left. `agent`: its run is an
+/// agent's (continued by `keel agent resume`, not by a re-submission).
+fn print_decision(out: &Output, intent: &Intent, decision: Decision, agent: bool) -> Outcome {
     out.emit(&name_intent_keys(serde_json::to_value(intent)?), || {
         let key = intent.key();
         match (decision, &intent.approval) {
@@ -468,10 +473,11 @@ fn print_decision(out: &Output, intent: &Intent, decision: Decision) -> Outcome 
                     &approval.fingerprint[..12.min(approval.fingerprint.len())],
                     when(approval.expires_at)
                 );
-                outln!(
-                    "  nothing is sent yet: re-submit the same request, or `keel agent resume {}` for an agent's run",
-                    intent.run_id
-                );
+                if agent {
+                    outln!("  nothing is sent yet: `keel agent resume {}` sends it", intent.run_id);
+                } else {
+                    outln!("  nothing is sent yet: re-submit the same request (same key, same payload) to send it");
+                }
             }
             (Decision::Approve, None) => outln!("approved {key}: it is {}", intent.status.as_str()),
             (Decision::Deny, _) => outln!("denied {key}: it is {}, its money released", intent.status.as_str()),
@@ -549,7 +555,7 @@ pub async fn resolve(
         }
     };
     match resolved {
-        Ok(intent) => print_decision(out, &intent, Decision::Resolve),
+        Ok(intent) => print_decision(out, &intent, Decision::Resolve, false),
         Err(error) => Err(workflow_failure(error)),
     }
 }

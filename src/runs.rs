@@ -81,7 +81,15 @@ pub fn list(reader: &store::Reader, out: &Output, filter: &RunFilter) -> Outcome
             outln!("no runs");
             return;
         }
-        outln!("{:<36} {:<21} {:<24} {:<20} {:>7} {:>14}", "RUN", "WORKFLOW", "STATUS", "STARTED", "INTENTS", "MONEY");
+        outln!(
+            "{:<36} {:<21} {:<24} {:<20} {:>7} {:>15}",
+            "RUN",
+            "WORKFLOW",
+            "STATUS",
+            "STARTED",
+            "INTENTS",
+            "MONEY (minor)"
+        );
         for row in &rows {
             let status = match &row.cancel_requested_by {
                 Some(by) if row.status == "running" => format!("running (cancel by {by})"),
@@ -90,7 +98,7 @@ pub fn list(reader: &store::Reader, out: &Output, filter: &RunFilter) -> Outcome
             let started =
                 DateTime::parse_from_rfc3339(&row.started_at).map_or(row.started_at.clone(), |t| when(t.to_utc()));
             outln!(
-                "{:<36} {:<21} {:<24} {:<20} {:>7} {:>14}",
+                "{:<36} {:<21} {:<24} {:<20} {:>7} {:>15}",
                 row.run_id,
                 row.workflow,
                 status,
@@ -136,12 +144,12 @@ fn agent_state(reader: &store::Reader, run_id: &RunId) -> Result<Option<AgentSta
 fn budgets(run: &Run, intents: &[Intent], agent: Option<&AgentState>, now: DateTime<Utc>) -> Vec<Budget> {
     let committed: i64 = intents.iter().filter(|i| i.money_committed()).map(|i| i.definition.amount_minor).sum();
     let mut out = vec![Budget::new("cost_minor", committed, run.limits.cost_minor_max)];
-    let total_ms = (run.deadline_at - run.started_at).num_milliseconds().max(0);
-    let used_ms = match run.status {
-        None => (now - run.started_at).num_milliseconds().clamp(0, total_ms),
-        Some(_) => total_ms.min((now - run.started_at).num_milliseconds().max(0)),
-    };
-    out.push(Budget::new("deadline_ms", used_ms, Some(total_ms)));
+    // Time is a budget while the run runs; a finished run's deadline is only a date.
+    if run.status.is_none() {
+        let total_ms = (run.deadline_at - run.started_at).num_milliseconds().max(0);
+        let used_ms = (now - run.started_at).num_milliseconds().clamp(0, total_ms);
+        out.push(Budget::new("deadline_ms", used_ms, Some(total_ms)));
+    }
     out.push(Budget::new(
         "network_retries",
         run.network_retries,
@@ -217,13 +225,14 @@ pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
             let grants: Vec<&str> = header.capabilities.iter().map(String::as_str).collect();
             outln!("  capabilities: {}", if grants.is_empty() { "(none)".to_owned() } else { grants.join(", ") });
         }
-        outln!("  budgets (used / max, remaining):");
+        outln!("  budgets (used / max, left):");
+        let width = budgets.iter().map(|b| b.name.len()).max().unwrap_or(0);
         for budget in &budgets {
             match (budget.max, budget.remaining) {
                 (Some(max), Some(left)) => {
-                    outln!("    {:<48} {:>10} / {:<10} {left} left", budget.name, budget.used, max)
+                    outln!("    {:<width$} {:>10} / {:<10} {left} left", budget.name, budget.used, max)
                 }
-                _ => outln!("    {:<48} {:>10} / unbounded", budget.name, budget.used),
+                _ => outln!("    {:<width$} {:>10} / unbounded", budget.name, budget.used),
             }
         }
         if intents.is_empty() {

@@ -437,6 +437,25 @@ fn progress_stays_off_a_pipe_and_json() {
     assert!(bench.stderr.is_empty(), "{}", text(&bench.stderr));
 }
 
+/// `keel ARGS` on a pseudo-terminal (util-linux `script`): what a person at a terminal sees.
+fn on_a_terminal(db: &Path, args: &str) -> Option<String> {
+    if !Path::new("/usr/bin/script").exists() {
+        return None; // No pty here: the pipe half of the promise is tested above.
+    }
+    let line = format!("'{}' --db '{}' {args}", env!("CARGO_BIN_EXE_keel"), db.display());
+    let output = Command::new("/usr/bin/script").args(["-qec", &line, "/dev/null"]).output().expect("script runs");
+    Some(text(&output.stdout))
+}
+
+#[test]
+fn progress_is_drawn_on_a_terminal_unless_json() {
+    let (_dir, db, _) = log_with_a_run();
+    let Some(bench) = on_a_terminal(&db, "bench --intents 400 --concurrency 2") else { return };
+    assert!(bench.contains("bench: charging ["), "{bench}");
+    let json = on_a_terminal(&db, "--json bench --intents 100 --concurrency 2").unwrap_or_default();
+    assert!(!json.contains("bench: charging"), "{json}");
+}
+
 // ----- the demo and the soak -----------------------------------------------------------------
 
 #[test]

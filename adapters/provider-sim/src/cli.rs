@@ -254,7 +254,7 @@ fn write_table(out: &mut impl std::io::Write, effects: &[super::EffectRecord]) -
             e.idempotency_key
         )?;
     }
-    writeln!(out, "{} effect(s)", effects.len())
+    writeln!(out, "{} effect{}", effects.len(), if effects.len() == 1 { "" } else { "s" })
 }
 
 #[cfg(test)]

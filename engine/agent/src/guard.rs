@@ -233,7 +233,10 @@ pub fn decide(
             AgentStatus::RepeatedCall,
             tool,
             u64::from(per_signature),
-            format!("the same call of {tool} was already admitted {per_signature} time(s)"),
+            format!(
+                "the same call of {tool} was already admitted {}",
+                crate::run_loop::count_of(per_signature, "time")
+            ),
         );
     }
     Verdict::Admit(Box::new(Admission {

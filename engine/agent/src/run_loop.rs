@@ -208,6 +208,12 @@ async fn drive(
     }
 }
 
+/// `n thing` or `n things`, for the details a stop records.
+pub(crate) fn count_of(n: impl Into<u64>, thing: &str) -> String {
+    let n = n.into();
+    if n == 1 { format!("1 {thing}") } else { format!("{n} {thing}s") }
+}
+
 /// The stop a fresh answer (none of its calls reserved or answered yet) calls for by itself,
 /// in the order of the module docs.
 fn conclusion(state: &AgentState, completion: Completion<'_>) -> Option<AgentEvent> {
@@ -222,11 +228,15 @@ fn conclusion(state: &AgentState, completion: Completion<'_>) -> Option<AgentEve
     let count = u64::from(state.model_calls);
     match turn.response.stop_reason {
         StopReason::MaxTokens => {
-            let detail = format!("output cut by the token limit; {calls} tool call(s) in it were not executed");
+            let detail =
+                format!("output cut by the token limit; {} in it not executed", count_of(calls as u64, "tool call"));
             return Some(stop(AgentStatus::Truncated, "model", count, Some(detail), None));
         }
         StopReason::Refusal => {
-            let detail = format!("the model refused (stop reason refusal); its {calls} tool call(s) were not executed");
+            let detail = format!(
+                "the model refused (stop reason refusal); {} in its answer not executed",
+                count_of(calls as u64, "tool call")
+            );
             return Some(stop(AgentStatus::Incomplete, "model", count, Some(detail), state.final_text()));
         }
         _ if calls > 0 => return None,
@@ -464,7 +474,7 @@ fn before_model_call(scope: &GuardedScope<'_>, hold: &CallHold) -> Option<AgentE
             AgentStatus::ModelBudget,
             "model",
             u64::from(state.model_calls),
-            format!("{} model calls made", state.model_calls),
+            format!("{} made", count_of(state.model_calls, "model call")),
         ));
     }
     let input = state.input_tokens_committed();
@@ -508,7 +518,7 @@ fn before_model_call(scope: &GuardedScope<'_>, hold: &CallHold) -> Option<AgentE
             AgentStatus::NoProgress,
             "run",
             u64::from(state.without_progress),
-            format!("{} turns without progress", state.without_progress),
+            format!("{} without progress", count_of(state.without_progress, "turn")),
         ));
     }
     None

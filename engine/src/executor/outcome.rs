@@ -167,10 +167,11 @@ impl IntentOutcome {
     /// The provider could not be reached within the run's network retries: nothing was sent.
     pub(crate) fn unreachable(intent: &Intent, retries: u32) -> Self {
         let mut outcome = Self::of(intent, false).with_detail(format!(
-            "the provider could not be reached ({} attempt(s) proven never sent, {retries} network retries): no \
-             request left, the intent stays reserved; re-submit the same request (same key, same payload) to try \
-             again",
-            intent.not_sent
+            "the provider could not be reached ({} proven never sent, {} network {}): no request left, the intent \
+             stays reserved; re-submit the same request (same key, same payload) to try again",
+            if intent.not_sent == 1 { "1 attempt".to_owned() } else { format!("{} attempts", intent.not_sent) },
+            retries,
+            if retries == 1 { "retry" } else { "retries" }
         ));
         outcome.status = OutcomeStatus::ProviderUnavailable;
         outcome

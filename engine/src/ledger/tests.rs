@@ -4,7 +4,7 @@
 use super::*;
 use crate::clock::ManualClock;
 use crate::event::{
-    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LateVerdict, LookupStatus, RunId, RunLimits,
+    AfterLookup, Cause, Event, IntentDefinition, IntentKey, LateVerdict, LookupStatus, RunId, RunLimits, RunStatus,
 };
 use crate::lease::LeaseOwner;
 use crate::lease::{LeaseGrant, LeaseUse};
@@ -647,4 +647,43 @@ fn evidence_for_another_amount_or_currency_is_not_this_intents_effect() {
     let log = attempting();
     outcome(&log, 1, succeeded("ch_1")).expect("recorded");
     assert_eq!(log.ledger().intent(&key()).map(|i| i.status), Some(IntentStatus::Validated));
+}
+
+/// An operator's `keel run cancel`: recorded once, then every write that moves the run on is
+/// refused (its end and the answers for what it has in flight are not), and a finished run
+/// refuses the request.
+#[test]
+fn a_cancelled_run_takes_nothing_but_its_end_and_the_answers_it_awaits() {
+    let log = attempting();
+    let cancel = |by: &str| {
+        Command::new(Cause::operator(by), Action::CancelRun { run_id: run(), by: by.into(), reason: "runaway".into() })
+    };
+    let recorded = decided(&log, cancel("ana")).expect("recorded");
+    assert_eq!(types(&recorded), ["RunCancelRequested"]);
+    assert_eq!(decided(&log, cancel("bob")).expect("accepted"), Vec::<Event>::new(), "asked once");
+    let request = log.ledger().run(&run()).and_then(|r| r.cancel_requested.clone()).expect("on the run");
+    assert_eq!((request.by.as_str(), request.at), ("ana", t0()));
+
+    // The answer of the attempt in flight is evidence whoever brings it.
+    outcome(&log, 1, timeout()).expect("recorded");
+    let refused = decided(&log, start_attempt(run()));
+    assert!(matches!(refused, Err(Refusal::RunCancelled { ref by, .. }) if by == "ana"), "{refused:?}");
+    let step = Action::RecordStep { run_id: run(), position: 1, name: "s".into(), output: serde_json::json!(1) };
+    assert!(matches!(decided(&log, Command::new(Cause::command("test"), step)), Err(Refusal::RunCancelled { .. })));
+    // Reconciling what it left unknown still goes on.
+    assert!(
+        decided(
+            &log,
+            Command::new(
+                Cause::command("test"),
+                Action::StartReconciliation { key: key(), force: true, run_id: run() }
+            )
+        )
+        .is_ok()
+    );
+
+    let finish = Action::FinishRun { run_id: run(), status: RunStatus::Cancelled, detail: Some(request.detail()) };
+    assert_eq!(types(&decided(&log, Command::new(Cause::command("test"), finish)).expect("ends")), ["RunFinished"]);
+    let late = decided(&log, cancel("ana"));
+    assert!(matches!(late, Err(Refusal::RunAlreadyFinished { status: RunStatus::Cancelled, .. })), "{late:?}");
 }
