@@ -243,3 +243,51 @@ fn check_refund(definition: &IntentDefinition, order_intents: &[Intent]) -> Resu
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The overflow refusal, over intents forged past the input bound: no history a caller can
+    //! write holds amounts this large (each is at most `AMOUNT_MINOR_MAX`), so only a forged
+    //! intent reaches the sums that would not fit in `i64`.
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::event::RunLimits;
+    use crate::ledger::tests::{key, nine_am, reserve, tier};
+    use crate::memory::MemoryLog;
+    use std::sync::Arc;
+
+    /// The fixture's charge (49.00 EUR on order_1), its amount, kind and currency replaced.
+    fn forged(amount_minor: i64, kind: EffectKind, currency: &str) -> Intent {
+        let log = MemoryLog::new(Arc::new(ManualClock::new(nine_am())));
+        log.execute_now(&reserve(tier(true, true), RunLimits::default(), false)).expect("reserved");
+        let mut intent = log.ledger().intent(&key()).expect("the fixture's intent").clone();
+        intent.definition.amount_minor = amount_minor;
+        intent.definition.kind = kind;
+        intent.definition.currency = currency.into();
+        intent
+    }
+
+    fn overflows(amount: i64, run: &[Intent], order: &[Intent]) -> bool {
+        let definition = forged(amount, EffectKind::Charge, "EUR").definition;
+        match check_overflow(&RunId::new("run-1"), &definition, run, order) {
+            Ok(()) => false,
+            Err(Refusal::Rejected { code: RejectCode::InvariantViolated, .. }) => true,
+            Err(other) => panic!("an overflow is an invariant refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_sum_that_would_not_fit_is_refused_and_the_largest_that_fits_passes() {
+        let almost = || forged(i64::MAX - 10, EffectKind::Charge, "EUR");
+        // The run's sum, whatever the kind or currency of what it reserved.
+        assert!(!overflows(10, &[almost()], &[]));
+        assert!(overflows(11, &[almost()], &[]));
+        assert!(overflows(11, &[forged(i64::MAX - 10, EffectKind::Refund, "USD")], &[]));
+        // The order's sum counts its intents of the same kind and currency only.
+        assert!(!overflows(10, &[], &[almost()]));
+        assert!(overflows(11, &[], &[almost()]));
+        assert!(!overflows(11, &[], &[forged(i64::MAX - 10, EffectKind::Refund, "EUR")]));
+        assert!(!overflows(11, &[], &[forged(i64::MAX - 10, EffectKind::Charge, "USD")]));
+    }
+}
