@@ -394,6 +394,10 @@ enum Command {
         /// Keep the soak's files in DIR (kept on failure in any case).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Give every child a throwaway payment-method vault key, and heal with `keel resume`
+        /// and `keel reconcile` alone (no re-submission): every intent must end resolved.
+        #[arg(long)]
+        vault: bool,
     },
     /// One soak round's worker (started and killed by `keel soak`).
     #[command(name = "soak-worker", hide = true)]
@@ -601,7 +605,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::BenchLeaveInFlight { intents, first } => {
             harness::bench::leave_in_flight(&cli.db, durability, first, intents).await
         }
-        Command::Soak { kills, seed, dir } => harness::soak::run(&out, kills, seed, dir).await,
+        Command::Soak { kills, seed, dir, vault } => harness::soak::run(&out, kills, seed, dir, vault).await,
         Command::SoakWorker { seed, round } => {
             let node = wiring::Node::open(&cli.db, durability, &cli.provider, None)?;
             harness::soak::worker(&node, seed, round).await
