@@ -617,6 +617,10 @@ enum Command {
         /// Keep the temporary directory even when every invariant held (it is kept on failure).
         #[arg(long)]
         keep: bool,
+        /// Give every child a throwaway payment-method vault key, and heal with `keel resume`
+        /// and `keel reconcile` alone (no re-submission): every intent must end resolved.
+        #[arg(long)]
+        vault: bool,
     },
     /// One soak round's worker (started and killed by `keel soak`).
     #[command(name = "soak-worker", hide = true)]
@@ -877,7 +881,9 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let setting = setting(None, None);
             Ok(harness::bench::leave_in_flight(db, setting.durability, first, intents).await?)
         }
-        Command::Soak { kills, seed, dir, keep } => Ok(harness::soak::run(&out, kills, seed, dir, keep).await?),
+        Command::Soak { kills, seed, dir, keep, vault } => {
+            Ok(harness::soak::run(&out, kills, seed, dir, keep, vault).await?)
+        }
         Command::SoakWorker { seed, round } => {
             let setting = setting(None, None);
             let node = wiring::Node::open(db, setting.durability, &setting.provider, None)?;

@@ -308,7 +308,7 @@ pub fn show(reader: &store::Reader, out: &Output, key: &IntentKey) -> Outcome {
         "intent_key": key.as_str(),
         "status": intent.status.as_str(),
         "source": intent.source,
-        "code": intent.decline_code,
+        "code": intent.decline_code.as_deref().or(intent.abandoned.then(|| engine::ledger::RejectCode::Abandoned.as_str())),
         "attempts": intent.attempts,
         "reconciliations": intent.reconciliations,
         "waiting": waiting,

@@ -8,9 +8,11 @@
 //! rounds it starts `keel resume` and sometimes kills that too (a crash during recovery).
 //! Then it heals: restarts the simulator without faults, resumes, re-submits every charge
 //! (the token is never stored) and forces a reconciliation of whatever is still unknown, for
-//! a bounded number of passes. Finally it checks every invariant over the log and the
-//! simulator's effects (`testkit::invariants`) and prints the report. Exit 0 only when no
-//! invariant broke.
+//! a bounded number of passes. With `--vault` every child gets a throwaway vault key and the
+//! heal re-submits nothing: it is only `keel resume`, `keel reconcile --due` and `keel
+//! reconcile KEY` child processes, as an operator would run them, and every intent must end
+//! resolved. Finally it checks every invariant over the log and the simulator's effects
+//! (`testkit::invariants`) and prints the report. Exit 0 only when no invariant broke.
 
 use super::start_sim;
 use crate::output::Output;
@@ -38,6 +40,8 @@ const KILL_DELAY_MAX_MS: u64 = 60;
 const HEAL_PASSES: usize = 6;
 /// The provider timeout of workers: shorter than the simulator's held answers.
 const WORKER_TIMEOUT_MS: u64 = 200;
+/// The provider timeout while healing: the healthy simulator answers at once.
+const HEAL_TIMEOUT_MS: u64 = 5_000;
 
 /// The invariant report of a soak.
 #[derive(Debug, Serialize)]
@@ -59,6 +63,11 @@ struct SoakReport {
     budget_refills: u64,
     refund_overdraws: u64,
     unreconciled: u64,
+    /// Whether the children kept payment methods in a vault (`--vault`).
+    vault: bool,
+    /// Intents left neither final nor awaiting a human's approval after healing: reserved,
+    /// in flight or unknown. Must be 0 with the vault (nothing waits for a caller).
+    unresolved: u64,
     verify_failures: u64,
     evidence_mismatches: u64,
     statuses: std::collections::BTreeMap<String, u64>,
@@ -143,18 +152,66 @@ where
     out
 }
 
-fn keel(db: &Path, url: &str) -> anyhow::Result<Command> {
+fn keel(db: &Path, url: &str, vault_key: Option<&str>, timeout_ms: u64) -> anyhow::Result<Command> {
     let mut command = Command::new(std::env::current_exe()?);
     command
         .arg("--db")
         .arg(db)
         .args(["--provider", url])
-        .args(["--provider-timeout-ms", &WORKER_TIMEOUT_MS.to_string()])
+        .args(["--provider-timeout-ms", &timeout_ms.to_string()])
         .args(["--provider-consistency-window-ms", "0"])
         .env_remove("KEEL_FAILPOINT")
+        .env_remove(crate::vault::KEY_ENV)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    if let Some(key) = vault_key {
+        command.env(crate::vault::KEY_ENV, key);
+    }
     Ok(command)
+}
+
+/// A throwaway vault key for one soak: 32 bytes of two random (v4) UUIDs, 244 bits from the
+/// operating system's generator, base64 as `KEEL_VAULT_KEY` takes it. It lives in the
+/// children's environment only, for the soak's own log.
+fn soak_vault_key() -> String {
+    use base64::Engine as _;
+    let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
+    bytes[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    bytes[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(bytes.as_slice())
+}
+
+/// Runs one heal child (`keel resume`, `keel reconcile …`) to its end.
+fn heal_child(db: &Path, url: &str, vault_key: &str, args: &[&str]) -> anyhow::Result<()> {
+    let mut command = keel(db, url, Some(vault_key), HEAL_TIMEOUT_MS)?;
+    command.args(args);
+    let status = command.status().with_context(|| format!("run keel {args:?}"))?;
+    anyhow::ensure!(status.code().is_some_and(|c| c == 0 || c == 2), "keel {args:?} ended with {status}");
+    Ok(())
+}
+
+/// The heal with the vault: only what an operator runs — `keel resume`, `keel reconcile
+/// --due`, and `keel reconcile KEY` for what is still unknown — never a re-submission.
+fn heal_with_vault(db: &Path, url: &str, vault_key: &str) -> anyhow::Result<()> {
+    for _ in 0..HEAL_PASSES {
+        heal_child(db, url, vault_key, &["resume"])?;
+        heal_child(db, url, vault_key, &["reconcile", "--due"])?;
+        let ledger = store::Reader::open(db)?.ledger()?;
+        let unknown: Vec<String> = ledger
+            .intents()
+            .into_iter()
+            .filter(|i| i.status == IntentStatus::OutcomeUnknown)
+            .map(|i| i.key().as_str().to_owned())
+            .collect();
+        let reserved = ledger.intents().iter().any(|i| i.status == IntentStatus::Reserved);
+        if unknown.is_empty() && !reserved {
+            break;
+        }
+        for key in &unknown {
+            heal_child(db, url, vault_key, &["reconcile", key])?;
+        }
+    }
+    Ok(())
 }
 
 /// Starts `command`, waits a seeded delay, SIGKILLs it. True when the kill hit a live process.
@@ -170,9 +227,18 @@ fn kill_after(mut command: Command, delay_ms: u64) -> anyhow::Result<bool> {
 }
 
 /// `keel soak --kills N --seed S`.
-pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep: bool) -> anyhow::Result<u8> {
+pub async fn run(
+    out: &Output,
+    kills: u64,
+    seed: u64,
+    dir: Option<PathBuf>,
+    keep: bool,
+    vault: bool,
+) -> anyhow::Result<u8> {
     // A directory of the caller's is kept; a temporary one only with --keep or on failure.
     let keep = keep || dir.is_some();
+    let vault_key = vault.then(soak_vault_key);
+    let vault_key = vault_key.as_deref();
     let dir = match dir {
         Some(dir) => dir,
         None => std::env::temp_dir().join(format!("keel-soak-{seed}-{}", uuid::Uuid::new_v4())),
@@ -195,14 +261,14 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep
     let progress = out.progress(kills, "soak: kills");
     while killed < kills {
         progress.set(killed);
-        let mut worker = keel(&db, sim.url())?;
+        let mut worker = keel(&db, sim.url(), vault_key, WORKER_TIMEOUT_MS)?;
         worker.args(["soak-worker", "--seed", &seed.to_string(), "--round", &round.to_string()]);
         if kill_after(worker, 5 + rng.below(KILL_DELAY_MAX_MS))? {
             killed += 1;
         }
         round += 1;
         if round % 4 == 0 {
-            let mut resume = keel(&db, sim.url())?;
+            let mut resume = keel(&db, sim.url(), vault_key, WORKER_TIMEOUT_MS)?;
             resume.arg("resume");
             if rng.chance(0.5) && killed < kills {
                 if kill_after(resume, rng.below(KILL_DELAY_MAX_MS))? {
@@ -219,11 +285,23 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep
 
     // Heal: a healthy provider, recovery, re-submissions, forced reconciliations.
     let sim = start_sim(&sim_db, None, Stdio::null())?;
+    match vault_key {
+        Some(key) => heal_with_vault(&db, sim.url(), key)?,
+        None => heal_by_resubmitting(&db, sim.url(), seed).await?,
+    }
+    drop(sim);
+    report(out, &db, &sim_db, &dir, Counts { seed, kills: killed, recovery_kills, rounds: round, vault, keep })
+}
+
+/// The heal without the vault: recovery, re-submissions of what waits for its caller (the
+/// token a caller still holds), forced reconciliations of what is unknown.
+async fn heal_by_resubmitting(db: &Path, url: &str, seed: u64) -> anyhow::Result<()> {
+    let db = db.to_owned();
     let provider = ProviderArgs {
-        url: Some(sim.url().to_owned()),
+        url: Some(url.to_owned()),
         tier: "dedup+lookup".to_owned(),
         consistency_window_ms: 0,
-        timeout_ms: 5_000,
+        timeout_ms: HEAL_TIMEOUT_MS,
     };
     for _ in 0..HEAL_PASSES {
         let node = Node::open(&db, store::Durability::Full, &provider, None)?;
@@ -257,10 +335,25 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep
         }
         node.shutdown()?;
     }
-    drop(sim);
+    Ok(())
+}
 
-    let report = testkit::invariants::check_files(&db, &sim_db).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let reader = store::Reader::open(&db)?;
+/// What the soak loop counted.
+struct Counts {
+    seed: u64,
+    kills: u64,
+    recovery_kills: u64,
+    rounds: u64,
+    vault: bool,
+    /// Keep the directory even when every invariant held.
+    keep: bool,
+}
+
+/// Checks every invariant over the healed log and prints the report.
+fn report(out: &Output, db: &Path, sim_db: &Path, dir: &Path, counts: Counts) -> anyhow::Result<u8> {
+    let Counts { seed, kills: killed, recovery_kills, rounds: round, vault, keep } = counts;
+    let report = testkit::invariants::check_files(db, sim_db).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let reader = store::Reader::open(db)?;
     let crash_unknowns = reader
         .events_since(0)?
         .iter()
@@ -273,9 +366,15 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep
         .count() as u64;
     let ledger = reader.ledger()?;
     let mut statuses = std::collections::BTreeMap::new();
+    let mut unresolved = 0;
     for intent in ledger.intents() {
         *statuses.entry(intent.status.as_str().to_owned()).or_insert(0) += 1;
+        if !intent.settled() && intent.status != IntentStatus::AwaitingApproval {
+            unresolved += 1;
+        }
     }
+    // With the vault nothing may be left waiting for a caller.
+    let ok = report.is_ok() && (!vault || unresolved == 0);
     let soak = SoakReport {
         seed,
         kills: killed,
@@ -292,12 +391,14 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep
         budget_refills: report.budget_refills,
         refund_overdraws: report.refund_overdraws,
         unreconciled: report.unreconciled,
+        vault,
+        unresolved,
         verify_failures: report.verify_failures,
         evidence_mismatches: report.evidence_mismatches,
         statuses,
-        ok: report.is_ok(),
+        ok,
         details: report.details.clone(),
-        dir: dir.clone(),
+        dir: dir.to_owned(),
     };
     out.emit(&soak, || {
         outln!(
@@ -312,11 +413,13 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep
             soak.crash_unknowns
         );
         outln!(
-            "  double_effects {}  budget_refills {}  unreconciled {}  verify_failures {}  blind_resends {}  \
-             write_ahead_violations {}  refund_overdraws {}  key_mismatches {}  evidence_mismatches {}",
+            "  double_effects {}  budget_refills {}  unreconciled {}  unresolved {}{}  verify_failures {}  \
+             blind_resends {}  write_ahead_violations {}  refund_overdraws {}  key_mismatches {}  evidence_mismatches {}",
             soak.double_effects,
             soak.budget_refills,
             soak.unreconciled,
+            soak.unresolved,
+            if soak.vault { " (vault on)" } else { "" },
             soak.verify_failures,
             soak.blind_resends,
             soak.write_ahead_violations,
@@ -330,7 +433,7 @@ pub async fn run(out: &Output, kills: u64, seed: u64, dir: Option<PathBuf>, keep
         outln!("{} ({files} in {})", if soak.ok { "every invariant held" } else { "INVARIANTS BROKEN" }, dir.display());
     });
     if soak.ok && !keep {
-        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(dir);
     }
     Ok(if soak.ok { exit::OK } else { exit::INTERNAL })
 }

@@ -326,11 +326,75 @@ fn agent_run() -> Vec<StoredEvent> {
     log.events()
 }
 
+/// The end of what nobody re-submits: a charge never sent and one proven absent, both
+/// abandoned past the window; one only a resend could reconcile (keys, no lookup), escalated.
+fn abandoned() -> Vec<StoredEvent> {
+    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2025, 6, 1, 9, 0, 0).single().expect("valid")));
+    let log = MemoryLog::new(clock.clone());
+    let run = RunId::new("golden-abandon-1");
+    let exec = |action: Action, start: Option<RunStart>| {
+        log.execute_now(&Command::new(Cause::command("golden").for_run(&run), action).starting(start))
+            .unwrap_or_else(|e| panic!("accepted: {e}"));
+    };
+    let key = |id: &str| IntentKey::new(EffectKind::Charge, TENANT, id);
+    let spec = |id: &str, lookup: bool| IntentSpec {
+        definition: IntentDefinition {
+            key: key(id),
+            kind: EffectKind::Charge,
+            tenant: TENANT.into(),
+            intent_id: id.into(),
+            order_id: format!("order_{id}"),
+            business_ref: format!("order_{id}"),
+            fingerprint: engine::canonical::fingerprint(&json!({"id": id})),
+            amount_minor: 2_500,
+            currency: "EUR".into(),
+            payload: json!({"id": id}),
+        },
+        capability: Capability {
+            dedup_by_key: true,
+            lookup,
+            key_window_ms: 86_400_000,
+            consistency_window_ms: 0,
+            request_timeout_ms: 0,
+        },
+        approval_required: false,
+    };
+    let start = RunStart {
+        run_id: run.clone(),
+        workflow: "charge".into(),
+        input: json!({"note": "abandonment"}),
+        deadline_at: Utc.with_ymd_and_hms(2025, 6, 2, 9, 0, 0).single().expect("valid"),
+        limits: RunLimits::default(),
+        owner: None,
+    };
+    let ids = [("golden_never_sent", true), ("golden_proven_absent", true), ("golden_no_lookup", false)];
+    for (position, (id, lookup)) in ids.into_iter().enumerate() {
+        let position = u32::try_from(position).expect("three positions");
+        let start = (position == 0).then(|| start.clone());
+        exec(Action::Reserve { run_id: run.clone(), position, spec: spec(id, lookup), start_attempt: true }, start);
+    }
+    let outcome = |id: &str, outcome: CallOutcome| Action::RecordOutcome { key: key(id), attempt: 1, outcome };
+    exec(outcome("golden_never_sent", CallOutcome::NotSent { detail: "refused".into() }), None);
+    let timeout = || CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer".into() };
+    exec(outcome("golden_proven_absent", timeout()), None);
+    exec(outcome("golden_no_lookup", timeout()), None);
+    clock.advance_ms(i64::try_from(engine::limits::reconcile_backoff_ms(1) + 1).expect("a backoff fits"));
+    let absent = key("golden_proven_absent");
+    exec(Action::StartReconciliation { key: absent.clone(), force: false, run_id: run.clone() }, None);
+    exec(Action::RecordLookup { key: absent, reconciliation: 1, outcome: LookupOutcome::Absent }, None);
+    clock.advance_ms(60_000);
+    for (id, _) in ids {
+        exec(Action::Abandon { key: key(id), run_id: run.clone(), window_ms: 60_000 }, None);
+    }
+    log.events()
+}
+
 #[test]
 fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
     let mut seen = check("every_variant_v1", every_variant);
     seen.extend(check("agent_v1", agent_run));
     seen.extend(check("run_cancelled_v1", run_cancelled));
+    seen.extend(check("abandoned_v1", abandoned));
     let all = [
         "RunStarted",
         "StepRecorded",
@@ -354,6 +418,7 @@ fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
         "IntentResolved",
         "AgentRecorded",
         "RunCancelRequested",
+        "IntentAbandoned",
     ];
     for variant in all {
         assert!(seen.contains(&variant), "the golden logs hold no {variant}");

@@ -281,6 +281,13 @@ fn a_charge_nobody_resubmits_is_abandoned_after_the_window_and_frees_its_order()
     let mut second = charge("abandoned-charge-02");
     second[6] = id;
     assert_eq!(keel.json(&second)["code"], "reference_pending");
+    let before = events(&keel.db());
+    for bad in ["31d", "a day", "-1s", "1.5h"] {
+        let refused = keel.run(&["--abandon-waiting-after", bad, "reconcile", "--due"]);
+        assert_eq!(refused.status.code(), Some(64), "--abandon-waiting-after {bad}");
+    }
+    assert_eq!(events(&keel.db()), before, "a bad window writes nothing");
+    assert_eq!(keel.intent(id).expect("reserved").status.as_str(), "reserved");
     let swept = keel.json(&["--abandon-waiting-after", "1ms", "reconcile", "--due"]);
     let ended = swept.as_array().expect("outcomes").iter().find(|o| o["intent_key"] == intent_key(id)).cloned();
     let ended = ended.unwrap_or_else(|| panic!("the sweep reports the charge: {swept:#}"));

@@ -10,7 +10,7 @@
 use super::context::Context;
 use super::driver::Leased;
 use super::leases::{claim_run, release_runs};
-use super::outcome::{IntentOutcome, RunEnd, RunOutcome};
+use super::outcome::{IntentOutcome, OutcomeStatus, RunEnd, RunOutcome};
 use super::workflow::{Registered, Rejection, WorkflowEnd, outcome_json};
 use super::{Runtime, WorkflowError};
 use crate::clock::{checked_plus_ms, ms_between};
@@ -470,6 +470,13 @@ impl Executor {
         key: &IntentKey,
         outcome: IntentOutcome,
     ) -> Result<IntentOutcome, WorkflowError> {
+        // Only an intent left reserved or unknown may wait for its caller: nothing to read for
+        // the others.
+        let open =
+            matches!(outcome.status, OutcomeStatus::Intent(IntentStatus::Reserved | IntentStatus::OutcomeUnknown));
+        if !open {
+            return Ok(outcome);
+        }
         let driver = &leased.driver;
         let intent = driver.observe(key).await?.intent;
         if !intent.waits_for_payment_method(self.runtime.clock.now()) {
