@@ -13,10 +13,12 @@ mod agent;
 mod harness;
 mod ops;
 mod output;
+mod policy;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
 use engine::log::Ask;
+use engine::provider::EffectKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -51,6 +53,9 @@ pub struct Cli {
     #[command(flatten)]
     provider: ProviderArgs,
 
+    #[command(flatten)]
+    policy: policy::PolicyArgs,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -84,10 +89,12 @@ pub struct ProviderArgs {
 /// Limits of a new run.
 #[derive(Args, Debug, Clone)]
 pub struct LimitArgs {
-    /// Largest amount a single charge may take, in minor units (policy; `policy_denied` above).
+    /// Largest amount a single charge or refund may take, in minor units (`policy_denied`
+    /// above). Only tightens the operator's policy: a value above it is refused (exit 64).
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     max_charge_minor: Option<i64>,
-    /// Money the run may move, in minor units (`budget_exhausted` above).
+    /// Money the run may move, in minor units (`budget_exhausted` above). Default: the
+    /// policy's run budget; a value above it is refused (exit 64).
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     cost_budget_minor: Option<i64>,
     /// Attempts per intent, the first included.
@@ -96,7 +103,8 @@ pub struct LimitArgs {
     /// Reconciliations per intent before it escalates.
     #[arg(long, default_value_t = engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT)]
     max_reconciliations: u32,
-    /// Amount above which a human must approve (`keel approve`), in minor units.
+    /// Amount above which a human must approve (`keel approve`), in minor units. Only
+    /// tightens the policy's threshold: a higher one is refused (exit 64).
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     approval_threshold_minor: Option<i64>,
     /// Run deadline from start, in ms (an absolute instant is stored). At most 30 days.
@@ -479,6 +487,19 @@ fn main() -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The operator's rules for one charge or refund (flags applied) and the stamp its run
+/// records; a malformed policy or a flag that loosens it is the usage error's message.
+fn policy_rules(
+    args: &policy::PolicyArgs,
+    kind: EffectKind,
+    input: &serde_json::Value,
+    limits: &LimitArgs,
+) -> Result<(engine::policy::Rules, engine::policy::PolicyStamp), String> {
+    let loaded = args.load()?;
+    let rules = loaded.rules_for(kind, input, limits)?;
+    Ok((rules, loaded.stamp))
+}
+
 async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let out = output::Output { json: cli.json };
     let durability = wiring::durability(&cli.durability);
@@ -498,16 +519,24 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
                 Ok(input) => input,
                 Err(message) => return Ok(out.usage_error(&message)),
             };
-            let node = wiring::Node::open(&cli.db, durability, &cli.provider, limits.max_charge_minor)?;
-            ops::run_effect(&node, &out, "charge", &input, &limits).await
+            let (rules, stamp) = match policy_rules(&cli.policy, EffectKind::Charge, &input, &limits) {
+                Ok(resolved) => resolved,
+                Err(message) => return Ok(out.usage_error(&message)),
+            };
+            let node = wiring::Node::open(&cli.db, durability, &cli.provider, Some(rules.clone()))?;
+            ops::run_effect(&node, &out, "charge", &input, &limits, (&rules, stamp)).await
         }
         Command::Refund { effect, limits } => {
             let input = match ops::effect_input(&effect, None) {
                 Ok(input) => input,
                 Err(message) => return Ok(out.usage_error(&message)),
             };
-            let node = wiring::Node::open(&cli.db, durability, &cli.provider, limits.max_charge_minor)?;
-            ops::run_effect(&node, &out, "refund", &input, &limits).await
+            let (rules, stamp) = match policy_rules(&cli.policy, EffectKind::Refund, &input, &limits) {
+                Ok(resolved) => resolved,
+                Err(message) => return Ok(out.usage_error(&message)),
+            };
+            let node = wiring::Node::open(&cli.db, durability, &cli.provider, Some(rules.clone()))?;
+            ops::run_effect(&node, &out, "refund", &input, &limits, (&rules, stamp)).await
         }
         Command::Intents { state } => ops::list_intents(&cli.db, &out, state.as_deref()),
         Command::Show { key } => ops::show(&cli.db, &out, &key),

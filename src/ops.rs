@@ -13,6 +13,7 @@ use engine::event::{Cause, IntentKey, RunId, RunLimits};
 use engine::executor::{IntentOutcome, RunOutcome, RunRequest};
 use engine::ledger::{Intent, IntentStatus};
 use engine::log::{Ask, Asking, EventLog, IntentAnswer, LogError};
+use engine::policy::{PolicyStamp, Rules};
 use serde_json::{Map, Value, json};
 use std::io::{IsTerminal as _, Read as _};
 use std::path::Path;
@@ -60,14 +61,16 @@ pub async fn run_effect(
     workflow: &str,
     input: &Value,
     limits: &LimitArgs,
+    (rules, stamp): (&Rules, PolicyStamp),
 ) -> anyhow::Result<u8> {
     let request = RunRequest {
         run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
         limits: RunLimits {
-            cost_minor_max: limits.cost_budget_minor,
+            cost_minor_max: Some(rules.run_budget_minor),
             attempts_per_intent_max: limits.max_attempts,
             reconciliations_per_intent_max: limits.max_reconciliations,
-            approval_threshold_minor: limits.approval_threshold_minor,
+            approval_threshold_minor: rules.approval_threshold_minor,
+            policy: Some(stamp.clone()),
         },
         deadline_ms: limits.deadline_ms,
         cause: Cause::command(workflow),
@@ -78,6 +81,7 @@ pub async fn run_effect(
     if let Some(map) = document.as_object_mut() {
         map.insert("run_id".to_owned(), json!(outcome.run_id));
         map.insert("run_status".to_owned(), json!(outcome.status));
+        map.insert("policy".to_owned(), json!(stamp));
     }
     out.emit(&document, || print_run(workflow, &outcome));
     Ok(if outcome.intent.as_ref().is_some_and(IntentOutcome::is_validated) { exit::OK } else { exit::CONTROLLED })

@@ -323,7 +323,9 @@ pub enum LateVerdict {
 /// Limits a run starts with. Part of `RunStarted`, so a restart never refills them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunLimits {
-    /// Money the run may move, in minor units (reserved at reservation). `None`: unbounded.
+    /// Money the run may move, in minor units (reserved at reservation). Every run Keel starts
+    /// now records one (`RUN_COST_DEFAULT_MINOR` when nothing tighter is named); `None`,
+    /// unbounded, is only read back from runs recorded before that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_minor_max: Option<i64>,
     /// Attempts per intent (the first one included).
@@ -333,17 +335,22 @@ pub struct RunLimits {
     /// Amount above which a human must approve an effect. `None`: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_threshold_minor: Option<i64>,
+    /// The operator's policy these limits were decided under (version and hash). Absent in
+    /// runs recorded before policies, and in runs a library caller started without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::policy::PolicyStamp>,
 }
 
 impl Default for RunLimits {
-    /// Unbounded money, no approval threshold, and the default attempts and reconciliations
-    /// of [`crate::limits`].
+    /// The default money budget, no approval threshold, and the default attempts and
+    /// reconciliations of [`crate::limits`].
     fn default() -> Self {
         Self {
-            cost_minor_max: None,
+            cost_minor_max: Some(crate::limits::RUN_COST_DEFAULT_MINOR),
             attempts_per_intent_max: crate::limits::ATTEMPTS_PER_INTENT_DEFAULT,
             reconciliations_per_intent_max: crate::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
             approval_threshold_minor: None,
+            policy: None,
         }
     }
 }

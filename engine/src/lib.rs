@@ -9,6 +9,8 @@
 //! - [`executor`] — journaled workflows and the replaying executor.
 //! - [`failpoints`] — named crash points at every event boundary (disarmed by default).
 //! - [`money`] — currency codes, bounded amounts and checked sums of minor units.
+//! - [`policy`] — the operator's policy per tenant and operation, and the caller's flags that
+//!   may only tighten it.
 //! - [`lease`] — run leases and fencing tokens: who may act for a run.
 //! - [`clock`] and [`limits`] — time as an input, and every bound in one file.
 //!
@@ -34,4 +36,5 @@ pub mod limits;
 pub mod log;
 pub mod memory;
 pub mod money;
+pub mod policy;
 pub mod provider;

@@ -27,6 +27,30 @@ pub const RECONCILIATION_RESERVE_MS: u64 = 2_000;
 /// Default run deadline, from run start.
 pub const RUN_DEADLINE_DEFAULT_MS: u64 = 120_000;
 
+/// Default money one workflow run may move, in minor units: 10^7 (one hundred thousand of a
+/// two-decimal currency). A run is bounded in money even when neither the operator's policy
+/// nor the caller names a budget; an operator who moves more per run says so in the policy
+/// (`run_budget_minor`). Recorded in `RunStarted.limits.cost_minor_max`; enforced by
+/// `Ledger::decide` on `Reserve` (`budget_exhausted`).
+pub const RUN_COST_DEFAULT_MINOR: i64 = 10_000_000;
+
+/// Default largest amount of one charge or refund, in minor units, when the operator's
+/// policy names none (the built-in policy): the default run budget, so one effect may spend
+/// a default run's whole budget and no more. Enforced by the charge and refund workflows
+/// (`policy_denied`).
+pub const EFFECT_AMOUNT_DEFAULT_MAX_MINOR: i64 = RUN_COST_DEFAULT_MINOR;
+
+/// Largest policy file the binary reads (`--policy`, `keel.toml`): a policy with
+/// [`POLICY_TENANTS_MAX`] tenant sections fits in a few hundred KiB. Enforced by the binary.
+pub const POLICY_FILE_MAX_BYTES: u64 = 1 << 20;
+
+/// Most tenant sections in one policy, so resolving a policy stays a small map lookup and a
+/// policy file stays reviewable. Enforced by `Policy::from_document`.
+pub const POLICY_TENANTS_MAX: usize = 10_000;
+
+/// Longest policy version: it is recorded on every run. Enforced by `Policy::from_document`.
+pub const POLICY_VERSION_MAX_CHARS: usize = 64;
+
 /// How long a run's lease lasts unless its holder renews it (see `engine::lease`). A holder
 /// renews at a third of it, so two missed renewals — a long GC-free pause, a slow disk — do
 /// not cost it the run; a process that died on another machine is taken over after at most
@@ -171,6 +195,8 @@ const _: () = assert!(NETWORK_RETRY_BACKOFF_BASE_MS <= NETWORK_RETRY_BACKOFF_MAX
 const _: () = assert!(RUN_DEADLINE_DEFAULT_MS <= RUN_DEADLINE_MAX_MS);
 const _: () = assert!(APPROVAL_TTL_DEFAULT_MS <= APPROVAL_TTL_MAX_MS);
 const _: () = assert!(AMOUNT_MINOR_MAX > 0);
+const _: () = assert!(RUN_COST_DEFAULT_MINOR <= AMOUNT_MINOR_MAX);
+const _: () = assert!(EFFECT_AMOUNT_DEFAULT_MAX_MINOR <= RUN_COST_DEFAULT_MINOR);
 // Nine million maximal amounts sum inside i64 (the checked sums are still there on top).
 const _: () = assert!(AMOUNT_MINOR_MAX.checked_mul(9_000_000).is_some());
 
@@ -220,6 +246,16 @@ pub const AGENT_SCHEMA_CORRECTIONS_DEFAULT: u32 = 3;
 /// scenario stops on the tool budget, as the seed says. Enforced by the loop before each
 /// model call (`no_progress`).
 pub const AGENT_NO_PROGRESS_ITERATIONS_DEFAULT: u32 = 5;
+
+/// Default input tokens over one agent run, from the vendors' `usage`: a million, far above
+/// seed 003's six calls of a few thousand tokens, so a default run is bounded without a task
+/// ever meeting it. A run whose usage is unknown cannot be counted against it and stops
+/// `token_budget`, as under any token limit. Enforced by the loop (`token_budget`).
+pub const AGENT_INPUT_TOKENS_DEFAULT: u64 = 1_000_000;
+
+/// Default output tokens over one agent run: room for a hundred calls at the default per-call
+/// cap. Enforced by the loop, which also clamps each call's cap to what is left.
+pub const AGENT_OUTPUT_TOKENS_DEFAULT: u64 = 80_000;
 
 /// Default output-token cap sent with each model call (seed 003: `MaxOutputTokens = 800`).
 /// A per-call option, not a budget: the budgets are the token and cost totals.
@@ -324,6 +360,12 @@ const _: () = assert!(AGENT_SCHEMA_CORRECTIONS_DEFAULT <= AGENT_SCHEMA_CORRECTIO
 const _: () = assert!(AGENT_DEADLINE_DEFAULT_MS <= AGENT_DEADLINE_MAX_MS);
 const _: () = assert!(AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT <= AGENT_OUTPUT_TOKENS_PER_CALL_MAX);
 const _: () = assert!(AGENT_ANSWER_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
+const _: () = assert!(AGENT_INPUT_TOKENS_DEFAULT <= AGENT_TOKENS_MAX);
+const _: () = assert!(AGENT_OUTPUT_TOKENS_DEFAULT <= AGENT_TOKENS_MAX);
+// The default output budget never cuts a default run's calls short.
+const _: () = assert!(
+    AGENT_OUTPUT_TOKENS_DEFAULT >= AGENT_MODEL_CALLS_DEFAULT as u64 * AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT as u64
+);
 const _: () = assert!(AGENT_ANSWER_MAX_BYTES < MODEL_RESPONSE_MAX_BYTES);
 const _: () = assert!(AGENT_TOOL_ARGUMENTS_MAX_BYTES < AGENT_ANSWER_MAX_BYTES);
 // A whole run's cost at the highest price, with the largest token limits spent on every call,

@@ -61,6 +61,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
                     attempts_per_intent_max: 3,
                     reconciliations_per_intent_max: 5,
                     approval_threshold_minor: None,
+                    policy: None,
                 },
                 owner: None,
             }),

@@ -44,6 +44,7 @@
 //!         attempts_per_intent_max: 3,
 //!         reconciliations_per_intent_max: 5,
 //!         approval_threshold_minor: None,
+//!         policy: None,
 //!     },
 //!     owner: None,
 //! }));

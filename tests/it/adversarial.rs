@@ -61,6 +61,7 @@ async fn check(path: &Path) {
                 attempts_per_intent_max: 3,
                 reconciliations_per_intent_max: 3,
                 approval_threshold_minor: None,
+                policy: None,
             },
             deadline_ms: 3_600_000,
             cause: Cause::command("adversarial"),

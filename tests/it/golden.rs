@@ -133,6 +133,7 @@ fn every_variant() -> Vec<StoredEvent> {
             attempts_per_intent_max: 3,
             reconciliations_per_intent_max: 2,
             approval_threshold_minor: Some(50_000),
+            policy: None,
         },
         owner: None,
     };

@@ -146,6 +146,7 @@ impl World {
                 attempts_per_intent_max: 3,
                 reconciliations_per_intent_max: 3,
                 approval_threshold_minor: None,
+                policy: None,
             },
             deadline_ms: 600_000,
             cause: Cause::command("model"),

@@ -278,13 +278,15 @@ pub fn limits() -> AgentLimits {
     AgentLimits { model_calls_max: 8, tool_calls_max: 8, repeats_per_signature_max: 3, ..AgentLimits::default() }
 }
 
-/// The spine's limits for the run's refund intents: approval above the threshold.
+/// The spine's limits for the run's refund intents: the default money budget, approval above
+/// the threshold.
 pub fn spine_limits() -> RunLimits {
     RunLimits {
-        cost_minor_max: None,
+        cost_minor_max: Some(engine::limits::RUN_COST_DEFAULT_MINOR),
         attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
         reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
         approval_threshold_minor: Some(APPROVAL_THRESHOLD_MINOR),
+        policy: None,
     }
 }
 

@@ -58,6 +58,7 @@ impl Harness {
                 attempts_per_intent_max: 3,
                 reconciliations_per_intent_max: 5,
                 approval_threshold_minor: None,
+                policy: None,
             },
             deadline_ms: 600_000,
             cause: Cause::command(workflow),

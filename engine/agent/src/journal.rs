@@ -297,6 +297,7 @@ mod tests {
                 attempts_per_intent_max: 1,
                 reconciliations_per_intent_max: 1,
                 approval_threshold_minor: None,
+                policy: None,
             },
         });
         LogJournal::new(Arc::clone(log) as Arc<dyn EventLog>, RunId::new("r1"), Cause::command("test"), start, lessee)

@@ -67,6 +67,7 @@ pub fn limits() -> RunLimits {
         attempts_per_intent_max: 3,
         reconciliations_per_intent_max: 5,
         approval_threshold_minor: None,
+        policy: None,
     }
 }
 
