@@ -10,6 +10,7 @@
 //! escalated, cancelled, refused); 1 internal error; 64 usage error; 130 interrupted.
 
 mod agent;
+mod facts;
 mod harness;
 mod ops;
 mod output;
@@ -229,6 +230,12 @@ enum Command {
         effect: EffectArgs,
         #[command(flatten)]
         limits: LimitArgs,
+    },
+    /// A conversation's controlled facts (seed 001): `keel facts apply CONVERSATION --message
+    /// TEXT`, `keel facts show CONVERSATION`, `keel facts forget CONVERSATION [KEY]`.
+    Facts {
+        #[command(subcommand)]
+        command: facts::FactsCommand,
     },
     /// List intents, optionally only those in one state.
     Intents {
@@ -538,6 +545,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             let node = wiring::Node::open(&cli.db, durability, &cli.provider, Some(rules.clone()))?;
             ops::run_effect(&node, &out, "refund", &input, &limits, (&rules, stamp)).await
         }
+        Command::Facts { command } => facts::dispatch(&cli.db, durability, &out, command).await,
         Command::Intents { state } => ops::list_intents(&cli.db, &out, state.as_deref()),
         Command::Show { key } => ops::show(&cli.db, &out, &key),
         Command::Reconcile { key, due } => {

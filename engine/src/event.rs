@@ -12,6 +12,7 @@
 //! variants; new optional fields must default when absent. `fixtures/golden/` holds logs
 //! that must keep decoding and folding to the same state.
 
+use crate::facts::{ConversationId, Fact, Ticket};
 use crate::provider::{Capability, EffectKind, Evidence, UnknownReason};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -275,6 +276,15 @@ pub enum ReleaseReason {
     },
     /// Its effect was proven absent after the agent run that reserved it had ended.
     AbsentAfterRunEnded,
+    /// The run acting for it had too little time left to send it and reconcile it before
+    /// its deadline (`limits::reconciliation_reserve_ms`): it was never sent.
+    DeadlineReserve {
+        /// Time the run had left.
+        left_ms: u64,
+        /// Time an attempt needs: the provider's request timeout plus the reconciliation
+        /// backoff.
+        needed_ms: u64,
+    },
 }
 
 impl fmt::Display for ReleaseReason {
@@ -284,6 +294,11 @@ impl fmt::Display for ReleaseReason {
                 write!(f, "its agent run stopped ({}) before sending it; nothing will", status.as_str())
             }
             Self::AbsentAfterRunEnded => f.write_str("proven absent after its agent run ended; nothing will send it"),
+            Self::DeadlineReserve { left_ms, needed_ms } => write!(
+                f,
+                "its run had {left_ms} ms left before its deadline, fewer than the {needed_ms} ms an attempt needs \
+                 (the provider's request timeout plus the reconciliation backoff); it was never sent"
+            ),
         }
     }
 }
@@ -707,6 +722,31 @@ pub enum Event {
         /// What it means for the intent.
         verdict: LateVerdict,
     },
+    /// A batch of controlled facts (seed 001) was admitted for a conversation, whole: new
+    /// keys and corrections, and the keys evicted to stay within five. On the conversation's
+    /// own stream (`facts:<id>`).
+    FactsAdmitted {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The conversation's ticket the batch was admitted under (its turn is the facts').
+        ticket: Ticket,
+        /// The facts admitted, with their evidence.
+        facts: Vec<Fact>,
+        /// Keys evicted (oldest turn first, ties by key).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        evicted: Vec<String>,
+    },
+    /// A conversation's facts were forgotten: one key, or all of them. A new epoch starts, so
+    /// no update taken before it is admitted.
+    FactsForgotten {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The ticket the forget was decided under.
+        ticket: Ticket,
+        /// The key forgotten; absent: every fact.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
     /// An operator resolved an unknown or escalated intent by hand.
     IntentResolved {
         /// The intent.
@@ -753,15 +793,28 @@ impl Event {
             Self::IntentResolved { .. } => "IntentResolved",
             Self::LateAnswerRecorded { .. } => "LateAnswerRecorded",
             Self::AgentRecorded { .. } => "AgentRecorded",
+            Self::FactsAdmitted { .. } => "FactsAdmitted",
+            Self::FactsForgotten { .. } => "FactsForgotten",
         }
     }
 
     /// The stream this event belongs on.
     pub fn stream(&self) -> StreamId {
+        if let Some(conversation) = self.conversation() {
+            return conversation.stream();
+        }
         match (self.subject(), self.intent_key()) {
             (_, Some(key)) => key.stream(),
             (Some(run_id), None) => run_id.stream(),
-            (None, None) => unreachable!("every event is about an intent or a run"),
+            (None, None) => unreachable!("every event is about an intent, a run or a conversation"),
+        }
+    }
+
+    /// The conversation this event is about, when it is a facts event.
+    pub fn conversation(&self) -> Option<&ConversationId> {
+        match self {
+            Self::FactsAdmitted { conversation, .. } | Self::FactsForgotten { conversation, .. } => Some(conversation),
+            _ => None,
         }
     }
 
@@ -792,7 +845,9 @@ impl Event {
             | Self::TimerStarted { .. }
             | Self::SignalDelivered { .. }
             | Self::RunFinished { .. }
-            | Self::AgentRecorded { .. } => None,
+            | Self::AgentRecorded { .. }
+            | Self::FactsAdmitted { .. }
+            | Self::FactsForgotten { .. } => None,
         }
     }
 

@@ -20,10 +20,6 @@ pub const RECONCILE_BACKOFF_BASE_MS: u64 = 1_000;
 /// Cap of the reconciliation backoff.
 pub const RECONCILE_BACKOFF_MAX_MS: u64 = 60_000;
 
-/// Time an effect needs after it is sent for Keel to reconcile it before the run's deadline:
-/// an effect is not started when less is left. Enforced on `StartAttempt`.
-pub const RECONCILIATION_RESERVE_MS: u64 = 2_000;
-
 /// Default run deadline, from run start.
 pub const RUN_DEADLINE_DEFAULT_MS: u64 = 120_000;
 
@@ -50,6 +46,24 @@ pub const POLICY_TENANTS_MAX: usize = 10_000;
 
 /// Longest policy version: it is recorded on every run. Enforced by `Policy::from_document`.
 pub const POLICY_VERSION_MAX_CHARS: usize = 64;
+
+/// Most controlled facts in one batch and in one conversation (seed 001: five). A new key
+/// past it evicts the fact of the oldest turn. Enforced by `facts::Conversation::admit`.
+pub const FACTS_MAX: usize = 5;
+
+/// Longest fact value, in characters (seed 001). Enforced by `facts::Conversation::admit`.
+pub const FACTS_VALUE_MAX_CHARS: usize = 256;
+
+/// Longest fact evidence (the quote of the user's message), in characters (seed 001).
+/// Enforced by `facts::Conversation::admit`.
+pub const FACTS_EVIDENCE_MAX_CHARS: usize = 512;
+
+/// Longest user message facts are extracted from, in characters (seed 001). Enforced by
+/// `facts::Conversation::admit`.
+pub const FACTS_MESSAGE_MAX_CHARS: usize = 4_096;
+
+/// Longest conversation id: it names a stream. Enforced by `facts::ConversationId::parse`.
+pub const FACTS_CONVERSATION_ID_MAX_CHARS: usize = 128;
 
 /// How long a run's lease lasts unless its holder renews it (see `engine::lease`). A holder
 /// renews at a third of it, so two missed renewals — a long GC-free pause, a slow disk — do
@@ -185,7 +199,9 @@ pub const RECOVERY_PASS_MAX: usize = 10_000;
 pub const SECRET_PIECE_MIN_CHARS: usize = 4;
 
 const _: () = assert!(RECONCILE_BACKOFF_BASE_MS <= RECONCILE_BACKOFF_MAX_MS);
-const _: () = assert!(RECONCILIATION_RESERVE_MS < RUN_DEADLINE_DEFAULT_MS);
+// A default run can start an effect towards a provider with the default request timeout (5 s)
+// and still reconcile it after the first backoff.
+const _: () = assert!(5_000 + RECONCILE_BACKOFF_BASE_MS < RUN_DEADLINE_DEFAULT_MS);
 const _: () = assert!(WRITER_BATCH_MAX <= WRITER_CHANNEL_CAPACITY);
 // A batch's own entities stay cached across it: twice the largest batch at the least.
 const _: () = assert!(ENTITY_CACHE_MAX >= 2 * WRITER_BATCH_MAX);
@@ -197,6 +213,10 @@ const _: () = assert!(APPROVAL_TTL_DEFAULT_MS <= APPROVAL_TTL_MAX_MS);
 const _: () = assert!(AMOUNT_MINOR_MAX > 0);
 const _: () = assert!(RUN_COST_DEFAULT_MINOR <= AMOUNT_MINOR_MAX);
 const _: () = assert!(EFFECT_AMOUNT_DEFAULT_MAX_MINOR <= RUN_COST_DEFAULT_MINOR);
+// A full batch of maximal facts fits one event.
+const _: () =
+    assert!(FACTS_MAX * 4 * (FACTS_VALUE_MAX_CHARS + FACTS_EVIDENCE_MAX_CHARS + 64) < EVENT_PAYLOAD_MAX_BYTES);
+const _: () = assert!(FACTS_EVIDENCE_MAX_CHARS < FACTS_MESSAGE_MAX_CHARS);
 // Nine million maximal amounts sum inside i64 (the checked sums are still there on top).
 const _: () = assert!(AMOUNT_MINOR_MAX.checked_mul(9_000_000).is_some());
 
@@ -212,6 +232,17 @@ const _: () = assert!(LEASE_TTL_DEFAULT_MS <= LEASE_TTL_MAX_MS);
 pub fn reconcile_backoff_ms(n: u32) -> u64 {
     let shift = n.saturating_sub(1).min(16);
     (RECONCILE_BACKOFF_BASE_MS << shift).min(RECONCILE_BACKOFF_MAX_MS)
+}
+
+/// The time an effect needs left before its run's deadline to be started ("a sensitive
+/// effect is not started when the time left cannot cover its reconciliation"): its request
+/// may take the provider's whole `request_timeout_ms`, and if the answer is lost, reconciliation
+/// number `reconciliation` comes one backoff later. Derived from the provider, never a fixed
+/// figure: a 5 s timeout needs 6 s. Enforced by `Ledger::decide` on `Reserve` (the attempt is not
+/// written ahead) and `StartAttempt` (a reserved intent is released, rejected, its money and
+/// order freed).
+pub fn reconciliation_reserve_ms(request_timeout_ms: u64, reconciliation: u32) -> u64 {
+    request_timeout_ms.saturating_add(reconcile_backoff_ms(reconciliation))
 }
 
 // ---------------------------------------------------------------------------------------------

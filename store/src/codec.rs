@@ -52,7 +52,7 @@ pub(crate) fn to_i64(value: u64) -> i64 {
 }
 
 /// The stored `type` codes of the compact layout: code `i + 1` is `TYPES[i]`. Append-only.
-pub(crate) const TYPES: [&str; 25] = [
+pub(crate) const TYPES: [&str; 27] = [
     "RunStarted",
     "RunDeadlineExtended",
     "StepRecorded",
@@ -78,6 +78,8 @@ pub(crate) const TYPES: [&str; 25] = [
     "AgentRecorded",
     "ApprovalRequested",
     "IntentReleased",
+    "FactsAdmitted",
+    "FactsForgotten",
 ];
 
 /// The stored code of an event type.

@@ -184,6 +184,7 @@ fn a_flag_may_tighten_the_policy_and_never_loosen_it() {
     args.extend(["--cost-budget-minor", "100"]);
     let (code, out, _) = keel(&db, Some(sim.url()), &args);
     assert_eq!((code, out["code"].as_str()), (2, Some("budget_exhausted")), "{out}");
+    assert_eq!(out["run_status"], "cost_budget", "the run stops naming its money budget: {out}");
 }
 
 #[test]
@@ -254,4 +255,69 @@ fn keel_toml_in_the_working_directory_is_the_policy_when_no_flag_names_one() {
     assert_eq!((code, out["code"].as_str()), (2, Some("policy_denied")), "{out}");
     let (code, out) = run(&charge_args("order_1842_cwd_ok", "700"));
     assert_eq!((code, out["policy"]["version"].as_str()), (0, Some("2026-12-01.1")), "{out}");
+}
+
+// ----- the deadline bounds the provider call ------------------------------------------------------
+
+/// The intent's state and its event types, from `keel show`.
+fn shown(db: &Path, key: &str) -> (String, Vec<String>) {
+    let (_, shown, _) = keel(db, None, &["show", key]);
+    let types = shown["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).map(String::from);
+    (shown["status"].as_str().unwrap_or_default().to_owned(), types.collect())
+}
+
+#[test]
+fn an_effect_is_not_started_when_the_time_left_cannot_cover_its_reconciliation_and_is_released() {
+    let (dir, db) = temp();
+    // The issue's case: a 3 s deadline, a provider 4 s slow, its 5 s request timeout.
+    let sim =
+        start_sim(dir.path(), Some(r#"{"rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 4000}]}"#));
+    let hurried = |intent: &'static str, deadline: &'static str, timeout: &'static str| {
+        let mut args = vec!["--provider-timeout-ms", timeout];
+        args.extend(charge_args(intent, "4900"));
+        args.extend(["--deadline-ms", deadline]);
+        args
+    };
+    let started = std::time::Instant::now();
+    let (code, out, stderr) = keel(&db, Some(sim.url()), &hurried("order_1842_hurried", "3000", "5000"));
+    assert_eq!(code, 2, "{out} {stderr}");
+    assert_eq!(out["run_status"], "deadline_exceeded", "{out}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3), "nothing waited on the slow provider");
+    let key = format!("charge:{TENANT}:order_1842_hurried");
+    let (status, types) = shown(&db, &key);
+    assert_eq!(status, "rejected", "released, not left reserved: {types:?}");
+    assert_eq!(types, ["IntentReserved", "IntentReleased"], "never written ahead, never sent");
+    assert!(provider_sim::list_effects(&dir.path().join("sim.db")).expect("effects").is_empty());
+
+    // The reserve is the request timeout plus the first backoff (5 s + 1 s), not a fixed 2 s:
+    // 5.9 s is not enough either.
+    let (code, out, _) = keel(&db, Some(sim.url()), &hurried("order_1842_hurried_2", "5900", "5000"));
+    assert_eq!((code, out["run_status"].as_str()), (2, Some("deadline_exceeded")), "{out}");
+
+    // Its money and its order reference are free: the same order, with the time, is charged.
+    let (code, out, _) = keel(&db, Some(sim.url()), &charge_args("order_1842_in_time", "4900"));
+    assert_eq!((code, out["status"].as_str()), (0, Some("validated")), "{out}");
+    let (code, verify, _) = keel(&db, None, &["verify"]);
+    assert_eq!(code, 0, "{verify}");
+}
+
+#[test]
+fn a_slow_provider_never_validates_past_the_deadline() {
+    let (dir, db) = temp();
+    let sim =
+        start_sim(dir.path(), Some(r#"{"rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 2500}]}"#));
+    // 2 s timeout + 1 s backoff = 3 s reserve: a 3.2 s deadline lets the attempt start, and the
+    // 2.5 s slow answer is cut by the request timeout, before the deadline.
+    let mut args = vec!["--provider-timeout-ms", "2000"];
+    args.extend(charge_args("order_1842_slow", "4900"));
+    args.extend(["--deadline-ms", "3200"]);
+    let started = std::time::Instant::now();
+    let (code, out, _) = keel(&db, Some(sim.url()), &args);
+    let took = started.elapsed();
+    assert_eq!((code, out["status"].as_str()), (2, Some("outcome_unknown")), "{out}");
+    assert!(took < std::time::Duration::from_millis(3_200), "the call ended before the deadline: {took:?}");
+    let key = format!("charge:{TENANT}:order_1842_slow");
+    let (status, types) = shown(&db, &key);
+    assert_eq!(status, "outcome_unknown", "{types:?}");
+    assert!(!types.contains(&"IntentValidated".to_owned()), "no validation after the deadline: {types:?}");
 }

@@ -51,6 +51,11 @@ fn reserved_with(capability: Capability) -> Given {
     Given::Reserved { capability, limits: RunLimits::default(), start_attempt: true }
 }
 
+/// A Stripe-like provider whose requests may take `request_timeout_ms`.
+fn slow(request_timeout_ms: u64) -> Capability {
+    Capability { request_timeout_ms, ..tier(true, true) }
+}
+
 fn timeout() -> CallOutcome {
     CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer in time".into() }
 }
@@ -228,10 +233,38 @@ fn rows() -> Vec<Row> {
             expect: Refused("NoSuchLookup"),
         },
         Row {
-            name: "an attempt too close to the deadline to reconcile after it",
+            name: "an attempt too close to the deadline to reconcile after it: released, never sent",
             given: vec![
                 Given::Reserved { capability: tier(true, true), limits: RunLimits::default(), start_attempt: false },
-                Given::Later(3_600_000 - limits::RECONCILIATION_RESERVE_MS + 1),
+                Given::Later(3_600_000 - limits::reconciliation_reserve_ms(0, 1) + 1),
+            ],
+            command: start_attempt(),
+            expect: Appends(&["IntentReleased"], Next::Done),
+        },
+        Row {
+            name: "the reserve is the provider's request timeout plus the first backoff: exactly that is enough",
+            given: vec![
+                Given::Reserved { capability: slow(5_000), limits: RunLimits::default(), start_attempt: false },
+                Given::Later(3_600_000 - 6_000),
+            ],
+            command: start_attempt(),
+            expect: Appends(&["AttemptStarted"], Next::Send { attempt: 1 }),
+        },
+        Row {
+            name: "a 5 s request timeout with 5.999 s left: released, its money and order freed",
+            given: vec![
+                Given::Reserved { capability: slow(5_000), limits: RunLimits::default(), start_attempt: false },
+                Given::Later(3_600_000 - 5_999),
+            ],
+            command: start_attempt(),
+            expect: Appends(&["IntentReleased"], Next::Done),
+        },
+        Row {
+            name: "a resend by key of an unknown outcome without the time: refused, the money stays held",
+            given: vec![
+                reserved_with(Capability { lookup: false, ..slow(5_000) }),
+                Given::Outcome(1, timeout()),
+                Given::Later(3_600_000 - 5_999),
             ],
             command: start_attempt(),
             expect: Refused("DeadlineReserve"),

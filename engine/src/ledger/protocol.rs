@@ -8,6 +8,7 @@
 use super::next::{Launched, Next};
 use super::state::{Intent, IntentStatus, Recovery, Run, RunHistory};
 use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus};
+use crate::facts::{Candidate, Conversation, ConversationId, FactsRefusal, Ticket};
 use crate::lease::{LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse};
 use crate::provider::{CallOutcome, Capability, LookupOutcome};
 use chrono::{DateTime, Utc};
@@ -293,6 +294,26 @@ pub enum Action {
         /// What the batch means for the spine.
         spine: Vec<SpineRequest>,
     },
+    /// Admit a batch of controlled facts for a conversation, whole or not at all.
+    ApplyFacts {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The ticket the update was taken under (`None`: the conversation's current one).
+        ticket: Option<Ticket>,
+        /// The current user message.
+        message: String,
+        /// The facts proposed for it.
+        candidates: Vec<Candidate>,
+    },
+    /// Forget one fact of a conversation, or all of them.
+    ForgetFacts {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The ticket the update was taken under (`None`: the conversation's current one).
+        ticket: Option<Ticket>,
+        /// The key; `None`: every fact.
+        key: Option<String>,
+    },
     /// End a run.
     FinishRun {
         /// The run.
@@ -328,6 +349,8 @@ impl Action {
             | Self::ClaimRun { .. }
             | Self::RenewLeases { .. }
             | Self::ReleaseLeases { .. }
+            | Self::ApplyFacts { .. }
+            | Self::ForgetFacts { .. }
             | Self::Approve { .. }
             | Self::CheckApproval { .. }
             | Self::Deny { .. }
@@ -499,7 +522,11 @@ pub enum Refusal {
         /// The duration.
         ms: u64,
     },
-    /// Too little time is left before the run's deadline to reconcile a new attempt.
+    /// A facts update refused whole (seed 001): the previous facts are kept.
+    #[error(transparent)]
+    Facts(#[from] FactsRefusal),
+    /// Too little time is left before the run's deadline to reconcile a resend of an intent
+    /// whose outcome is unknown (a reserved intent is released instead).
     #[error("deadline: {left_ms} ms left, fewer than the {needed_ms} ms an effect needs to be reconciled")]
     DeadlineReserve {
         /// The run.
@@ -694,6 +721,8 @@ pub enum Reply {
         /// Unfinished runs.
         unfinished: Vec<Run>,
     },
+    /// A conversation's facts after the command.
+    Facts(Box<Conversation>),
 }
 
 impl Reply {
@@ -708,6 +737,7 @@ impl Reply {
             Self::Claimed(_) => "a lease grant",
             Self::Renewed { .. } => "a renewal",
             Self::Snapshot { .. } => "a snapshot",
+            Self::Facts(_) => "a conversation's facts",
         }
     }
 }
@@ -743,6 +773,8 @@ pub enum ReplyTarget {
     Renewed(Vec<RunId>),
     /// Due intents and unfinished runs as of `now`.
     Snapshot(DateTime<Utc>),
+    /// A conversation's facts.
+    Facts(ConversationId),
 }
 
 /// What [`super::decide`] decided: the events to append, what to answer, and the lease

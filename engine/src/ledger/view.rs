@@ -9,6 +9,7 @@
 
 use super::state::{Intent, Run, RunHistory};
 use crate::event::{IntentKey, RunId};
+use crate::facts::{Conversation, ConversationId};
 use chrono::{DateTime, Utc};
 
 /// The entities a decision may read.
@@ -32,4 +33,7 @@ pub trait View {
     fn due(&self, now: DateTime<Utc>, limit: usize) -> Vec<IntentKey>;
     /// Runs not finished, in id order, at most `limit`.
     fn unfinished_runs(&self, limit: usize) -> Vec<Run>;
+    /// One conversation's controlled facts, folded from its own stream (empty when it has
+    /// none). Its cost is that stream's length, which forgets and turns bound in practice.
+    fn conversation(&self, id: &ConversationId) -> Conversation;
 }

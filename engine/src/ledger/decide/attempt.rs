@@ -4,7 +4,7 @@
 
 use super::Decider;
 use crate::clock::ms_between;
-use crate::event::{Event, IntentKey, LateAnswer, LateVerdict, RunId, Source};
+use crate::event::{Event, IntentKey, LateAnswer, LateVerdict, ReleaseReason, RunId, Source};
 use crate::ledger::protocol::{Refusal, ReplyTarget, RunStart, Step};
 use crate::ledger::state::{Intent, IntentStatus};
 use crate::limits;
@@ -65,12 +65,18 @@ impl Decider<'_> {
             return Ok(self.answer(key, false));
         }
         let left_ms = ms_between(self.now, deadline_at);
-        if left_ms < limits::RECONCILIATION_RESERVE_MS {
-            return Err(Refusal::DeadlineReserve {
-                run_id: run_id.clone(),
-                left_ms,
-                needed_ms: limits::RECONCILIATION_RESERVE_MS,
-            });
+        let needed_ms =
+            limits::reconciliation_reserve_ms(intent.capability.request_timeout_ms, intent.reconciliations + 1);
+        if left_ms < needed_ms {
+            // Never sent (or proven absent): nothing will send it for this run, and leaving it
+            // reserved would hold its money and block its order. An unknown outcome resent by
+            // key may have an effect: it stays held, and reconciliation goes on.
+            if intent.status == IntentStatus::Reserved {
+                let reason = ReleaseReason::DeadlineReserve { left_ms, needed_ms };
+                self.push(Event::IntentReleased { key: key.clone(), reason });
+                return Ok(self.answer(key, false));
+            }
+            return Err(Refusal::DeadlineReserve { run_id: run_id.clone(), left_ms, needed_ms });
         }
         self.push(Event::AttemptStarted { key: key.clone(), attempt: intent.attempts + 1, run_id: run_id.clone() });
         Ok(self.answer(key, false))

@@ -12,6 +12,7 @@
 //! caller appends the events and applies the lease effects, in one commit, or nothing.
 
 mod attempt;
+mod facts;
 mod leases;
 mod operator;
 mod reconcile;
@@ -77,6 +78,7 @@ pub fn reply_after(view: &dyn View, target: &ReplyTarget) -> Reply {
             due: view.due(*now, limits::RECONCILE_PASS_MAX),
             unfinished: view.unfinished_runs(limits::RESUME_PASS_MAX),
         },
+        ReplyTarget::Facts(conversation) => Reply::Facts(Box::new(view.conversation(conversation))),
     }
 }
 
@@ -152,6 +154,12 @@ impl Decider<'_> {
                 self.record_agent_entries(run_id, *position, entries, agent_start.as_ref(), spine)
             }
             Action::FinishRun { run_id, status, detail } => self.finish_run(run_id, *status, detail.clone()),
+            Action::ApplyFacts { conversation, ticket, message, candidates } => {
+                self.apply_facts(conversation, *ticket, message, candidates)
+            }
+            Action::ForgetFacts { conversation, ticket, key } => {
+                self.forget_facts(conversation, *ticket, key.as_deref())
+            }
         }
     }
 
