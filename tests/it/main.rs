@@ -10,6 +10,7 @@ mod approvals;
 mod cli;
 mod concurrency;
 mod crash;
+mod facts;
 mod golden;
 mod kills;
 mod leases;
