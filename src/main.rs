@@ -104,6 +104,16 @@ pub struct LimitArgs {
     /// Reconciliations per intent before it escalates.
     #[arg(long, default_value_t = engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT)]
     max_reconciliations: u32,
+    /// Automatic reconciliations the run's intents may make together; past it an intent still
+    /// unknown escalates, naming the run's reconciliation budget. At most 10000.
+    #[arg(long, default_value_t = engine::limits::RECONCILIATIONS_PER_RUN_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(..=i64::from(engine::limits::RECONCILIATIONS_PER_RUN_LIMIT)))]
+    max_run_reconciliations: u32,
+    /// Network retries the run may make (attempts again after one proven never sent); past
+    /// them the run stops `provider_unavailable`, the intent kept reserved. At most 100.
+    #[arg(long, default_value_t = engine::limits::NETWORK_RETRIES_PER_RUN_MAX,
+          value_parser = clap::value_parser!(u32).range(..=i64::from(engine::limits::NETWORK_RETRIES_PER_RUN_LIMIT)))]
+    max_network_retries: u32,
     /// Amount above which a human must approve (`keel approve`), in minor units. Only
     /// tightens the policy's threshold: a higher one is refused (exit 64).
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]

@@ -71,6 +71,8 @@ pub async fn run_effect(
             reconciliations_per_intent_max: limits.max_reconciliations,
             approval_threshold_minor: rules.approval_threshold_minor,
             policy: Some(stamp.clone()),
+            network_retries_max: Some(limits.max_network_retries),
+            reconciliations_max: Some(limits.max_run_reconciliations),
         },
         deadline_ms: limits.deadline_ms,
         cause: Cause::command(workflow),

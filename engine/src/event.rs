@@ -354,6 +354,15 @@ pub struct RunLimits {
     /// runs recorded before policies, and in runs a library caller started without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<crate::policy::PolicyStamp>,
+    /// Network retries the run may make, across its intents (attempts started again after one
+    /// proven never sent). Absent in older runs: `limits::NETWORK_RETRIES_PER_RUN_MAX`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_retries_max: Option<u32>,
+    /// Automatic reconciliations the run's intents may make together; past it an intent whose
+    /// outcome is still unknown escalates, naming this budget. Absent in older runs: only the
+    /// per-intent bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconciliations_max: Option<u32>,
 }
 
 impl Default for RunLimits {
@@ -366,6 +375,8 @@ impl Default for RunLimits {
             reconciliations_per_intent_max: crate::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
             approval_threshold_minor: None,
             policy: None,
+            network_retries_max: Some(crate::limits::NETWORK_RETRIES_PER_RUN_MAX),
+            reconciliations_max: Some(crate::limits::RECONCILIATIONS_PER_RUN_DEFAULT),
         }
     }
 }

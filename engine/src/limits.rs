@@ -156,6 +156,21 @@ pub const AMOUNT_MINOR_MAX: i64 = 1_000_000_000_000;
 /// and a new submission of the same request continues it.
 pub const NETWORK_RETRIES_PER_RUN_MAX: u32 = 3;
 
+/// Most network retries a caller may give one run (`--max-network-retries`). Enforced by the
+/// binary (usage error 64).
+pub const NETWORK_RETRIES_PER_RUN_LIMIT: u32 = 100;
+
+/// Default automatic reconciliations one run's intents may make together: four intents'
+/// worth of [`RECONCILIATIONS_PER_INTENT_DEFAULT`]. A run whose provider keeps answering
+/// "unavailable" across many intents stops spending lookups; past it an intent still unknown
+/// escalates (`reconciliation budget`). Recorded in `RunStarted.limits.reconciliations_max`;
+/// enforced by `Ledger::decide` on `StartReconciliation` (not on an operator's forced one).
+pub const RECONCILIATIONS_PER_RUN_DEFAULT: u32 = 4 * RECONCILIATIONS_PER_INTENT_DEFAULT;
+
+/// Most automatic reconciliations a caller may give one run (`--max-run-reconciliations`).
+/// Enforced by the binary (usage error 64).
+pub const RECONCILIATIONS_PER_RUN_LIMIT: u32 = 10_000;
+
 /// First wait before a network retry; doubles per retry up to [`NETWORK_RETRY_BACKOFF_MAX_MS`].
 /// Enforced by the executor's intent driver, which waits through the `Clock`.
 pub const NETWORK_RETRY_BACKOFF_BASE_MS: u64 = 100;
@@ -207,6 +222,9 @@ const _: () = assert!(WRITER_BATCH_MAX <= WRITER_CHANNEL_CAPACITY);
 const _: () = assert!(ENTITY_CACHE_MAX >= 2 * WRITER_BATCH_MAX);
 const _: () = assert!(INTENT_ID_MIN_CHARS < INTENT_ID_MAX_CHARS);
 const _: () = assert!(ATTEMPTS_PER_INTENT_DEFAULT >= 1);
+const _: () = assert!(NETWORK_RETRIES_PER_RUN_MAX <= NETWORK_RETRIES_PER_RUN_LIMIT);
+const _: () = assert!(RECONCILIATIONS_PER_RUN_DEFAULT >= RECONCILIATIONS_PER_INTENT_DEFAULT);
+const _: () = assert!(RECONCILIATIONS_PER_RUN_DEFAULT <= RECONCILIATIONS_PER_RUN_LIMIT);
 const _: () = assert!(NETWORK_RETRY_BACKOFF_BASE_MS <= NETWORK_RETRY_BACKOFF_MAX_MS);
 const _: () = assert!(RUN_DEADLINE_DEFAULT_MS <= RUN_DEADLINE_MAX_MS);
 const _: () = assert!(APPROVAL_TTL_DEFAULT_MS <= APPROVAL_TTL_MAX_MS);

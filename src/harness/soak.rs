@@ -105,6 +105,8 @@ fn limits() -> RunLimits {
         reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
         approval_threshold_minor: None,
         policy: None,
+        network_retries_max: None,
+        reconciliations_max: None,
     }
 }
 

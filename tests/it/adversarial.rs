@@ -62,6 +62,8 @@ async fn check(path: &Path) {
                 reconciliations_per_intent_max: 3,
                 approval_threshold_minor: None,
                 policy: None,
+                network_retries_max: None,
+                reconciliations_max: None,
             },
             deadline_ms: 3_600_000,
             cause: Cause::command("adversarial"),

@@ -144,6 +144,8 @@ fn every_variant() -> Vec<StoredEvent> {
             reconciliations_per_intent_max: 2,
             approval_threshold_minor: Some(50_000),
             policy: None,
+            network_retries_max: None,
+            reconciliations_max: None,
         },
         owner: None,
     };

@@ -147,6 +147,8 @@ impl World {
                 reconciliations_per_intent_max: 3,
                 approval_threshold_minor: None,
                 policy: None,
+                network_retries_max: None,
+                reconciliations_max: None,
             },
             deadline_ms: 600_000,
             cause: Cause::command("model"),

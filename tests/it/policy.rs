@@ -77,6 +77,8 @@ fn without_a_policy_a_run_is_bounded_by_the_builtin_one_and_records_it() {
     assert_eq!(out["policy"]["version"], "builtin", "{out}");
     let limits = run_limits(&db, out["run_id"].as_str().expect("a run id"));
     assert_eq!(limits.cost_minor_max, Some(engine::limits::RUN_COST_DEFAULT_MINOR), "money is bounded by default");
+    assert_eq!(limits.network_retries_max, Some(engine::limits::NETWORK_RETRIES_PER_RUN_MAX), "so are network retries");
+    assert_eq!(limits.reconciliations_max, Some(engine::limits::RECONCILIATIONS_PER_RUN_DEFAULT), "and lookups");
     let stamp = limits.policy.expect("the run records its policy");
     assert_eq!((stamp.version.as_str(), stamp.sha256.len()), ("builtin", 64));
 
@@ -164,6 +166,14 @@ fn a_flag_may_tighten_the_policy_and_never_loosen_it() {
         let error = out["error"].as_str().unwrap_or_default();
         assert!(error.contains(flag) && error.contains("loosen"), "{flag}: {error}");
         assert!(error.contains("2026-12-01.1"), "the refusal names the policy version: {error}");
+        assert!(!db.exists(), "{flag}: nothing is written");
+    }
+    // The run-level retry and reconciliation budgets have their bounds too.
+    for (flag, value) in [("--max-network-retries", "101"), ("--max-run-reconciliations", "10001")] {
+        let mut args = charge_args("order_1842_loosen", "500");
+        args.extend([flag, value]);
+        let (code, out, _) = keel(&db, Some(sim.url()), &args);
+        assert_eq!(code, 64, "{flag} {value}: {out}");
         assert!(!db.exists(), "{flag}: nothing is written");
     }
     // Without a policy file the built-in policy is the ceiling.

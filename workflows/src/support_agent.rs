@@ -287,6 +287,8 @@ pub fn spine_limits() -> RunLimits {
         reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
         approval_threshold_minor: Some(APPROVAL_THRESHOLD_MINOR),
         policy: None,
+        network_retries_max: Some(engine::limits::NETWORK_RETRIES_PER_RUN_MAX),
+        reconciliations_max: Some(engine::limits::RECONCILIATIONS_PER_RUN_DEFAULT),
     }
 }
 

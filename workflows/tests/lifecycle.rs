@@ -100,6 +100,8 @@ fn limits() -> RunLimits {
         reconciliations_per_intent_max: 3,
         approval_threshold_minor: None,
         policy: None,
+        network_retries_max: None,
+        reconciliations_max: None,
     }
 }
 

@@ -59,6 +59,8 @@ impl Harness {
                 reconciliations_per_intent_max: 5,
                 approval_threshold_minor: None,
                 policy: None,
+                network_retries_max: None,
+                reconciliations_max: None,
             },
             deadline_ms: 600_000,
             cause: Cause::command(workflow),

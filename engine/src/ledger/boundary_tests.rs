@@ -56,6 +56,18 @@ fn slow(request_timeout_ms: u64) -> Capability {
     Capability { request_timeout_ms, ..tier(true, true) }
 }
 
+/// An unknown outcome whose first lookup could not answer, its second one due.
+fn second_lookup_due(limits: RunLimits) -> Vec<Given> {
+    vec![
+        Given::Reserved { capability: tier(true, true), limits, start_attempt: true },
+        Given::Outcome(1, timeout()),
+        past_backoff(),
+        Given::ReconciliationStarted,
+        Given::Lookup(1, LookupOutcome::Unavailable { detail: "503".into() }),
+        Given::Later(limits::reconcile_backoff_ms(2) + 1),
+    ]
+}
+
 fn timeout() -> CallOutcome {
     CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer in time".into() }
 }
@@ -258,6 +270,31 @@ fn rows() -> Vec<Row> {
             ],
             command: start_attempt(),
             expect: Appends(&["IntentReleased"], Next::Done),
+        },
+        Row {
+            name: "a network retry past the run's own budget: refused, the intent stays reserved",
+            given: vec![
+                Given::Reserved {
+                    capability: tier(true, true),
+                    limits: RunLimits { network_retries_max: Some(0), ..RunLimits::default() },
+                    start_attempt: true,
+                },
+                Given::Outcome(1, CallOutcome::NotSent { detail: "connection refused".into() }),
+            ],
+            command: start_attempt(),
+            expect: Refused("NetworkRetriesSpent"),
+        },
+        Row {
+            name: "the run's reconciliation budget spent: the unknown intent escalates, naming it",
+            given: second_lookup_due(RunLimits { reconciliations_max: Some(1), ..RunLimits::default() }),
+            command: start_reconciliation(),
+            expect: Appends(&["IntentEscalated"], Next::Done),
+        },
+        Row {
+            name: "within the run's reconciliation budget: the second lookup starts",
+            given: second_lookup_due(RunLimits::default()),
+            command: start_reconciliation(),
+            expect: Appends(&["ReconciliationStarted"], Next::LookUp { reconciliation: 2 }),
         },
         Row {
             name: "a resend by key of an unknown outcome without the time: refused, the money stays held",

@@ -50,8 +50,13 @@ impl Decider<'_> {
             return Ok(self.answer(key, false));
         }
         if intent.network_retry_by(run_id) {
-            let spent = self.view.run(run_id).map_or(0, |run| run.network_retries);
-            if spent >= limits::NETWORK_RETRIES_PER_RUN_MAX {
+            let run = self.view.run(run_id);
+            let spent = run.as_ref().map_or(0, |run| run.network_retries);
+            let max = run
+                .and_then(|run| run.limits.network_retries_max)
+                .or_else(|| start.and_then(|start| start.limits.network_retries_max))
+                .unwrap_or(limits::NETWORK_RETRIES_PER_RUN_MAX);
+            if spent >= max {
                 return Err(Refusal::NetworkRetriesSpent { run_id: run_id.clone(), spent });
             }
         }
