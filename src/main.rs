@@ -190,7 +190,8 @@ pub enum AgentCommand {
         #[arg(long)]
         scenario: Option<String>,
         /// A JSON array of model responses, each a complete Anthropic Messages or OpenAI Chat
-        /// Completions response object (a captured transcript replays as is).
+        /// Completions response object (a captured transcript replays as is). For support, it
+        /// is replayed against the refund scenario's ticket and order.
         #[arg(long, value_name = "FILE")]
         transcript: Option<PathBuf>,
         /// A live model API instead of a script.
