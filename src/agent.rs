@@ -290,10 +290,13 @@ pub async fn dispatch(
     db: &Path,
     durability: store::Durability,
     provider: &crate::ProviderArgs,
+    policy: &crate::policy::PolicyArgs,
     out: &Output,
     command: AgentCommand,
 ) -> anyhow::Result<u8> {
     let resuming = matches!(command, AgentCommand::Resume { .. });
+    // The spine's limits a resumed run recorded when it started (a new run's come below).
+    let mut recorded_spine = None;
     let plan = match command {
         AgentCommand::Run { workflow, scenario, transcript, model, limits, capabilities } => {
             match plan_new(
@@ -318,6 +321,7 @@ pub async fn dispatch(
                 return Ok(out.usage_error(&format!("no agent run {run_id} in {}", db.display())));
             };
             let workflow = history.run.workflow.trim_start_matches(engine::ledger::AGENT_WORKFLOW_PREFIX).to_owned();
+            recorded_spine = Some(history.run.limits.clone());
             let script = match Script::from_input(&workflow, &history.input) {
                 Ok(script) => script,
                 Err(message) => return Ok(out.usage_error(&format!("run {run_id}: {message}"))),
@@ -331,6 +335,20 @@ pub async fn dispatch(
             };
             Plan { limits: header.limits.clone(), capabilities: header.capabilities.clone(), run_id, workflow, script }
         }
+    };
+    let spine = match (recorded_spine, &plan.script) {
+        (Some(recorded), _) => recorded,
+        (None, Script::Support { .. }) => match policy.load() {
+            // Every refund waits for a human unless the operator's policy says otherwise.
+            Ok(loaded) => {
+                let rules = loaded.policy.rules(support_agent::TENANT, engine::provider::EffectKind::Refund);
+                let threshold =
+                    rules.approval_threshold_minor.unwrap_or(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR);
+                RunLimits { policy: Some(loaded.stamp), ..support_agent::spine_limits(threshold) }
+            }
+            Err(message) => return Ok(out.usage_error(&message)),
+        },
+        (None, _) => RunLimits::default(),
     };
     // Before anything is opened: a missing key or transcript writes nothing.
     let source = match plan.script.load() {
@@ -367,8 +385,9 @@ pub async fn dispatch(
             return Ok(out.refused(&refused));
         }
     }
-    let limits = if gate.is_some() { support_agent::spine_limits() } else { RunLimits::default() };
-    let start = NewRun { input: plan.script.input(), limits };
+    let approval_threshold_minor =
+        spine.approval_threshold_minor.unwrap_or(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR);
+    let start = NewRun { input: plan.script.input(), limits: spine };
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), cause.clone(), Some(start), lessee.clone());
     let recorded = AgentState::from_events(&journal.load().await?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());
@@ -407,8 +426,9 @@ pub async fn dispatch(
     let result = match (&plan.script, &gate) {
         (Script::Support { case: scenario, .. }, Some(gate)) => {
             let case = scenario.case();
-            let (limits, grants) = (plan.limits.clone(), plan.capabilities.clone());
-            support_agent::run(env, &transport, plan.run_id.as_str(), &case, gate, limits, grants).await
+            let granted = (plan.limits.clone(), plan.capabilities.clone());
+            let run_id = plan.run_id.as_str();
+            support_agent::run(env, &transport, run_id, &case, gate, granted, approval_threshold_minor).await
         }
         _ => {
             ticket_review::run(env, &transport, plan.run_id.as_str(), plan.limits.clone(), plan.capabilities.clone())

@@ -531,7 +531,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         ));
     }
     match cli.command {
-        Command::Agent { command } => agent::dispatch(&cli.db, durability, &cli.provider, &out, command).await,
+        Command::Agent { command } => {
+            agent::dispatch(&cli.db, durability, &cli.provider, &cli.policy, &out, command).await
+        }
         Command::Charge { effect, payment_method_token, limits } => {
             let input = match ops::effect_input(&effect, payment_method_token.as_deref()) {
                 Ok(input) => input,
