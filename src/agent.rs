@@ -147,7 +147,12 @@ impl ModelApi {
 #[derive(Clone, Debug)]
 enum Script {
     Scenario(Scenario),
-    Support(support_agent::Scenario),
+    /// A support run: the ticket and order of `case`, the answers of its own transcript or
+    /// of `transcript` (a captured conversation replayed against the agent).
+    Support {
+        case: support_agent::Scenario,
+        transcript: Option<PathBuf>,
+    },
     File(PathBuf),
     Live(LiveModel),
 }
@@ -162,7 +167,10 @@ impl Script {
     fn input(&self) -> Value {
         match self {
             Self::Scenario(s) => json!({"transport": "scripted", "scenario": s.name()}),
-            Self::Support(s) => json!({"transport": "scripted", "scenario": s.name()}),
+            Self::Support { case, transcript: None } => json!({"transport": "scripted", "scenario": case.name()}),
+            Self::Support { case, transcript: Some(path) } => {
+                json!({"transport": "scripted", "transcript": path.display().to_string(), "case": case.name()})
+            }
             Self::File(path) => json!({"transport": "scripted", "transcript": path.display().to_string()}),
             Self::Live(live) => {
                 json!({"transport": "http", "api": live.api.name(), "model": live.model, "base_url": live.base_url.as_str()})
@@ -180,9 +188,15 @@ impl Script {
             let base_url = BaseUrl::parse(base_url).map_err(|e| format!("the run's base URL: {e}"))?;
             return Ok(Self::Live(LiveModel { api, model: model.to_owned(), base_url }));
         }
+        let transcript = input.get("transcript").and_then(Value::as_str).map(PathBuf::from);
+        if workflow == support_agent::WORKFLOW && transcript.is_some() {
+            let name = input.get("case").and_then(Value::as_str).unwrap_or_default();
+            let case = support_agent::Scenario::parse(name).ok_or_else(|| format!("unknown support case {name:?}"))?;
+            return Ok(Self::Support { case, transcript });
+        }
         if let Some(name) = input.get("scenario").and_then(Value::as_str) {
             let script = if workflow == support_agent::WORKFLOW {
-                support_agent::Scenario::parse(name).map(Self::Support)
+                support_agent::Scenario::parse(name).map(|case| Self::Support { case, transcript: None })
             } else {
                 Scenario::parse(name).map(Self::Scenario)
             };
@@ -199,7 +213,8 @@ impl Script {
     fn load(&self) -> Result<Source, String> {
         let parsed = match self {
             Self::Scenario(s) => Transcript::parse(scenario_transcript(*s)),
-            Self::Support(s) => Transcript::parse(support_transcript(*s)),
+            Self::Support { case, transcript: None } => Transcript::parse(support_transcript(*case)),
+            Self::Support { transcript: Some(path), .. } => Transcript::from_file(path),
             Self::File(path) => Transcript::from_file(path),
             Self::Live(live) => {
                 let var = live.api.key_var();
@@ -216,7 +231,12 @@ impl Script {
     fn describe(&self) -> String {
         match self {
             Self::Scenario(s) => format!("scripted (scenario {}, embedded transcript)", s.name()),
-            Self::Support(s) => format!("scripted (scenario {}, embedded transcript)", s.name()),
+            Self::Support { case, transcript: None } => {
+                format!("scripted (scenario {}, embedded transcript)", case.name())
+            }
+            Self::Support { case, transcript: Some(path) } => {
+                format!("scripted (transcript {}, scenario {}'s ticket and order)", path.display(), case.name())
+            }
             Self::File(path) => format!("scripted (transcript {})", path.display()),
             Self::Live(live) => {
                 format!("http ({} API at {}, model {})", live.api.wire(), live.base_url, live.model)
@@ -263,6 +283,10 @@ struct Plan {
     script: Script,
     limits: AgentLimits,
     capabilities: BTreeSet<String>,
+    /// The spine's limits: the ones a resumed run recorded when it started; for a new run,
+    /// the policy's (support: every refund waits for a human unless the policy says
+    /// otherwise) or the defaults.
+    spine: RunLimits,
 }
 
 /// `keel agent …`.
@@ -270,10 +294,11 @@ pub async fn dispatch(
     db: &Path,
     durability: store::Durability,
     provider: &crate::ProviderArgs,
+    policy: &crate::policy::PolicyArgs,
     out: &Output,
     command: AgentCommand,
 ) -> Outcome {
-    let (plan, resuming) = match command {
+    let (mut plan, resuming) = match command {
         AgentCommand::Run { workflow, scenario, transcript, model, limits, capabilities, .. } => {
             let plan = plan_new(
                 &workflow,
@@ -288,10 +313,17 @@ pub async fn dispatch(
         }
         AgentCommand::Resume { run_id, .. } => (plan_resume(db, &RunId::new(run_id))?, true),
     };
+    if !resuming && matches!(plan.script, Script::Support { .. }) {
+        // Every refund waits for a human unless the operator's policy says otherwise.
+        let loaded = policy.load().map_err(Failure::Usage)?;
+        let rules = loaded.policy.rules(support_agent::TENANT, engine::provider::EffectKind::Refund);
+        let threshold = rules.approval_threshold_minor.unwrap_or(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR);
+        plan.spine = RunLimits { policy: Some(loaded.stamp), ..support_agent::spine_limits(threshold) };
+    }
     // Before anything is opened: a missing key or transcript writes nothing.
     let source = plan.script.load().map_err(Failure::Usage)?;
     // The support agent's refunds go through the provider; ticket review needs none.
-    if matches!(plan.script, Script::Support(_)) {
+    if matches!(plan.script, Script::Support { .. }) {
         crate::required_provider(provider, "the support agent's refunds")?;
     }
     // First, so a run killed at any later point can be found (`keel runs`, `keel resume`).
@@ -336,6 +368,7 @@ fn plan_resume(db: &Path, run_id: &RunId) -> Result<Plan, Failure> {
         run_id: run_id.clone(),
         workflow,
         script,
+        spine: history.run.limits.clone(),
     })
 }
 
@@ -366,7 +399,7 @@ async fn drive(
     mode: Mode,
 ) -> Result<Driven, Failure> {
     let (node, gate) = match plan.script {
-        Script::Support(_) => {
+        Script::Support { .. } => {
             let node = crate::wiring::Node::open(db, durability, provider, None)?;
             let gate = Arc::new(IntentGate::new(node.executor.runtime().clone(), Cause::command("agent")));
             (node, Some(gate))
@@ -390,8 +423,9 @@ async fn drive(
             return Ok(Driven::Busy(refused));
         }
     }
-    let limits = if gate.is_some() { support_agent::spine_limits() } else { RunLimits::default() };
-    let start = NewRun { input: plan.script.input(), limits };
+    let approval_threshold_minor =
+        plan.spine.approval_threshold_minor.unwrap_or(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR);
+    let start = NewRun { input: plan.script.input(), limits: plan.spine.clone() };
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), cause.clone(), Some(start), lessee.clone());
     let recorded = AgentState::from_events(&journal.load().await.map_err(|e| Failure::Internal(e.to_string()))?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());
@@ -436,10 +470,11 @@ async fn drive(
     });
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
     let result = match (&plan.script, &gate) {
-        (Script::Support(scenario), Some(gate)) => {
+        (Script::Support { case: scenario, .. }, Some(gate)) => {
             let case = scenario.case();
-            let (limits, grants) = (plan.limits.clone(), plan.capabilities.clone());
-            support_agent::run(env, &transport, plan.run_id.as_str(), &case, gate, limits, grants).await
+            let granted = (plan.limits.clone(), plan.capabilities.clone());
+            let run_id = plan.run_id.as_str();
+            support_agent::run(env, &transport, run_id, &case, gate, granted, approval_threshold_minor).await
         }
         _ => {
             ticket_review::run(env, &transport, plan.run_id.as_str(), plan.limits.clone(), plan.capabilities.clone())
@@ -600,17 +635,28 @@ fn plan_new(
 ) -> Result<Plan, String> {
     if workflow == support_agent::WORKFLOW {
         let known: Vec<&str> = support_agent::Scenario::ALL.iter().map(|s| s.name()).collect();
-        let scenario = scenario
-            .filter(|_| transcript.is_none() && model.model_api.is_none())
-            .and_then(support_agent::Scenario::parse)
-            .ok_or_else(|| {
-                format!(
-                    "support runs a named scenario (its ticket and order come with it): --scenario {}",
+        let script = match (scenario, transcript) {
+            // A transcript replays against the default scenario's ticket and order (refund's).
+            (None, Some(path)) if model.model_api.is_none() => {
+                let path = std::fs::canonicalize(path)
+                    .map_err(|e| format!("cannot read transcript {}: {e}", path.display()))?;
+                Script::Support { case: support_agent::Scenario::Refund, transcript: Some(path) }
+            }
+            (Some(name), None) if model.model_api.is_none() => {
+                let case = support_agent::Scenario::parse(name)
+                    .ok_or_else(|| format!("unknown support scenario {name:?} (known: {})", known.join(", ")))?;
+                Script::Support { case, transcript: None }
+            }
+            _ => {
+                return Err(format!(
+                    "support runs a named scenario (--scenario {}) or a transcript against the refund scenario's \
+                     ticket and order (--transcript FILE)",
                     known.join("|")
-                )
-            })?;
+                ));
+            }
+        };
         let all = support_agent::all_capabilities();
-        return finish_plan(workflow, Script::Support(scenario), support_agent::limits(), all, limits, capabilities);
+        return finish_plan(workflow, script, support_agent::limits(), all, limits, capabilities);
     }
     if workflow != ticket_review::WORKFLOW {
         return Err(format!(
@@ -682,6 +728,7 @@ fn finish_plan(
         script,
         limits: plan_limits,
         capabilities: grants,
+        spine: RunLimits::default(),
     })
 }
 
@@ -709,7 +756,7 @@ fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
             limits.deadline_ms
         );
         let completion = match plan.script {
-            Script::Support(_) => "the ticket read, then a refund of its own order validated",
+            Script::Support { .. } => "the ticket read, then a refund of its own order validated",
             Script::Scenario(_) | Script::File(_) | Script::Live(_) => {
                 "ticket 42 read, then finish_review(42) succeeded"
             }

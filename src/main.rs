@@ -12,8 +12,10 @@
 #[macro_use]
 mod output;
 mod agent;
+mod facts;
 mod harness;
 mod ops;
+mod policy;
 mod runs;
 mod stuck;
 mod vault;
@@ -21,6 +23,7 @@ mod wiring;
 
 use clap::{Args, Parser, Subcommand};
 use engine::log::Ask;
+use engine::provider::EffectKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -59,6 +62,9 @@ pub struct Cli {
 
     #[command(flatten)]
     vault: vault::VaultArgs,
+
+    #[command(flatten)]
+    policy: policy::PolicyArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -179,10 +185,12 @@ impl BeforeSubcommand {
 /// Limits of a new run.
 #[derive(Args, Debug, Clone)]
 pub struct LimitArgs {
-    /// Largest amount a single charge may take, in minor units (policy; `policy_denied` above).
+    /// Largest amount a single charge or refund may take, in minor units (`policy_denied`
+    /// above). Only tightens the operator's policy: a value above it is refused (exit 64).
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     max_charge_minor: Option<i64>,
-    /// Money the run may move, in minor units (`budget_exhausted` above).
+    /// Money the run may move, in minor units (`budget_exhausted` above). Default: the
+    /// policy's run budget; a value above it is refused (exit 64).
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     cost_budget_minor: Option<i64>,
     /// Attempts per intent, the first included.
@@ -191,7 +199,18 @@ pub struct LimitArgs {
     /// Reconciliations per intent before it escalates.
     #[arg(long, default_value_t = engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT)]
     max_reconciliations: u32,
-    /// Amount above which a human must approve (`keel approve`), in minor units.
+    /// Automatic reconciliations the run's intents may make together; past it an intent still
+    /// unknown escalates, naming the run's reconciliation budget. At most 10000.
+    #[arg(long, default_value_t = engine::limits::RECONCILIATIONS_PER_RUN_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(..=i64::from(engine::limits::RECONCILIATIONS_PER_RUN_LIMIT)))]
+    max_run_reconciliations: u32,
+    /// Network retries the run may make (attempts again after one proven never sent); past
+    /// them the run stops `provider_unavailable`, the intent kept reserved. At most 100.
+    #[arg(long, default_value_t = engine::limits::NETWORK_RETRIES_PER_RUN_MAX,
+          value_parser = clap::value_parser!(u32).range(..=i64::from(engine::limits::NETWORK_RETRIES_PER_RUN_LIMIT)))]
+    max_network_retries: u32,
+    /// Amount above which a human must approve (`keel approve`), in minor units. Only
+    /// tightens the policy's threshold: a higher one is refused (exit 64).
     #[arg(long, value_parser = clap::value_parser!(i64).range(0..))]
     approval_threshold_minor: Option<i64>,
     /// Run deadline from start, in ms (an absolute instant is stored). At most 30 days.
@@ -269,7 +288,8 @@ pub(crate) enum AgentCommand {
         scenario: Option<String>,
         /// A JSON array of model responses, each a complete Anthropic Messages or OpenAI Chat
         /// Completions response object (a captured transcript replays as is), e.g.
-        /// fixtures/agent/ticket-review/complete.json.
+        /// fixtures/agent/ticket-review/complete.json. For support, it is replayed against the
+        /// refund scenario's ticket and order.
         #[arg(long, value_name = "FILE")]
         transcript: Option<PathBuf>,
         /// A live model API instead of a script.
@@ -369,6 +389,12 @@ enum Command {
         store: StoreFlags,
         #[command(flatten)]
         provider: ProviderFlags,
+    },
+    /// A conversation's controlled facts (seed 001): `keel facts apply CONVERSATION --message
+    /// TEXT`, `keel facts show CONVERSATION`, `keel facts forget CONVERSATION [KEY]`.
+    Facts {
+        #[command(subcommand)]
+        command: facts::FactsCommand,
     },
     /// List intents (a header, then one line each: status, key, amount, attempts,
     /// reconciliations, when last sent), optionally only those in one state, or only what
@@ -746,6 +772,19 @@ fn required_provider(provider: &ProviderArgs, what: &str) -> Result<(), output::
     }
 }
 
+/// The operator's rules for one charge or refund (flags applied) and the stamp its run
+/// records; a malformed policy or a flag that loosens it is the usage error's message.
+fn policy_rules(
+    args: &policy::PolicyArgs,
+    kind: EffectKind,
+    input: &serde_json::Value,
+    limits: &LimitArgs,
+) -> Result<(engine::policy::Rules, engine::policy::PolicyStamp), output::Failure> {
+    let loaded = args.load().map_err(output::Failure::Usage)?;
+    let rules = loaded.rules_for(kind, input, limits).map_err(output::Failure::Usage)?;
+    Ok((rules, loaded.stamp))
+}
+
 /// What a command's store and provider options come to.
 struct Setting {
     durability: store::Durability,
@@ -775,22 +814,25 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             };
             existing_log(db, create)?;
             let setting = setting(Some(store), Some(provider));
-            agent::dispatch(db, setting.durability, &setting.provider, &out, command).await
+            agent::dispatch(db, setting.durability, &setting.provider, &cli.policy, &out, command).await
         }
         Command::Charge { effect, payment_method_token, limits, store, provider } => {
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "charge")?;
             let input = ops::effect_input(&effect, payment_method_token.as_deref()).map_err(output::Failure::Usage)?;
-            let node = wiring::Node::open(db, setting.durability, &setting.provider, limits.max_charge_minor)?;
-            ops::run_effect(&node, &out, "charge", &input, &limits).await
+            let (rules, stamp) = policy_rules(&cli.policy, EffectKind::Charge, &input, &limits)?;
+            let node = wiring::Node::open(db, setting.durability, &setting.provider, Some(rules.clone()))?;
+            ops::run_effect(&node, &out, "charge", &input, &limits, (&rules, stamp)).await
         }
         Command::Refund { effect, limits, store, provider } => {
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "refund")?;
             let input = ops::effect_input(&effect, None).map_err(output::Failure::Usage)?;
-            let node = wiring::Node::open(db, setting.durability, &setting.provider, limits.max_charge_minor)?;
-            ops::run_effect(&node, &out, "refund", &input, &limits).await
+            let (rules, stamp) = policy_rules(&cli.policy, EffectKind::Refund, &input, &limits)?;
+            let node = wiring::Node::open(db, setting.durability, &setting.provider, Some(rules.clone()))?;
+            ops::run_effect(&node, &out, "refund", &input, &limits, (&rules, stamp)).await
         }
+        Command::Facts { command } => Ok(facts::dispatch(db, before.durability(None), &out, command).await?),
         Command::Intents { stuck: true, create, .. } => {
             existing_log(db, create)?;
             Ok(stuck::list(db, &out, engine::clock::Clock::now(&wiring::SystemClock))?)

@@ -12,6 +12,7 @@ use engine::event::{AfterLookup, Cause, Event, IntentKey, RunId, RunLimits};
 use engine::executor::{IntentOutcome, RunOutcome, RunRequest, WorkflowError};
 use engine::ledger::{Intent, IntentStatus};
 use engine::log::{Ask, Asking, EventLog, IntentAnswer, LogError};
+use engine::policy::{PolicyStamp, Rules};
 use serde_json::{Map, Value, json};
 use std::io::Read as _;
 use std::path::Path;
@@ -68,14 +69,24 @@ pub fn when(at: chrono::DateTime<chrono::Utc>) -> String {
 }
 
 /// Runs one charge or refund workflow and prints its outcome.
-pub async fn run_effect(node: &Node, out: &Output, workflow: &str, input: &Value, limits: &LimitArgs) -> Outcome {
+pub async fn run_effect(
+    node: &Node,
+    out: &Output,
+    workflow: &str,
+    input: &Value,
+    limits: &LimitArgs,
+    (rules, stamp): (&Rules, PolicyStamp),
+) -> Outcome {
     let request = RunRequest {
         run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
         limits: RunLimits {
-            cost_minor_max: limits.cost_budget_minor,
+            cost_minor_max: Some(rules.run_budget_minor),
             attempts_per_intent_max: limits.max_attempts,
             reconciliations_per_intent_max: limits.max_reconciliations,
-            approval_threshold_minor: limits.approval_threshold_minor,
+            approval_threshold_minor: rules.approval_threshold_minor,
+            policy: Some(stamp.clone()),
+            network_retries_max: Some(limits.max_network_retries),
+            reconciliations_max: Some(limits.max_run_reconciliations),
         },
         deadline_ms: limits.deadline_ms,
         cause: Cause::command(workflow),
@@ -97,6 +108,7 @@ pub async fn run_effect(node: &Node, out: &Output, workflow: &str, input: &Value
         }
         map.insert("run_status".to_owned(), json!(outcome.status));
         map.insert("recorded".to_owned(), json!(outcome.written));
+        map.insert("policy".to_owned(), json!(stamp));
     }
     out.emit(&document, || print_run(workflow, &outcome));
     Ok(if outcome.intent.as_ref().is_some_and(IntentOutcome::is_validated) { exit::OK } else { exit::CONTROLLED })

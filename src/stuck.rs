@@ -148,10 +148,10 @@ pub fn list(db: &Path, out: &Output, now: DateTime<Utc>) -> anyhow::Result<u8> {
     stuck.sort_by(|a, b| (a.since, &a.intent_key).cmp(&(b.since, &b.intent_key)));
     out.emit(&stuck, || {
         if stuck.is_empty() {
-            println!("nothing needs a human");
+            outln!("nothing needs a human");
         }
         for item in &stuck {
-            println!(
+            outln!(
                 "{:<18} {} since {}\n  {}",
                 item.status.as_str(),
                 item.intent_key,

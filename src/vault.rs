@@ -178,7 +178,7 @@ pub fn dispatch(
                 engine::clock::checked_minus_ms(now, older_than).unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
             let purged = store::vault::purge(db, before)?;
             out.emit(&serde_json::json!({"status": "ok", "purged": purged, "kept_before": before}), || {
-                println!("purged {purged} vault entr{} kept before {before}", if purged == 1 { "y" } else { "ies" });
+                outln!("purged {purged} vault entr{} kept before {before}", if purged == 1 { "y" } else { "ies" });
             });
             Ok(exit::OK)
         }
@@ -194,7 +194,7 @@ pub fn dispatch(
             match store::vault::rotate(db, &old, &new) {
                 Ok(rotation) => {
                     out.emit(&serde_json::json!({"status": "ok", "rotated": rotation.entries}), || {
-                        println!(
+                        outln!(
                             "re-encrypted {} vault entr{} under the new key",
                             rotation.entries,
                             if rotation.entries == 1 { "y" } else { "ies" }

@@ -285,7 +285,7 @@ impl Node {
         db: &Path,
         durability: store::Durability,
         provider: &ProviderArgs,
-        max_charge_minor: Option<i64>,
+        rules: Option<engine::policy::Rules>,
     ) -> anyhow::Result<Self> {
         let url = provider.url.clone().context(
             "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. a `keel-provider-sim serve` address)",
@@ -296,7 +296,7 @@ impl Node {
             ..HttpProviderConfig::new(url)
         };
         let provider: Arc<dyn PaymentProvider> = Arc::new(HttpProvider::new(config)?);
-        Self::with_provider(db, durability, provider, max_charge_minor)
+        Self::with_provider(db, durability, provider, rules)
     }
 
     /// A node over an open store for commands that never reach a payment provider (the
@@ -312,13 +312,13 @@ impl Node {
         db: &Path,
         durability: store::Durability,
         provider: Arc<dyn PaymentProvider>,
-        max_charge_minor: Option<i64>,
+        rules: Option<engine::policy::Rules>,
     ) -> anyhow::Result<Self> {
         let store = open_store(db, durability)?;
         let log: Arc<dyn engine::log::EventLog> = Arc::new(store.clone());
         let keeper = keep_leases(Arc::clone(&log));
         let runtime = Runtime { log, provider, clock: Arc::new(SystemClock), lessee: lessee() };
-        let executor = Executor::new(runtime, workflows::builtin(max_charge_minor))
+        let executor = Executor::new(runtime, workflows::builtin(rules))
             .with_failpoints(failpoints())
             .with_abandon_after(crate::vault::abandon_after_ms());
         Ok(Self { store, executor, keeper })

@@ -32,6 +32,7 @@
 //!     amount_minor: 4900,
 //!     currency: "EUR".into(),
 //!     payment_method: Some(Secret::new("pm_card_visa")),
+//!     timeout_ms: None,
 //! };
 //! let outcome = provider.execute(&request).await;
 //! assert!(matches!(outcome, CallOutcome::Succeeded(_)));

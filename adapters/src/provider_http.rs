@@ -209,7 +209,13 @@ impl HttpProvider {
             // The one place the secret is exposed: into the request body, never into a log.
             fields.insert("payment_method".into(), method.expose().into());
         }
-        let sent = self.client.post(url).header("Idempotency-Key", &request.idempotency_key).json(&body).send().await;
+        let mut post = self.client.post(url).header("Idempotency-Key", &request.idempotency_key).json(&body);
+        // The run's time left caps this request's timeout (a per-request timeout replaces the
+        // client's): a slow provider cannot carry a call past its run's deadline.
+        if let Some(left_ms) = request.timeout_ms.filter(|left| *left < self.capability.request_timeout_ms) {
+            post = post.timeout(Duration::from_millis(left_ms.max(1)));
+        }
+        let sent = post.send().await;
         let response = match sent {
             Ok(response) => response,
             Err(e) => return classify_send_error(&e),
@@ -452,6 +458,7 @@ mod tests {
             amount_minor: 4900,
             currency: "EUR".into(),
             payment_method: None,
+            timeout_ms: None,
         }
     }
 

@@ -12,6 +12,7 @@
 //! variants; new optional fields must default when absent. `fixtures/golden/` holds logs
 //! that must keep decoding and folding to the same state.
 
+use crate::facts::{ConversationId, Fact, Ticket};
 use crate::provider::{Capability, EffectKind, Evidence, UnknownReason};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -275,6 +276,15 @@ pub enum ReleaseReason {
     },
     /// Its effect was proven absent after the agent run that reserved it had ended.
     AbsentAfterRunEnded,
+    /// The run acting for it had too little time left to send it and reconcile it before
+    /// its deadline (`limits::reconciliation_reserve_ms`): it was never sent.
+    DeadlineReserve {
+        /// Time the run had left.
+        left_ms: u64,
+        /// Time an attempt needs: the provider's request timeout plus the reconciliation
+        /// backoff.
+        needed_ms: u64,
+    },
 }
 
 impl fmt::Display for ReleaseReason {
@@ -284,6 +294,11 @@ impl fmt::Display for ReleaseReason {
                 write!(f, "its agent run stopped ({}) before sending it; nothing will", status.as_str())
             }
             Self::AbsentAfterRunEnded => f.write_str("proven absent after its agent run ended; nothing will send it"),
+            Self::DeadlineReserve { left_ms, needed_ms } => write!(
+                f,
+                "its run had {left_ms} ms left before its deadline, fewer than the {needed_ms} ms an attempt needs \
+                 (the provider's request timeout plus the reconciliation backoff); it was never sent"
+            ),
         }
     }
 }
@@ -323,7 +338,9 @@ pub enum LateVerdict {
 /// Limits a run starts with. Part of `RunStarted`, so a restart never refills them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunLimits {
-    /// Money the run may move, in minor units (reserved at reservation). `None`: unbounded.
+    /// Money the run may move, in minor units (reserved at reservation). Every run Keel starts
+    /// now records one (`RUN_COST_DEFAULT_MINOR` when nothing tighter is named); `None`,
+    /// unbounded, is only read back from runs recorded before that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_minor_max: Option<i64>,
     /// Attempts per intent (the first one included).
@@ -333,17 +350,33 @@ pub struct RunLimits {
     /// Amount above which a human must approve an effect. `None`: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_threshold_minor: Option<i64>,
+    /// The operator's policy these limits were decided under (version and hash). Absent in
+    /// runs recorded before policies, and in runs a library caller started without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<crate::policy::PolicyStamp>,
+    /// Network retries the run may make, across its intents (attempts started again after one
+    /// proven never sent). Absent in older runs: `limits::NETWORK_RETRIES_PER_RUN_MAX`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_retries_max: Option<u32>,
+    /// Automatic reconciliations the run's intents may make together; past it an intent whose
+    /// outcome is still unknown escalates, naming this budget. Absent in older runs: only the
+    /// per-intent bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reconciliations_max: Option<u32>,
 }
 
 impl Default for RunLimits {
-    /// Unbounded money, no approval threshold, and the default attempts and reconciliations
-    /// of [`crate::limits`].
+    /// The default money budget, no approval threshold, and the default attempts and
+    /// reconciliations of [`crate::limits`].
     fn default() -> Self {
         Self {
-            cost_minor_max: None,
+            cost_minor_max: Some(crate::limits::RUN_COST_DEFAULT_MINOR),
             attempts_per_intent_max: crate::limits::ATTEMPTS_PER_INTENT_DEFAULT,
             reconciliations_per_intent_max: crate::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
             approval_threshold_minor: None,
+            policy: None,
+            network_retries_max: Some(crate::limits::NETWORK_RETRIES_PER_RUN_MAX),
+            reconciliations_max: Some(crate::limits::RECONCILIATIONS_PER_RUN_DEFAULT),
         }
     }
 }
@@ -757,6 +790,31 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// A batch of controlled facts (seed 001) was admitted for a conversation, whole: new
+    /// keys and corrections, and the keys evicted to stay within five. On the conversation's
+    /// own stream (`facts:<id>`).
+    FactsAdmitted {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The conversation's ticket the batch was admitted under (its turn is the facts').
+        ticket: Ticket,
+        /// The facts admitted, with their evidence.
+        facts: Vec<Fact>,
+        /// Keys evicted (oldest turn first, ties by key).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        evicted: Vec<String>,
+    },
+    /// A conversation's facts were forgotten: one key, or all of them. A new epoch starts, so
+    /// no update taken before it is admitted.
+    FactsForgotten {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The ticket the forget was decided under.
+        ticket: Ticket,
+        /// The key forgotten; absent: every fact.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
     /// An operator resolved an unknown or escalated intent by hand.
     IntentResolved {
         /// The intent.
@@ -805,15 +863,28 @@ impl Event {
             Self::LateAnswerRecorded { .. } => "LateAnswerRecorded",
             Self::AgentRecorded { .. } => "AgentRecorded",
             Self::RunCancelRequested { .. } => "RunCancelRequested",
+            Self::FactsAdmitted { .. } => "FactsAdmitted",
+            Self::FactsForgotten { .. } => "FactsForgotten",
         }
     }
 
     /// The stream this event belongs on.
     pub fn stream(&self) -> StreamId {
+        if let Some(conversation) = self.conversation() {
+            return conversation.stream();
+        }
         match (self.subject(), self.intent_key()) {
             (_, Some(key)) => key.stream(),
             (Some(run_id), None) => run_id.stream(),
-            (None, None) => unreachable!("every event is about an intent or a run"),
+            (None, None) => unreachable!("every event is about an intent, a run or a conversation"),
+        }
+    }
+
+    /// The conversation this event is about, when it is a facts event.
+    pub fn conversation(&self) -> Option<&ConversationId> {
+        match self {
+            Self::FactsAdmitted { conversation, .. } | Self::FactsForgotten { conversation, .. } => Some(conversation),
+            _ => None,
         }
     }
 
@@ -846,7 +917,9 @@ impl Event {
             | Self::SignalDelivered { .. }
             | Self::RunFinished { .. }
             | Self::RunCancelRequested { .. }
-            | Self::AgentRecorded { .. } => None,
+            | Self::AgentRecorded { .. }
+            | Self::FactsAdmitted { .. }
+            | Self::FactsForgotten { .. } => None,
         }
     }
 

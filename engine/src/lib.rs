@@ -7,8 +7,12 @@
 //! - [`canonical`] — canonical JSON and payload fingerprints.
 //! - [`provider`] — the payment provider contract and its typed outcomes.
 //! - [`executor`] — journaled workflows and the replaying executor.
+//! - [`facts`] — controlled facts (seed 001): explicit user assertions with their quotes,
+//!   admitted whole or refused whole, evicted, corrected and forgotten by the rules.
 //! - [`failpoints`] — named crash points at every event boundary (disarmed by default).
 //! - [`money`] — currency codes, bounded amounts and checked sums of minor units.
+//! - [`policy`] — the operator's policy per tenant and operation, and the caller's flags that
+//!   may only tighten it.
 //! - [`lease`] — run leases and fencing tokens: who may act for a run.
 //! - [`clock`] and [`limits`] — time as an input, and every bound in one file.
 //!
@@ -27,6 +31,7 @@ pub mod canonical;
 pub mod clock;
 pub mod event;
 pub mod executor;
+pub mod facts;
 pub mod failpoints;
 pub mod lease;
 pub mod ledger;
@@ -34,4 +39,5 @@ pub mod limits;
 pub mod log;
 pub mod memory;
 pub mod money;
+pub mod policy;
 pub mod provider;

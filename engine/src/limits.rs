@@ -20,12 +20,50 @@ pub const RECONCILE_BACKOFF_BASE_MS: u64 = 1_000;
 /// Cap of the reconciliation backoff.
 pub const RECONCILE_BACKOFF_MAX_MS: u64 = 60_000;
 
-/// Time an effect needs after it is sent for Keel to reconcile it before the run's deadline:
-/// an effect is not started when less is left. Enforced on `StartAttempt`.
-pub const RECONCILIATION_RESERVE_MS: u64 = 2_000;
-
 /// Default run deadline, from run start.
 pub const RUN_DEADLINE_DEFAULT_MS: u64 = 120_000;
+
+/// Default money one workflow run may move, in minor units: 10^7 (one hundred thousand of a
+/// two-decimal currency). A run is bounded in money even when neither the operator's policy
+/// nor the caller names a budget; an operator who moves more per run says so in the policy
+/// (`run_budget_minor`). Recorded in `RunStarted.limits.cost_minor_max`; enforced by
+/// `Ledger::decide` on `Reserve` (`budget_exhausted`).
+pub const RUN_COST_DEFAULT_MINOR: i64 = 10_000_000;
+
+/// Default largest amount of one charge or refund, in minor units, when the operator's
+/// policy names none (the built-in policy): the default run budget, so one effect may spend
+/// a default run's whole budget and no more. Enforced by the charge and refund workflows
+/// (`policy_denied`).
+pub const EFFECT_AMOUNT_DEFAULT_MAX_MINOR: i64 = RUN_COST_DEFAULT_MINOR;
+
+/// Largest policy file the binary reads (`--policy`, `keel.toml`): a policy with
+/// [`POLICY_TENANTS_MAX`] tenant sections fits in a few hundred KiB. Enforced by the binary.
+pub const POLICY_FILE_MAX_BYTES: u64 = 1 << 20;
+
+/// Most tenant sections in one policy, so resolving a policy stays a small map lookup and a
+/// policy file stays reviewable. Enforced by `Policy::from_document`.
+pub const POLICY_TENANTS_MAX: usize = 10_000;
+
+/// Longest policy version: it is recorded on every run. Enforced by `Policy::from_document`.
+pub const POLICY_VERSION_MAX_CHARS: usize = 64;
+
+/// Most controlled facts in one batch and in one conversation (seed 001: five). A new key
+/// past it evicts the fact of the oldest turn. Enforced by `facts::Conversation::admit`.
+pub const FACTS_MAX: usize = 5;
+
+/// Longest fact value, in characters (seed 001). Enforced by `facts::Conversation::admit`.
+pub const FACTS_VALUE_MAX_CHARS: usize = 256;
+
+/// Longest fact evidence (the quote of the user's message), in characters (seed 001).
+/// Enforced by `facts::Conversation::admit`.
+pub const FACTS_EVIDENCE_MAX_CHARS: usize = 512;
+
+/// Longest user message facts are extracted from, in characters (seed 001). Enforced by
+/// `facts::Conversation::admit`.
+pub const FACTS_MESSAGE_MAX_CHARS: usize = 4_096;
+
+/// Longest conversation id: it names a stream. Enforced by `facts::ConversationId::parse`.
+pub const FACTS_CONVERSATION_ID_MAX_CHARS: usize = 128;
 
 /// How long a run's lease lasts unless its holder renews it (see `engine::lease`). A holder
 /// renews at a third of it, so two missed renewals — a long GC-free pause, a slow disk — do
@@ -118,6 +156,21 @@ pub const AMOUNT_MINOR_MAX: i64 = 1_000_000_000_000;
 /// and a new submission of the same request continues it.
 pub const NETWORK_RETRIES_PER_RUN_MAX: u32 = 3;
 
+/// Most network retries a caller may give one run (`--max-network-retries`). Enforced by the
+/// binary (usage error 64).
+pub const NETWORK_RETRIES_PER_RUN_LIMIT: u32 = 100;
+
+/// Default automatic reconciliations one run's intents may make together: four intents'
+/// worth of [`RECONCILIATIONS_PER_INTENT_DEFAULT`]. A run whose provider keeps answering
+/// "unavailable" across many intents stops spending lookups; past it an intent still unknown
+/// escalates (`reconciliation budget`). Recorded in `RunStarted.limits.reconciliations_max`;
+/// enforced by `Ledger::decide` on `StartReconciliation` (not on an operator's forced one).
+pub const RECONCILIATIONS_PER_RUN_DEFAULT: u32 = 4 * RECONCILIATIONS_PER_INTENT_DEFAULT;
+
+/// Most automatic reconciliations a caller may give one run (`--max-run-reconciliations`).
+/// Enforced by the binary (usage error 64).
+pub const RECONCILIATIONS_PER_RUN_LIMIT: u32 = 10_000;
+
 /// First wait before a network retry; doubles per retry up to [`NETWORK_RETRY_BACKOFF_MAX_MS`].
 /// Enforced by the executor's intent driver, which waits through the `Clock`.
 pub const NETWORK_RETRY_BACKOFF_BASE_MS: u64 = 100;
@@ -183,16 +236,27 @@ pub const SECRET_PIECE_MIN_CHARS: usize = 4;
 
 const _: () = assert!(RECONCILE_BACKOFF_BASE_MS <= RECONCILE_BACKOFF_MAX_MS);
 const _: () = assert!(ABANDON_AFTER_DEFAULT_MS <= ABANDON_AFTER_MAX_MS);
-const _: () = assert!(RECONCILIATION_RESERVE_MS < RUN_DEADLINE_DEFAULT_MS);
+// A default run can start an effect towards a provider with the default request timeout (5 s)
+// and still reconcile it after the first backoff.
+const _: () = assert!(5_000 + RECONCILE_BACKOFF_BASE_MS < RUN_DEADLINE_DEFAULT_MS);
 const _: () = assert!(WRITER_BATCH_MAX <= WRITER_CHANNEL_CAPACITY);
 // A batch's own entities stay cached across it: twice the largest batch at the least.
 const _: () = assert!(ENTITY_CACHE_MAX >= 2 * WRITER_BATCH_MAX);
 const _: () = assert!(INTENT_ID_MIN_CHARS < INTENT_ID_MAX_CHARS);
 const _: () = assert!(ATTEMPTS_PER_INTENT_DEFAULT >= 1);
+const _: () = assert!(NETWORK_RETRIES_PER_RUN_MAX <= NETWORK_RETRIES_PER_RUN_LIMIT);
+const _: () = assert!(RECONCILIATIONS_PER_RUN_DEFAULT >= RECONCILIATIONS_PER_INTENT_DEFAULT);
+const _: () = assert!(RECONCILIATIONS_PER_RUN_DEFAULT <= RECONCILIATIONS_PER_RUN_LIMIT);
 const _: () = assert!(NETWORK_RETRY_BACKOFF_BASE_MS <= NETWORK_RETRY_BACKOFF_MAX_MS);
 const _: () = assert!(RUN_DEADLINE_DEFAULT_MS <= RUN_DEADLINE_MAX_MS);
 const _: () = assert!(APPROVAL_TTL_DEFAULT_MS <= APPROVAL_TTL_MAX_MS);
 const _: () = assert!(AMOUNT_MINOR_MAX > 0);
+const _: () = assert!(RUN_COST_DEFAULT_MINOR <= AMOUNT_MINOR_MAX);
+const _: () = assert!(EFFECT_AMOUNT_DEFAULT_MAX_MINOR <= RUN_COST_DEFAULT_MINOR);
+// A full batch of maximal facts fits one event.
+const _: () =
+    assert!(FACTS_MAX * 4 * (FACTS_VALUE_MAX_CHARS + FACTS_EVIDENCE_MAX_CHARS + 64) < EVENT_PAYLOAD_MAX_BYTES);
+const _: () = assert!(FACTS_EVIDENCE_MAX_CHARS < FACTS_MESSAGE_MAX_CHARS);
 // Nine million maximal amounts sum inside i64 (the checked sums are still there on top).
 const _: () = assert!(AMOUNT_MINOR_MAX.checked_mul(9_000_000).is_some());
 
@@ -208,6 +272,17 @@ const _: () = assert!(LEASE_TTL_DEFAULT_MS <= LEASE_TTL_MAX_MS);
 pub fn reconcile_backoff_ms(n: u32) -> u64 {
     let shift = n.saturating_sub(1).min(16);
     (RECONCILE_BACKOFF_BASE_MS << shift).min(RECONCILE_BACKOFF_MAX_MS)
+}
+
+/// The time an effect needs left before its run's deadline to be started ("a sensitive
+/// effect is not started when the time left cannot cover its reconciliation"): its request
+/// may take the provider's whole `request_timeout_ms`, and if the answer is lost, reconciliation
+/// number `reconciliation` comes one backoff later. Derived from the provider, never a fixed
+/// figure: a 5 s timeout needs 6 s. Enforced by `Ledger::decide` on `Reserve` (the attempt is not
+/// written ahead) and `StartAttempt` (a reserved intent is released, rejected, its money and
+/// order freed).
+pub fn reconciliation_reserve_ms(request_timeout_ms: u64, reconciliation: u32) -> u64 {
+    request_timeout_ms.saturating_add(reconcile_backoff_ms(reconciliation))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -242,6 +317,16 @@ pub const AGENT_SCHEMA_CORRECTIONS_DEFAULT: u32 = 3;
 /// scenario stops on the tool budget, as the seed says. Enforced by the loop before each
 /// model call (`no_progress`).
 pub const AGENT_NO_PROGRESS_ITERATIONS_DEFAULT: u32 = 5;
+
+/// Default input tokens over one agent run, from the vendors' `usage`: a million, far above
+/// seed 003's six calls of a few thousand tokens, so a default run is bounded without a task
+/// ever meeting it. A run whose usage is unknown cannot be counted against it and stops
+/// `token_budget`, as under any token limit. Enforced by the loop (`token_budget`).
+pub const AGENT_INPUT_TOKENS_DEFAULT: u64 = 1_000_000;
+
+/// Default output tokens over one agent run: room for a hundred calls at the default per-call
+/// cap. Enforced by the loop, which also clamps each call's cap to what is left.
+pub const AGENT_OUTPUT_TOKENS_DEFAULT: u64 = 80_000;
 
 /// Default output-token cap sent with each model call (seed 003: `MaxOutputTokens = 800`).
 /// A per-call option, not a budget: the budgets are the token and cost totals.
@@ -346,6 +431,12 @@ const _: () = assert!(AGENT_SCHEMA_CORRECTIONS_DEFAULT <= AGENT_SCHEMA_CORRECTIO
 const _: () = assert!(AGENT_DEADLINE_DEFAULT_MS <= AGENT_DEADLINE_MAX_MS);
 const _: () = assert!(AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT <= AGENT_OUTPUT_TOKENS_PER_CALL_MAX);
 const _: () = assert!(AGENT_ANSWER_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
+const _: () = assert!(AGENT_INPUT_TOKENS_DEFAULT <= AGENT_TOKENS_MAX);
+const _: () = assert!(AGENT_OUTPUT_TOKENS_DEFAULT <= AGENT_TOKENS_MAX);
+// The default output budget never cuts a default run's calls short.
+const _: () = assert!(
+    AGENT_OUTPUT_TOKENS_DEFAULT >= AGENT_MODEL_CALLS_DEFAULT as u64 * AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT as u64
+);
 const _: () = assert!(AGENT_ANSWER_MAX_BYTES < MODEL_RESPONSE_MAX_BYTES);
 const _: () = assert!(AGENT_TOOL_ARGUMENTS_MAX_BYTES < AGENT_ANSWER_MAX_BYTES);
 // A whole run's cost at the highest price, with the largest token limits spent on every call,

@@ -9,6 +9,7 @@
 //! event committed before it (by any process), and answer only after the commit.
 
 use crate::event::{Cause, IntentKey, RunId, RunStatus};
+use crate::facts::{Candidate, Conversation, ConversationId, Ticket};
 use crate::lease::{LeaseGrant, LeaseOwner, LeaseUse};
 use crate::ledger::{
     Action, AgentRunStart, Command, Intent, IntentSpec, Next, Recovery, Refusal, Reply, Run, RunHistory, RunStart,
@@ -432,6 +433,42 @@ impl Answer for Renewal {
             Reply::Renewed { lost } => Some(Self { lost }),
             _ => None,
         }
+    }
+}
+
+impl Answer for Conversation {
+    const NAME: &'static str = "a conversation's facts";
+
+    fn from_reply(reply: Reply) -> Option<Self> {
+        match reply {
+            Reply::Facts(conversation) => Some(*conversation),
+            _ => None,
+        }
+    }
+}
+
+/// Requests answered with a conversation's controlled facts (seed 001).
+impl Ask<Conversation> {
+    /// Admits the facts `candidates` propose for the user's `message`, whole or not at all,
+    /// under `ticket` (`None`: the conversation's current one).
+    pub fn apply_facts(
+        cause: Cause,
+        conversation: ConversationId,
+        ticket: Option<Ticket>,
+        message: String,
+        candidates: Vec<Candidate>,
+    ) -> Self {
+        Self::new(cause, Action::ApplyFacts { conversation, ticket, message, candidates })
+    }
+
+    /// Forgets `key` (`None`: every fact) under `ticket` (`None`: the current one).
+    pub fn forget_facts(
+        cause: Cause,
+        conversation: ConversationId,
+        ticket: Option<Ticket>,
+        key: Option<String>,
+    ) -> Self {
+        Self::new(cause, Action::ForgetFacts { conversation, ticket, key })
     }
 }
 

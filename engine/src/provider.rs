@@ -190,6 +190,10 @@ pub struct EffectRequest {
     pub currency: String,
     /// The payment method (charges only). Never stored, never logged.
     pub payment_method: Option<Secret>,
+    /// The most this request may take, in ms: its run's time left when it is sent. An adapter
+    /// gives up at the smaller of this and its own request timeout, and reports the outcome
+    /// unknown (`timeout`). `None`: its own timeout alone.
+    pub timeout_ms: Option<u64>,
 }
 
 /// What proves an effect happened at the provider.

@@ -52,7 +52,7 @@ pub(crate) fn to_i64(value: u64) -> i64 {
 }
 
 /// The stored `type` codes of the compact layout: code `i + 1` is `TYPES[i]`. Append-only.
-pub(crate) const TYPES: [&str; 27] = [
+pub(crate) const TYPES: [&str; 29] = [
     "RunStarted",
     "RunDeadlineExtended",
     "StepRecorded",
@@ -80,6 +80,8 @@ pub(crate) const TYPES: [&str; 27] = [
     "IntentReleased",
     "RunCancelRequested",
     "IntentAbandoned",
+    "FactsAdmitted",
+    "FactsForgotten",
 ];
 
 /// The stored code of an event type.

@@ -44,6 +44,9 @@
 //!         attempts_per_intent_max: 3,
 //!         reconciliations_per_intent_max: 5,
 //!         approval_threshold_minor: None,
+//!         policy: None,
+//!         network_retries_max: None,
+//!         reconciliations_max: None,
 //!     },
 //!     owner: None,
 //! }));

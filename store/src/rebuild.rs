@@ -187,6 +187,15 @@ fn replay_run(stream: i64, events: &[StoredEvent], retries: &mut HashMap<RunId, 
     }
 }
 
+/// Replays one conversation's facts stream: it has no row, but it must fold (every update
+/// under the ticket the conversation had).
+fn replay_conversation(events: &[StoredEvent]) -> Found {
+    match engine::facts::fold(events) {
+        Ok(_) => Found::Empty,
+        Err(error) => Found::Broken { seq: error.seq, detail: format!("the fold rejects it: {error}") },
+    }
+}
+
 /// Replays every stream, intents first, calling `each` with what it finds; `progress` is
 /// told how many streams were replayed so far. Returns the number of events read.
 pub(crate) fn replay_streams(
@@ -211,6 +220,8 @@ pub(crate) fn replay_streams(
                     events += stream_events.len() as u64;
                     if intents_pass {
                         replay_intent(conn, stream, &stream_events, &mut retries)?
+                    } else if name.starts_with("facts:") {
+                        replay_conversation(&stream_events)
                     } else {
                         replay_run(stream, &stream_events, &mut retries)
                     }

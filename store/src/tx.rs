@@ -190,6 +190,12 @@ impl View for TxView<'_> {
         self.or_note(history.map(Some), None)
     }
 
+    fn conversation(&self, id: &engine::facts::ConversationId) -> engine::facts::Conversation {
+        let events = self.or_note(codec::stream_events(self.store.conn, &id.stream()), Vec::new());
+        let folded = engine::facts::fold(&events).map_err(|e| Error::corrupt(e.seq, e.to_string()));
+        self.or_note(folded, engine::facts::Conversation::default())
+    }
+
     fn order_intents(&self, tenant: &str, order_id: &str) -> Vec<Intent> {
         let ids = rows::order_intent_ids(self.store.conn, tenant, order_id);
         self.or_note(ids.and_then(|ids| self.store.intents(ids)), Vec::new())

@@ -180,6 +180,9 @@ impl Kit {
                 attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
                 reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
                 approval_threshold_minor: None,
+                policy: None,
+                network_retries_max: None,
+                reconciliations_max: None,
             },
         }
     }

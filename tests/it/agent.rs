@@ -222,6 +222,115 @@ fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
     assert_eq!(exit, 0, "verify passes on a log holding the agent's intents: {report}");
 }
 
+/// Seed 002's agent runs any transcript (a conversation captured from a real model), against
+/// the refund scenario's ticket and order: the same guard, approval and single refund, and a
+/// resume rebuilds it from the recorded transcript path.
+#[test]
+fn support_runs_a_transcript_file_against_the_default_ticket() {
+    let (dir, db) = temp();
+    let sim = crate::cli::start_sim(dir.path(), None);
+    let url = sim.url();
+    let tenant = workflows::support_agent::TENANT;
+    let charge = [
+        "--provider",
+        url,
+        "charge",
+        "--tenant",
+        tenant,
+        "--intent-id",
+        "charge-C-1042-000002",
+        "--order",
+        "C-1042",
+        "--amount-minor",
+        "8990",
+        "--currency",
+        "EUR",
+        "--payment-method-token",
+        CARD_TOKEN,
+    ];
+    assert_eq!(keel(&db, &charge, &[]).0, 0, "the order is charged first");
+    let captured = dir.path().join("captured.json");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/agent/support/refund.json");
+    std::fs::copy(fixture, &captured).expect("the transcript is copied");
+    let path = captured.to_str().expect("utf-8");
+    let (exit, report) = keel(&db, &["--provider", url, "agent", "run", "support", "--transcript", path], &[]);
+    assert_eq!((exit, report["status"].as_str()), (2, Some("awaiting_approval")), "{report}");
+    let key = report["awaiting_approval"].as_str().expect("the intent key to approve").to_owned();
+    let run_id = report["run_id"].as_str().expect("a run id").to_owned();
+    assert_eq!(keel(&db, &["approve", &key, "--by", "ana"], &[]).0, 0);
+    let (exit, report) = keel(&db, &["--provider", url, "agent", "resume", &run_id], &[]);
+    assert_eq!((exit, report["status"].as_str()), (0, Some("completed")), "{report}");
+    let refunds = provider_sim::list_effects(&dir.path().join("sim.db"))
+        .expect("the simulator's effects list")
+        .into_iter()
+        .filter(|e| e.id.starts_with("re_"))
+        .count();
+    assert_eq!(refunds, 1);
+    // A transcript and a scenario at once is refused before anything is written.
+    let (exit, _) =
+        keel(&db, &["--provider", url, "agent", "run", "support", "--transcript", path, "--scenario", "refund"], &[]);
+    assert_eq!(exit, 64);
+}
+
+/// Seed 002, exactly: every irreversible refund waits for a human by default, whatever its
+/// amount (1.00 here, under the old 5.00 threshold); only the operator's policy changes that,
+/// and the run records the threshold and the policy it ran under.
+#[test]
+fn every_support_refund_waits_for_a_human_unless_the_policy_says_otherwise() {
+    let (dir, db) = temp();
+    let sim = crate::cli::start_sim(dir.path(), None);
+    let url = sim.url();
+    let tenant = workflows::support_agent::TENANT;
+    let charge = [
+        "--provider",
+        url,
+        "charge",
+        "--tenant",
+        tenant,
+        "--intent-id",
+        "charge-C-1042-000003",
+        "--order",
+        "C-1042",
+        "--amount-minor",
+        "8990",
+        "--currency",
+        "EUR",
+        "--payment-method-token",
+        CARD_TOKEN,
+    ];
+    assert_eq!(keel(&db, &charge, &[]).0, 0, "the order is charged first");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/agent/support/refund.json");
+    let small = std::fs::read_to_string(fixture)
+        .expect("the fixture")
+        .replace("\"amount_minor\": 8990", "\"amount_minor\": 100");
+    let transcript = dir.path().join("small.json");
+    std::fs::write(&transcript, small).expect("written");
+    let transcript = transcript.to_str().expect("utf-8");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--provider", url];
+        args.extend_from_slice(extra);
+        args.extend(["agent", "run", "support", "--transcript", transcript]);
+        keel(&db, &args, &[])
+    };
+    let (exit, report) = run(&[]);
+    assert_eq!((exit, report["status"].as_str()), (2, Some("awaiting_approval")), "by default: {report}");
+    let limits = crate::policy::run_limits(&db, report["run_id"].as_str().expect("a run id"));
+    assert_eq!(limits.approval_threshold_minor, Some(0), "recorded: every refund");
+    assert_eq!(limits.policy.map(|p| p.version).as_deref(), Some("builtin"));
+
+    // The operator lets small refunds through, for this desk's tenant only.
+    let policy = dir.path().join("policy.toml");
+    let text =
+        format!("version = \"desk-1\"\n[tenants.\"{tenant}\".operations.refund]\napproval_threshold_minor = 500\n");
+    std::fs::write(&policy, text).expect("written");
+    let (exit, report) = run(&["--policy", policy.to_str().expect("utf-8")]);
+    // A new run refunds under its own key, below the policy's threshold: no approval.
+    assert_eq!((exit, report["status"].as_str()), (0, Some("completed")), "{report}");
+    let limits = crate::policy::run_limits(&db, report["run_id"].as_str().expect("a run id"));
+    assert_eq!(limits.approval_threshold_minor, Some(500), "{exit} {report}");
+    assert_eq!(limits.policy.map(|p| p.version).as_deref(), Some("desk-1"));
+}
+
 // ----- live model APIs (`--model-api`) against a local server -----------------------------------
 
 pub(crate) const KEY: &str = "sk-keel-live-test-4f9c2e71-never-stored";

@@ -278,6 +278,9 @@ fn limits_out_of_range_are_usage_errors_that_write_nothing() {
         (r#"{"repeats_per_signature_max": 0}"#, "repeats_per_signature_max"),
         (r#"{"input_tokens_max": 18446744073709551615}"#, "input_tokens_max"),
         (r#"{"output_tokens_max": 18446744073709551615}"#, "output_tokens_max"),
+        // Bounded by default: a caller cannot unbound a run's tokens with `null`.
+        (r#"{"input_tokens_max": null}"#, "input_tokens_max"),
+        (r#"{"output_tokens_max": null}"#, "output_tokens_max"),
         (r#"{"cost_minor_max": -1}"#, "cost_minor_max"),
         (r#"{"cost_minor_max": 9223372036854775807}"#, "cost_minor_max"),
         (r#"{"schema_corrections_max": 4294967295}"#, "schema_corrections_max"),
@@ -323,7 +326,9 @@ fn usage_that_is_absent_or_invalid_is_unknown_never_zero() {
         let path = write(dir.path(), &format!("{name}.json"), text);
         for (limits, status) in [
             (r#"{"input_tokens_max": 100000}"#.to_owned(), "token_budget"),
-            (format!(r#"{{"cost_minor_max": 100000, {price}}}"#), "cost_budget"),
+            // Tokens are bounded by default and checked before cost: an unknown usage stops
+            // the run on the token budget even when the caller only named a cost limit.
+            (format!(r#"{{"cost_minor_max": 100000, {price}}}"#), "token_budget"),
         ] {
             let args = ["agent", "run", "ticket-review", "--transcript", &path, "--limits", &limits];
             let (exit, report) = keel(&db, &args, &[]);
@@ -332,9 +337,10 @@ fn usage_that_is_absent_or_invalid_is_unknown_never_zero() {
             let detail = run_row(&db, run_id).detail.unwrap_or_default();
             assert!(detail.contains("unknown"), "{name}: the stop says the usage was unknown: {detail}");
         }
-        // Without a limit the run goes on, its usage recorded as unknown.
+        // The default token limits are limits too: unknown usage cannot be counted against
+        // them, so a run without `--limits` stops the same way, its usage recorded as unknown.
         let (exit, report) = keel(&db, &["agent", "run", "ticket-review", "--transcript", &path], &[]);
-        assert_eq!(exit, 0, "{name}: {report}");
+        assert_eq!((exit, report["status"].as_str()), (2, Some("token_budget")), "{name}: {report}");
         let state = agent_state(&db, report["run_id"].as_str().expect("a run id"));
         assert!(state.turns.iter().all(|t| t.response.usage.input_tokens.is_none()), "{name}: recorded as unknown");
     }

@@ -70,7 +70,17 @@ fn check(name: &str, scenario: fn() -> Vec<StoredEvent>) -> Vec<&'static str> {
         prev = event.hash.clone();
         ledger.apply(event);
     }
-    let rendered = serde_json::to_string_pretty(&testkit::invariants::render(&ledger)).expect("renders") + "\n";
+    let mut state = testkit::invariants::render(&ledger);
+    // Conversations' facts, for the logs that hold some (older goldens' states stay as they were).
+    let conversations: std::collections::BTreeMap<&str, engine::facts::Conversation> = events
+        .iter()
+        .filter_map(|e| e.event.conversation())
+        .map(|id| (id.as_str(), engine::ledger::View::conversation(&ledger, id)))
+        .collect();
+    if let (false, Some(map)) = (conversations.is_empty(), state.as_object_mut()) {
+        map.insert("conversations".to_owned(), serde_json::to_value(&conversations).expect("renders"));
+    }
+    let rendered = serde_json::to_string_pretty(&state).expect("renders") + "\n";
     let state_path = dir().join(format!("{name}.state.json"));
     if !state_path.exists() || std::env::var_os("UPDATE_EXPECT").is_some() {
         std::fs::write(&state_path, &rendered).expect("writes the golden state");
@@ -133,6 +143,9 @@ fn every_variant() -> Vec<StoredEvent> {
             attempts_per_intent_max: 3,
             reconciliations_per_intent_max: 2,
             approval_threshold_minor: Some(50_000),
+            policy: None,
+            network_retries_max: None,
+            reconciliations_max: None,
         },
         owner: None,
     };
@@ -389,12 +402,37 @@ fn abandoned() -> Vec<StoredEvent> {
     log.events()
 }
 
+/// Seed 001's sequence on the log: controlled facts admitted, corrected, forgotten.
+fn facts_and_releases() -> Vec<StoredEvent> {
+    use engine::facts::{ConversationId, declarations};
+    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 12, 1, 12, 0, 0).single().expect("valid")));
+    let log = MemoryLog::new(clock.clone());
+    let conversation = ConversationId::parse("golden-conversation").expect("a valid id");
+    let cause = || Cause::command("golden");
+    for message in ["module=Reporting; database=PostgreSQL", "module=Billing; database=SQL Server 2022"] {
+        let apply = Action::ApplyFacts {
+            conversation: conversation.clone(),
+            ticket: None,
+            message: message.to_owned(),
+            candidates: declarations(message),
+        };
+        log.execute_now(&Command::new(cause(), apply)).expect("admitted");
+        clock.advance_ms(1_000);
+    }
+    for key in [Some("module".to_owned()), None] {
+        let forget = Action::ForgetFacts { conversation: conversation.clone(), ticket: None, key };
+        log.execute_now(&Command::new(cause(), forget)).expect("forgotten");
+    }
+    log.events()
+}
+
 #[test]
 fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
     let mut seen = check("every_variant_v1", every_variant);
     seen.extend(check("agent_v1", agent_run));
     seen.extend(check("run_cancelled_v1", run_cancelled));
     seen.extend(check("abandoned_v1", abandoned));
+    seen.extend(check("facts_v1", facts_and_releases));
     let all = [
         "RunStarted",
         "StepRecorded",
@@ -419,6 +457,8 @@ fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
         "AgentRecorded",
         "RunCancelRequested",
         "IntentAbandoned",
+        "FactsAdmitted",
+        "FactsForgotten",
     ];
     for variant in all {
         assert!(seen.contains(&variant), "the golden logs hold no {variant}");

@@ -214,8 +214,10 @@ fn a_resend_loop_by_key_alone_escalates_once_its_attempts_are_spent() {
 // ----- no effect without the time to reconcile it ------------------------------------------------
 
 /// Kills: the deadline reserve removed from `StartAttempt`. A resend (and a first send
-/// after a reservation) made by a run with less than `RECONCILIATION_RESERVE_MS` (2 s) left is
-/// not started: nothing leaves, the intent stays reserved for a run that has the time.
+/// after a reservation) made by a run with less time left than the provider's request timeout
+/// plus the first reconciliation backoff (`limits::reconciliation_reserve_ms`) is
+/// not started: nothing leaves, and the intent is released — rejected, its money and its
+/// order freed — rather than left reserved, blocking its order.
 #[test]
 fn a_resend_is_not_started_when_the_deadline_leaves_no_time_to_reconcile_it() {
     let dir = tempfile::tempdir().expect("a temp dir");
@@ -231,24 +233,33 @@ fn a_resend_is_not_started_when_the_deadline_leaves_no_time_to_reconcile_it() {
     let (_, absent) = desk.reconcile_after_the_request(&key);
     assert_eq!(absent[0]["status"], "reserved", "proven absent: a resend may go: {absent}");
 
-    let (code, hurried) = desk.keel(&with(charge.clone(), &["--deadline-ms", "1500"]));
+    // One millisecond short of the reserve (the reconciliation of the resend would be the second).
+    let short = (engine::limits::reconciliation_reserve_ms(REQUEST_TIMEOUT_MS, 2) - 1).to_string();
+    let (code, hurried) = desk.keel(&with(charge.clone(), &["--deadline-ms", &short]));
     assert_eq!(code, 2, "{hurried}");
     assert_eq!(hurried["run_status"], "deadline_exceeded", "{hurried}");
     let shown = desk.show(&key);
-    assert_eq!((shown["status"].as_str(), shown["attempts"].as_u64()), (Some("reserved"), Some(1)), "{shown}");
+    assert_eq!((shown["status"].as_str(), shown["attempts"].as_u64()), (Some("rejected"), Some(1)), "{shown}");
     assert_eq!(desk.attempts_started(&key), 1, "the resend was not started");
 
-    // A first send too: reserved by a run that cannot reconcile it, never sent by that run.
+    // A first send too: reserved by a run that cannot reconcile it, never sent, released.
     let hurried_first = with(charge_args("7004"), &["--deadline-ms", "1500"]);
     let (code, fresh) = desk.keel(&hurried_first);
     assert_eq!(code, 2, "{fresh}");
     assert_eq!(desk.attempts_started(&charge_key("7004")), 0, "nothing was sent: {fresh}");
+    assert_eq!(desk.show(&charge_key("7004"))["status"], "rejected");
     assert_eq!(effects_at(&sim_db), 0);
 
-    // With the time to reconcile it, the same resend goes and lands once.
-    let (code, resent) = desk.keel(&charge);
-    assert_eq!(code, 0, "{resent}");
-    assert_eq!((resent["status"].as_str(), resent["attempts"].as_u64()), (Some("validated"), Some(2)));
+    // The released intent stays what it is (same key: its stored outcome, never a send); its
+    // order is free for a new intent, which goes and lands once.
+    let (code, again) = desk.keel(&charge);
+    assert_eq!((code, again["status"].as_str()), (2, Some("rejected")), "{again}");
+    assert_eq!(desk.attempts_started(&key), 1);
+    let mut renewed = charge_args("7003");
+    let at = renewed.iter().position(|a| a == "order_7003_charge").expect("the intent id");
+    renewed[at] = "order_7003_charge_again".to_owned();
+    let (code, resent) = desk.keel(&renewed);
+    assert_eq!((code, resent["status"].as_str()), (0, Some("validated")), "{resent}");
     assert_eq!(effects_at(&sim_db), 1);
     desk.verify();
 }

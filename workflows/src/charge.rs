@@ -2,15 +2,16 @@
 //!
 //! Owns input validation (tenant UUID, intent id 12–120 chars, order id, positive integer
 //! `amount_minor`, EUR/USD/XOF, payment method token ≥ 20 chars, unknown fields refused), the
-//! per-charge policy maximum, and the fingerprint payload. The payment method token never
+//! operator's policy (maximum amount, allowed currencies), and the fingerprint payload. The payment method token never
 //! reaches the log: the stored input and the fingerprint carry its SHA-256 only, and the
 //! clear token lives in the invocation's secrets.
 
-use crate::input::{EffectInput, Fields};
+use crate::input::{EffectInput, Fields, check_policy};
 use engine::canonical::sha256_hex;
 use engine::executor::{Context, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
 use engine::ledger::RejectCode;
 use engine::limits::PAYMENT_METHOD_TOKEN_MIN_CHARS;
+use engine::policy::Rules;
 use engine::provider::{BoxFuture, EffectKind, Secret};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -26,8 +27,9 @@ const PAYMENT_METHOD: &str = "payment_method";
 /// The charge workflow, with its policy.
 #[derive(Clone, Debug, Default)]
 pub struct Charge {
-    /// Largest amount one charge may take, in minor units (`None`: no policy maximum).
-    pub max_amount_minor: Option<i64>,
+    /// The operator's rules for this invocation's tenant (maximum amount, currencies);
+    /// `None` on paths that only resume or reconcile what was already admitted.
+    pub rules: Option<Rules>,
 }
 
 /// A charge's validated input: the effect's fields and the payment method's SHA-256 (the
@@ -53,14 +55,7 @@ impl Workflow for Charge {
         let effect = fields.effect();
         let token = fields.string("payment_method_token", PAYMENT_METHOD_TOKEN_MIN_CHARS, 4096);
         fields.finish().map_err(|details| Rejection { code: RejectCode::InvalidArguments, details })?;
-        if let Some(max) = self.max_amount_minor
-            && effect.amount_minor > max
-        {
-            return Err(Rejection {
-                code: RejectCode::PolicyDenied,
-                details: vec![format!("amount_minor {} is above the per-charge maximum of {max}", effect.amount_minor)],
-            });
-        }
+        check_policy(&effect, self.rules.as_ref())?;
         Ok(Prepared {
             input: ChargeInput { effect, payment_method_sha256: sha256_hex(token.as_bytes()) },
             secrets: BTreeMap::from([(PAYMENT_METHOD.to_owned(), Secret::new(token))]),

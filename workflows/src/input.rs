@@ -2,7 +2,8 @@
 //!
 //! Owns [`Fields`], a reader over a JSON object that collects every problem as
 //! `field: message` instead of stopping at the first, and refuses unknown fields, and
-//! [`EffectInput`], the typed fields every single-effect workflow shares. It never
+//! [`EffectInput`], the typed fields every single-effect workflow shares, and
+//! [`check_policy`], the operator's rules they are all held to. It never
 //! coerces: a string is not a number, `49.5` is not an amount in minor units. The one
 //! normalisation is the wire's own: a currency code is case-insensitive, so `eur` is `EUR`.
 //!
@@ -11,9 +12,11 @@
 //! would be accepted here and fail there, leaving an effect of unknown outcome.
 
 use engine::event::is_uuid;
-use engine::executor::IntentRequest;
+use engine::executor::{IntentRequest, Rejection};
+use engine::ledger::RejectCode;
 use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS, ORDER_ID_MAX_CHARS};
 use engine::money::{Currency, check_amount};
+use engine::policy::Rules;
 use engine::provider::{EffectKind, Secret};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -159,6 +162,28 @@ impl<'a> Fields<'a> {
     pub fn finish(self) -> Result<(), Vec<String>> {
         if self.problems.is_empty() { Ok(()) } else { Err(self.problems) }
     }
+}
+
+/// Refuses (`policy_denied`) an effect the operator's rules do not allow: above the maximum
+/// amount, or in a currency outside the allowed ones. No rules: nothing to check.
+///
+/// # Errors
+///
+/// The rejection, saying which rule and what it allows.
+pub fn check_policy(effect: &EffectInput, rules: Option<&Rules>) -> Result<(), Rejection> {
+    match rules.and_then(|rules| rules.denies(effect.amount_minor, &effect.currency)) {
+        None => Ok(()),
+        Some(why) => Err(Rejection { code: RejectCode::PolicyDenied, details: vec![why] }),
+    }
+}
+
+/// Reads the tenant of a single-effect input as the workflows will (a lower-case UUID), to
+/// pick the operator's rules for it before the run starts; `None` when the input has no
+/// valid tenant (the run is then rejected `invalid_arguments` by the workflow itself).
+pub fn tenant_of(raw: &Value) -> Option<String> {
+    let mut fields = Fields::new(raw, &["tenant_id"]);
+    let tenant = fields.uuid("tenant_id");
+    is_uuid(&tenant).then_some(tenant)
 }
 
 /// What every single-effect input holds once validated: stored as this object in

@@ -1,7 +1,7 @@
 //! Keel's built-in workflows, written against the engine's API only.
 //!
-//! - [`charge::Charge`] — take a payment for an order (seed 004's input contract, a policy
-//!   maximum, the token never stored in clear).
+//! - [`charge::Charge`] — take a payment for an order (seed 004's input contract, the
+//!   operator's policy, the token never stored in clear).
 //! - [`refund::Refund`] — give money back on a charged order, never beyond what was charged.
 //! - [`support_agent`] — seed 002's support agent: its refunds go through the same intent
 //!   lifecycle, bound to the ticket's own order, approved by a human above a threshold.
@@ -12,7 +12,7 @@
 //! ```
 //! use engine::executor::Workflow;
 //! use serde_json::json;
-//! let charge = workflows::charge::Charge { max_amount_minor: Some(100_000) };
+//! let charge = workflows::charge::Charge::default();
 //! let rejected = charge.prepare(&json!({"amount_minor": -1})).unwrap_err();
 //! assert_eq!(rejected.code.as_str(), "invalid_arguments");
 //! ```
@@ -24,7 +24,8 @@ pub mod ticket_review;
 
 use engine::executor::Registered;
 
-/// Every built-in workflow, configured with the given per-charge maximum.
-pub fn builtin(max_charge_minor: Option<i64>) -> Vec<Registered> {
-    vec![Registered::new(charge::Charge { max_amount_minor: max_charge_minor }), Registered::new(refund::Refund)]
+/// Every built-in workflow, held to `rules` (the operator's policy for the invocation's tenant
+/// and operation, flags applied); `None` for paths that only resume what was admitted.
+pub fn builtin(rules: Option<engine::policy::Rules>) -> Vec<Registered> {
+    vec![Registered::new(charge::Charge { rules: rules.clone() }), Registered::new(refund::Refund { rules })]
 }

@@ -13,7 +13,8 @@
 //!   signature, so a replayed or identical call maps to the same key; the ledger checks the
 //!   cumulative invariant (refunds reserved, unknown or validated ≤ charged on the order,
 //!   which the `charge` workflow must have charged in the same log), the approval above
-//!   [`APPROVAL_THRESHOLD_MINOR`] (bound to the fingerprint, expiring), and drives the
+//!   the run's threshold ([`APPROVAL_THRESHOLD_DEFAULT_MINOR`]: every refund, unless the
+//!   operator's policy says otherwise; bound to the fingerprint, expiring), and drives the
 //!   attempt through the `PaymentProvider` ([`agent::IntentGate`]).
 //!
 //! The order never comes from the ticket's text: it is the account's (the [`Case`]). The
@@ -41,9 +42,11 @@ use std::sync::Arc;
 pub const WORKFLOW: &str = "support";
 /// The tenant the support desk acts for (a UUID, like every tenant the charge accepts).
 pub const TENANT: &str = "6f1d2c3b-4a59-4e8d-9c7b-2a1f0e9d8c76";
-/// Refunds above this many minor units need a human approval (the spine's run limit and the
-/// tool's policy, one value).
-pub const APPROVAL_THRESHOLD_MINOR: i64 = 500;
+/// Refunds above this many minor units need a human approval unless the operator's policy
+/// says otherwise (`[operations.refund] approval_threshold_minor`, for the desk's tenant): by
+/// default every refund — an irreversible effect — waits for a human (seed 002). The spine's
+/// run limit and the tool's policy are one value, recorded in the run's limits.
+pub const APPROVAL_THRESHOLD_DEFAULT_MINOR: i64 = 0;
 /// Capability of `read_ticket`.
 pub const CAP_TICKET: &str = "ticket.read";
 /// Capability of `read_order`.
@@ -110,8 +113,9 @@ fn read_spec(name: &str, description: &str, capability: &str) -> ToolSpec {
     }
 }
 
-/// The three tools of run `run_id` over `case`; `refund` drives its intent through `gate`.
-pub fn registry(run_id: &str, case: &Case, gate: &Arc<IntentGate>) -> Registry {
+/// The three tools of run `run_id` over `case`; `refund` drives its intent through `gate`,
+/// approved by a human above `approval_threshold_minor`.
+pub fn registry(run_id: &str, case: &Case, gate: &Arc<IntentGate>, approval_threshold_minor: i64) -> Registry {
     let order = case.order.clone();
     let text = case.text;
     let ticket = Tool::new(
@@ -149,7 +153,7 @@ pub fn registry(run_id: &str, case: &Case, gate: &Arc<IntentGate>) -> Registry {
         }),
         capability: CAP_REFUND.into(),
         effect: EffectClass::Irreversible,
-        approval: ApprovalPolicy::AboveMinor(APPROVAL_THRESHOLD_MINOR),
+        approval: ApprovalPolicy::AboveMinor(approval_threshold_minor),
     };
     let order = case.order.clone();
     let (for_currency, for_amount, for_intent) = (order.clone(), order.clone(), order.clone());
@@ -278,13 +282,17 @@ pub fn limits() -> AgentLimits {
     AgentLimits { model_calls_max: 8, tool_calls_max: 8, repeats_per_signature_max: 3, ..AgentLimits::default() }
 }
 
-/// The spine's limits for the run's refund intents: approval above the threshold.
-pub fn spine_limits() -> RunLimits {
+/// The spine's limits for the run's refund intents: the default money budget, approval above
+/// the threshold.
+pub fn spine_limits(approval_threshold_minor: i64) -> RunLimits {
     RunLimits {
-        cost_minor_max: None,
+        cost_minor_max: Some(engine::limits::RUN_COST_DEFAULT_MINOR),
         attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
         reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
-        approval_threshold_minor: Some(APPROVAL_THRESHOLD_MINOR),
+        approval_threshold_minor: Some(approval_threshold_minor),
+        policy: None,
+        network_retries_max: Some(engine::limits::NETWORK_RETRIES_PER_RUN_MAX),
+        reconciliations_max: Some(engine::limits::RECONCILIATIONS_PER_RUN_DEFAULT),
     }
 }
 
@@ -296,10 +304,10 @@ pub async fn run(
     run_id: &str,
     case: &Case,
     gate: &Arc<IntentGate>,
-    limits: AgentLimits,
-    capabilities: BTreeSet<String>,
+    (limits, capabilities): (AgentLimits, BTreeSet<String>),
+    approval_threshold_minor: i64,
 ) -> Result<RunOutcome, AgentError> {
-    let registry = registry(run_id, case, gate);
+    let registry = registry(run_id, case, gate, approval_threshold_minor);
     let spec = RunSpec {
         run_id: run_id.to_owned(),
         workflow: WORKFLOW.to_owned(),
@@ -400,11 +408,11 @@ mod tests {
             lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("test")),
         };
         let gate = Arc::new(IntentGate::new(runtime, Cause::command("test")));
-        let registry = registry("r1", &Scenario::Injection.case(), &gate);
+        let registry = registry("r1", &Scenario::Injection.case(), &gate, APPROVAL_THRESHOLD_DEFAULT_MINOR);
         let refund = registry.spec("refund").expect("refund is registered");
         let properties = refund.schema["properties"].as_object().expect("an object schema");
         assert_eq!(properties.keys().collect::<Vec<_>>(), ["amount_minor", "currency"]);
         assert_eq!(refund.effect, EffectClass::Irreversible);
-        assert_eq!(refund.approval, ApprovalPolicy::AboveMinor(APPROVAL_THRESHOLD_MINOR));
+        assert_eq!(refund.approval, ApprovalPolicy::AboveMinor(APPROVAL_THRESHOLD_DEFAULT_MINOR));
     }
 }

@@ -33,7 +33,13 @@ struct Harness {
 
 impl Harness {
     fn new(capability: Capability) -> Self {
-        Self::with_workflows(capability, workflows::builtin(Some(1_000_000)))
+        let rules = engine::policy::Rules {
+            max_amount_minor: 1_000_000,
+            approval_threshold_minor: None,
+            run_budget_minor: engine::limits::RUN_COST_DEFAULT_MINOR,
+            currencies: None,
+        };
+        Self::with_workflows(capability, workflows::builtin(Some(rules)))
     }
 
     fn with_workflows(capability: Capability, workflows: Vec<Registered>) -> Self {
@@ -93,6 +99,9 @@ fn limits() -> RunLimits {
         attempts_per_intent_max: 3,
         reconciliations_per_intent_max: 3,
         approval_threshold_minor: None,
+        policy: None,
+        network_retries_max: None,
+        reconciliations_max: None,
     }
 }
 

@@ -57,7 +57,10 @@ impl Desk {
             "payment_method_token": CARD_TOKEN});
         let request = RunRequest {
             run_id: RunId::new(format!("charge-{}", order.id)),
-            limits: engine::event::RunLimits { approval_threshold_minor: None, ..support_agent::spine_limits() },
+            limits: engine::event::RunLimits {
+                approval_threshold_minor: None,
+                ..support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR)
+            },
             deadline_ms: 120_000,
             cause: Cause::command("charge"),
         };
@@ -68,7 +71,10 @@ impl Desk {
     /// Starts or resumes the support run `run_id` of `scenario`.
     async fn agent(&self, scenario: Scenario, run_id: &str) -> RunOutcome {
         let lessee = self.executor.runtime().lessee.clone();
-        let start = NewRun { input: json!({"scenario": scenario.name()}), limits: support_agent::spine_limits() };
+        let start = NewRun {
+            input: json!({"scenario": scenario.name()}),
+            limits: support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR),
+        };
         let log: Arc<dyn EventLog> = self.log.clone();
         let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
         let recorded = agent_state_of(&self.log, run_id);
@@ -84,8 +90,8 @@ impl Desk {
             run_id,
             &scenario.case(),
             &self.gate,
-            support_agent::limits(),
-            support_agent::all_capabilities(),
+            (support_agent::limits(), support_agent::all_capabilities()),
+            support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR,
         )
         .await
         .expect("the run ends with an outcome")
@@ -277,7 +283,10 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
     let transcript = Transcript::parse(&answers.to_string()).expect("a transcript");
     let transport = ScriptedTransport::new(transcript).resuming(&recorded);
     let lessee = desk.executor.runtime().lessee.clone();
-    let limits = engine::event::RunLimits { approval_threshold_minor: threshold, ..support_agent::spine_limits() };
+    let limits = engine::event::RunLimits {
+        approval_threshold_minor: threshold,
+        ..support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR)
+    };
     let start = NewRun { input: json!({}), limits };
     let log: Arc<dyn EventLog> = desk.log.clone();
     let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);

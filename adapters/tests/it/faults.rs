@@ -2,7 +2,7 @@
 //! `fixtures/faults/`.
 
 use crate::support::{Sim, charge};
-use engine::provider::{CallOutcome, EffectKind, LookupOutcome, PaymentProvider, UnknownReason};
+use engine::provider::{CallOutcome, EffectKind, EffectRequest, LookupOutcome, PaymentProvider, UnknownReason};
 use provider_sim::FaultPlan;
 use std::time::{Duration, Instant};
 
@@ -80,6 +80,24 @@ async fn slow_answers_after_the_delay() {
     assert!(matches!(provider.execute(&charge("f_0005", 4900)).await, CallOutcome::Succeeded(_)));
     assert!(started.elapsed() >= Duration::from_millis(200), "answered after {:?}", started.elapsed());
     assert_eq!(sim.effects().len(), 1);
+}
+
+#[tokio::test]
+async fn the_run_time_left_caps_a_slow_call_and_its_outcome_is_unknown() {
+    let sim = Sim::start(r#"{"rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 1500}]}"#).await;
+    let provider = sim.provider_with_timeout(5_000);
+    let request = EffectRequest { timeout_ms: Some(200), ..charge("f_0010", 4900) };
+    let started = Instant::now();
+    let outcome = provider.execute(&request).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, CallOutcome::Unknown { reason: UnknownReason::Timeout, .. }),
+        "a call past the time left is unknown, never failed: {outcome:?}"
+    );
+    assert!(took < Duration::from_millis(1_000), "gave up at the time left, not the 5 s timeout: {took:?}");
+    // A time left longer than the request timeout changes nothing: the timeout still governs.
+    let roomy = EffectRequest { timeout_ms: Some(60_000), ..charge("f_0011", 4900) };
+    assert!(matches!(provider.execute(&roomy).await, CallOutcome::Succeeded(_)));
 }
 
 #[tokio::test]

@@ -95,6 +95,7 @@ pub fn charge(intent: &str, amount_minor: i64) -> EffectRequest {
         amount_minor,
         currency: "EUR".into(),
         payment_method: Some(Secret::new("pm_card_visa")),
+        timeout_ms: None,
     }
 }
 
@@ -103,6 +104,7 @@ pub fn refund(intent: &str, amount_minor: i64) -> EffectRequest {
         kind: EffectKind::Refund,
         idempotency_key: format!("refund:acme:{intent}"),
         payment_method: None,
+        timeout_ms: None,
         ..charge(intent, amount_minor)
     }
 }

@@ -22,9 +22,10 @@ pub struct AgentLimits {
     pub tool_calls_per_tool_max: BTreeMap<String, u32>,
     /// Admitted attempts per canonical signature.
     pub repeats_per_signature_max: u32,
-    /// Input tokens over the run, from the vendors' `usage` (absent: unbounded).
+    /// Input tokens over the run, from the vendors' `usage`. Bounded by default
+    /// (`AGENT_INPUT_TOKENS_DEFAULT`); `None` only in runs recorded before the default existed.
     pub input_tokens_max: Option<u64>,
-    /// Output tokens over the run (absent: unbounded).
+    /// Output tokens over the run. Bounded by default (`AGENT_OUTPUT_TOKENS_DEFAULT`).
     pub output_tokens_max: Option<u64>,
     /// Model cost over the run, integer minor units (absent: unbounded).
     pub cost_minor_max: Option<i64>,
@@ -54,8 +55,8 @@ impl Default for AgentLimits {
             tool_calls_max: limits::AGENT_TOOL_CALLS_DEFAULT,
             tool_calls_per_tool_max: BTreeMap::new(),
             repeats_per_signature_max: limits::AGENT_REPEATS_PER_SIGNATURE_DEFAULT,
-            input_tokens_max: None,
-            output_tokens_max: None,
+            input_tokens_max: Some(limits::AGENT_INPUT_TOKENS_DEFAULT),
+            output_tokens_max: Some(limits::AGENT_OUTPUT_TOKENS_DEFAULT),
             cost_minor_max: None,
             deadline_ms: limits::AGENT_DEADLINE_DEFAULT_MS,
             schema_corrections_max: limits::AGENT_SCHEMA_CORRECTIONS_DEFAULT,
@@ -107,9 +108,13 @@ impl AgentLimits {
         within("repeats_per_signature_max", self.repeats_per_signature_max.into(), 1, AGENT_TOOL_CALLS_MAX.into())?;
         for (field, max) in [("input_tokens_max", self.input_tokens_max), ("output_tokens_max", self.output_tokens_max)]
         {
-            if let Some(max) = max {
-                within(field, max, 0, AGENT_TOKENS_MAX)?;
-            }
+            // Every new run is bounded in tokens: `null` would unbound it.
+            let max = max.ok_or_else(|| LimitsError::OutOfRange {
+                field: field.to_owned(),
+                value: "null".to_owned(),
+                range: format!("0..={AGENT_TOKENS_MAX} (a run is never unbounded)"),
+            })?;
+            within(field, max, 0, AGENT_TOKENS_MAX)?;
         }
         if let Some(max) = self.cost_minor_max {
             within_i64("cost_minor_max", max, AGENT_COST_MINOR_MAX)?;

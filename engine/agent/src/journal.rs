@@ -311,6 +311,9 @@ mod tests {
                 attempts_per_intent_max: 1,
                 reconciliations_per_intent_max: 1,
                 approval_threshold_minor: None,
+                policy: None,
+                network_retries_max: None,
+                reconciliations_max: None,
             },
         });
         LogJournal::new(Arc::clone(log) as Arc<dyn EventLog>, RunId::new("r1"), Cause::command("test"), start, lessee)

@@ -246,6 +246,7 @@ impl Context {
             failpoints: &self.failpoints,
             run_id: self.run_id.clone(),
             lease: self.lease.clone(),
+            deadline_at: Some(self.deadline_at),
         }
     }
 

@@ -16,12 +16,14 @@ use super::leases::{claim_run, release_runs};
 use super::outcome::IntentOutcome;
 use super::workflow::IntentRequest;
 use super::{Runtime, WorkflowError};
-use crate::event::{Cause, IntentDefinition, IntentKey, RunId};
+use crate::clock::ms_between;
+use crate::event::{Cause, IntentDefinition, IntentKey, ReleaseReason, RunId};
 use crate::failpoints::{Failpoints, Point};
 use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentSpec, Next, Refusal, Run};
 use crate::log::{Ask, Asking, IntentAnswer, LogError, Unsealed};
 use crate::provider::{CallOutcome, EffectRequest, LookupOutcome, Secret};
+use chrono::{DateTime, Utc};
 use tracing::{Instrument, info_span};
 
 /// What a reservation came to.
@@ -148,7 +150,8 @@ impl<'a> Leased<'a> {
                 (grant.clone(), Some(grant))
             }
         };
-        Ok(Self { driver: Driver { runtime, cause, failpoints, run_id, lease: Some(lease) }, claimed })
+        let driver = Driver { runtime, cause, failpoints, run_id, lease: Some(lease), deadline_at: None };
+        Ok(Self { driver, claimed })
     }
 
     /// Gives back the lease if it was claimed for this work.
@@ -167,6 +170,10 @@ pub(super) struct Driver<'a> {
     pub(super) run_id: RunId,
     /// That run's lease, presented with every write for it.
     pub(super) lease: Option<LeaseGrant>,
+    /// That run's deadline, when the driver acts inside it (a workflow's context): a request
+    /// is given at most the time left. Operators and recovery act outside any run's time,
+    /// and the ledger's reserve already bounds every attempt it writes ahead.
+    pub(super) deadline_at: Option<DateTime<Utc>>,
 }
 
 impl Driver<'_> {
@@ -213,7 +220,7 @@ impl Driver<'_> {
                 }
                 Next::Attempt { backoff_ms } => {
                     after_absence = answer.intent.absence_proven;
-                    match self.attempt(&answer, backoff_ms, payment_method).await {
+                    let started = match self.attempt(&answer, backoff_ms, payment_method).await {
                         Err(LogError::Refused(Refusal::NetworkRetriesSpent { spent, .. })) => {
                             return Ok(IntentOutcome::unreachable(&answer.intent, spent));
                         }
@@ -221,7 +228,15 @@ impl Driver<'_> {
                             return Err(WorkflowError::DeadlineExceeded(refusal.to_string()));
                         }
                         other => other?,
+                    };
+                    // The ledger released it for lack of time: the run is out of time.
+                    if let Some(reason @ ReleaseReason::DeadlineReserve { .. }) = &started.intent.released {
+                        return Err(WorkflowError::DeadlineExceeded(format!(
+                            "{} released: {reason}",
+                            started.intent.key()
+                        )));
                     }
+                    started
                 }
                 Next::Reconcile => {
                     let key = answer.intent.key().clone();
@@ -358,9 +373,12 @@ impl Driver<'_> {
         self.runtime.log.ask(ask).await
     }
 
-    /// The request for one attempt: always the intent key as the idempotency key.
+    /// The request for one attempt: always the intent key as the idempotency key, and at most
+    /// the run's time left to take.
     fn request(&self, intent: &Intent, payment_method: Option<&Secret>) -> EffectRequest {
+        let now = self.runtime.clock.now();
         EffectRequest {
+            timeout_ms: self.deadline_at.map(|deadline| ms_between(now, deadline).max(1)),
             kind: intent.definition.kind,
             idempotency_key: intent.key().as_str().to_owned(),
             tenant: intent.definition.tenant.clone(),

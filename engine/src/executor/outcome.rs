@@ -191,6 +191,13 @@ impl IntentOutcome {
     pub fn run_status(&self) -> RunStatus {
         match self.status {
             OutcomeStatus::Intent(IntentStatus::Validated) => RunStatus::Completed,
+            // The run's money budget, across its intents, is spent: a controlled stop named for
+            // its dimension, not a rejection of the caller's input.
+            OutcomeStatus::Intent(IntentStatus::Rejected)
+                if self.code == Some(OutcomeCode::Rejected(RejectCode::BudgetExhausted)) =>
+            {
+                RunStatus::CostBudget
+            }
             OutcomeStatus::Intent(IntentStatus::Rejected) => RunStatus::Rejected,
             OutcomeStatus::Intent(IntentStatus::Declined) => RunStatus::Declined,
             OutcomeStatus::Intent(IntentStatus::Escalated) => RunStatus::Escalated,

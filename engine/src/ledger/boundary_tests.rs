@@ -51,6 +51,23 @@ fn reserved_with(capability: Capability) -> Given {
     Given::Reserved { capability, limits: RunLimits::default(), start_attempt: true }
 }
 
+/// A Stripe-like provider whose requests may take `request_timeout_ms`.
+fn slow(request_timeout_ms: u64) -> Capability {
+    Capability { request_timeout_ms, ..tier(true, true) }
+}
+
+/// An unknown outcome whose first lookup could not answer, its second one due.
+fn second_lookup_due(limits: RunLimits) -> Vec<Given> {
+    vec![
+        Given::Reserved { capability: tier(true, true), limits, start_attempt: true },
+        Given::Outcome(1, timeout()),
+        past_backoff(),
+        Given::ReconciliationStarted,
+        Given::Lookup(1, LookupOutcome::Unavailable { detail: "503".into() }),
+        Given::Later(limits::reconcile_backoff_ms(2) + 1),
+    ]
+}
+
 fn timeout() -> CallOutcome {
     CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer in time".into() }
 }
@@ -239,10 +256,63 @@ fn rows() -> Vec<Row> {
             expect: Refused("NoSuchLookup"),
         },
         Row {
-            name: "an attempt too close to the deadline to reconcile after it",
+            name: "an attempt too close to the deadline to reconcile after it: released, never sent",
             given: vec![
                 Given::Reserved { capability: tier(true, true), limits: RunLimits::default(), start_attempt: false },
-                Given::Later(3_600_000 - limits::RECONCILIATION_RESERVE_MS + 1),
+                Given::Later(3_600_000 - limits::reconciliation_reserve_ms(0, 1) + 1),
+            ],
+            command: start_attempt(),
+            expect: Appends(&["IntentReleased"], Next::Done),
+        },
+        Row {
+            name: "the reserve is the provider's request timeout plus the first backoff: exactly that is enough",
+            given: vec![
+                Given::Reserved { capability: slow(5_000), limits: RunLimits::default(), start_attempt: false },
+                Given::Later(3_600_000 - 6_000),
+            ],
+            command: start_attempt(),
+            expect: Appends(&["AttemptStarted"], Next::Send { attempt: 1 }),
+        },
+        Row {
+            name: "a 5 s request timeout with 5.999 s left: released, its money and order freed",
+            given: vec![
+                Given::Reserved { capability: slow(5_000), limits: RunLimits::default(), start_attempt: false },
+                Given::Later(3_600_000 - 5_999),
+            ],
+            command: start_attempt(),
+            expect: Appends(&["IntentReleased"], Next::Done),
+        },
+        Row {
+            name: "a network retry past the run's own budget: refused, the intent stays reserved",
+            given: vec![
+                Given::Reserved {
+                    capability: tier(true, true),
+                    limits: RunLimits { network_retries_max: Some(0), ..RunLimits::default() },
+                    start_attempt: true,
+                },
+                Given::Outcome(1, CallOutcome::NotSent { detail: "connection refused".into() }),
+            ],
+            command: start_attempt(),
+            expect: Refused("NetworkRetriesSpent"),
+        },
+        Row {
+            name: "the run's reconciliation budget spent: the unknown intent escalates, naming it",
+            given: second_lookup_due(RunLimits { reconciliations_max: Some(1), ..RunLimits::default() }),
+            command: start_reconciliation(),
+            expect: Appends(&["IntentEscalated"], Next::Done),
+        },
+        Row {
+            name: "within the run's reconciliation budget: the second lookup starts",
+            given: second_lookup_due(RunLimits::default()),
+            command: start_reconciliation(),
+            expect: Appends(&["ReconciliationStarted"], Next::LookUp { reconciliation: 2 }),
+        },
+        Row {
+            name: "a resend by key of an unknown outcome without the time: refused, the money stays held",
+            given: vec![
+                reserved_with(Capability { lookup: false, ..slow(5_000) }),
+                Given::Outcome(1, timeout()),
+                Given::Later(3_600_000 - 5_999),
             ],
             command: start_attempt(),
             expect: Refused("DeadlineReserve"),

@@ -101,6 +101,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 approval: None,
                 absence_proven: false,
                 note: None,
+                released: None,
                 duplicates_suppressed: 0,
                 not_sent: 0,
                 latest_not_sent: false,
@@ -112,6 +113,8 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 last_seq: seq,
             });
         }
+        // A conversation's facts are no intent's and no run's: `facts::fold` reads them.
+        Event::FactsAdmitted { .. } | Event::FactsForgotten { .. } => {}
         event => match (event.intent_key(), event.subject()) {
             (Some(key), _) => {
                 let intent = entities.intent_mut(key).ok_or_else(|| fail("event on an unknown intent"))?;
@@ -454,6 +457,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
             }
             intent.status = S::Rejected;
             intent.note = Some(format!("released: {reason}"));
+            intent.released = Some(reason.clone());
         }
         Event::IntentAbandoned { waiting_since, window_ms, never_sent, .. } => {
             if intent.status != S::Reserved {
@@ -481,6 +485,8 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
         | Event::TimerStarted { .. }
         | Event::SignalDelivered { .. }
         | Event::AgentRecorded { .. }
+        | Event::FactsAdmitted { .. }
+        | Event::FactsForgotten { .. }
         | Event::RunFinished { .. }
         | Event::RunCancelRequested { .. } => return Err("not an intent event"),
     }

@@ -8,6 +8,7 @@
 use super::next::{Launched, Next};
 use super::state::{Intent, IntentStatus, Recovery, Run, RunHistory};
 use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus};
+use crate::facts::{Candidate, Conversation, ConversationId, FactsRefusal, Ticket};
 use crate::lease::{LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse};
 use crate::provider::{CallOutcome, Capability, LookupOutcome, Secret};
 use chrono::{DateTime, Utc};
@@ -320,6 +321,26 @@ pub enum Action {
         /// How long it must have waited.
         window_ms: u64,
     },
+    /// Admit a batch of controlled facts for a conversation, whole or not at all.
+    ApplyFacts {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The ticket the update was taken under (`None`: the conversation's current one).
+        ticket: Option<Ticket>,
+        /// The current user message.
+        message: String,
+        /// The facts proposed for it.
+        candidates: Vec<Candidate>,
+    },
+    /// Forget one fact of a conversation, or all of them.
+    ForgetFacts {
+        /// The conversation.
+        conversation: ConversationId,
+        /// The ticket the update was taken under (`None`: the conversation's current one).
+        ticket: Option<Ticket>,
+        /// The key; `None`: every fact.
+        key: Option<String>,
+    },
     /// End a run.
     FinishRun {
         /// The run.
@@ -356,6 +377,8 @@ impl Action {
             | Self::ClaimRun { .. }
             | Self::RenewLeases { .. }
             | Self::ReleaseLeases { .. }
+            | Self::ApplyFacts { .. }
+            | Self::ForgetFacts { .. }
             | Self::Approve { .. }
             | Self::CheckApproval { .. }
             | Self::Deny { .. }
@@ -553,7 +576,11 @@ pub enum Refusal {
         /// The duration.
         ms: u64,
     },
-    /// Too little time is left before the run's deadline to reconcile a new attempt.
+    /// A facts update refused whole (seed 001): the previous facts are kept.
+    #[error(transparent)]
+    Facts(#[from] FactsRefusal),
+    /// Too little time is left before the run's deadline to reconcile a resend of an intent
+    /// whose outcome is unknown (a reserved intent is released instead).
     #[error("deadline: {left_ms} ms left, fewer than the {needed_ms} ms an effect needs to be reconciled")]
     DeadlineReserve {
         /// The run.
@@ -764,6 +791,8 @@ pub enum Reply {
         /// Reserved intents nobody is sending (see [`super::View::waiting`]).
         waiting: Vec<IntentKey>,
     },
+    /// A conversation's facts after the command.
+    Facts(Box<Conversation>),
 }
 
 impl Reply {
@@ -778,6 +807,7 @@ impl Reply {
             Self::Claimed(_) => "a lease grant",
             Self::Renewed { .. } => "a renewal",
             Self::Snapshot { .. } => "a snapshot",
+            Self::Facts(_) => "a conversation's facts",
         }
     }
 }
@@ -813,6 +843,8 @@ pub enum ReplyTarget {
     Renewed(Vec<RunId>),
     /// Due intents and unfinished runs as of `now`.
     Snapshot(DateTime<Utc>),
+    /// A conversation's facts.
+    Facts(ConversationId),
 }
 
 /// What [`super::decide`] decided: the events to append, what to answer, and the lease

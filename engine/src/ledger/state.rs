@@ -134,6 +134,9 @@ pub struct Intent {
     pub absence_proven: bool,
     /// Why it escalated, or who cancelled / resolved it and why.
     pub note: Option<String>,
+    /// Why Keel released it unsent, when it did (`IntentReleased`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<crate::event::ReleaseReason>,
     /// Times the same key and fingerprint were proposed again after validation.
     pub duplicates_suppressed: u32,
     /// Attempts proven never sent (`AttemptNotSent`): they made no effect, so they do not

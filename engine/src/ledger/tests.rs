@@ -547,11 +547,11 @@ fn a_start_attempt_may_start_its_run_in_the_same_command_and_only_that_run() {
     assert_eq!(types(&events), ["RunStarted", "AttemptStarted"]);
     assert!(matches!(&events[1], Event::AttemptStarted { attempt: 1, run_id, .. } if run_id == &other));
 
-    // That run's deadline is the one checked.
+    // That run's deadline is the one checked: too short, and the intent is released.
     let log = reserved();
-    let hurried = start_attempt(other.clone()).starting(Some(run_start(other.clone(), plus(1_000))));
-    let refused = decided(&log, hurried);
-    assert!(matches!(&refused, Err(Refusal::DeadlineReserve { run_id, .. }) if run_id == &other), "{refused:?}");
+    let hurried = start_attempt(other.clone()).starting(Some(run_start(other.clone(), plus(999))));
+    let events = decided(&log, hurried).expect("decided");
+    assert_eq!(types(&events), ["RunStarted", "IntentReleased"]);
 
     // A command that starts one run cannot attempt for another that does not exist.
     let log = reserved();
@@ -564,19 +564,25 @@ fn a_start_attempt_may_start_its_run_in_the_same_command_and_only_that_run() {
 #[test]
 fn an_effect_starts_with_exactly_the_reconciliation_reserve_left_and_not_a_millisecond_less() {
     let deadline = 3_600_000;
-    for (left_ms, starts) in [(limits::RECONCILIATION_RESERVE_MS, true), (limits::RECONCILIATION_RESERVE_MS - 1, false)]
-    {
-        // By `StartAttempt`, for an intent reserved earlier.
-        let (log, clock) = Fixture { start_attempt: false, ..Fixture::default() }.reserve();
-        clock.advance_ms(i64::try_from(deadline - left_ms).expect("small"));
-        let decision = decided(&log, start_attempt(run()));
-        assert_eq!(decision.is_ok(), starts, "{left_ms} ms left: {decision:?}");
-        // With the reservation, in the command that starts the run.
-        let clock = Arc::new(ManualClock::new(t0()));
-        let log = MemoryLog::new(clock.clone());
-        clock.advance_ms(i64::try_from(deadline - left_ms).expect("small"));
-        let events = decided(&log, Fixture::default().reservation()).expect("reserved");
-        assert_eq!(types(&events).contains(&"AttemptStarted"), starts, "{left_ms} ms left: {events:#?}");
+    for capability in [stripe(), Capability { request_timeout_ms: 5_000, ..stripe() }] {
+        // The reserve is the provider's request timeout plus the first reconciliation's backoff.
+        let reserve = limits::reconciliation_reserve_ms(capability.request_timeout_ms, 1);
+        assert_eq!(reserve, capability.request_timeout_ms + limits::RECONCILE_BACKOFF_BASE_MS);
+        for (left_ms, starts) in [(reserve, true), (reserve - 1, false)] {
+            let fixture = || Fixture { capability, ..Fixture::default() };
+            // By `StartAttempt`, for an intent reserved earlier: too late, it is released.
+            let (log, clock) = Fixture { start_attempt: false, ..fixture() }.reserve();
+            clock.advance_ms(i64::try_from(deadline - left_ms).expect("small"));
+            let events = decided(&log, start_attempt(run())).expect("decided");
+            let expected: &[&str] = if starts { &["AttemptStarted"] } else { &["IntentReleased"] };
+            assert_eq!(types(&events), expected, "{left_ms} ms left");
+            // With the reservation, in the command that starts the run: not written ahead.
+            let clock = Arc::new(ManualClock::new(t0()));
+            let log = MemoryLog::new(clock.clone());
+            clock.advance_ms(i64::try_from(deadline - left_ms).expect("small"));
+            let events = decided(&log, fixture().reservation()).expect("reserved");
+            assert_eq!(types(&events).contains(&"AttemptStarted"), starts, "{left_ms} ms left: {events:#?}");
+        }
     }
 }
 

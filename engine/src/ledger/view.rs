@@ -9,6 +9,7 @@
 
 use super::state::{Intent, Run, RunHistory};
 use crate::event::{IntentKey, RunId};
+use crate::facts::{Conversation, ConversationId};
 use chrono::{DateTime, Utc};
 
 /// The entities a decision may read.
@@ -36,4 +37,7 @@ pub trait View {
     /// sending it: a charge waiting for its caller, or one whose process died between a
     /// proven absence and the resend — in key order, at most `limit`.
     fn waiting(&self, limit: usize) -> Vec<IntentKey>;
+    /// One conversation's controlled facts, folded from its own stream (empty when it has
+    /// none). Its cost is that stream's length, which forgets and turns bound in practice.
+    fn conversation(&self, id: &ConversationId) -> Conversation;
 }

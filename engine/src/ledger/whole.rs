@@ -10,6 +10,7 @@ use super::fold::{self, Entities, FoldError};
 use super::state::{Intent, IntentStatus, Run, RunHistory};
 use super::view::View;
 use crate::event::{IntentKey, RunId, StoredEvent, StreamId};
+use crate::facts::{Conversation, ConversationId};
 use crate::money::checked_sum;
 use crate::provider::EffectKind;
 use chrono::{DateTime, Utc};
@@ -29,6 +30,8 @@ pub struct Ledger {
     /// run → its stream, for histories.
     run_streams: HashMap<RunId, Vec<StoredEvent>>,
     stream_lengths: HashMap<StreamId, u64>,
+    /// Conversations' controlled facts.
+    conversations: HashMap<ConversationId, Conversation>,
     last_seq: u64,
     last_hash: Option<String>,
 }
@@ -145,6 +148,9 @@ impl Ledger {
             return Err(fail("an event not chained to the one before"));
         }
         fold::apply(self, stored)?;
+        if let Some(id) = stored.event.conversation() {
+            crate::facts::apply(self.conversations.entry(id.clone()).or_default(), stored)?;
+        }
         *self.stream_lengths.entry(stored.stream.clone()).or_insert(0) += 1;
         self.last_seq = stored.seq;
         self.last_hash = Some(stored.hash.clone());
@@ -256,5 +262,9 @@ impl View for Ledger {
             self.intents.values().filter(|i| i.status == IntentStatus::Reserved).map(Intent::key).collect();
         waiting.sort();
         waiting.into_iter().take(limit).cloned().collect()
+    }
+
+    fn conversation(&self, id: &ConversationId) -> Conversation {
+        self.conversations.get(id).cloned().unwrap_or_default()
     }
 }

@@ -118,6 +118,9 @@ fn run_start(run: u8, now: DateTime<Utc>) -> RunStart {
             attempts_per_intent_max: 3,
             reconciliations_per_intent_max: 2,
             approval_threshold_minor: Some(300),
+            policy: None,
+            network_retries_max: None,
+            reconciliations_max: None,
         },
         owner: None,
     }

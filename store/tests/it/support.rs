@@ -67,6 +67,9 @@ pub fn limits() -> RunLimits {
         attempts_per_intent_max: 3,
         reconciliations_per_intent_max: 5,
         approval_threshold_minor: None,
+        policy: None,
+        network_retries_max: None,
+        reconciliations_max: None,
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::Decider;
 use crate::clock::ms_between;
-use crate::event::{Event, IntentKey, LateAnswer, LateVerdict, RunId, Source};
+use crate::event::{Event, IntentKey, LateAnswer, LateVerdict, ReleaseReason, RunId, Source};
 use crate::ledger::protocol::{Refusal, ReplyTarget, RunStart, Step};
 use crate::ledger::state::{Intent, IntentStatus};
 use crate::limits;
@@ -51,8 +51,13 @@ impl Decider<'_> {
             return Ok(self.answer(key, false));
         }
         if intent.network_retry_by(run_id) {
-            let spent = self.view.run(run_id).map_or(0, |run| run.network_retries);
-            if spent >= limits::NETWORK_RETRIES_PER_RUN_MAX {
+            let run = self.view.run(run_id);
+            let spent = run.as_ref().map_or(0, |run| run.network_retries);
+            let max = run
+                .and_then(|run| run.limits.network_retries_max)
+                .or_else(|| start.and_then(|start| start.limits.network_retries_max))
+                .unwrap_or(limits::NETWORK_RETRIES_PER_RUN_MAX);
+            if spent >= max {
                 return Err(Refusal::NetworkRetriesSpent { run_id: run_id.clone(), spent });
             }
         }
@@ -66,12 +71,18 @@ impl Decider<'_> {
             return Ok(self.answer(key, false));
         }
         let left_ms = ms_between(self.now, deadline_at);
-        if left_ms < limits::RECONCILIATION_RESERVE_MS {
-            return Err(Refusal::DeadlineReserve {
-                run_id: run_id.clone(),
-                left_ms,
-                needed_ms: limits::RECONCILIATION_RESERVE_MS,
-            });
+        let needed_ms =
+            limits::reconciliation_reserve_ms(intent.capability.request_timeout_ms, intent.reconciliations + 1);
+        if left_ms < needed_ms {
+            // Never sent (or proven absent): nothing will send it for this run, and leaving it
+            // reserved would hold its money and block its order. An unknown outcome resent by
+            // key may have an effect: it stays held, and reconciliation goes on.
+            if intent.status == IntentStatus::Reserved {
+                let reason = ReleaseReason::DeadlineReserve { left_ms, needed_ms };
+                self.push(Event::IntentReleased { key: key.clone(), reason });
+                return Ok(self.answer(key, false));
+            }
+            return Err(Refusal::DeadlineReserve { run_id: run_id.clone(), left_ms, needed_ms });
         }
         self.push(Event::AttemptStarted { key: key.clone(), attempt: intent.attempts + 1, run_id: run_id.clone() });
         Ok(self.answer(key, false))

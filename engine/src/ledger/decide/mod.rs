@@ -13,6 +13,7 @@
 
 mod abandon;
 mod attempt;
+mod facts;
 mod leases;
 mod operator;
 mod reconcile;
@@ -79,6 +80,7 @@ pub fn reply_after(view: &dyn View, target: &ReplyTarget) -> Reply {
             waiting: view.waiting(limits::WAITING_PASS_MAX),
             unfinished: view.unfinished_runs(limits::RESUME_PASS_MAX),
         },
+        ReplyTarget::Facts(conversation) => Reply::Facts(Box::new(view.conversation(conversation))),
     }
 }
 
@@ -156,6 +158,12 @@ impl Decider<'_> {
             }
             Action::Abandon { key, run_id, window_ms } => self.abandon(key, run_id, *window_ms),
             Action::FinishRun { run_id, status, detail } => self.finish_run(run_id, *status, detail.clone()),
+            Action::ApplyFacts { conversation, ticket, message, candidates } => {
+                self.apply_facts(conversation, *ticket, message, candidates)
+            }
+            Action::ForgetFacts { conversation, ticket, key } => {
+                self.forget_facts(conversation, *ticket, key.as_deref())
+            }
         }
     }
 

@@ -36,6 +36,26 @@ impl Decider<'_> {
             });
             return Ok(self.answer(key, false));
         }
+        // The run's own budget of automatic reconciliations, across its intents. An operator's
+        // forced lookup is not automatic: it is never refused for it.
+        if !force
+            && intent.status == IntentStatus::OutcomeUnknown
+            && let Some(max) = self.view.run(&intent.run_id).and_then(|run| run.limits.reconciliations_max)
+        {
+            let spent =
+                self.view.run_intents(&intent.run_id).iter().fold(0u32, |sum, i| sum.saturating_add(i.reconciliations));
+            if spent >= max {
+                self.push(Event::IntentEscalated {
+                    key: key.clone(),
+                    reason: format!(
+                        "the reconciliation budget of run {} is spent ({spent} of reconciliations_max = {max})",
+                        intent.run_id
+                    ),
+                    absence_proven: false,
+                });
+                return Ok(self.answer(key, false));
+            }
+        }
         self.push(Event::ReconciliationStarted {
             key: key.clone(),
             reconciliation: intent.reconciliations + 1,

@@ -47,7 +47,8 @@ impl Decider<'_> {
         });
         // The same checks `StartAttempt` makes, for an intent never sent: attempts left (at
         // least one), key window unused, no approval pending, time left to reconcile.
-        let time_left = ms_between(self.now, run.deadline_at) >= limits::RECONCILIATION_RESERVE_MS;
+        let time_left = ms_between(self.now, run.deadline_at)
+            >= limits::reconciliation_reserve_ms(spec.capability.request_timeout_ms, 1);
         if start_attempt && !approval_required && time_left {
             self.push(Event::AttemptStarted { key: key.clone(), attempt: 1, run_id: run_id.clone() });
         }

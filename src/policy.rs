@@ -1,0 +1,94 @@
+//! Loading the operator's policy file, and resolving it for one invocation.
+//!
+//! Owns where the policy comes from — `--policy FILE` (or `KEEL_POLICY`), else `keel.toml` in
+//! the working directory when there is one, else the built-in policy — and turning its bytes
+//! into an `engine::policy::Policy` with its stamp (version and SHA-256 of the bytes read).
+//! Every refusal is a message naming the file and the line or field, which `main` reports as a
+//! usage error (exit 64) before anything is written. It never decides what the rules mean
+//! (`engine::policy` does) nor enforces them (the workflows and the ledger do).
+
+use crate::LimitArgs;
+use engine::policy::{Document, Policy, PolicyStamp, Requested, Rules};
+use engine::provider::EffectKind;
+use serde_json::Value;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+/// The file read when `--policy` is not given, in the working directory.
+pub const DEFAULT_FILE: &str = "keel.toml";
+
+/// Where the operator's policy comes from.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PolicyArgs {
+    /// The operator's policy (TOML): per-tenant and per-operation maximum amount, approval
+    /// threshold, run money budget and allowed currencies. Default: ./keel.toml when it exists,
+    /// else the built-in policy (version "builtin"). Every run records its version and hash;
+    /// a flag may tighten it, never loosen it. See the README's "Policy" section.
+    #[arg(long = "policy", global = true, env = "KEEL_POLICY", value_name = "FILE")]
+    path: Option<PathBuf>,
+}
+
+/// A policy as loaded, with the stamp runs record.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The checked policy.
+    pub policy: Policy,
+    /// Its version and hash.
+    pub stamp: PolicyStamp,
+}
+
+impl PolicyArgs {
+    /// Loads the policy this invocation runs under.
+    ///
+    /// # Errors
+    ///
+    /// A message naming the file and what is wrong in it (line and column for TOML errors and
+    /// unknown fields, the field's path for a value out of range).
+    pub fn load(&self) -> Result<Loaded, String> {
+        let path = match &self.path {
+            Some(path) => path.clone(),
+            None if Path::new(DEFAULT_FILE).exists() => PathBuf::from(DEFAULT_FILE),
+            None => return Ok(Loaded { policy: Policy::builtin(), stamp: PolicyStamp::builtin() }),
+        };
+        let shown = path.display();
+        let file = std::fs::File::open(&path).map_err(|e| format!("policy {shown}: cannot read it: {e}"))?;
+        let mut bytes = Vec::new();
+        file.take(engine::limits::POLICY_FILE_MAX_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("policy {shown}: cannot read it: {e}"))?;
+        if bytes.len() as u64 > engine::limits::POLICY_FILE_MAX_BYTES {
+            return Err(format!(
+                "policy {shown}: larger than {} bytes; a policy is a short file",
+                engine::limits::POLICY_FILE_MAX_BYTES
+            ));
+        }
+        let text = std::str::from_utf8(&bytes).map_err(|e| format!("policy {shown}: not UTF-8 text: {e}"))?;
+        let document: Document =
+            toml::from_str(text).map_err(|e| format!("policy {shown}: {}", e.to_string().trim_end()))?;
+        let policy = Policy::from_document(document).map_err(|e| format!("policy {shown}: {e}"))?;
+        let stamp = PolicyStamp::of_file(&policy, &bytes);
+        Ok(Loaded { policy, stamp })
+    }
+}
+
+impl Loaded {
+    /// The rules for one charge or refund: the policy's for the input's tenant and the
+    /// operation, tightened by the caller's flags. An input without a valid tenant gets the
+    /// policy's general rules (the workflow then rejects it `invalid_arguments`).
+    ///
+    /// # Errors
+    ///
+    /// The message for a flag that would loosen the policy.
+    pub fn rules_for(&self, kind: EffectKind, input: &Value, flags: &LimitArgs) -> Result<Rules, String> {
+        let tenant = workflows::input::tenant_of(input).unwrap_or_default();
+        let requested = Requested {
+            max_amount_minor: flags.max_charge_minor,
+            approval_threshold_minor: flags.approval_threshold_minor,
+            run_budget_minor: flags.cost_budget_minor,
+        };
+        self.policy
+            .rules(&tenant, kind)
+            .tightened(&requested)
+            .map_err(|e| format!("{e} (policy version {}, sha256 {})", self.stamp.version, self.stamp.sha256))
+    }
+}
