@@ -24,6 +24,8 @@ enum Given {
     ReconciliationStarted,
     /// What the lookup of reconciliation `n` answered.
     Lookup(u32, LookupOutcome),
+    /// The next attempt started (the resend a proven absence, or a key, allows).
+    Resent,
     /// The clock moves on.
     Later(u64),
 }
@@ -228,6 +230,38 @@ fn rows() -> Vec<Row> {
             },
             command: record_lookup(1, LookupOutcome::Absent),
             expect: Appends(&["ReconciliationResolved", "IntentEscalated"], Next::Done),
+        },
+        Row {
+            name: "keys but no lookups, every attempt spent: the resend that would reconcile escalates instead",
+            given: vec![
+                Given::Reserved {
+                    capability: tier(true, false),
+                    limits: RunLimits { attempts_per_intent_max: 1, ..RunLimits::default() },
+                    start_attempt: true,
+                },
+                Given::Outcome(1, timeout()),
+                past_backoff(),
+            ],
+            command: start_attempt(),
+            expect: Appends(&["IntentEscalated"], Next::Done),
+        },
+        Row {
+            name: "a resend's answer lost too: its reconciliation waits the second backoff",
+            given: {
+                let mut given = reconciling();
+                given.extend([Given::Lookup(1, LookupOutcome::Absent), Given::Resent]);
+                given
+            },
+            command: record_outcome(2, timeout()),
+            expect: Appends(
+                &["OutcomeUnknown"],
+                Next::WaitUntil {
+                    until: nine_am()
+                        + chrono::Duration::milliseconds(
+                            (limits::reconcile_backoff_ms(1) + 1 + limits::reconcile_backoff_ms(2)) as i64,
+                        ),
+                },
+            ),
         },
         Row {
             name: "the resend after a proven absence, with the same key",
@@ -443,6 +477,7 @@ fn history(given: &[Given]) -> (MemoryLog, chrono::DateTime<chrono::Utc>) {
             Given::Outcome(attempt, outcome) => Command::new(cause(), record_outcome(*attempt, outcome.clone())),
             Given::ReconciliationStarted => Command::new(cause(), start_reconciliation()),
             Given::Lookup(n, outcome) => Command::new(cause(), record_lookup(*n, outcome.clone())),
+            Given::Resent => Command::new(cause(), start_attempt()),
             Given::Later(ms) => {
                 clock.advance_ms(i64::try_from(*ms).expect("a table's delay fits in i64"));
                 continue;

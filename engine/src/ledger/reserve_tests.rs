@@ -171,15 +171,21 @@ fn rows() -> Vec<Row> {
             expect: Rejected(InvalidArguments),
         },
         Row {
-            name: "an amount at the maximum",
+            name: "an amount at the maximum, in a run whose budget covers it",
             given: vec![],
-            proposal: charge("c1", "o1", limits::AMOUNT_MINOR_MAX),
+            proposal: charge("c1", "o1", limits::AMOUNT_MINOR_MAX).limited(budget(limits::AMOUNT_MINOR_MAX)),
             expect: Appends(NEW),
         },
         Row {
-            name: "an amount one above the maximum",
+            name: "an amount at the maximum, in a run with the default budget",
             given: vec![],
-            proposal: charge("c1", "o1", limits::AMOUNT_MINOR_MAX + 1),
+            proposal: charge("c1", "o1", limits::AMOUNT_MINOR_MAX),
+            expect: Rejected(BudgetExhausted),
+        },
+        Row {
+            name: "an amount one above the maximum, whatever the budget",
+            given: vec![],
+            proposal: charge("c1", "o1", limits::AMOUNT_MINOR_MAX + 1).limited(budget(i64::MAX)),
             expect: Rejected(InvalidArguments),
         },
         Row {
