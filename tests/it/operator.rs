@@ -550,7 +550,13 @@ fn runs_list_filter_and_show_with_budgets_and_intents() {
     let attempts = budget(&shown, &format!("attempts charge:{TENANT}:order_1842_charge"));
     assert_eq!((attempts["used"].as_i64(), attempts["remaining"].as_i64()), (Some(1), Some(2)), "{shown}");
     let money = budget(&shown, "cost_minor");
-    assert_eq!((money["used"].as_i64(), &money["max"]), (Some(4900), &Value::Null), "spent, unbounded: {shown}");
+    let max = money["max"].as_i64();
+    assert_eq!(
+        (money["used"].as_i64(), max),
+        (Some(4900), Some(engine::limits::RUN_COST_DEFAULT_MINOR)),
+        "spent, within the built-in policy's run budget: {shown}"
+    );
+    assert_eq!(money["remaining"].as_i64(), max.map(|m| m - 4900), "{shown}");
 
     let (_, shown) = agent_keel(&db, &["run", "show", &agent_run], &[]);
     assert_eq!(shown["status"], "model_budget");
