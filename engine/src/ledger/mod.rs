@@ -45,6 +45,8 @@ pub use whole::Ledger;
 #[cfg(test)]
 mod boundary_tests;
 #[cfg(test)]
+mod lease_tests;
+#[cfg(test)]
 mod reserve_tests;
 #[cfg(test)]
 mod tests;
