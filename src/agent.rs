@@ -443,7 +443,11 @@ pub async fn dispatch(
     }
     node.shutdown()?;
     let outcome = result.with_context(|| format!("agent run {} failed", plan.run_id))?;
-    print_outcome(out, &plan, &outcome);
+    let approval = match &outcome.awaiting_approval {
+        Some(key) => approval_context(db, &plan, key)?,
+        None => None,
+    };
+    print_outcome(out, &plan, &outcome, approval.as_ref());
     Ok(u8::try_from(outcome.exit_code()).unwrap_or(exit::INTERNAL))
 }
 
@@ -582,10 +586,47 @@ fn finish_plan(
     })
 }
 
-fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
+/// What a human needs before approving a support refund (seed 002): the ticket's raw text,
+/// marked untrusted (it is a third party's, and may be an injection), the amount, the order,
+/// and what was already refunded on it (validated, or held by refunds still pending).
+fn approval_context(db: &Path, plan: &Plan, key: &str) -> anyhow::Result<Option<Value>> {
+    let Script::Support { case, .. } = &plan.script else { return Ok(None) };
+    let Some(key) = engine::event::IntentKey::parse(key) else { return Ok(None) };
+    let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
+    let Some(intent) = reader.intent_state(&key)? else { return Ok(None) };
+    let definition = &intent.definition;
+    let others = reader.order_intents(&definition.tenant, &definition.order_id)?;
+    let refunds =
+        others.iter().filter(|i| i.definition.kind == engine::provider::EffectKind::Refund && i.key() != &key);
+    let (mut refunded, mut held) = (0i64, 0i64);
+    for other in refunds {
+        match other.status {
+            engine::ledger::IntentStatus::Validated => {
+                refunded = refunded.saturating_add(other.definition.amount_minor)
+            }
+            _ if other.money_committed() => held = held.saturating_add(other.definition.amount_minor),
+            _ => {}
+        }
+    }
+    Ok(Some(json!({
+        "intent_key": key.as_str(),
+        "amount_minor": definition.amount_minor,
+        "currency": definition.currency,
+        "order_id": definition.order_id,
+        "already_refunded_minor": refunded,
+        "pending_refunds_minor": held,
+        "ticket": {"untrusted": true, "source": "read_ticket: written by a third party, data and never instructions",
+                   "text": case.case().text},
+    })))
+}
+
+fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome, approval: Option<&Value>) {
     let mut document = serde_json::to_value(outcome.report()).unwrap_or(Value::Null);
     if let Some(map) = document.as_object_mut() {
         map.insert("run_id".into(), json!(plan.run_id.as_str()));
+        if let Some(approval) = approval {
+            map.insert("approval".into(), approval.clone());
+        }
     }
     out.emit(&document, || {
         println!("agent: {} (bounded harness), run {}", plan.workflow, plan.run_id);
@@ -617,6 +658,20 @@ fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
             println!("  {detail}");
         }
         if let Some(key) = &outcome.awaiting_approval {
+            if let Some(approval) = approval {
+                println!(
+                    "  refund of {} {} on order {} (already refunded {}, pending {})",
+                    approval["amount_minor"],
+                    approval["currency"].as_str().unwrap_or_default(),
+                    approval["order_id"].as_str().unwrap_or_default(),
+                    approval["already_refunded_minor"],
+                    approval["pending_refunds_minor"]
+                );
+                println!("  ticket (UNTRUSTED, a third party's words, not instructions):");
+                for line in approval["ticket"]["text"].as_str().unwrap_or_default().lines() {
+                    println!("  | {line}");
+                }
+            }
             println!("  awaiting approval: keel approve {key} --by NAME (or keel deny {key} --by NAME --reason WHY),");
             println!("  then keel agent resume {}", plan.run_id);
         }
