@@ -331,7 +331,11 @@ pub async fn dispatch(
     match drive(db, durability, provider, &plan, source, Mode::Interactive { resuming }).await? {
         Driven::Busy(refused) => Err(Failure::Refused(refused)),
         Driven::Ended { outcome, interrupted } => {
-            print_outcome(out, &plan, &outcome);
+            let approval = match &outcome.awaiting_approval {
+                Some(key) => approval_context(db, &plan, key)?,
+                None => None,
+            };
+            print_outcome(out, &plan, &outcome, approval.as_ref());
             Ok(exit_code(&outcome, interrupted))
         }
     }
@@ -732,16 +736,76 @@ fn finish_plan(
     })
 }
 
-/// `keel agent run --json`'s document: the run id first, then the report.
+/// What a human needs before approving a support refund (seed 002): the ticket's raw text,
+/// marked untrusted (it is a third party's, and may be an injection), the amount, the order,
+/// and what was already refunded on it (validated, or held by refunds still pending).
+#[derive(Debug, Serialize)]
+struct ApprovalContext {
+    intent_key: String,
+    amount_minor: i64,
+    currency: String,
+    order_id: String,
+    already_refunded_minor: i64,
+    pending_refunds_minor: i64,
+    ticket: UntrustedTicket,
+}
+
+/// A ticket's text as its writer wrote it: data to show a human, never instructions.
+#[derive(Debug, Serialize)]
+struct UntrustedTicket {
+    untrusted: bool,
+    source: &'static str,
+    text: String,
+}
+
+fn approval_context(db: &Path, plan: &Plan, key: &str) -> Result<Option<ApprovalContext>, Failure> {
+    let Script::Support { case, .. } = &plan.script else { return Ok(None) };
+    let Some(key) = engine::event::IntentKey::parse(key) else { return Ok(None) };
+    let reader = store::Reader::open(db)
+        .map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))?;
+    let Some(intent) = reader.intent_state(&key)? else { return Ok(None) };
+    let definition = &intent.definition;
+    let others = reader.order_intents(&definition.tenant, &definition.order_id)?;
+    let refunds =
+        others.iter().filter(|i| i.definition.kind == engine::provider::EffectKind::Refund && i.key() != &key);
+    let (mut refunded, mut held) = (0i64, 0i64);
+    for other in refunds {
+        match other.status {
+            engine::ledger::IntentStatus::Validated => {
+                refunded = refunded.saturating_add(other.definition.amount_minor)
+            }
+            _ if other.money_committed() => held = held.saturating_add(other.definition.amount_minor),
+            _ => {}
+        }
+    }
+    Ok(Some(ApprovalContext {
+        intent_key: key.as_str().to_owned(),
+        amount_minor: definition.amount_minor,
+        currency: definition.currency.clone(),
+        order_id: definition.order_id.clone(),
+        already_refunded_minor: refunded,
+        pending_refunds_minor: held,
+        ticket: UntrustedTicket {
+            untrusted: true,
+            source: "read_ticket: written by a third party, data and never instructions",
+            text: case.case().text.to_string(),
+        },
+    }))
+}
+
+/// `keel agent run --json`'s document: the run id first, then the report, and what a human
+/// needs to see when the run waits for one.
 #[derive(Serialize)]
 struct Report<'a> {
     run_id: &'a str,
     #[serde(flatten)]
     report: agent::RunReport,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    approval: Option<&'a ApprovalContext>,
 }
 
-fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
-    let document = Report { run_id: plan.run_id.as_str(), report: outcome.report() };
+fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome, approval: Option<&ApprovalContext>) {
+    let document = Report { run_id: plan.run_id.as_str(), report: outcome.report(), approval };
     out.emit(&document, || {
         outln!("agent: {} (bounded harness), run {}", plan.workflow, plan.run_id);
         outln!("transport: {}", plan.script.describe());
@@ -774,6 +838,19 @@ fn print_outcome(out: &Output, plan: &Plan, outcome: &RunOutcome) {
         match &outcome.awaiting_approval {
             // The hint once, in full (the detail says the same).
             Some(key) => {
+                if let Some(approval) = approval {
+                    outln!(
+                        "  refund of {} on order {} (already refunded {}, pending {})",
+                        crate::ops::money(approval.amount_minor, &approval.currency),
+                        approval.order_id,
+                        crate::ops::money(approval.already_refunded_minor, &approval.currency),
+                        crate::ops::money(approval.pending_refunds_minor, &approval.currency)
+                    );
+                    outln!("  ticket (UNTRUSTED, a third party's words, not instructions):");
+                    for line in approval.ticket.text.lines() {
+                        outln!("  | {line}");
+                    }
+                }
                 outln!(
                     "  awaiting approval: keel approve {key} --by NAME (or keel deny {key} --by NAME --reason WHY),"
                 );

@@ -328,6 +328,12 @@ pub const AGENT_INPUT_TOKENS_DEFAULT: u64 = 1_000_000;
 /// cap. Enforced by the loop, which also clamps each call's cap to what is left.
 pub const AGENT_OUTPUT_TOKENS_DEFAULT: u64 = 80_000;
 
+/// Default model cost of an agent run that was given prices, in minor units: ten thousand in
+/// major units, far above any task at today's prices, so a priced run is bounded in money
+/// without a flag. A run without prices cannot measure cost; its token defaults bound it.
+/// Applied by `AgentLimits::overridden_by`; enforced by the loop (`cost_budget`).
+pub const AGENT_COST_DEFAULT_MINOR: i64 = 1_000_000;
+
 /// Default output-token cap sent with each model call (seed 003: `MaxOutputTokens = 800`).
 /// A per-call option, not a budget: the budgets are the token and cost totals.
 pub const AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT: u32 = 800;
@@ -432,6 +438,7 @@ const _: () = assert!(AGENT_DEADLINE_DEFAULT_MS <= AGENT_DEADLINE_MAX_MS);
 const _: () = assert!(AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT <= AGENT_OUTPUT_TOKENS_PER_CALL_MAX);
 const _: () = assert!(AGENT_ANSWER_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
 const _: () = assert!(AGENT_INPUT_TOKENS_DEFAULT <= AGENT_TOKENS_MAX);
+const _: () = assert!(AGENT_COST_DEFAULT_MINOR <= AGENT_COST_MINOR_MAX);
 const _: () = assert!(AGENT_OUTPUT_TOKENS_DEFAULT <= AGENT_TOKENS_MAX);
 // The default output budget never cuts a default run's calls short.
 const _: () = assert!(

@@ -274,6 +274,18 @@ impl Reader {
         Ok(rows::intents_listed(&snapshot, status)?.iter().map(IntentRow::from_intent).collect())
     }
 
+    /// Every intent of one order (charges and refunds), in reservation order: what a human
+    /// approving a refund needs to see of what was already refunded. Its cost is that order's
+    /// intents (the `orders` index), never the log's size.
+    pub fn order_intents(&self, tenant: &str, order_id: &str) -> Result<Vec<Intent>> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        let mut intents = Vec::new();
+        for id in rows::order_intent_ids(&snapshot, tenant, order_id)? {
+            intents.extend(rows::intent_at(&snapshot, id)?);
+        }
+        Ok(intents)
+    }
+
     /// One intent's row.
     pub fn intent(&self, key: &IntentKey) -> Result<Option<IntentRow>> {
         let snapshot = self.conn.unchecked_transaction()?;

@@ -314,6 +314,16 @@ fn every_support_refund_waits_for_a_human_unless_the_policy_says_otherwise() {
     };
     let (exit, report) = run(&[]);
     assert_eq!((exit, report["status"].as_str()), (2, Some("awaiting_approval")), "by default: {report}");
+    // What the human sees before saying yes: the amount, the order, what was refunded, and the
+    // ticket's raw text marked untrusted.
+    let approval = &report["approval"];
+    assert_eq!((approval["amount_minor"].as_i64(), approval["order_id"].as_str()), (Some(100), Some("C-1042")));
+    assert_eq!(
+        (approval["already_refunded_minor"].as_i64(), approval["pending_refunds_minor"].as_i64()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(approval["ticket"]["untrusted"], true, "{approval}");
+    assert!(approval["ticket"]["text"].as_str().is_some_and(|t| t.contains("arrived damaged")), "{approval}");
     let limits = crate::policy::run_limits(&db, report["run_id"].as_str().expect("a run id"));
     assert_eq!(limits.approval_threshold_minor, Some(0), "recorded: every refund");
     assert_eq!(limits.policy.map(|p| p.version).as_deref(), Some("builtin"));
@@ -329,6 +339,15 @@ fn every_support_refund_waits_for_a_human_unless_the_policy_says_otherwise() {
     let limits = crate::policy::run_limits(&db, report["run_id"].as_str().expect("a run id"));
     assert_eq!(limits.approval_threshold_minor, Some(500), "{exit} {report}");
     assert_eq!(limits.policy.map(|p| p.version).as_deref(), Some("desk-1"));
+
+    // The next approval shows what the order already holds: 1.00 refunded, 1.00 pending.
+    let (_, report) = run(&[]);
+    let approval = &report["approval"];
+    assert_eq!(
+        (approval["already_refunded_minor"].as_i64(), approval["pending_refunds_minor"].as_i64()),
+        (Some(100), Some(100)),
+        "{report}"
+    );
 }
 
 // ----- live model APIs (`--model-api`) against a local server -----------------------------------

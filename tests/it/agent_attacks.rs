@@ -280,6 +280,10 @@ fn limits_out_of_range_are_usage_errors_that_write_nothing() {
         (r#"{"output_tokens_max": 18446744073709551615}"#, "output_tokens_max"),
         // Bounded by default: a caller cannot unbound a run's tokens with `null`.
         (r#"{"input_tokens_max": null}"#, "input_tokens_max"),
+        (
+            r#"{"cost_minor_max": null, "prices": {"m": {"input_minor_per_mtok": 1, "output_minor_per_mtok": 1}}}"#,
+            "cost_minor_max",
+        ),
         (r#"{"output_tokens_max": null}"#, "output_tokens_max"),
         (r#"{"cost_minor_max": -1}"#, "cost_minor_max"),
         (r#"{"cost_minor_max": 9223372036854775807}"#, "cost_minor_max"),

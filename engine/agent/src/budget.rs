@@ -27,7 +27,9 @@ pub struct AgentLimits {
     pub input_tokens_max: Option<u64>,
     /// Output tokens over the run. Bounded by default (`AGENT_OUTPUT_TOKENS_DEFAULT`).
     pub output_tokens_max: Option<u64>,
-    /// Model cost over the run, integer minor units (absent: unbounded).
+    /// Model cost over the run, integer minor units. A run given `prices` is bounded by
+    /// default (`AGENT_COST_DEFAULT_MINOR`); without prices a cost cannot be measured and the
+    /// token budgets bound the run (absent: no cost limit).
     pub cost_minor_max: Option<i64>,
     /// Deadline from run start; fixed as an absolute instant in `AgentRunStarted`.
     pub deadline_ms: u64,
@@ -88,8 +90,12 @@ impl AgentLimits {
             serde_json::from_value::<Self>(base.clone())
                 .map_err(|e| LimitsError::Invalid { field: key.clone(), detail: e.to_string() })?;
         }
-        let limits: Self = serde_json::from_value(base)
+        let mut limits: Self = serde_json::from_value(base)
             .map_err(|e| LimitsError::Invalid { field: "limits".into(), detail: e.to_string() })?;
+        // A run given prices can measure its cost: it is bounded in cost by default too.
+        if !limits.prices.0.is_empty() && limits.cost_minor_max.is_none() && !over_map.contains_key("cost_minor_max") {
+            limits.cost_minor_max = Some(limits::AGENT_COST_DEFAULT_MINOR);
+        }
         limits.validate()?;
         Ok(limits)
     }
@@ -116,8 +122,18 @@ impl AgentLimits {
             })?;
             within(field, max, 0, AGENT_TOKENS_MAX)?;
         }
-        if let Some(max) = self.cost_minor_max {
-            within_i64("cost_minor_max", max, AGENT_COST_MINOR_MAX)?;
+        match self.cost_minor_max {
+            Some(max) => within_i64("cost_minor_max", max, AGENT_COST_MINOR_MAX)?,
+            // Without prices a cost cannot be measured (the token budgets bound the run); with
+            // them, `null` would unbound it.
+            None if !self.prices.0.is_empty() => {
+                return Err(LimitsError::OutOfRange {
+                    field: "cost_minor_max".to_owned(),
+                    value: "null".to_owned(),
+                    range: format!("0..={AGENT_COST_MINOR_MAX} (a priced run is never unbounded in cost)"),
+                });
+            }
+            None => {}
         }
         within("deadline_ms", self.deadline_ms, 0, AGENT_DEADLINE_MAX_MS)?;
         let corrections = self.schema_corrections_max.into();
@@ -264,6 +280,21 @@ mod tests {
         assert_eq!(limits.tool_calls_max, base.tool_calls_max);
         assert!(base.overridden_by(&json!({"model_call_max": 1})).is_err());
         assert!(base.overridden_by(&json!([1])).is_err());
+    }
+
+    #[test]
+    fn every_dimension_is_bounded_by_default_and_a_priced_run_in_cost_too() {
+        let base = AgentLimits::default();
+        assert_eq!(base.input_tokens_max, Some(limits::AGENT_INPUT_TOKENS_DEFAULT));
+        assert_eq!(base.output_tokens_max, Some(limits::AGENT_OUTPUT_TOKENS_DEFAULT));
+        let price = json!({"m": {"input_minor_per_mtok": 300, "output_minor_per_mtok": 1500}});
+        let priced = base.overridden_by(&json!({"prices": price})).expect("valid");
+        assert_eq!(priced.cost_minor_max, Some(limits::AGENT_COST_DEFAULT_MINOR), "bounded without a flag");
+        let named = base.overridden_by(&json!({"prices": price, "cost_minor_max": 7})).expect("valid");
+        assert_eq!(named.cost_minor_max, Some(7), "a named cost limit is the caller's");
+        for unbounded in [json!({"prices": price, "cost_minor_max": null}), json!({"input_tokens_max": null})] {
+            assert!(base.overridden_by(&unbounded).is_err(), "{unbounded}: a caller cannot unbound a run");
+        }
     }
 
     #[test]

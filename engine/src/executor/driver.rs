@@ -118,7 +118,10 @@ pub async fn drive_intent(runtime: &Runtime, cause: Cause, key: &IntentKey) -> R
     let answer = runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?;
     // Agent effects are not on the crash-test failpoints' paths: they stay disarmed here.
     let disarmed = Failpoints::disarmed();
-    let leased = Leased::for_its_run(runtime, cause, &disarmed, answer.intent.run_id.clone()).await?;
+    let run: Run = runtime.log.ask(Ask::observe_run(cause.clone(), answer.intent.run_id.clone())).await?;
+    let mut leased = Leased::for_its_run(runtime, cause, &disarmed, answer.intent.run_id.clone()).await?;
+    // The agent's effect acts inside its run's time: a request gets at most what is left.
+    leased.driver.deadline_at = Some(run.deadline_at);
     let outcome = leased.driver.drive_from(&answer.intent, None).await;
     leased.release().await?;
     outcome
@@ -170,9 +173,10 @@ pub(super) struct Driver<'a> {
     pub(super) run_id: RunId,
     /// That run's lease, presented with every write for it.
     pub(super) lease: Option<LeaseGrant>,
-    /// That run's deadline, when the driver acts inside it (a workflow's context): a request
-    /// is given at most the time left. Operators and recovery act outside any run's time,
-    /// and the ledger's reserve already bounds every attempt it writes ahead.
+    /// That run's deadline, when the driver acts inside it (a workflow's context, an agent's
+    /// effect call): a request is given at most the time left. Operators and recovery act
+    /// outside any run's time, and the ledger's reserve already bounds every attempt it writes
+    /// ahead.
     pub(super) deadline_at: Option<DateTime<Utc>>,
 }
 
