@@ -47,6 +47,8 @@ mod boundary_tests;
 #[cfg(test)]
 mod lease_tests;
 #[cfg(test)]
+mod operator_tests;
+#[cfg(test)]
 mod reserve_tests;
 #[cfg(test)]
 mod tests;
