@@ -76,6 +76,13 @@ pub enum Error {
         /// The panic message.
         detail: String,
     },
+    /// An API key with this name exists already (revoked keys keep theirs). Permanent: pick
+    /// another name.
+    #[error("an API key named {name:?} exists already (names are never reused, even once revoked)")]
+    KeyNameTaken {
+        /// The name asked for.
+        name: String,
+    },
     /// The operating system refused something (spawning the writer thread).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -95,6 +102,7 @@ impl Error {
             | Self::PayloadTooLarge { .. }
             | Self::Closed
             | Self::WriterPanicked { .. }
+            | Self::KeyNameTaken { .. }
             | Self::Io(_)
             | Self::Sqlite(_) => false,
         }
