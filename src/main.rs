@@ -11,8 +11,10 @@
 
 mod agent;
 mod harness;
+mod keys;
 mod ops;
 mod output;
+mod serve;
 mod wiring;
 
 use clap::{Args, Parser, Subcommand};
@@ -308,6 +310,16 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Serve the HTTP API (charges, refunds, intents, operator decisions) on one long-lived
+    /// process and store, authenticated by API keys (`keel keys`). Stops gracefully on
+    /// SIGTERM or SIGINT (exit 0).
+    Serve(serve::ServeArgs),
+    /// API keys for `keel serve`: `keel keys create --tenant T --role submit|read|operator
+    /// --name N`, `keel keys revoke NAME|ID`, `keel keys list`.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
+    },
     /// Check the hash chain, rebuild every entity row by replaying its stream and compare,
     /// in bounded memory (progress on a terminal). The one command that reads the whole log.
     /// Exit 1 naming the first mismatch.
@@ -444,7 +456,8 @@ fn main() -> ExitCode {
         Err(error) => return ExitCode::from(out.internal_error(&format!("cannot start the async runtime: {error}"))),
     };
     // An agent run handles ctrl-c itself (it records its `cancelled` stop, then exits 130).
-    if matches!(cli.command, Command::Agent { .. }) {
+    // So does `keel serve` (a graceful stop: in-flight requests finish, then exit 0).
+    if matches!(cli.command, Command::Agent { .. } | Command::Serve(_)) {
         let code = runtime.block_on(dispatch(cli)).unwrap_or_else(|error| out.internal_error(&format!("{error:#}")));
         return ExitCode::from(code);
     }
@@ -484,7 +497,11 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
     let durability = wiring::durability(&cli.durability);
     let needs_provider = matches!(
         cli.command,
-        Command::Charge { .. } | Command::Refund { .. } | Command::Reconcile { .. } | Command::Resume
+        Command::Charge { .. }
+            | Command::Refund { .. }
+            | Command::Reconcile { .. }
+            | Command::Resume
+            | Command::Serve(_)
     );
     if needs_provider && cli.provider.url.is_none() {
         return Ok(out.usage_error(
@@ -556,6 +573,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
             )
             .await
         }
+        Command::Serve(args) => serve::run(&cli.db, durability, &cli.provider, &out, args).await,
+        Command::Keys { command } => keys::dispatch(&cli.db, &out, command),
         Command::Verify => ops::verify(&cli.db, &out),
         Command::Demo { dir } => harness::demo::run(&out, dir).await,
         Command::Bench { intents, concurrency, keep, first } => {

@@ -74,13 +74,19 @@ pub async fn run_effect(
     };
     let outcome = node.executor.start(workflow, input, request).await?;
     node.shutdown()?;
+    out.emit(&run_document(&outcome), || print_run(workflow, &outcome));
+    Ok(if outcome.intent.as_ref().is_some_and(IntentOutcome::is_validated) { exit::OK } else { exit::CONTROLLED })
+}
+
+/// A charge's or refund's JSON document: the workflow's output with its run's id and status
+/// (what `keel charge --json` prints and `keel serve` answers).
+pub fn run_document(outcome: &RunOutcome) -> Value {
     let mut document = outcome.output.clone();
     if let Some(map) = document.as_object_mut() {
         map.insert("run_id".to_owned(), json!(outcome.run_id));
         map.insert("run_status".to_owned(), json!(outcome.status));
     }
-    out.emit(&document, || print_run(workflow, &outcome));
-    Ok(if outcome.intent.as_ref().is_some_and(IntentOutcome::is_validated) { exit::OK } else { exit::CONTROLLED })
+    document
 }
 
 /// A run's outcome in one line (and its details): the intent it ended on, or why it was
@@ -156,34 +162,10 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         Err(message) => return Ok(out.usage_error(&message)),
     };
     let reader = store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?;
-    let Some(intent) = reader.intent_state(&key)? else {
+    let Some((intent, events, document)) = intent_document(&reader, &key)? else {
         return Ok(out.refused(&format!("no intent with key {key}")));
     };
-    let events = reader.stream(&key.stream())?;
-    let history: Vec<Value> = events
-        .iter()
-        .map(|e| {
-            json!({
-                "seq": e.seq,
-                "stream_seq": e.stream_seq,
-                "at": e.at,
-                "type": e.event.type_name(),
-                "cause": e.cause,
-                "payload": e.event.payload(),
-            })
-        })
-        .collect();
-    let document = json!({
-        "intent_key": key.as_str(),
-        "status": intent.status.as_str(),
-        "source": intent.source,
-        "code": intent.decline_code,
-        "attempts": intent.attempts,
-        "reconciliations": intent.reconciliations,
-        "intent": intent,
-        "events": history,
-    });
-    out.emit(&name_intent_keys(document), || {
+    out.emit(&document, || {
         println!("{key}: {}", intent.status.as_str());
         println!(
             "  {} {} {} for order {}, fingerprint {}",
@@ -215,6 +197,42 @@ pub fn show(db: &Path, out: &Output, key: &str) -> anyhow::Result<u8> {
         }
     });
     Ok(exit::OK)
+}
+
+/// One intent's state, its events and the JSON document `keel show --json` prints (and
+/// `GET /v1/intents/{key}` answers); `None` when no intent has the key.
+pub fn intent_document(
+    reader: &store::Reader,
+    key: &IntentKey,
+) -> anyhow::Result<Option<(Intent, Vec<engine::event::StoredEvent>, Value)>> {
+    let Some(intent) = reader.intent_state(key)? else {
+        return Ok(None);
+    };
+    let events = reader.stream(&key.stream())?;
+    let history: Vec<Value> = events
+        .iter()
+        .map(|e| {
+            json!({
+                "seq": e.seq,
+                "stream_seq": e.stream_seq,
+                "at": e.at,
+                "type": e.event.type_name(),
+                "cause": e.cause,
+                "payload": e.event.payload(),
+            })
+        })
+        .collect();
+    let document = json!({
+        "intent_key": key.as_str(),
+        "status": intent.status.as_str(),
+        "source": intent.source,
+        "code": intent.decline_code,
+        "attempts": intent.attempts,
+        "reconciliations": intent.reconciliations,
+        "intent": intent,
+        "events": history,
+    });
+    Ok(Some((intent, events, name_intent_keys(document))))
 }
 
 /// `keel reconcile KEY|--due`.

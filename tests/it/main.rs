@@ -15,5 +15,6 @@ mod kills;
 mod leases;
 mod model;
 mod money;
+mod serve;
 mod teeth;
 mod testkit;

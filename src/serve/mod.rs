@@ -1,0 +1,184 @@
+//! `keel serve`: Keel as an authenticated HTTP API, for services in any language.
+//!
+//! Owns the long-lived process: one [`Node`] (one store, so the writer's group commit is
+//! shared by every request, one provider client, one executor), the key table, readers for
+//! the queries, recovery before `/readyz` says ready, and the graceful stop. The routes and
+//! their handlers are in `api`, the error shape in `error`, the body door in `body`, keys,
+//! roles and rates in `auth`.
+//!
+//! # Start
+//!
+//! The listener is bound first and `listening on http://ADDR` printed (port 0 picks a free
+//! one); `/healthz` answers at once, and every `/v1` route and `/readyz` answer 503
+//! `not_ready` until recovery (`Executor::recover_and_resume`: attempts left in flight by a
+//! crash become `outcome_unknown`, unfinished runs are replayed, due reconciliations run) is
+//! done.
+//!
+//! # Stop
+//!
+//! On SIGTERM or SIGINT the server stops accepting connections and lets the requests in
+//! flight finish (each at most `SHUTDOWN_GRACE_MS` after the signal; past it the process
+//! stops anyway, whatever was acknowledged being durable), gives back every run lease it still
+//! holds, lets the store commit what is queued and record its verified point, and exits 0.
+//!
+//! It never decides a transition, never touches SQL, and never reads a secret back.
+
+mod api;
+mod auth;
+mod body;
+mod error;
+
+use crate::output::Output;
+use crate::wiring::Node;
+use crate::{LimitArgs, ProviderArgs, exit};
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::State;
+use axum::routing::{get, post};
+use engine::event::Cause;
+use engine::limits::{API_RATE_PER_S_DEFAULT, API_RATE_PER_S_MAX, SHUTDOWN_GRACE_MS};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use store::keys::KeyBook;
+
+/// `keel serve`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Where to listen. Port 0 picks a free port; the address is printed as
+    /// `listening on http://ADDR`.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Requests per second each API key may make (a token bucket holding two seconds of it;
+    /// past it 429 with Retry-After).
+    #[arg(long, default_value_t = API_RATE_PER_S_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(API_RATE_PER_S_MAX)))]
+    rate_per_s: u32,
+    /// The limits of every run a request starts.
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// What every handler shares.
+pub struct Server {
+    node: Node,
+    keys: KeyBook,
+    buckets: auth::Buckets,
+    limits: LimitArgs,
+    ready: AtomicBool,
+    /// Read connections, reused across requests (one is opened when none is free).
+    readers: Mutex<Vec<store::Reader>>,
+}
+
+impl Server {
+    /// Runs `query` on a pooled reader.
+    fn read<T>(&self, query: impl FnOnce(&store::Reader) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let pooled = self.readers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        let reader = match pooled {
+            Some(reader) => reader,
+            None => self.node.store.reader()?,
+        };
+        let result = query(&reader);
+        self.readers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(reader);
+        result
+    }
+}
+
+/// Every route, on `server`.
+fn router(server: Arc<Server>) -> Router {
+    let mut router = Router::new()
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/v1/charges", post(api::charge))
+        .route("/v1/refunds", post(api::refund))
+        .route("/v1/intents", get(api::list))
+        .route("/v1/intents/{key}", get(api::show));
+    for (decision, segment) in api::Decision::ALL {
+        router = router.route(
+            &format!("/v1/intents/{{key}}/{segment}"),
+            post(move |State(server): State<Arc<Server>>, headers, path, body| {
+                api::decide(server, decision, headers, path, body)
+            }),
+        );
+    }
+    router
+        .fallback(api::no_route)
+        .method_not_allowed_fallback(api::no_method)
+        // The body door reads at most `API_BODY_MAX_BYTES` itself, answering in the API's shape.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(server)
+}
+
+/// Resolves at the first SIGTERM or SIGINT.
+async fn stop_signal() {
+    let mut terminate = crate::wiring::sigterm();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate.recv() => {}
+    }
+}
+
+/// `keel serve`: serves until SIGTERM or SIGINT, then stops gracefully (exit 0).
+pub async fn run(
+    db: &Path,
+    durability: store::Durability,
+    provider: &ProviderArgs,
+    out: &Output,
+    args: ServeArgs,
+) -> anyhow::Result<u8> {
+    let node = Node::open(db, durability, provider, args.limits.max_charge_minor)?;
+    let keys = KeyBook::open(db).with_context(|| format!("cannot open the key table of {}", db.display()))?;
+    let listener =
+        tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("cannot listen on {}", args.addr))?;
+    let local = listener.local_addr()?;
+    let server = Arc::new(Server {
+        node,
+        keys,
+        buckets: auth::Buckets::new(args.rate_per_s),
+        limits: args.limits,
+        ready: AtomicBool::new(false),
+        readers: Mutex::new(Vec::new()),
+    });
+    println!("listening on http://{local}");
+    std::io::stdout().flush()?;
+
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let notify = Arc::clone(&stopping);
+    let app = router(Arc::clone(&server));
+    let serving = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                stop_signal().await;
+                notify.notify_one();
+            })
+            .await
+    });
+
+    let report = server.node.executor.recover_and_resume(Cause::command("serve")).await?;
+    server.ready.store(true, Ordering::Release);
+    eprintln!(
+        "keel serve: ready (recovered {} in-flight intent(s), resumed {} run(s), reconciled {})",
+        report.recovered.len(),
+        report.resumed.len(),
+        report.reconciled.len()
+    );
+
+    let grace = async {
+        stopping.notified().await;
+        tokio::time::sleep(std::time::Duration::from_millis(SHUTDOWN_GRACE_MS)).await;
+    };
+    tokio::select! {
+        served = serving => served.context("the server task failed")?.context("the server failed")?,
+        () = grace => eprintln!("keel serve: requests still in flight after the grace period; stopping anyway"),
+    }
+    let runtime = server.node.executor.runtime();
+    let held = runtime.lessee.grants();
+    engine::executor::release_runs(&*runtime.log, &runtime.lessee, &Cause::command("serve"), held).await?;
+    server.node.shutdown()?;
+    out.emit(&serde_json::json!({"status": "stopped", "addr": local.to_string()}), || {
+        eprintln!("keel serve: stopped; whatever was acknowledged is durable");
+    });
+    Ok(exit::OK)
+}
