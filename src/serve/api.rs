@@ -10,7 +10,7 @@
 use super::Server;
 use super::auth::{Need, authorize};
 use super::body;
-use super::error::{ApiError, Code};
+use super::error::{ApiError, Code, ErrorBody};
 use crate::output::name_intent_keys;
 use crate::wiring::SystemClock;
 use axum::Json;
@@ -33,12 +33,13 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use store::keys::ApiKey;
+use utoipa::{IntoParams, ToSchema};
 
 type Shared = State<Arc<Server>>;
 
 /// `POST /v1/charges`: the CLI's charge contract. The intent id is the `Idempotency-Key`
 /// header and the tenant the key's; the body may repeat them, and must then agree.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChargeRequest {
     /// The key's tenant, if repeated.
@@ -58,7 +59,7 @@ pub struct ChargeRequest {
 }
 
 /// `POST /v1/refunds`: the CLI's refund contract, identity as for a charge.
-#[derive(Debug, Deserialize, Serialize)]
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RefundRequest {
     /// The key's tenant, if repeated.
@@ -93,7 +94,7 @@ impl Identified for RefundRequest {
 }
 
 /// `POST /v1/intents/{key}/cancel` and `/deny`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReasonRequest {
     /// Why (recorded).
@@ -101,7 +102,7 @@ pub struct ReasonRequest {
 }
 
 /// `POST /v1/intents/{key}/resolve`: exactly one of `landed` and `absent: true`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResolveRequest {
     /// The provider's reference proving the effect landed.
@@ -118,7 +119,7 @@ pub struct ResolveRequest {
 }
 
 /// `POST /v1/intents/{key}/approve`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApproveRequest {
     /// The fingerprint reviewed; refused if it is not the intent's.
@@ -130,13 +131,14 @@ pub struct ApproveRequest {
 }
 
 /// `POST /v1/intents/{key}/reconcile`: nothing to say (an empty body or `{}`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyRequest {}
 
 /// `GET /v1/intents` query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Only intents in this state.
     pub state: Option<String>,
@@ -217,11 +219,43 @@ fn run_request(server: &Server, key: &ApiKey) -> RunRequest {
 }
 
 /// `POST /v1/charges`.
+#[utoipa::path(post, path = "/v1/charges", tag = "effects", request_body = ChargeRequest, params(("Idempotency-Key" = String, Header, description = "Your stable id for this intent (12-120 visible ASCII): the intent id. Re-use it to retry.")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "validated (source provider, reconciled or deduplicated)", body = serde_json::Value),
+        (status = 202, description = "not known yet: the intent's state, Retry-After and retry_after_s", body = serde_json::Value),
+        (status = 402, description = "declined by the provider (its code)", body = ErrorBody),
+        (status = 409, description = "intent_payload_mismatch, reference_pending or cancelled", body = ErrorBody),
+        (status = 413, description = "body_too_large", body = ErrorBody),
+        (status = 415, description = "unsupported_media_type", body = ErrorBody),
+        (status = 422, description = "policy_denied, budget_exhausted or invariant_violated", body = ErrorBody),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
 pub async fn charge(State(server): Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     effect::<ChargeRequest>(&server, headers, body, "charge").await
 }
 
 /// `POST /v1/refunds`.
+#[utoipa::path(post, path = "/v1/refunds", tag = "effects", request_body = RefundRequest, params(("Idempotency-Key" = String, Header, description = "Your stable id for this intent (12-120 visible ASCII): the intent id. Re-use it to retry.")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "validated (source provider, reconciled or deduplicated)", body = serde_json::Value),
+        (status = 202, description = "not known yet: the intent's state, Retry-After and retry_after_s", body = serde_json::Value),
+        (status = 402, description = "declined by the provider (its code)", body = ErrorBody),
+        (status = 409, description = "intent_payload_mismatch, reference_pending or cancelled", body = ErrorBody),
+        (status = 413, description = "body_too_large", body = ErrorBody),
+        (status = 415, description = "unsupported_media_type", body = ErrorBody),
+        (status = 422, description = "policy_denied, budget_exhausted or invariant_violated", body = ErrorBody),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
 pub async fn refund(State(server): Shared, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     effect::<RefundRequest>(&server, headers, body, "refund").await
 }
@@ -334,6 +368,15 @@ fn own_key(path: Result<Path<String>, PathRejection>, key: &ApiKey) -> Result<In
 }
 
 /// `GET /v1/intents?state=&cursor=&limit=`: the key's tenant's intents in key order.
+#[utoipa::path(get, path = "/v1/intents", tag = "intents", params(ListQuery), security(("bearer" = [])),
+    responses(
+        (status = 200, description = "{intents, next_cursor}: one page, in key order", body = serde_json::Value),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
 pub async fn list(
     State(server): Shared,
     headers: HeaderMap,
@@ -379,6 +422,16 @@ fn decode_cursor(cursor: &str, key: &ApiKey) -> Result<IntentKey, ApiError> {
 }
 
 /// `GET /v1/intents/{key}`: state and history, as `keel show --json`.
+#[utoipa::path(get, path = "/v1/intents/{key}", tag = "intents", params(("key" = String, Path, description = "The intent key, operation:tenant:intent_id")), security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the intent's state and its ordered events", body = serde_json::Value),
+        (status = 404, description = "not_found (also another tenant's intent)", body = ErrorBody),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
 pub async fn show(
     State(server): Shared,
     headers: HeaderMap,
@@ -395,41 +448,135 @@ pub async fn show(
     }
 }
 
-/// The operator decisions of `POST /v1/intents/{key}/{action}`.
+/// The operator decisions of `POST /v1/intents/{key}/{decision}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
-    /// Look the effect up now.
+enum Decision {
     Reconcile,
-    /// Cancel (nothing in flight or unknown).
     Cancel,
-    /// Resolve by hand, checked with the provider.
     Resolve,
-    /// Approve, bound to the fingerprint.
     Approve,
-    /// Deny.
     Deny,
 }
 
-impl Decision {
-    /// Every decision, with its path segment.
-    pub const ALL: [(Decision, &'static str); 5] = [
-        (Decision::Reconcile, "reconcile"),
-        (Decision::Cancel, "cancel"),
-        (Decision::Resolve, "resolve"),
-        (Decision::Approve, "approve"),
-        (Decision::Deny, "deny"),
-    ];
+/// `POST /v1/intents/{key}/reconcile`: look the effect up now (role operator; an empty body or `{}`).
+#[utoipa::path(post, path = "/v1/intents/{key}/reconcile", tag = "operators", request_body = EmptyRequest, params(("key" = String, Path, description = "The intent key, operation:tenant:intent_id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the intent after the decision", body = serde_json::Value),
+        (status = 404, description = "not_found (also another tenant's intent)", body = ErrorBody),
+        (status = 409, description = "refused by the ledger: nothing written", body = ErrorBody),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
+pub async fn reconcile(
+    State(server): Shared,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    decide(&server, Decision::Reconcile, headers, path, body).await
 }
 
-/// `POST /v1/intents/{key}/{decision}`: the operator's name is the key's, never the body's.
-pub async fn decide(
-    server: Arc<Server>,
+/// `POST /v1/intents/{key}/cancel`: cancel an intent with nothing in flight (role operator).
+#[utoipa::path(post, path = "/v1/intents/{key}/cancel", tag = "operators", request_body = ReasonRequest, params(("key" = String, Path, description = "The intent key, operation:tenant:intent_id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the intent after the decision", body = serde_json::Value),
+        (status = 404, description = "not_found (also another tenant's intent)", body = ErrorBody),
+        (status = 409, description = "refused by the ledger: nothing written", body = ErrorBody),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
+pub async fn cancel(
+    State(server): Shared,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    decide(&server, Decision::Cancel, headers, path, body).await
+}
+
+/// `POST /v1/intents/{key}/resolve`: resolve by hand, checked with the provider first (role operator).
+#[utoipa::path(post, path = "/v1/intents/{key}/resolve", tag = "operators", request_body = ResolveRequest, params(("key" = String, Path, description = "The intent key, operation:tenant:intent_id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the intent after the decision", body = serde_json::Value),
+        (status = 404, description = "not_found (also another tenant's intent)", body = ErrorBody),
+        (status = 409, description = "refused by the ledger: nothing written", body = ErrorBody),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
+pub async fn resolve(
+    State(server): Shared,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    decide(&server, Decision::Resolve, headers, path, body).await
+}
+
+/// `POST /v1/intents/{key}/approve`: approve, bound to the fingerprint (role operator; the body may be empty).
+#[utoipa::path(post, path = "/v1/intents/{key}/approve", tag = "operators", request_body = ApproveRequest, params(("key" = String, Path, description = "The intent key, operation:tenant:intent_id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the intent after the decision", body = serde_json::Value),
+        (status = 404, description = "not_found (also another tenant's intent)", body = ErrorBody),
+        (status = 409, description = "refused by the ledger: nothing written", body = ErrorBody),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
+pub async fn approve(
+    State(server): Shared,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    decide(&server, Decision::Approve, headers, path, body).await
+}
+
+/// `POST /v1/intents/{key}/deny`: deny: the intent ends rejected, its money released (role operator).
+#[utoipa::path(post, path = "/v1/intents/{key}/deny", tag = "operators", request_body = ReasonRequest, params(("key" = String, Path, description = "The intent key, operation:tenant:intent_id")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "the intent after the decision", body = serde_json::Value),
+        (status = 404, description = "not_found (also another tenant's intent)", body = ErrorBody),
+        (status = 409, description = "refused by the ledger: nothing written", body = ErrorBody),
+        (status = 400, description = "invalid_arguments or invalid_json", body = ErrorBody),
+        (status = 401, description = "missing_api_key, invalid_api_key, revoked_api_key", body = ErrorBody),
+        (status = 403, description = "forbidden: the key's role", body = ErrorBody),
+        (status = 429, description = "rate_limited, with Retry-After", body = ErrorBody),
+        (status = 503, description = "not_ready: recovery still running", body = ErrorBody)
+    ))]
+pub async fn deny(
+    State(server): Shared,
+    headers: HeaderMap,
+    path: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    decide(&server, Decision::Deny, headers, path, body).await
+}
+
+/// One operator decision: the operator's name is the key's, never the body's.
+async fn decide(
+    server: &Server,
     decision: Decision,
     headers: HeaderMap,
     path: Result<Path<String>, PathRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let key = authorized(&server, &headers, Need::Operate)?;
+    let key = authorized(server, &headers, Need::Operate)?;
     let intent_key = own_key(path, &key)?;
     let exists = server.read(|reader| Ok(reader.intent(&intent_key)?.is_some())).map_err(|e| ApiError::internal(&e))?;
     // The body is checked before the intent is looked for, so a malformed request is a 400
@@ -521,11 +668,15 @@ fn workflow_error(error: WorkflowError) -> ApiError {
 }
 
 /// `GET /healthz`: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200, description = "the process answers", body = serde_json::Value)))]
 pub async fn healthz() -> Response {
     Json(json!({"status": "ok"})).into_response()
 }
 
 /// `GET /readyz`: 200 once recovery has run, 503 before.
+#[utoipa::path(get, path = "/readyz", tag = "health", responses(
+    (status = 200, description = "ready: recovery has run", body = serde_json::Value),
+    (status = 503, description = "not_ready", body = ErrorBody)))]
 pub async fn readyz(State(server): Shared) -> Result<Response, ApiError> {
     ready(&server)?;
     Ok(Json(json!({"status": "ready"})).into_response())

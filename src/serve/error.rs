@@ -8,7 +8,9 @@
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engine::ledger::RejectCode;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 /// What went wrong, as the API names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,10 +135,31 @@ impl ApiError {
     }
 }
 
+/// The body of every error answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorFields,
+}
+
+/// See [`ErrorBody`].
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ErrorFields {
+    /// A stable snake_case code (the CLI's where it has one).
+    pub code: String,
+    /// A sentence for a human.
+    pub message: String,
+    /// The problems found, or the intent the error is about; `null` when none.
+    pub details: Value,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code.as_str(), "message": self.message, "details": self.details}});
-        let mut response = (self.code.status(), axum::Json(body)).into_response();
+        let status = self.code.status();
+        let body = ErrorBody {
+            error: ErrorFields { code: self.code.as_str().to_owned(), message: self.message, details: self.details },
+        };
+        let mut response = (status, axum::Json(body)).into_response();
         if let Some(seconds) = self.retry_after_s {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }

@@ -27,14 +27,15 @@ mod api;
 mod auth;
 mod body;
 mod error;
+mod openapi;
 
 use crate::output::Output;
 use crate::wiring::Node;
 use crate::{LimitArgs, ProviderArgs, exit};
 use anyhow::Context as _;
 use axum::Router;
-use axum::extract::State;
-use axum::routing::{get, post};
+use axum::http::Method;
+use axum::routing::{MethodRouter, get, post};
 use engine::event::Cause;
 use engine::limits::{API_RATE_PER_S_DEFAULT, API_RATE_PER_S_MAX, SHUTDOWN_GRACE_MS};
 use std::io::Write as _;
@@ -86,24 +87,30 @@ impl Server {
     }
 }
 
-/// Every route, on `server`.
+/// Every route served: the one table the router is built from, and that a test holds equal
+/// to the OpenAPI document's paths.
+fn routes() -> Vec<(Method, &'static str, MethodRouter<Arc<Server>>)> {
+    vec![
+        (Method::GET, "/healthz", get(api::healthz)),
+        (Method::GET, "/readyz", get(api::readyz)),
+        (Method::GET, "/openapi.json", get(openapi::document)),
+        (Method::POST, "/v1/charges", post(api::charge)),
+        (Method::POST, "/v1/refunds", post(api::refund)),
+        (Method::GET, "/v1/intents", get(api::list)),
+        (Method::GET, "/v1/intents/{key}", get(api::show)),
+        (Method::POST, "/v1/intents/{key}/reconcile", post(api::reconcile)),
+        (Method::POST, "/v1/intents/{key}/cancel", post(api::cancel)),
+        (Method::POST, "/v1/intents/{key}/resolve", post(api::resolve)),
+        (Method::POST, "/v1/intents/{key}/approve", post(api::approve)),
+        (Method::POST, "/v1/intents/{key}/deny", post(api::deny)),
+    ]
+}
+
+/// The router of [`routes`], on `server`.
 fn router(server: Arc<Server>) -> Router {
-    let mut router = Router::new()
-        .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz))
-        .route("/v1/charges", post(api::charge))
-        .route("/v1/refunds", post(api::refund))
-        .route("/v1/intents", get(api::list))
-        .route("/v1/intents/{key}", get(api::show));
-    for (decision, segment) in api::Decision::ALL {
-        router = router.route(
-            &format!("/v1/intents/{{key}}/{segment}"),
-            post(move |State(server): State<Arc<Server>>, headers, path, body| {
-                api::decide(server, decision, headers, path, body)
-            }),
-        );
-    }
-    router
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, (_, path, handler)| router.route(path, handler))
         .fallback(api::no_route)
         .method_not_allowed_fallback(api::no_method)
         // The body door reads at most `API_BODY_MAX_BYTES` itself, answering in the API's shape.
@@ -181,4 +188,43 @@ pub async fn run(
         eprintln!("keel serve: stopped; whatever was acknowledged is durable");
     });
     Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{openapi, routes};
+    use std::collections::BTreeSet;
+    use utoipa::OpenApi as _;
+
+    #[test]
+    fn every_route_served_is_documented_and_every_documented_route_is_served() {
+        let document = serde_json::to_value(openapi::Document::openapi()).expect("the document serialises");
+        assert!(document["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")), "{}", document["openapi"]);
+        let documented: BTreeSet<(String, String)> = document["paths"]
+            .as_object()
+            .expect("paths")
+            .iter()
+            .flat_map(|(path, item)| {
+                item.as_object().expect("a path item").keys().map(move |method| (method.clone(), path.clone()))
+            })
+            .collect();
+        let served: BTreeSet<(String, String)> =
+            routes().iter().map(|(method, path, _)| (method.as_str().to_lowercase(), (*path).to_owned())).collect();
+        assert_eq!(served, documented);
+    }
+
+    #[test]
+    fn every_request_schema_refuses_unknown_fields_as_the_handlers_do() {
+        let document = serde_json::to_value(openapi::Document::openapi()).expect("the document serialises");
+        let schemas = document["components"]["schemas"].as_object().expect("schemas");
+        for name in
+            ["ChargeRequest", "RefundRequest", "ReasonRequest", "ResolveRequest", "ApproveRequest", "EmptyRequest"]
+        {
+            assert_eq!(schemas[name]["additionalProperties"], false, "{name}: {}", schemas[name]);
+        }
+        assert_eq!(
+            schemas["ChargeRequest"]["required"],
+            serde_json::json!(["order_id", "amount_minor", "currency", "payment_method_token"])
+        );
+    }
 }

@@ -460,3 +460,29 @@ fn keys_are_listed_without_secrets_and_revoked_by_name_or_id() {
         assert_eq!(code, 64, "{bad:?}: {out}");
     }
 }
+
+#[test]
+fn the_openapi_document_is_served_and_every_route_it_names_answers() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let serve = Serve::start(&db, &sim, &[]);
+    let (status, _, document) = serve.call("GET", "/openapi.json", &[], None);
+    assert_eq!(status, 200);
+    assert!(document["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")), "{}", document["openapi"]);
+    let paths = document["paths"].as_object().expect("paths");
+    assert!(paths.len() >= 12, "{paths:?}");
+    let key = format!("charge:{TENANT}:openapi_probe_01");
+    for (path, item) in paths {
+        for method in item.as_object().expect("a path item").keys() {
+            let concrete = path.replace("{key}", &key);
+            let (status, _, answer) = serve.call(&method.to_uppercase(), &concrete, &[], None);
+            let code = answer["error"]["code"].as_str().unwrap_or_default();
+            assert!(
+                code != "not_found" && code != "method_not_allowed",
+                "{method} {path} is not served: {status} {answer}"
+            );
+            assert!(status == 200 || code == "missing_api_key", "{method} {path}: {status} {answer}");
+        }
+    }
+    assert_eq!(event_count(&db), 0, "probing wrote nothing");
+}
