@@ -347,6 +347,27 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         first: usize,
     },
+    /// Measure `keel serve` under concurrent HTTP clients (loopback, a real server and
+    /// simulator child, distinct keys, then a re-submission pass), next to `keel bench` at the
+    /// same concurrency and to spawning `keel charge` per request. Bounded in count and time.
+    #[command(name = "serve-bench")]
+    ServeBench {
+        /// Charges through `keel serve` (and through `keel bench`).
+        #[arg(long, default_value_t = 5_000)]
+        intents: usize,
+        /// Concurrent HTTP clients (and `keel bench` callers, and `keel charge` processes).
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// `keel charge` processes to spawn for the comparison.
+        #[arg(long, default_value_t = 256)]
+        spawned: usize,
+        /// Each pass stops starting requests after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        max_seconds: u64,
+        /// Keep the run's files in DIR instead of a temporary directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Measure what `charge`, `show`, `intents --state` and `resume` cost (wall time, peak RSS,
     /// via /usr/bin/time) on logs of growing size, built in DIR and reused by later calls, and
     /// what `resume` costs with attempts in flight.
@@ -580,6 +601,10 @@ async fn dispatch(cli: Cli) -> anyhow::Result<u8> {
         Command::Bench { intents, concurrency, keep, first } => {
             let args = harness::bench::Args { intents, concurrency, keep, first };
             harness::bench::run(&out, &cli.db, durability, args).await
+        }
+        Command::ServeBench { intents, concurrency, spawned, max_seconds, dir } => {
+            let args = harness::serve_bench::Args { intents, concurrency, spawned, max_seconds, dir };
+            harness::serve_bench::run(&out, args).await
         }
         Command::BenchScale { dir, sizes, runs, in_flight } => {
             harness::scale::run(&out, &dir, &sizes, runs, in_flight).await

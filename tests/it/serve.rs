@@ -433,6 +433,11 @@ fn a_key_over_its_rate_is_told_when_to_come_back_and_its_charge_is_not_written()
         200,
         "another key has its own bucket"
     );
+    // A key revoked while the server runs is refused from its next request on.
+    let (code, _, _) = crate::cli::keel(&db, None, &["keys", "revoke", "dash"]);
+    assert_eq!(code, 0);
+    let (status, _, answer) = serve.call("GET", "/v1/intents", &[("Authorization", &other)], None);
+    assert_eq!((status, error_code(status, &answer).as_str()), (401, "revoked_api_key"), "{answer}");
 }
 
 #[test]
@@ -485,4 +490,34 @@ fn the_openapi_document_is_served_and_every_route_it_names_answers() {
         }
     }
     assert_eq!(event_count(&db), 0, "probing wrote nothing");
+}
+
+#[test]
+fn recovery_runs_before_ready_attempts_left_by_a_crash_become_unknown() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    // A process that died with three attempts in flight (the bench's tenant).
+    let left = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--db")
+        .arg(&db)
+        .args(["bench-leave-in-flight", "--intents", "3"])
+        .output()
+        .expect("bench-leave-in-flight runs");
+    assert!(left.status.success(), "{}", String::from_utf8_lossy(&left.stderr));
+    let tenant = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
+    let reader = bearer(&create_key(&db, tenant, "read", "dash"));
+    let serve = Serve::start(&db, &sim, &[]);
+    let (status, _, page) = serve.call("GET", "/v1/intents", &[("Authorization", &reader)], None);
+    assert_eq!(status, 200, "{page}");
+    let intents = page["intents"].as_array().expect("intents");
+    assert_eq!(intents.len(), 3, "{page}");
+    for intent in intents {
+        assert_ne!(intent["status"], "attempting", "ready only once recovery has run: {intent}");
+        let key = intent["intent_key"].as_str().expect("a key");
+        let (_, _, shown) = serve.call("GET", &format!("/v1/intents/{key}"), &[("Authorization", &reader)], None);
+        let types: Vec<&str> =
+            shown["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).collect();
+        assert!(types.contains(&"OutcomeUnknown"), "{types:?}");
+    }
+    assert_eq!(serve.stop(), 0);
 }
