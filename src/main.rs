@@ -14,9 +14,11 @@ mod output;
 mod agent;
 mod facts;
 mod harness;
+mod keys;
 mod ops;
 mod policy;
 mod runs;
+mod serve;
 mod stuck;
 mod vault;
 mod wiring;
@@ -557,6 +559,23 @@ enum Command {
         #[command(subcommand)]
         command: vault::VaultCommand,
     },
+    /// Serve the HTTP API (charges, refunds, intents, operator decisions) on one long-lived
+    /// process and store, authenticated by API keys (`keel keys`). Stops gracefully on
+    /// SIGTERM or SIGINT (exit 0).
+    Serve {
+        #[command(flatten)]
+        args: serve::ServeArgs,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
+    },
+    /// API keys for `keel serve`: `keel keys create --tenant T --role submit|read|operator
+    /// --name N`, `keel keys revoke NAME|ID`, `keel keys list`.
+    Keys {
+        #[command(subcommand)]
+        command: keys::KeysCommand,
+    },
     /// Check the hash chain, rebuild every entity row by replaying its stream and compare,
     /// in bounded memory (progress on a terminal). The one command that reads the whole log.
     /// Exit 1 naming the first mismatch.
@@ -594,6 +613,27 @@ enum Command {
         /// Durability of the benchmark's appends: `full` (fsync per commit) or `normal`.
         #[arg(long, value_parser = ["full", "normal"], default_value = "full")]
         durability: String,
+    },
+    /// Measure `keel serve` under concurrent HTTP clients (loopback, a real server and
+    /// simulator child, distinct keys, then a re-submission pass), next to `keel bench` at the
+    /// same concurrency and to spawning `keel charge` per request. Bounded in count and time.
+    #[command(name = "serve-bench")]
+    ServeBench {
+        /// Charges through `keel serve` (and through `keel bench`).
+        #[arg(long, default_value_t = 5_000)]
+        intents: usize,
+        /// Concurrent HTTP clients (and `keel bench` callers, and `keel charge` processes).
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// `keel charge` processes to spawn for the comparison.
+        #[arg(long, default_value_t = 256)]
+        spawned: usize,
+        /// Each pass stops starting requests after this many seconds.
+        #[arg(long, default_value_t = 120)]
+        max_seconds: u64,
+        /// Keep the run's files in DIR instead of a temporary directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Measure what `charge`, `show`, `intents --state` and `resume` cost (wall time, peak RSS,
     /// via /usr/bin/time) on logs of growing size, built in DIR and reused by later calls, and
@@ -725,7 +765,8 @@ fn main() -> ExitCode {
         Err(failure) => out.fail(&failure),
     };
     // An agent run handles ctrl-c itself (it records its `cancelled` stop, then exits 130).
-    if matches!(cli.command, Command::Agent { .. }) {
+    // So does `keel serve` (a graceful stop: in-flight requests finish, then exit 0).
+    if matches!(cli.command, Command::Agent { .. } | Command::Serve { .. }) {
         return ExitCode::from(finished(runtime.block_on(dispatch(cli))));
     }
     let code = runtime.block_on(async {
@@ -903,6 +944,16 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let ask = |cause, key| Ask::deny(cause, key, by.clone(), reason.clone());
             ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Deny).await
         }
+        Command::Serve { args, store, provider } => {
+            let setting = setting(Some(&store), Some(&provider));
+            required_provider(&setting.provider, "serve")?;
+            let policy = cli.policy.load().map_err(output::Failure::Usage)?;
+            Ok(serve::run(db, setting.durability, &setting.provider, policy, &out, args).await?)
+        }
+        Command::Keys { command } => {
+            existing_log(db, CreateFlag { create: true })?;
+            Ok(keys::dispatch(db, &out, command)?)
+        }
         Command::Vault { command } => {
             existing_log(db, CreateFlag { create: false })?;
             Ok(vault::dispatch(db, &out, command, engine::clock::Clock::now(&wiring::SystemClock))?)
@@ -915,6 +966,10 @@ async fn dispatch(cli: Cli) -> output::Outcome {
         Command::Bench { intents, concurrency, keep, first, durability } => {
             let args = harness::bench::Args { intents, concurrency, keep, first };
             Ok(harness::bench::run(&out, db, wiring::durability(&durability), args).await?)
+        }
+        Command::ServeBench { intents, concurrency, spawned, max_seconds, dir } => {
+            let args = harness::serve_bench::Args { intents, concurrency, spawned, max_seconds, dir };
+            Ok(harness::serve_bench::run(&out, args).await?)
         }
         Command::BenchScale { dir, sizes, runs, in_flight } => {
             Ok(harness::scale::run(&out, &dir, &sizes, runs, in_flight).await?)

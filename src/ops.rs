@@ -94,6 +94,14 @@ pub async fn run_effect(
     let outcome = node.executor.start(workflow, input, request).await;
     node.shutdown()?;
     let outcome = outcome?;
+    out.emit(&run_document(&outcome, &stamp), || print_run(workflow, &outcome));
+    Ok(if outcome.intent.as_ref().is_some_and(IntentOutcome::is_validated) { exit::OK } else { exit::CONTROLLED })
+}
+
+/// A charge's or refund's JSON document: the workflow's output with its run's id (when the
+/// run was written) and status, and the policy it ran under — what `keel charge --json`
+/// prints and `keel serve` answers.
+pub fn run_document(outcome: &RunOutcome, stamp: &PolicyStamp) -> Value {
     let mut document = outcome.output.clone();
     if let Some(map) = document.as_object_mut() {
         // A proposal refused before anything was written has no run to name, and no
@@ -101,7 +109,7 @@ pub async fn run_effect(
         if outcome.written {
             map.insert("run_id".to_owned(), json!(outcome.run_id));
         }
-        if map.get("attempts_max").and_then(Value::as_u64) == Some(0) {
+        if outcome.intent.as_ref().is_none_or(|intent| intent.attempts_max == 0) {
             for field in ["attempts", "attempts_max", "reconciliations", "reconciliations_max"] {
                 map.remove(field);
             }
@@ -110,8 +118,7 @@ pub async fn run_effect(
         map.insert("recorded".to_owned(), json!(outcome.written));
         map.insert("policy".to_owned(), json!(stamp));
     }
-    out.emit(&document, || print_run(workflow, &outcome));
-    Ok(if outcome.intent.as_ref().is_some_and(IntentOutcome::is_validated) { exit::OK } else { exit::CONTROLLED })
+    document
 }
 
 /// A run's outcome in one line (and its details): the intent it ended on, or why it was
@@ -298,36 +305,10 @@ fn describe(event: &Event) -> String {
 
 /// `keel show KEY`.
 pub fn show(reader: &store::Reader, out: &Output, key: &IntentKey) -> Outcome {
-    let Some(intent) = reader.intent_state(key)? else {
+    let Some(IntentDocument { intent, events, waiting, document }) = intent_document(reader, key)? else {
         return Err(Failure::NotFound(format!("no intent with key {key} in this log")));
     };
-    let events = reader.stream(&key.stream())?;
-    let waiting = crate::stuck::waiting(reader, &intent, engine::clock::Clock::now(&crate::wiring::SystemClock))?;
-    let history: Vec<Value> = events
-        .iter()
-        .map(|e| {
-            json!({
-                "seq": e.seq,
-                "stream_seq": e.stream_seq,
-                "at": e.at,
-                "type": e.event.type_name(),
-                "cause": e.cause,
-                "payload": e.event.payload(),
-            })
-        })
-        .collect();
-    let document = json!({
-        "intent_key": key.as_str(),
-        "status": intent.status.as_str(),
-        "source": intent.source,
-        "code": intent.decline_code.as_deref().or(intent.abandoned.then(|| engine::ledger::RejectCode::Abandoned.as_str())),
-        "attempts": intent.attempts,
-        "reconciliations": intent.reconciliations,
-        "waiting": waiting,
-        "intent": intent,
-        "events": history,
-    });
-    out.emit(&name_intent_keys(document), || {
+    out.emit(&document, || {
         outln!("{key}: {}", intent.status.as_str());
         outln!(
             "  {} {} for order {}, run {}, fingerprint {}",
@@ -366,6 +347,57 @@ pub fn show(reader: &store::Reader, out: &Output, key: &IntentKey) -> Outcome {
         }
     });
     Ok(exit::OK)
+}
+
+/// One intent as `keel show` renders it.
+pub struct IntentDocument {
+    /// Its state.
+    pub intent: Intent,
+    /// Its stream, in order.
+    pub events: Vec<engine::event::StoredEvent>,
+    /// Why it waits, when it waits for its caller.
+    pub waiting: Option<crate::stuck::Waiting>,
+    /// What `keel show --json` prints (and `GET /v1/intents/{key}` answers).
+    pub document: Value,
+}
+
+/// One intent's state, its events, why it waits and its JSON document; `None` when no intent
+/// has the key.
+///
+/// # Errors
+///
+/// The log's, when it cannot be read.
+pub fn intent_document(reader: &store::Reader, key: &IntentKey) -> anyhow::Result<Option<IntentDocument>> {
+    let Some(intent) = reader.intent_state(key)? else {
+        return Ok(None);
+    };
+    let events = reader.stream(&key.stream())?;
+    let waiting = crate::stuck::waiting(reader, &intent, engine::clock::Clock::now(&crate::wiring::SystemClock))?;
+    let history: Vec<Value> = events
+        .iter()
+        .map(|e| {
+            json!({
+                "seq": e.seq,
+                "stream_seq": e.stream_seq,
+                "at": e.at,
+                "type": e.event.type_name(),
+                "cause": e.cause,
+                "payload": e.event.payload(),
+            })
+        })
+        .collect();
+    let document = json!({
+        "intent_key": key.as_str(),
+        "status": intent.status.as_str(),
+        "source": intent.source,
+        "code": intent.decline_code.as_deref().or(intent.abandoned.then(|| engine::ledger::RejectCode::Abandoned.as_str())),
+        "attempts": intent.attempts,
+        "reconciliations": intent.reconciliations,
+        "waiting": waiting,
+        "intent": intent,
+        "events": history,
+    });
+    Ok(Some(IntentDocument { intent, events, waiting, document: name_intent_keys(document) }))
 }
 
 /// `keel reconcile KEY|--due`.

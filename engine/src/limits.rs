@@ -234,6 +234,55 @@ pub const RECOVERY_PASS_MAX: usize = 10_000;
 /// about the secret and would only blank ordinary words. Enforced by `Secret::scrub`.
 pub const SECRET_PIECE_MIN_CHARS: usize = 4;
 
+// ---------------------------------------------------------------------------------------------
+// `keel serve`: the HTTP API's door. Enforced by the binary's `serve` module before anything
+// reaches the executor; a request refused here writes nothing.
+// ---------------------------------------------------------------------------------------------
+
+/// Largest request body `keel serve` reads, in bytes. A charge or an operator decision is a
+/// few hundred bytes; 16 KiB leaves room for long ids and reasons and stops a client from
+/// making the server buffer megabytes (413 `body_too_large`). JSON nesting is bounded by
+/// [`JSON_DEPTH_MAX`] (the same strict reader as every other door).
+pub const API_BODY_MAX_BYTES: usize = 16 * 1024;
+
+/// Intents one `GET /v1/intents` page holds when the caller names no `limit`.
+pub const API_PAGE_LIMIT_DEFAULT: usize = 100;
+
+/// Most intents one page may hold (`limit` above is refused 400): a page is read and
+/// rendered in one request.
+pub const API_PAGE_LIMIT_MAX: usize = 1_000;
+
+/// Default sustained requests per second one API key may make (a token bucket refilled at
+/// this rate; past it 429 with `Retry-After`). Enough for a service's steady traffic; one
+/// runaway client cannot starve the writer for the others. The binary may change it
+/// (`keel serve --rate-per-s`), up to [`API_RATE_PER_S_MAX`].
+pub const API_RATE_PER_S_DEFAULT: u32 = 200;
+
+/// Highest per-key rate the binary accepts (`--rate-per-s`): beyond the writer's own capacity
+/// a limit limits nothing.
+pub const API_RATE_PER_S_MAX: u32 = 1_000_000;
+
+/// Burst of a key's token bucket, in seconds of its rate: a client may send two seconds'
+/// worth at once after a quiet spell.
+pub const API_RATE_BURST_S: u32 = 2;
+
+/// `Retry-After` of a 202 whose intent is in flight (reserved, attempting, reconciling) and
+/// has no reconciliation instant: the provider usually answers within a second.
+pub const API_RETRY_AFTER_IN_FLIGHT_S: u64 = 1;
+
+/// `Retry-After` of a 202 whose intent waits for a human (awaiting approval, escalated): a
+/// person answers in minutes, not milliseconds.
+pub const API_RETRY_AFTER_HUMAN_S: u64 = 60;
+
+/// Longest API key name (`keel keys create --name`): recorded in the cause of every event its
+/// requests write, so it stays short.
+pub const API_KEY_NAME_MAX_CHARS: usize = 64;
+
+const _: () = assert!(API_PAGE_LIMIT_DEFAULT <= API_PAGE_LIMIT_MAX);
+const _: () = assert!(API_RATE_PER_S_DEFAULT <= API_RATE_PER_S_MAX);
+const _: () = assert!(API_RATE_BURST_S >= 1);
+const _: () = assert!(API_BODY_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
+
 const _: () = assert!(RECONCILE_BACKOFF_BASE_MS <= RECONCILE_BACKOFF_MAX_MS);
 const _: () = assert!(ABANDON_AFTER_DEFAULT_MS <= ABANDON_AFTER_MAX_MS);
 // A default run can start an effect towards a provider with the default request timeout (5 s)

@@ -1,5 +1,6 @@
 //! The binary's harnesses: `keel demo`, `keel soak` (with its hidden `keel soak-worker`),
-//! `keel bench` (with its hidden `keel bench-leave-in-flight`) and `keel bench-scale`, and the
+//! `keel bench` (with its hidden `keel bench-leave-in-flight`), `keel bench-scale` and
+//! `keel serve-bench`, and the
 //! `keel provider-sim` fallback they start the simulator with.
 //!
 //! These drive Keel rather than operate it: they start simulators and `keel` children, kill
@@ -13,6 +14,7 @@
 pub mod bench;
 pub mod demo;
 pub mod scale;
+pub mod serve_bench;
 pub mod soak;
 
 use anyhow::Context as _;

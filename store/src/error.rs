@@ -90,6 +90,13 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// An API key with this name exists already (revoked keys keep theirs). Permanent: pick
+    /// another name.
+    #[error("an API key named {name:?} exists already (names are never reused, even once revoked)")]
+    KeyNameTaken {
+        /// The name asked for.
+        name: String,
+    },
     /// The operating system refused something (spawning the writer thread).
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -111,6 +118,7 @@ impl Error {
             | Self::WriterPanicked { .. }
             | Self::VaultKeyRejected { .. }
             | Self::Vault { .. }
+            | Self::KeyNameTaken { .. }
             | Self::Io(_)
             | Self::Sqlite(_) => false,
         }

@@ -85,6 +85,7 @@ mod chain;
 mod checkpoint;
 mod codec;
 mod error;
+pub mod keys;
 mod leases;
 mod packed;
 mod projection;

@@ -286,6 +286,28 @@ impl Reader {
         Ok(intents)
     }
 
+    /// One page of `tenant`'s intents in key order, after the intent `after` (exclusive;
+    /// `None` for the first page), at most `limit`, only those in `status` when given. The
+    /// cost is the page's (an index range), never the log's.
+    ///
+    /// # Errors
+    ///
+    /// The database's, or [`Error::Corrupt`] for a row that does not decode.
+    pub fn intents_page(
+        &self,
+        tenant: &str,
+        status: Option<IntentStatus>,
+        after: Option<&IntentKey>,
+        limit: usize,
+    ) -> Result<Vec<IntentRow>> {
+        let after = after.map(|key| key.stream().as_str().to_owned()).unwrap_or_default();
+        let snapshot = self.conn.unchecked_transaction()?;
+        Ok(rows::tenant_intents_page(&snapshot, tenant, status, &after, limit)?
+            .iter()
+            .map(IntentRow::from_intent)
+            .collect())
+    }
+
     /// One intent's row.
     pub fn intent(&self, key: &IntentKey) -> Result<Option<IntentRow>> {
         let snapshot = self.conn.unchecked_transaction()?;

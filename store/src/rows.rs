@@ -355,6 +355,38 @@ pub(crate) fn intents_listed(conn: &Connection, status: Option<IntentStatus>) ->
     Ok(out)
 }
 
+/// One tenant's intents after `after` (a stream name; `""` for the first page), in key order,
+/// at most `limit`, only those with `status` when given. Two range scans of the `streams`
+/// name index (the tenant's charges, then its refunds): the cost is the page, not the log.
+pub(crate) fn tenant_intents_page(
+    conn: &Connection,
+    tenant: &str,
+    status: Option<IntentStatus>,
+    after: &str,
+    limit: usize,
+) -> Result<Vec<Intent>> {
+    // `;` is the character after `:`: `[intent:charge:T:, intent:charge:T;)` is every
+    // stream of the tenant's charges.
+    let range = |kind: EffectKind| {
+        (format!("intent:{}:{tenant}:", kind.as_str()), format!("intent:{}:{tenant};", kind.as_str()))
+    };
+    let (charges_from, charges_to) = range(EffectKind::Charge);
+    let (refunds_from, refunds_to) = range(EffectKind::Refund);
+    let sql = format!(
+        "{INTENT_SELECT} WHERE ((s.name >= ?1 AND s.name < ?2) OR (s.name >= ?3 AND s.name < ?4)) \
+         AND s.name > ?5 AND (?6 = 0 OR i.status = ?6) ORDER BY s.name LIMIT ?7"
+    );
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut statement = conn.prepare_cached(&sql)?;
+    let records: Vec<IntentRecord> = statement
+        .query_map(
+            params![charges_from, charges_to, refunds_from, refunds_to, after, status.map_or(0, status_code), limit],
+            IntentRecord::from_row,
+        )?
+        .collect::<rusqlite::Result<_>>()?;
+    records.into_iter().map(|record| record.decode(conn)).collect()
+}
+
 /// Every run, in id order.
 pub(crate) fn runs_listed(conn: &Connection) -> Result<Vec<(i64, Run)>> {
     let mut statement = conn.prepare_cached(&format!("{RUN_SELECT} ORDER BY s.name"))?;

@@ -372,6 +372,25 @@ CREATE TABLE vault_key (
 ) STRICT;
 "#;
 
+/// Version 6: API keys for `keel serve` (`crate::keys`). Outside the event log and its hash
+/// chain: a key is who may knock at the door, not a fact about an effect. The events a key's
+/// request causes name the key (its name, in the cause), so the audit trail stays in the log.
+const V6: &str = r#"
+-- One row per API key ever created; a revoked key keeps its row (with `revoked_at`), so a
+-- name is never reused and a request signed with an old secret is told it was revoked.
+-- Read by primary key on every request (`KeyBook::find`); `name` is UNIQUE for
+-- `keel keys revoke NAME`.
+CREATE TABLE api_keys (
+    id            TEXT    PRIMARY KEY,
+    name          TEXT    NOT NULL UNIQUE,
+    tenant        TEXT    NOT NULL,
+    role          TEXT    NOT NULL CHECK (role IN ('submit', 'read', 'operator')),
+    secret_sha256 TEXT    NOT NULL CHECK (length(secret_sha256) = 64),
+    created_at    TEXT    NOT NULL,
+    revoked_at    TEXT
+) STRICT;
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -387,6 +406,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V3, then: Some(rebuild_entities) },
     Migration { sql: V4, then: None },
     Migration { sql: V5, then: None },
+    Migration { sql: V6, then: None },
 ];
 
 /// The schema version this build writes and reads.

@@ -18,6 +18,7 @@ mod model;
 mod money;
 mod operator;
 mod policy;
+mod serve;
 mod teeth;
 mod testkit;
 mod vault;

@@ -3,6 +3,7 @@
 mod concurrency;
 mod equivalence;
 mod integrity;
+mod keys;
 mod migration;
 mod schema;
 mod support;

@@ -1,0 +1,238 @@
+//! `keel serve`: Keel as an authenticated HTTP API, for services in any language.
+//!
+//! Owns the long-lived process: one [`Node`] (one store, so the writer's group commit is
+//! shared by every request, one provider client, one executor), the key table, readers for
+//! the queries, recovery before `/readyz` says ready, and the graceful stop. The routes and
+//! their handlers are in `api`, the error shape in `error`, the body door in `body`, keys,
+//! roles and rates in `auth`.
+//!
+//! # Start
+//!
+//! The listener is bound first and `listening on http://ADDR` printed (port 0 picks a free
+//! one); `/healthz` answers at once, and every `/v1` route and `/readyz` answer 503
+//! `not_ready` until recovery (`Executor::recover_and_resume`: attempts left in flight by a
+//! crash become `outcome_unknown`, unfinished runs are replayed, due reconciliations run) is
+//! done.
+//!
+//! # Stop
+//!
+//! On SIGTERM or SIGINT the server stops accepting connections and lets the requests in
+//! flight finish (each at most `SHUTDOWN_GRACE_MS` after the signal; past it the process
+//! stops anyway, whatever was acknowledged being durable), gives back every run lease it still
+//! holds, lets the store commit what is queued and record its verified point, and exits 0.
+//!
+//! It never decides a transition, never touches SQL, and never reads a secret back.
+
+mod api;
+mod auth;
+mod body;
+mod error;
+mod openapi;
+
+use crate::output::Output;
+use crate::policy::Loaded;
+use crate::wiring::Node;
+use crate::{LimitArgs, ProviderArgs, exit};
+use anyhow::Context as _;
+use axum::Router;
+use axum::http::Method;
+use axum::routing::{MethodRouter, get, post};
+use engine::event::Cause;
+use engine::limits::{API_RATE_PER_S_DEFAULT, API_RATE_PER_S_MAX, SHUTDOWN_GRACE_MS};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use store::keys::KeyBook;
+
+/// `keel serve`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Where to listen. Port 0 picks a free port; the address is printed as
+    /// `listening on http://ADDR`.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    addr: SocketAddr,
+    /// Requests per second each API key may make (a token bucket holding two seconds of it;
+    /// past it 429 with Retry-After).
+    #[arg(long, default_value_t = API_RATE_PER_S_DEFAULT,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(API_RATE_PER_S_MAX)))]
+    rate_per_s: u32,
+    /// The limits of every run a request starts.
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// What every handler shares.
+pub struct Server {
+    node: Node,
+    keys: KeyBook,
+    buckets: auth::Buckets,
+    limits: LimitArgs,
+    /// The operator's policy, loaded at start: every request's run is held to its tenant's
+    /// rules and records the policy's version and hash.
+    policy: Loaded,
+    ready: AtomicBool,
+    /// Read connections, reused across requests (one is opened when none is free).
+    readers: Mutex<Vec<store::Reader>>,
+}
+
+impl Server {
+    /// Runs `query` on a pooled reader.
+    fn read<T>(&self, query: impl FnOnce(&store::Reader) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let pooled = self.readers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
+        let reader = match pooled {
+            Some(reader) => reader,
+            None => self.node.store.reader()?,
+        };
+        let result = query(&reader);
+        self.readers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(reader);
+        result
+    }
+}
+
+/// Every route served: the one table the router is built from, and that a test holds equal
+/// to the OpenAPI document's paths.
+fn routes() -> Vec<(Method, &'static str, MethodRouter<Arc<Server>>)> {
+    vec![
+        (Method::GET, "/healthz", get(api::healthz)),
+        (Method::GET, "/readyz", get(api::readyz)),
+        (Method::GET, "/openapi.json", get(openapi::document)),
+        (Method::POST, "/v1/charges", post(api::charge)),
+        (Method::POST, "/v1/refunds", post(api::refund)),
+        (Method::GET, "/v1/intents", get(api::list)),
+        (Method::GET, "/v1/intents/{key}", get(api::show)),
+        (Method::POST, "/v1/intents/{key}/reconcile", post(api::reconcile)),
+        (Method::POST, "/v1/intents/{key}/cancel", post(api::cancel)),
+        (Method::POST, "/v1/intents/{key}/resolve", post(api::resolve)),
+        (Method::POST, "/v1/intents/{key}/approve", post(api::approve)),
+        (Method::POST, "/v1/intents/{key}/deny", post(api::deny)),
+    ]
+}
+
+/// The router of [`routes`], on `server`.
+fn router(server: Arc<Server>) -> Router {
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, (_, path, handler)| router.route(path, handler))
+        .fallback(api::no_route)
+        .method_not_allowed_fallback(api::no_method)
+        // The body door reads at most `API_BODY_MAX_BYTES` itself, answering in the API's shape.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(server)
+}
+
+/// Resolves at the first SIGTERM or SIGINT.
+async fn stop_signal() {
+    let mut terminate = crate::wiring::sigterm();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate.recv() => {}
+    }
+}
+
+/// `keel serve`: serves until SIGTERM or SIGINT, then stops gracefully (exit 0).
+pub async fn run(
+    db: &Path,
+    durability: store::Durability,
+    provider: &ProviderArgs,
+    policy: Loaded,
+    out: &Output,
+    args: ServeArgs,
+) -> anyhow::Result<u8> {
+    // The operator's rules differ by tenant: each request is held to its tenant's
+    // (`api::effect`), not the node to one tenant's.
+    let node = Node::open(db, durability, provider, None)?;
+    let keys = KeyBook::open(db).with_context(|| format!("cannot open the key table of {}", db.display()))?;
+    let listener =
+        tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("cannot listen on {}", args.addr))?;
+    let local = listener.local_addr()?;
+    let server = Arc::new(Server {
+        node,
+        keys,
+        buckets: auth::Buckets::new(args.rate_per_s),
+        limits: args.limits,
+        policy,
+        ready: AtomicBool::new(false),
+        readers: Mutex::new(Vec::new()),
+    });
+    outln!("listening on http://{local}");
+    std::io::stdout().flush()?;
+
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let notify = Arc::clone(&stopping);
+    let app = router(Arc::clone(&server));
+    let serving = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                stop_signal().await;
+                notify.notify_one();
+            })
+            .await
+    });
+
+    let report = server.node.executor.recover_and_resume(Cause::command("serve")).await?;
+    server.ready.store(true, Ordering::Release);
+    errln!(
+        "keel serve: ready (recovered {} in-flight intent(s), resumed {} run(s), reconciled {})",
+        report.recovered.len(),
+        report.resumed.len(),
+        report.reconciled.len()
+    );
+
+    let grace = async {
+        stopping.notified().await;
+        tokio::time::sleep(std::time::Duration::from_millis(SHUTDOWN_GRACE_MS)).await;
+    };
+    tokio::select! {
+        served = serving => served.context("the server task failed")?.context("the server failed")?,
+        () = grace => errln!("keel serve: requests still in flight after the grace period; stopping anyway"),
+    }
+    let runtime = server.node.executor.runtime();
+    let held = runtime.lessee.grants();
+    engine::executor::release_runs(&*runtime.log, &runtime.lessee, &Cause::command("serve"), held).await?;
+    server.node.shutdown()?;
+    out.emit(&serde_json::json!({"status": "stopped", "addr": local.to_string()}), || {
+        errln!("keel serve: stopped; whatever was acknowledged is durable");
+    });
+    Ok(exit::OK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{openapi, routes};
+    use std::collections::BTreeSet;
+    use utoipa::OpenApi as _;
+
+    #[test]
+    fn every_route_served_is_documented_and_every_documented_route_is_served() {
+        let document = serde_json::to_value(openapi::Document::openapi()).expect("the document serialises");
+        assert!(document["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")), "{}", document["openapi"]);
+        let documented: BTreeSet<(String, String)> = document["paths"]
+            .as_object()
+            .expect("paths")
+            .iter()
+            .flat_map(|(path, item)| {
+                item.as_object().expect("a path item").keys().map(move |method| (method.clone(), path.clone()))
+            })
+            .collect();
+        let served: BTreeSet<(String, String)> =
+            routes().iter().map(|(method, path, _)| (method.as_str().to_lowercase(), (*path).to_owned())).collect();
+        assert_eq!(served, documented);
+    }
+
+    #[test]
+    fn every_request_schema_refuses_unknown_fields_as_the_handlers_do() {
+        let document = serde_json::to_value(openapi::Document::openapi()).expect("the document serialises");
+        let schemas = document["components"]["schemas"].as_object().expect("schemas");
+        for name in
+            ["ChargeRequest", "RefundRequest", "ReasonRequest", "ResolveRequest", "ApproveRequest", "EmptyRequest"]
+        {
+            assert_eq!(schemas[name]["additionalProperties"], false, "{name}: {}", schemas[name]);
+        }
+        assert_eq!(
+            schemas["ChargeRequest"]["required"],
+            serde_json::json!(["order_id", "amount_minor", "currency", "payment_method_token"])
+        );
+    }
+}

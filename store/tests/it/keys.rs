@@ -1,0 +1,62 @@
+//! API keys (schema version 6): a version-5 file migrates, keeps its events, and takes keys;
+//! names are never reused; a revocation keeps the row and its first instant.
+
+use crate::support::{Fixture, charge, start_and_reserve};
+use chrono::{DateTime, SubsecRound as _, Utc};
+use store::keys::{ApiKey, KeyBook, Role};
+use store::{Error, SCHEMA_VERSION};
+
+/// The fixture's start, to the microsecond the table keeps.
+fn start() -> DateTime<Utc> {
+    crate::support::start().trunc_subsecs(6)
+}
+
+fn key(id: &str, name: &str, role: Role) -> ApiKey {
+    ApiKey {
+        id: id.to_owned(),
+        name: name.to_owned(),
+        tenant: "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10".to_owned(),
+        role,
+        secret_sha256: "ab".repeat(32),
+        created_at: start(),
+        revoked_at: None,
+    }
+}
+
+#[test]
+fn a_version_4_file_migrates_to_the_key_table_and_keeps_its_events() {
+    let mut fixture = Fixture::new();
+    fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))).expect("reserved");
+    fixture.store.shutdown().expect("shutdown");
+    // What version 4 wrote: everything but the key table.
+    fixture.raw().execute_batch("DROP TABLE api_keys; PRAGMA user_version = 5;").expect("back to version 5");
+    fixture.reopen();
+    let version: i64 = fixture.raw().pragma_query_value(None, "user_version", |r| r.get(0)).expect("user_version");
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(fixture.event_count(), 3, "the events are kept");
+    let book = KeyBook::open(&fixture.path).expect("the key table opens");
+    book.create(&key("k1", "billing", Role::Submit)).expect("a key");
+    assert_eq!(book.find("k1").expect("find"), Some(key("k1", "billing", Role::Submit)));
+    assert!(fixture.store.reader().expect("a reader").verify().expect("verify").is_ok(), "keys are outside the chain");
+}
+
+#[test]
+fn a_name_is_never_reused_and_a_revocation_keeps_the_row_and_its_first_instant() {
+    let fixture = Fixture::new();
+    let book = KeyBook::open(&fixture.path).expect("opens");
+    book.create(&key("k1", "ops-ann", Role::Operator)).expect("a key");
+    let later = start() + chrono::TimeDelta::minutes(5);
+    let revoked = book.revoke("ops-ann", later).expect("revoke").expect("found by name");
+    assert_eq!(revoked.revoked_at, Some(later));
+    let again = book.revoke("k1", later + chrono::TimeDelta::minutes(1)).expect("revoke").expect("found by id");
+    assert_eq!(again.revoked_at, Some(later), "the first revocation stands");
+    assert_eq!(book.revoke("nobody", later).expect("revoke"), None);
+    match book.create(&key("k2", "ops-ann", Role::Read)) {
+        Err(Error::KeyNameTaken { name }) => assert_eq!(name, "ops-ann"),
+        other => panic!("expected KeyNameTaken, got {other:?}"),
+    }
+    let listed = book.list().expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].role, Role::Operator);
+    assert_eq!(book.find("k2").expect("find"), None);
+}

@@ -1,0 +1,523 @@
+//! `keel serve` end to end: the real binary on 127.0.0.1 against the real simulator, driven
+//! over raw HTTP/1.1. Every bad request gets a clear 4xx in the one error shape and writes
+//! nothing; a key sees its own tenant only; an operator's name comes from the key.
+
+use crate::cli::{start_sim, temp};
+use provider_sim::Process;
+use serde_json::{Value, json};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use testkit::sample::{CARD_TOKEN, TENANT};
+
+const OTHER_TENANT: &str = "9b2d1e4f-0a3c-4e5b-8f6a-7c8d9e0f1a2b";
+
+/// A `keel serve` child on a free port, stopped (SIGTERM) when dropped.
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Serve {
+    fn start(db: &Path, sim: &Process, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("--db")
+            .arg(db)
+            .args(["--provider", sim.url(), "serve", "--addr", "127.0.0.1:0"])
+            .args(extra)
+            .env_remove("KEEL_PROVIDER_URL")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("keel serve starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("reads the first line");
+        let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("{line:?}")).to_owned();
+        let serve = Self { child, addr };
+        for _ in 0..200 {
+            if serve.call("GET", "/readyz", &[], None).0 == 200 {
+                return serve;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("keel serve never became ready");
+    }
+
+    /// One request; the status, the headers (lower-case names) and the body as JSON.
+    fn call(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> (u16, String, Value) {
+        let mut stream = std::net::TcpStream::connect(&self.addr).expect("connects");
+        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", self.addr);
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        let body = body.unwrap_or("");
+        request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+        stream.write_all(request.as_bytes()).expect("sends");
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer).to_string();
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+        let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer:?}"));
+        (status, head.to_ascii_lowercase(), serde_json::from_str(body).unwrap_or(Value::Null))
+    }
+
+    /// SIGTERM, then the exit code.
+    fn stop(mut self) -> i32 {
+        assert_eq!(terminate(self.child.id()), 0, "SIGTERM delivered");
+        let status = self.child.wait().expect("keel serve exits");
+        std::mem::forget(self);
+        status.code().unwrap_or(-1)
+    }
+}
+
+/// SIGTERM to our own child `pid`, through the `kill` command (no `unsafe` in the suite).
+fn terminate(pid: u32) -> i32 {
+    let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill runs");
+    status.code().unwrap_or(-1)
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = terminate(self.child.id());
+        let _ = self.child.wait();
+    }
+}
+
+/// `keel keys create`; returns the secret.
+fn create_key(db: &Path, tenant: &str, role: &str, name: &str) -> String {
+    let (code, out, err) =
+        crate::cli::keel(db, None, &["keys", "create", "--tenant", tenant, "--role", role, "--name", name]);
+    assert_eq!(code, 0, "{out} {err}");
+    out["secret"].as_str().expect("the secret is printed once").to_owned()
+}
+
+fn bearer(secret: &str) -> String {
+    format!("Bearer {secret}")
+}
+
+fn charge_body(order: &str, amount: i64) -> String {
+    json!({"order_id": order, "amount_minor": amount, "currency": "EUR", "payment_method_token": CARD_TOKEN})
+        .to_string()
+}
+
+fn event_count(db: &Path) -> usize {
+    store::Reader::open(db).expect("a reader").events_since(0).expect("events").len()
+}
+
+fn effects(dir: &Path) -> usize {
+    provider_sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects").len()
+}
+
+/// Asserts the one error shape and returns its code.
+fn error_code(status: u16, body: &Value) -> String {
+    assert!((400..500).contains(&status), "a 4xx, got {status}: {body}");
+    let error = &body["error"];
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "a message: {body}");
+    assert!(error.get("details").is_some(), "details (null when none): {body}");
+    error["code"].as_str().unwrap_or_else(|| panic!("a code: {body}")).to_owned()
+}
+
+#[test]
+fn a_charge_over_http_is_validated_then_deduplicated_then_a_mismatch_is_a_409() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let secret = create_key(&db, TENANT, "submit", "billing-svc");
+    let serve = Serve::start(&db, &sim, &[]);
+    let auth = bearer(&secret);
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Idempotency-Key", "order_1842_charge"),
+        ("Content-Type", "application/json"),
+    ];
+    let (status, _, first) = serve.call("POST", "/v1/charges", &headers, Some(&charge_body("order_1842", 4900)));
+    assert_eq!(status, 200, "{first}");
+    let key = format!("charge:{TENANT}:order_1842_charge");
+    assert_eq!((first["intent_key"].as_str(), first["status"].as_str()), (Some(key.as_str()), Some("validated")));
+    assert_eq!(first["source"], "provider");
+
+    let (status, _, again) = serve.call("POST", "/v1/charges", &headers, Some(&charge_body("order_1842", 4900)));
+    assert_eq!((status, again["source"].as_str()), (200, Some("deduplicated")), "{again}");
+    assert_eq!(again["provider_ref"], first["provider_ref"]);
+
+    let events = event_count(&db);
+    let (status, _, mismatch) = serve.call("POST", "/v1/charges", &headers, Some(&charge_body("order_1842", 9900)));
+    assert_eq!(error_code(status, &mismatch), "intent_payload_mismatch");
+    assert_eq!(status, 409);
+    assert_eq!(event_count(&db), events, "a mismatch writes nothing");
+    assert_eq!(effects(dir.path()), 1, "one effect at the provider");
+
+    // The body may repeat the identity, and must then agree with the key and the header.
+    let repeated = json!({"tenant_id": TENANT.to_uppercase(), "intent_id": "order_1842_charge", "order_id": "order_1842",
+        "amount_minor": 4900, "currency": "EUR", "payment_method_token": CARD_TOKEN});
+    let (status, _, same) = serve.call("POST", "/v1/charges", &headers, Some(&repeated.to_string()));
+    assert_eq!((status, same["source"].as_str()), (200, Some("deduplicated")), "{same}");
+
+    let (status, _, shown) = serve.call("GET", &format!("/v1/intents/{key}"), &[("Authorization", &auth)], None);
+    assert_eq!(status, 200, "{shown}");
+    let actors: Vec<&str> =
+        shown["events"].as_array().expect("events").iter().filter_map(|e| e["cause"]["actor"].as_str()).collect();
+    assert!(actors.iter().all(|a| *a == "command:api:billing-svc"), "the key's name is the cause: {actors:?}");
+    assert_eq!(serve.stop(), 0, "SIGTERM is a graceful stop");
+    let (code, verify, _) = crate::cli::keel(&db, None, &["verify"]);
+    assert_eq!(code, 0, "{verify}");
+}
+
+/// What is wrong, the headers, the body, the status and the code expected.
+type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str, u16, &'a str);
+
+#[test]
+fn every_bad_request_is_a_clear_4xx_in_one_shape_and_writes_nothing() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let submit = create_key(&db, TENANT, "submit", "svc");
+    let read = create_key(&db, TENANT, "read", "dashboard");
+    let revoked = create_key(&db, TENANT, "submit", "old-svc");
+    let (code, _, _) = crate::cli::keel(&db, None, &["keys", "revoke", "old-svc"]);
+    assert_eq!(code, 0);
+    let serve = Serve::start(&db, &sim, &[]);
+    let before = event_count(&db);
+    let good = charge_body("order_77", 4900);
+    let (ok, rd, old) = (bearer(&submit), bearer(&read), bearer(&revoked));
+    let wrong_secret = format!("{}0", &submit[..submit.len() - 1]);
+    let wrong = bearer(&wrong_secret);
+    let json_ct = ("Content-Type", "application/json");
+    let idem = ("Idempotency-Key", "order_77_charge_1");
+    let big = format!(
+        r#"{{"order_id":"{}","amount_minor":1,"currency":"EUR","payment_method_token":"{CARD_TOKEN}"}}"#,
+        "o".repeat(20_000)
+    );
+    let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+    let duplicate = format!(
+        r#"{{"order_id":"o","amount_minor":100,"amount_minor":999999,"currency":"EUR","payment_method_token":"{CARD_TOKEN}"}}"#
+    );
+    let unknown = format!(
+        r#"{{"order_id":"o","amount_minor":100,"currency":"EUR","payment_method_token":"{CARD_TOKEN}","by":"mallory"}}"#
+    );
+    let other_tenant = json!({"tenant_id": OTHER_TENANT, "order_id": "o", "amount_minor": 100, "currency": "EUR", "payment_method_token": CARD_TOKEN}).to_string();
+    let negative = charge_body("order_77", -5);
+    let cases: Vec<Case<'_>> = vec![
+        ("no key", vec![json_ct, idem], &good, 401, "missing_api_key"),
+        ("a wrong secret", vec![("Authorization", &wrong), json_ct, idem], &good, 401, "invalid_api_key"),
+        ("not a bearer", vec![("Authorization", "Basic dXNlcjpwYXNz"), json_ct, idem], &good, 401, "invalid_api_key"),
+        ("a revoked key", vec![("Authorization", &old), json_ct, idem], &good, 401, "revoked_api_key"),
+        ("a read key charging", vec![("Authorization", &rd), json_ct, idem], &good, 403, "forbidden"),
+        ("another tenant in the body", vec![("Authorization", &ok), json_ct, idem], &other_tenant, 403, "forbidden"),
+        ("no Idempotency-Key", vec![("Authorization", &ok), json_ct], &good, 400, "invalid_arguments"),
+        (
+            "a short Idempotency-Key",
+            vec![("Authorization", &ok), json_ct, ("Idempotency-Key", "short")],
+            &good,
+            400,
+            "invalid_arguments",
+        ),
+        ("an oversized body", vec![("Authorization", &ok), json_ct, idem], &big, 413, "body_too_large"),
+        ("malformed JSON", vec![("Authorization", &ok), json_ct, idem], "{\"order_id\": ", 400, "invalid_json"),
+        ("duplicate keys", vec![("Authorization", &ok), json_ct, idem], &duplicate, 400, "invalid_json"),
+        ("nesting too deep", vec![("Authorization", &ok), json_ct, idem], &deep, 400, "invalid_json"),
+        ("an unknown field", vec![("Authorization", &ok), json_ct, idem], &unknown, 400, "invalid_arguments"),
+        (
+            "the wrong content type",
+            vec![("Authorization", &ok), ("Content-Type", "text/plain"), idem],
+            &good,
+            415,
+            "unsupported_media_type",
+        ),
+        ("no content type", vec![("Authorization", &ok), idem], &good, 415, "unsupported_media_type"),
+        ("an invalid field", vec![("Authorization", &ok), json_ct, idem], &negative, 400, "invalid_arguments"),
+    ];
+    for (what, headers, body, status, code) in cases {
+        let (got, _, answer) = serve.call("POST", "/v1/charges", &headers, Some(body));
+        assert_eq!((got, error_code(got, &answer).as_str()), (status, code), "{what}: {answer}");
+        let text = answer.to_string();
+        assert!(!text.contains(&submit[5..]) && !text.contains(&revoked[5..]), "{what}: a secret echoed back: {text}");
+        assert!(!text.contains(CARD_TOKEN), "{what}: the card token echoed back: {text}");
+    }
+    let (status, _, answer) = serve.call("GET", "/v1/nothing-here", &[("Authorization", &ok)], None);
+    assert_eq!((status, error_code(status, &answer).as_str()), (404, "not_found"));
+    let (status, _, answer) = serve.call("DELETE", "/v1/charges", &[("Authorization", &ok)], None);
+    assert_eq!((status, error_code(status, &answer).as_str()), (405, "method_not_allowed"));
+    assert_eq!(event_count(&db), before, "nothing was written");
+    assert_eq!(effects(dir.path()), 0, "nothing reached the provider");
+}
+
+#[test]
+fn a_key_sees_its_own_tenant_only_and_an_operator_is_named_by_its_key() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let submit = bearer(&create_key(&db, TENANT, "submit", "svc"));
+    let operator = bearer(&create_key(&db, TENANT, "operator", "ops-ann"));
+    let reader = bearer(&create_key(&db, TENANT, "read", "dash"));
+    let stranger = bearer(&create_key(&db, OTHER_TENANT, "operator", "ops-other"));
+    let serve = Serve::start(&db, &sim, &["--approval-threshold-minor", "10000"]);
+    let charge = |auth: &str, id: &str, amount: i64| {
+        let headers = [("Authorization", auth), ("Idempotency-Key", id), ("Content-Type", "application/json")];
+        serve.call("POST", "/v1/charges", &headers, Some(&charge_body(&format!("order_{id}"), amount)))
+    };
+    let (status, head, waiting) = charge(&submit, "big_charge_0001", 25_000);
+    assert_eq!((status, waiting["status"].as_str()), (202, Some("awaiting_approval")), "{waiting}");
+    assert!(head.contains("retry-after: 60"), "{head}");
+    assert_eq!(waiting["retry_after_s"], 60);
+    let key = format!("charge:{TENANT}:big_charge_0001");
+
+    // Another tenant's key: the intent does not exist for it, whatever it asks.
+    let missing = format!("charge:{OTHER_TENANT}:big_charge_0001");
+    let before = event_count(&db);
+    for (method, path, body) in [
+        ("GET", format!("/v1/intents/{key}"), None),
+        ("POST", format!("/v1/intents/{key}/approve"), Some("{}")),
+        ("POST", format!("/v1/intents/{key}/cancel"), Some(r#"{"reason":"mine now"}"#)),
+        ("POST", format!("/v1/intents/{missing}/approve"), Some("{}")),
+    ] {
+        let (status, _, answer) =
+            serve.call(method, &path, &[("Authorization", &stranger), ("Content-Type", "application/json")], body);
+        assert_eq!((status, error_code(status, &answer).as_str()), (404, "not_found"), "{path}: {answer}");
+    }
+    let (status, _, listed) = serve.call("GET", "/v1/intents", &[("Authorization", &stranger)], None);
+    assert_eq!((status, listed["intents"].as_array().map(Vec::len)), (200, Some(0)), "{listed}");
+    // A read key may not decide; a submit key neither; a body may not name the operator.
+    for auth in [&reader, &submit] {
+        let (status, _, answer) =
+            serve.call("POST", &format!("/v1/intents/{key}/approve"), &[("Authorization", auth)], None);
+        assert_eq!((status, error_code(status, &answer).as_str()), (403, "forbidden"), "{answer}");
+    }
+    let (status, _, answer) = serve.call(
+        "POST",
+        &format!("/v1/intents/{key}/approve"),
+        &[("Authorization", &operator), ("Content-Type", "application/json")],
+        Some(r#"{"by":"mallory"}"#),
+    );
+    assert_eq!((status, error_code(status, &answer).as_str()), (400, "invalid_arguments"), "{answer}");
+    assert_eq!(event_count(&db), before, "no refused decision wrote anything");
+
+    let (status, _, approved) =
+        serve.call("POST", &format!("/v1/intents/{key}/approve"), &[("Authorization", &operator)], None);
+    assert_eq!(status, 200, "{approved}");
+    let (status, _, shown) = serve.call("GET", &format!("/v1/intents/{key}"), &[("Authorization", &reader)], None);
+    assert_eq!(status, 200);
+    let approval = shown["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|e| e["type"] == "ApprovalGranted")
+        .expect("an approval");
+    assert_eq!(approval["cause"]["actor"], "operator:ops-ann", "{approval}");
+    assert!(approval.to_string().contains("ops-ann") && !approval.to_string().contains("mallory"));
+
+    // The submitter asks again after Retry-After: the approved charge goes through.
+    let (status, _, done) = charge(&submit, "big_charge_0001", 25_000);
+    assert_eq!((status, done["status"].as_str()), (200, Some("validated")), "{done}");
+    assert_eq!(effects(dir.path()), 1);
+
+    // Operator decisions the ledger refuses are 409 and write nothing.
+    let before = event_count(&db);
+    let (status, _, answer) = serve.call(
+        "POST",
+        &format!("/v1/intents/{key}/cancel"),
+        &[("Authorization", &operator), ("Content-Type", "application/json")],
+        Some(r#"{"reason":"too late"}"#),
+    );
+    assert_eq!((status, error_code(status, &answer).as_str()), (409, "refused"), "{answer}");
+    assert_eq!(event_count(&db), before);
+}
+
+#[test]
+fn an_unknown_outcome_is_a_202_with_when_to_ask_again() {
+    let (dir, db) = temp();
+    let plan = r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":1500}]}"#;
+    let sim = start_sim(dir.path(), Some(plan));
+    let submit = bearer(&create_key(&db, TENANT, "submit", "svc"));
+    let operator = bearer(&create_key(&db, TENANT, "operator", "ops-bob"));
+    let serve = Serve::start(&db, &sim, &["--provider-timeout-ms", "300"]);
+    let headers = [
+        ("Authorization", submit.as_str()),
+        ("Idempotency-Key", "lost_answer_01"),
+        ("Content-Type", "application/json"),
+    ];
+    let (status, head, unknown) = serve.call("POST", "/v1/charges", &headers, Some(&charge_body("order_lost", 2500)));
+    assert_eq!((status, unknown["status"].as_str()), (202, Some("outcome_unknown")), "{unknown}");
+    let seconds = unknown["retry_after_s"].as_u64().expect("retry_after_s");
+    assert!((1..=60).contains(&seconds), "{unknown}");
+    assert!(head.contains(&format!("retry-after: {seconds}")), "{head}");
+    // The operator reconciles it now: the lookup finds the landed effect.
+    let key = format!("charge:{TENANT}:lost_answer_01");
+    let (status, _, reconciled) =
+        serve.call("POST", &format!("/v1/intents/{key}/reconcile"), &[("Authorization", &operator)], None);
+    assert_eq!((status, reconciled["status"].as_str()), (200, Some("validated")), "{reconciled}");
+    assert_eq!(effects(dir.path()), 1);
+}
+
+#[test]
+fn intents_are_paged_by_key_with_an_opaque_cursor_for_the_key_s_tenant() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let submit = bearer(&create_key(&db, TENANT, "submit", "svc"));
+    let stranger = bearer(&create_key(&db, OTHER_TENANT, "submit", "svc-other"));
+    let serve = Serve::start(&db, &sim, &[]);
+    let mut expected = Vec::new();
+    for (auth, tenant, i) in [
+        (&submit, TENANT, 1),
+        (&submit, TENANT, 2),
+        (&stranger, OTHER_TENANT, 3),
+        (&submit, TENANT, 4),
+        (&submit, TENANT, 5),
+    ] {
+        let id = format!("paged_charge_{i:04}");
+        let headers =
+            [("Authorization", auth.as_str()), ("Idempotency-Key", id.as_str()), ("Content-Type", "application/json")];
+        let (status, _, out) =
+            serve.call("POST", "/v1/charges", &headers, Some(&charge_body(&format!("o{i}"), 100 + i)));
+        assert_eq!(status, 200, "{out}");
+        if tenant == TENANT {
+            expected.push(format!("charge:{TENANT}:{id}"));
+        }
+    }
+    let mut seen = Vec::new();
+    let mut path = "/v1/intents?limit=2".to_owned();
+    let mut stranger_cursor = None;
+    loop {
+        let (status, _, page) = serve.call("GET", &path, &[("Authorization", &submit)], None);
+        assert_eq!(status, 200, "{page}");
+        let intents = page["intents"].as_array().expect("intents");
+        assert!(intents.len() <= 2);
+        seen.extend(intents.iter().map(|i| i["intent_key"].as_str().expect("a key").to_owned()));
+        match page["next_cursor"].as_str() {
+            Some(cursor) => {
+                stranger_cursor.get_or_insert(cursor.to_owned());
+                path = format!("/v1/intents?limit=2&cursor={cursor}");
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, expected, "every intent of the tenant once, in key order");
+    let (status, _, validated) =
+        serve.call("GET", "/v1/intents?state=validated&limit=10", &[("Authorization", &submit)], None);
+    assert_eq!((status, validated["intents"].as_array().map(Vec::len)), (200, Some(4)));
+    for (path, auth) in [
+        ("/v1/intents?state=happy".to_owned(), &submit),
+        ("/v1/intents?limit=0".to_owned(), &submit),
+        ("/v1/intents?limit=1001".to_owned(), &submit),
+        ("/v1/intents?cursor=zz".to_owned(), &submit),
+        ("/v1/intents?colour=red".to_owned(), &submit),
+        (format!("/v1/intents?cursor={}", stranger_cursor.expect("a cursor")), &stranger),
+    ] {
+        let (status, _, answer) = serve.call("GET", &path, &[("Authorization", auth)], None);
+        assert_eq!((status, error_code(status, &answer).as_str()), (400, "invalid_arguments"), "{path}: {answer}");
+    }
+}
+
+#[test]
+fn a_key_over_its_rate_is_told_when_to_come_back_and_its_charge_is_not_written() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let submit = bearer(&create_key(&db, TENANT, "submit", "svc"));
+    let other = bearer(&create_key(&db, TENANT, "read", "dash"));
+    // One per second, a burst of two.
+    let serve = Serve::start(&db, &sim, &["--rate-per-s", "1"]);
+    for _ in 0..2 {
+        assert_eq!(serve.call("GET", "/v1/intents", &[("Authorization", &submit)], None).0, 200);
+    }
+    let before = event_count(&db);
+    let headers = [
+        ("Authorization", submit.as_str()),
+        ("Idempotency-Key", "rate_limited_01"),
+        ("Content-Type", "application/json"),
+    ];
+    let (status, head, answer) = serve.call("POST", "/v1/charges", &headers, Some(&charge_body("o", 100)));
+    assert_eq!((status, error_code(status, &answer).as_str()), (429, "rate_limited"), "{answer}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    assert_eq!(event_count(&db), before);
+    assert_eq!(effects(dir.path()), 0);
+    assert_eq!(
+        serve.call("GET", "/v1/intents", &[("Authorization", &other)], None).0,
+        200,
+        "another key has its own bucket"
+    );
+    // A key revoked while the server runs is refused from its next request on.
+    let (code, _, _) = crate::cli::keel(&db, None, &["keys", "revoke", "dash"]);
+    assert_eq!(code, 0);
+    let (status, _, answer) = serve.call("GET", "/v1/intents", &[("Authorization", &other)], None);
+    assert_eq!((status, error_code(status, &answer).as_str()), (401, "revoked_api_key"), "{answer}");
+}
+
+#[test]
+fn keys_are_listed_without_secrets_and_revoked_by_name_or_id() {
+    let (_dir, db) = temp();
+    let secret = create_key(&db, TENANT, "operator", "ops-cy");
+    let (code, listed, _) = crate::cli::keel(&db, None, &["keys", "list"]);
+    assert_eq!(code, 0);
+    let text = listed.to_string();
+    assert!(!text.contains(&secret[5..]) && !text.contains("secret"), "{text}");
+    assert_eq!(listed[0]["name"], "ops-cy");
+    let id = listed[0]["id"].as_str().expect("an id").to_owned();
+    let (code, revoked, _) = crate::cli::keel(&db, None, &["keys", "revoke", &id]);
+    assert_eq!((code, revoked["name"].as_str()), (0, Some("ops-cy")));
+    assert!(revoked["revoked_at"].is_string());
+    let (code, _, _) = crate::cli::keel(&db, None, &["keys", "revoke", "nobody"]);
+    assert_eq!(code, 2, "an unknown key is refused");
+    for bad in [
+        vec!["keys", "create", "--tenant", "not-a-uuid", "--role", "read", "--name", "x"],
+        vec!["keys", "create", "--tenant", TENANT, "--role", "admin", "--name", "x"],
+        vec!["keys", "create", "--tenant", TENANT, "--role", "read", "--name", "has space"],
+        vec!["keys", "create", "--tenant", TENANT, "--role", "read", "--name", "ops-cy"],
+    ] {
+        let (code, out, _) = crate::cli::keel(&db, None, &bad);
+        assert_eq!(code, 64, "{bad:?}: {out}");
+    }
+}
+
+#[test]
+fn the_openapi_document_is_served_and_every_route_it_names_answers() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let serve = Serve::start(&db, &sim, &[]);
+    let (status, _, document) = serve.call("GET", "/openapi.json", &[], None);
+    assert_eq!(status, 200);
+    assert!(document["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")), "{}", document["openapi"]);
+    let paths = document["paths"].as_object().expect("paths");
+    assert!(paths.len() >= 12, "{paths:?}");
+    let key = format!("charge:{TENANT}:openapi_probe_01");
+    for (path, item) in paths {
+        for method in item.as_object().expect("a path item").keys() {
+            let concrete = path.replace("{key}", &key);
+            let (status, _, answer) = serve.call(&method.to_uppercase(), &concrete, &[], None);
+            let code = answer["error"]["code"].as_str().unwrap_or_default();
+            assert!(
+                code != "not_found" && code != "method_not_allowed",
+                "{method} {path} is not served: {status} {answer}"
+            );
+            assert!(status == 200 || code == "missing_api_key", "{method} {path}: {status} {answer}");
+        }
+    }
+    assert_eq!(event_count(&db), 0, "probing wrote nothing");
+}
+
+#[test]
+fn recovery_runs_before_ready_attempts_left_by_a_crash_become_unknown() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    // A process that died with three attempts in flight (the bench's tenant).
+    let left = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--db")
+        .arg(&db)
+        .args(["bench-leave-in-flight", "--intents", "3"])
+        .output()
+        .expect("bench-leave-in-flight runs");
+    assert!(left.status.success(), "{}", String::from_utf8_lossy(&left.stderr));
+    let tenant = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
+    let reader = bearer(&create_key(&db, tenant, "read", "dash"));
+    let serve = Serve::start(&db, &sim, &[]);
+    let (status, _, page) = serve.call("GET", "/v1/intents", &[("Authorization", &reader)], None);
+    assert_eq!(status, 200, "{page}");
+    let intents = page["intents"].as_array().expect("intents");
+    assert_eq!(intents.len(), 3, "{page}");
+    for intent in intents {
+        assert_ne!(intent["status"], "attempting", "ready only once recovery has run: {intent}");
+        let key = intent["intent_key"].as_str().expect("a key");
+        let (_, _, shown) = serve.call("GET", &format!("/v1/intents/{key}"), &[("Authorization", &reader)], None);
+        let types: Vec<&str> =
+            shown["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).collect();
+        assert!(types.contains(&"OutcomeUnknown"), "{types:?}");
+    }
+    assert_eq!(serve.stop(), 0);
+}
