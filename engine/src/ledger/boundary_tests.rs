@@ -317,6 +317,36 @@ fn rows() -> Vec<Row> {
             expect: Appends(&["IntentReleased"], Next::Done),
         },
         Row {
+            name: "a resend after one reconciliation reserves the second backoff: exactly that is enough",
+            given: {
+                let mut given = reconciling();
+                given.extend([
+                    Given::Lookup(1, LookupOutcome::Absent),
+                    Given::Later(
+                        3_600_000 - (limits::reconcile_backoff_ms(1) + 1) - limits::reconciliation_reserve_ms(0, 2),
+                    ),
+                ]);
+                given
+            },
+            command: start_attempt(),
+            expect: Appends(&["AttemptStarted"], Next::Send { attempt: 2 }),
+        },
+        Row {
+            name: "a resend after one reconciliation, a millisecond short of the second backoff: released",
+            given: {
+                let mut given = reconciling();
+                given.extend([
+                    Given::Lookup(1, LookupOutcome::Absent),
+                    Given::Later(
+                        3_600_000 - (limits::reconcile_backoff_ms(1) + 1) - limits::reconciliation_reserve_ms(0, 2) + 1,
+                    ),
+                ]);
+                given
+            },
+            command: start_attempt(),
+            expect: Appends(&["IntentReleased"], Next::Done),
+        },
+        Row {
             name: "a network retry past the run's own budget: refused, the intent stays reserved",
             given: vec![
                 Given::Reserved {
