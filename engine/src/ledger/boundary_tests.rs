@@ -557,3 +557,25 @@ fn each_command_appends_what_the_table_says_or_is_refused_with_nothing_written()
         }
     }
 }
+
+/// An abandonment says whether the charge ever may have reached the provider: never, for one
+/// proven never sent; once, for one proven absent after it was sent.
+#[test]
+fn an_abandoned_charge_says_whether_it_was_ever_sent() {
+    let never_sent = |given: &[Given]| {
+        let (log, now) = history(given);
+        let command = Command::new(Cause::command("test").for_run(&run()), abandon());
+        let decision = decide(&log.ledger(), &NoLeases, &command, now).expect("abandoned");
+        match decision.events.as_slice() {
+            [Event::IntentAbandoned { never_sent, window_ms, .. }] => {
+                assert_eq!(*window_ms, WINDOW_MS);
+                *never_sent
+            }
+            other => panic!("one IntentAbandoned, got {other:?}"),
+        }
+    };
+    assert!(never_sent(&[charge(), Given::Outcome(1, not_sent()), Given::Later(WINDOW_MS)]));
+    let mut proven_absent = vec![charge(), Given::Outcome(1, timeout()), past_backoff(), Given::ReconciliationStarted];
+    proven_absent.extend([Given::Lookup(1, LookupOutcome::Absent), Given::Later(WINDOW_MS)]);
+    assert!(!never_sent(&proven_absent));
+}
