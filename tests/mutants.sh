@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Mutation testing of the decision code (issue 14): cargo-mutants over the files and with the
-# tests that `.cargo/mutants.toml` names. Not part of CI in full: on two cores a mutant costs
-# 30–60 s (an incremental build of the workspace, then the fast suites), so the whole scope
-# takes hours. Narrow it with `--re`, a regex over the mutant names that `--list` prints
+# tests that `.cargo/mutants.toml` names (every package's). Not part of CI: on two cores a
+# mutant costs 3–4 minutes against every package, or seconds with `--test-workspace=false`
+# (its own crate's tests only: the quick pass, see the README), so the whole scope takes
+# days. Narrow it with `--re`, a regex over the mutant names that `--list` prints
 # (`FILE:LINE:COL: replace … in FUNCTION`); `--file` cannot narrow, it adds to the config's
 # globs:
 #
 #   tests/mutants.sh --list                                        # what would be generated
 #   tests/mutants.sh --re 'engine/agent/src/guard\.rs:'            # one file
-#   tests/mutants.sh --re 'in Decider::(reserve|reserve_again)'   # functions
+#   tests/mutants.sh --re 'in Decider.*::(reserve|reserve_again)'   # functions
 #   tests/mutants.sh --shard 3/10                                  # a tenth of everything
 #   tests/mutants.sh --iterate ...                                 # only what was not caught last time
 #   tests/mutants.sh --in-place ...                                # mutate this tree, no copy
