@@ -13,6 +13,7 @@
 mod output;
 mod agent;
 mod harness;
+mod metrics;
 mod ops;
 mod runs;
 mod stuck;
@@ -410,6 +411,23 @@ enum Command {
         #[command(flatten)]
         create: CreateFlag,
     },
+    /// Seed 004's reliability figures: outcome verification rate, ambiguous outcome rate,
+    /// retries prevented, cost per validated intent, runs stopped by each budget, p50/p99 time
+    /// to a definitive outcome. Read from the metrics projection, never from the events.
+    Metrics {
+        /// Only intents reserved and runs started at or after this RFC 3339 instant
+        /// (2026-01-31T12:00:00Z) or this long ago (90s, 15m, 2h, 7d).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Segment every figure by this dimension.
+        #[arg(long, value_enum, value_name = "DIMENSION")]
+        by: Option<metrics::By>,
+        /// Print the Prometheus text exposition format (not with --json).
+        #[arg(long)]
+        prometheus: bool,
+        #[command(flatten)]
+        create: CreateFlag,
+    },
     /// One run: `keel run show RUN_ID`, `keel run cancel RUN_ID --by NAME --reason WHY`.
     Run {
         #[command(subcommand)]
@@ -800,6 +818,11 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             ops::show(&ops::reader(db, create)?, &out, &key)
+        }
+        Command::Metrics { since, by, prometheus, create } => {
+            metrics::check_format(&out, prometheus)?;
+            existing_log(db, create)?;
+            metrics::show(&ops::reader(db, create)?, &out, since.as_deref(), by, prometheus)
         }
         Command::Runs { status, workflow, since, create } => {
             let filter = runs::filter(status.as_deref(), workflow, since.as_deref())?;

@@ -320,6 +320,37 @@ pub enum LateVerdict {
     },
 }
 
+/// The versions a run ran under, recorded in its `RunStarted` so metrics can be segmented
+/// by them (seed 004: `release.version`, `prompt.version`, `policy.version`, `model`). Each
+/// is `None` when the starter has none (a workflow run calls no model and has no prompt).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunVersions {
+    /// `release.version`: the build that started the run (the package version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
+    /// `prompt.version`: the fingerprint of the agent's instructions and request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// `policy.version`: the version of the policy the run was checked against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// `model`: the model that answered (`scripted` for a replayed transcript).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+impl RunVersions {
+    /// This build's release and nothing else: what a workflow run records.
+    pub fn this_release() -> Self {
+        Self { release: Some(env!("CARGO_PKG_VERSION").to_owned()), ..Self::default() }
+    }
+
+    /// Whether nothing is known (a row written before versions were recorded).
+    pub fn is_unknown(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// Limits a run starts with. Part of `RunStarted`, so a restart never refills them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunLimits {
@@ -496,6 +527,10 @@ pub enum Event {
         deadline_at: DateTime<Utc>,
         /// The run's limits.
         limits: RunLimits,
+        /// The versions the run ran under, to segment metrics by (added after release:
+        /// absent from older rows, and not written when every one is unknown).
+        #[serde(default, skip_serializing_if = "RunVersions::is_unknown")]
+        versions: RunVersions,
     },
     /// A run waited for a human (outside its working time): its deadline moved by the time
     /// waited.
@@ -543,6 +578,10 @@ pub enum Event {
         /// Human detail.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
+        /// What the run spent on models, in minor units, as its harness counted it (added
+        /// after release; absent from older rows and from runs that call no model).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_minor: Option<i64>,
     },
     /// An intent was reserved: key + fingerprint + money, atomically.
     IntentReserved {

@@ -62,6 +62,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
                     reconciliations_per_intent_max: 5,
                     approval_threshold_minor: None,
                 },
+                versions: Default::default(),
                 owner: None,
             }),
             lease: engine::lease::LeaseUse::None,

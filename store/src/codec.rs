@@ -664,7 +664,12 @@ mod tests {
             (colon.stream(), Event::ApprovalExpired { key: colon.clone() }),
             (
                 run.stream(),
-                Event::RunFinished { run_id: run.clone(), status: engine::event::RunStatus::Completed, detail: None },
+                Event::RunFinished {
+                    run_id: run.clone(),
+                    status: engine::event::RunStatus::Completed,
+                    detail: None,
+                    cost_minor: None,
+                },
             ),
             (
                 run.stream(),

@@ -45,6 +45,7 @@
 //!         reconciliations_per_intent_max: 5,
 //!         approval_threshold_minor: None,
 //!     },
+//!     versions: Default::default(),
 //!     owner: None,
 //! }));
 //! // Outside an async runtime; async callers use `store.execute(command).await`.
@@ -83,6 +84,7 @@ mod checkpoint;
 mod codec;
 mod error;
 mod leases;
+pub mod metrics;
 mod packed;
 mod projection;
 mod reader;

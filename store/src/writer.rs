@@ -649,7 +649,7 @@ impl Writer {
             }
             last = Some(stored);
         }
-        entities.write_back()?;
+        entities.write_back(now)?;
         self.vault_after(&store, command, &sealed, now)?;
         if let Some(last) = last {
             self.chain = Chain { last_seq: last.seq, last_hash: last.hash.clone() };

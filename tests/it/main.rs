@@ -13,6 +13,7 @@ mod crash;
 mod golden;
 mod kills;
 mod leases;
+mod metrics;
 mod model;
 mod money;
 mod operator;

@@ -68,7 +68,11 @@ impl Desk {
     /// Starts or resumes the support run `run_id` of `scenario`.
     async fn agent(&self, scenario: Scenario, run_id: &str) -> RunOutcome {
         let lessee = self.executor.runtime().lessee.clone();
-        let start = NewRun { input: json!({"scenario": scenario.name()}), limits: support_agent::spine_limits() };
+        let start = NewRun {
+            input: json!({"scenario": scenario.name()}),
+            limits: support_agent::spine_limits(),
+            versions: engine::event::RunVersions::this_release(),
+        };
         let log: Arc<dyn EventLog> = self.log.clone();
         let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
         let recorded = agent_state_of(&self.log, run_id);
@@ -278,7 +282,7 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
     let transport = ScriptedTransport::new(transcript).resuming(&recorded);
     let lessee = desk.executor.runtime().lessee.clone();
     let limits = engine::event::RunLimits { approval_threshold_minor: threshold, ..support_agent::spine_limits() };
-    let start = NewRun { input: json!({}), limits };
+    let start = NewRun { input: json!({}), limits, versions: engine::event::RunVersions::this_release() };
     let log: Arc<dyn EventLog> = desk.log.clone();
     let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
     let timer = ManualTimer::new(desk.clock.clone());

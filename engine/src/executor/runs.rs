@@ -14,7 +14,7 @@ use super::outcome::{IntentOutcome, RunEnd, RunOutcome};
 use super::workflow::{Registered, Rejection, WorkflowEnd, outcome_json};
 use super::{Runtime, WorkflowError};
 use crate::clock::{checked_plus_ms, ms_between};
-use crate::event::{Cause, IntentKey, RunId, RunLimits, RunStatus};
+use crate::event::{Cause, IntentKey, RunId, RunLimits, RunStatus, RunVersions};
 use crate::failpoints::{Failpoints, Point};
 use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentStatus, Refusal, RejectCode, Run, RunStart};
@@ -136,6 +136,7 @@ impl Executor {
                 input: prepared.input.clone(),
                 deadline_at,
                 limits: request.limits.clone(),
+                versions: RunVersions::this_release(),
                 owner: Some(self.runtime.lessee.owner().clone()),
             }),
             journal: Vec::new(),

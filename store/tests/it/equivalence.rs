@@ -119,6 +119,7 @@ fn run_start(run: u8, now: DateTime<Utc>) -> RunStart {
             reconciliations_per_intent_max: 2,
             approval_threshold_minor: Some(300),
         },
+        versions: Default::default(),
         owner: None,
     }
 }
