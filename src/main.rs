@@ -17,6 +17,7 @@ mod metrics;
 mod ops;
 mod runs;
 mod stuck;
+mod trace;
 mod vault;
 mod wiring;
 
@@ -428,6 +429,16 @@ enum Command {
         #[command(flatten)]
         create: CreateFlag,
     },
+    /// A run as a causal tree: run → steps, model and tool calls → intents → attempts →
+    /// reconciliations → operators' actions, each with its time, duration, status and (in an
+    /// agent run) budget counters, built from the parent each event records. `--json` gives
+    /// the tree.
+    Trace {
+        /// The run id (`keel runs` lists them).
+        run_id: String,
+        #[command(flatten)]
+        create: CreateFlag,
+    },
     /// One run: `keel run show RUN_ID`, `keel run cancel RUN_ID --by NAME --reason WHY`.
     Run {
         #[command(subcommand)]
@@ -828,6 +839,10 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let filter = runs::filter(status.as_deref(), workflow, since.as_deref())?;
             existing_log(db, create)?;
             runs::list(&ops::reader(db, create)?, &out, &filter)
+        }
+        Command::Trace { run_id, create } => {
+            existing_log(db, create)?;
+            trace::show(&ops::reader(db, create)?, &out, &engine::event::RunId::new(run_id))
         }
         Command::Run { command: RunCommand::Show { run_id, create } } => {
             existing_log(db, create)?;

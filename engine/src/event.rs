@@ -137,22 +137,29 @@ pub struct Cause {
     /// The run on whose behalf the event was written, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<RunId>,
+    /// The global sequence of the event that caused this one, set when it is sealed (see
+    /// [`crate::append::seal`]): a run's first event has none; an intent's reservation was
+    /// caused by its run's latest event (the journal step or the agent's tool call); every
+    /// other event by the latest event of its own stream. `keel trace` builds a run's causal
+    /// tree from these links. Absent from events written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<u64>,
 }
 
 impl Cause {
     /// An event written by a command (`keel charge`, `keel reconcile`, …).
     pub fn command(name: &str) -> Self {
-        Self { actor: format!("command:{name}"), run_id: None }
+        Self { actor: format!("command:{name}"), run_id: None, parent: None }
     }
 
     /// An event written by a named human operator.
     pub fn operator(name: &str) -> Self {
-        Self { actor: format!("operator:{name}"), run_id: None }
+        Self { actor: format!("operator:{name}"), run_id: None, parent: None }
     }
 
     /// An event written by start-up recovery.
     pub fn recovery() -> Self {
-        Self { actor: "recovery".to_owned(), run_id: None }
+        Self { actor: "recovery".to_owned(), run_id: None, parent: None }
     }
 
     /// The same cause, acting for `run`.

@@ -374,7 +374,8 @@ CREATE TABLE vault_key (
 
 /// Version 6: the metrics projection (`store::metrics`), one narrow row per intent and per
 /// run, written in the transaction of every event that changes the entity, so `keel metrics`
-/// reads integer columns instead of the events. Filled from the entity rows already there.
+/// reads integer columns instead of the events, filled from the entity rows already there;
+/// and each event's causing event (`cause.parent`, `keel trace`).
 const V6: &str = r#"
 -- One row per intent: its operation (1 charge, 2 refund), status (the `intents.status`
 -- codes), evidence once validated (0 none, 1 the provider's receipt, 2 a lookup, 3 an
@@ -413,6 +414,10 @@ CREATE TABLE run_facts (
 
 -- `keel metrics --since T`: the runs started since an instant.
 CREATE INDEX run_facts_by_started ON run_facts (started_at);
+
+-- The cause's parent: the seq of the event that caused this one (`keel trace`). NULL for a
+-- run's first event and for every event written before it was recorded.
+ALTER TABLE events ADD COLUMN cause_parent INTEGER CHECK (cause_parent >= 1);
 "#;
 
 /// One forward migration: its SQL, then what it must compute in Rust.

@@ -19,4 +19,5 @@ mod money;
 mod operator;
 mod teeth;
 mod testkit;
+mod trace;
 mod vault;
