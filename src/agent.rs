@@ -44,7 +44,7 @@ use agent::{
     ModelResponse, ModelTransport, NewRun, RunOutcome, TransportError,
 };
 use engine::clock::Clock;
-use engine::event::{Cause, RunId, RunLimits};
+use engine::event::{Cause, RunId, RunLimits, RunVersions};
 use engine::log::{Ask, Asking, EventLog};
 use engine::provider::{BoxFuture, Secret};
 use serde::Serialize;
@@ -176,6 +176,17 @@ impl Script {
                 json!({"transport": "http", "api": live.api.name(), "model": live.model, "base_url": live.base_url.as_str()})
             }
         }
+    }
+
+    /// The versions a new run records: this build, and the model that answers (`scripted`
+    /// for a replayed transcript). The prompt's version is the journal's; no policy is
+    /// versioned yet.
+    fn versions(&self) -> RunVersions {
+        let model = match self {
+            Self::Live(live) => live.model.clone(),
+            Self::Scenario(_) | Self::Support { .. } | Self::File(_) => "scripted".to_owned(),
+        };
+        RunVersions { model: Some(model), ..RunVersions::this_release() }
     }
 
     fn from_input(workflow: &str, input: &Value) -> Result<Self, String> {
@@ -429,7 +440,9 @@ async fn drive(
     }
     let approval_threshold_minor =
         plan.spine.approval_threshold_minor.unwrap_or(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR);
-    let start = NewRun { input: plan.script.input(), limits: plan.spine.clone() };
+    let mut versions = plan.script.versions();
+    versions.policy = plan.spine.policy.as_ref().map(|stamp| stamp.version.clone());
+    let start = NewRun { input: plan.script.input(), limits: plan.spine.clone(), versions };
     let journal = LogJournal::new(Arc::clone(&log), plan.run_id.clone(), cause.clone(), Some(start), lessee.clone());
     let recorded = AgentState::from_events(&journal.load().await.map_err(|e| Failure::Internal(e.to_string()))?);
     let abort_at = std::env::var(ABORT_AT_MODEL_CALL).ok().and_then(|v| v.parse().ok());

@@ -15,11 +15,13 @@ mod agent;
 mod facts;
 mod harness;
 mod keys;
+mod metrics;
 mod ops;
 mod policy;
 mod runs;
 mod serve;
 mod stuck;
+mod trace;
 mod vault;
 mod wiring;
 
@@ -435,6 +437,33 @@ enum Command {
         /// ago (90s, 15m, 2h, 7d).
         #[arg(long, value_name = "TIME")]
         since: Option<String>,
+        #[command(flatten)]
+        create: CreateFlag,
+    },
+    /// Seed 004's reliability figures: outcome verification rate, ambiguous outcome rate,
+    /// retries prevented, cost per validated intent, runs stopped by each budget, p50/p99 time
+    /// to a definitive outcome. Read from the metrics projection, never from the events.
+    Metrics {
+        /// Only intents reserved and runs started at or after this RFC 3339 instant
+        /// (2026-01-31T12:00:00Z) or this long ago (90s, 15m, 2h, 7d).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// Segment every figure by this dimension.
+        #[arg(long, value_enum, value_name = "DIMENSION")]
+        by: Option<metrics::By>,
+        /// Print the Prometheus text exposition format (not with --json).
+        #[arg(long)]
+        prometheus: bool,
+        #[command(flatten)]
+        create: CreateFlag,
+    },
+    /// A run as a causal tree: run → steps, model and tool calls → intents → attempts →
+    /// reconciliations → operators' actions, each with its time, duration, status and (in an
+    /// agent run) budget counters, built from the parent each event records. `--json` gives
+    /// the tree.
+    Trace {
+        /// The run id (`keel runs` lists them).
+        run_id: String,
         #[command(flatten)]
         create: CreateFlag,
     },
@@ -888,10 +917,19 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             existing_log(db, create)?;
             ops::show(&ops::reader(db, create)?, &out, &key)
         }
+        Command::Metrics { since, by, prometheus, create } => {
+            metrics::check_format(&out, prometheus)?;
+            existing_log(db, create)?;
+            metrics::show(&ops::reader(db, create)?, &out, since.as_deref(), by, prometheus)
+        }
         Command::Runs { status, workflow, since, create } => {
             let filter = runs::filter(status.as_deref(), workflow, since.as_deref())?;
             existing_log(db, create)?;
             runs::list(&ops::reader(db, create)?, &out, &filter)
+        }
+        Command::Trace { run_id, create } => {
+            existing_log(db, create)?;
+            trace::show(&ops::reader(db, create)?, &out, &engine::event::RunId::new(run_id))
         }
         Command::Run { command: RunCommand::Show { run_id, create } } => {
             existing_log(db, create)?;

@@ -37,7 +37,7 @@ fn parse_status(name: &str) -> Result<RunState, Failure> {
 }
 
 /// A `--since` value: an RFC 3339 instant, or a duration ago (`90s`, `15m`, `2h`, `7d`).
-fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, Failure> {
+pub(crate) fn parse_since(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, Failure> {
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Ok(at.to_utc());
     }

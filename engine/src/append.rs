@@ -9,7 +9,7 @@
 //! It does no I/O: the caller says where the log ends and how long each stream is.
 
 use crate::canonical;
-use crate::event::{Cause, Event, StoredEvent, StreamId, chain_hash};
+use crate::event::{Cause, Event, IntentKey, RunId, StoredEvent, StreamId, chain_hash};
 use crate::ledger::Refusal;
 use crate::limits::EVENT_PAYLOAD_MAX_BYTES;
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -37,8 +37,62 @@ pub struct Head<'a> {
     pub last_hash: &'a str,
 }
 
+/// The entity whose first or latest event [`seal`] asks for.
+#[derive(Clone, Copy, Debug)]
+pub enum Tail<'a> {
+    /// An intent's stream.
+    Intent(&'a IntentKey),
+    /// A run's stream.
+    Run(&'a RunId),
+}
+
+/// Which end of a stream [`seal`] asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Its first event (a run's `RunStarted`, an intent's `IntentReserved`).
+    First,
+    /// Its latest event.
+    Latest,
+}
+
+/// The event that caused `event`, as the stream and end whose event it is (`None` for a run's
+/// first event): the rule [`seal`] records in each cause's `parent`.
+fn caused_by(event: &Event) -> Option<(Tail<'_>, End)> {
+    match event {
+        Event::RunStarted { .. } => None,
+        // A journal step follows what asked for it (an agent's tool call, the workflow's
+        // previous step), and a reservation is asked for by its journal link.
+        Event::StepRecorded { run_id, .. } | Event::IntentReserved { run_id, .. } => {
+            Some((Tail::Run(run_id), End::Latest))
+        }
+        // An answer belongs to what asked for it: an attempt's outcome to the attempt, a
+        // lookup's answer to its reconciliation.
+        Event::IntentValidated { key, .. }
+        | Event::IntentDeclined { key, .. }
+        | Event::OutcomeUnknown { key, .. }
+        | Event::AttemptNotSent { key, .. }
+        | Event::ReconciliationResolved { key, .. }
+        | Event::LateAnswerRecorded { key, .. } => Some((Tail::Intent(key), End::Latest)),
+        // Attempts, reconciliations, approvals and operators' actions act on the intent.
+        other => match (other.intent_key(), other.subject()) {
+            (Some(key), _) => Some((Tail::Intent(key), End::First)),
+            // A run's steps, agent facts, signals and end belong to the run.
+            (None, Some(run_id)) => Some((Tail::Run(run_id), End::First)),
+            (None, None) => None,
+        },
+    }
+}
+
 /// Seals `events`, written by `cause` at `at`, after `head`. `stream_length` answers how many
-/// events a stream held before this command.
+/// events a stream held before this command; `latest` the global sequence of an entity's
+/// first or latest event before it (`None` when it has none).
+///
+/// Each event's cause gets its `parent`, the event that caused it (in this command or
+/// before), by one rule over its type: none for a `RunStarted`; for a journal step or an
+/// `IntentReserved`, its run's latest event (the tool call or step that asked for it, the
+/// journal link); for an attempt's outcome or a lookup's answer, its intent's
+/// latest event (the attempt, the reconciliation); for any other event, its stream's first
+/// event (the run, the intent).
 ///
 /// `at` must already be truncated to microseconds (the stored precision), so that it reads
 /// back exactly.
@@ -53,6 +107,7 @@ pub fn seal(
     at: DateTime<Utc>,
     head: Head<'_>,
     stream_length: &mut dyn FnMut(&StreamId) -> u64,
+    seq_of: &mut dyn FnMut(Tail<'_>, End) -> Option<u64>,
 ) -> Result<Vec<Sealed>, Refusal> {
     // Encode every payload before numbering any, so a too-large one refuses the whole command.
     let mut payloads = Vec::with_capacity(events.len());
@@ -67,15 +122,32 @@ pub fn seal(
         }
         payloads.push(payload);
     }
-    let cause_text = canonical::to_string(&serde_json::to_value(cause).expect("a cause serializes: plain fields"));
     let at_text = at.to_rfc3339_opts(SecondsFormat::Micros, true);
     let mut seq = head.last_seq;
     let mut prev_hash = head.last_hash.to_owned();
     let mut lengths: HashMap<StreamId, u64> = HashMap::new();
+    // The first and latest seq this command gave each stream.
+    let mut written: HashMap<StreamId, (u64, u64)> = HashMap::new();
     let mut sealed = Vec::with_capacity(events.len());
     for (event, payload) in events.into_iter().zip(payloads) {
         seq += 1;
         let stream = event.stream();
+        let parent = caused_by(&event).and_then(|(tail, end)| {
+            let name = match tail {
+                Tail::Intent(key) => key.stream(),
+                Tail::Run(run_id) => run_id.stream(),
+            };
+            let mut before = || seq_of(tail, end);
+            match (written.get(&name), end) {
+                // The stream's first event was written before this command, or by it.
+                (Some(&(first, _)), End::First) => before().or(Some(first)),
+                (Some(&(_, latest)), End::Latest) => Some(latest),
+                (None, _) => before(),
+            }
+        });
+        written.entry(stream.clone()).and_modify(|(_, latest)| *latest = seq).or_insert((seq, seq));
+        let cause = Cause { parent, ..cause.clone() };
+        let cause_text = canonical::to_string(&serde_json::to_value(&cause).expect("a cause serializes: plain fields"));
         let length = lengths.entry(stream.clone()).or_insert_with(|| stream_length(&stream));
         *length += 1;
         let stream_seq = *length;
@@ -91,21 +163,12 @@ pub fn seal(
         );
         debug_assert_eq!(
             hash,
-            chain_hash(&prev_hash, seq, &stream, stream_seq, at, cause, &event),
+            chain_hash(&prev_hash, seq, &stream, stream_seq, at, &cause, &event),
             "the encoded chain hash is chain_hash's, byte for byte"
         );
-        let stored = StoredEvent {
-            seq,
-            stream,
-            stream_seq,
-            at,
-            cause: cause.clone(),
-            event,
-            prev_hash: prev_hash.clone(),
-            hash,
-        };
+        let stored = StoredEvent { seq, stream, stream_seq, at, cause, event, prev_hash: prev_hash.clone(), hash };
         prev_hash = stored.hash.clone();
-        sealed.push(Sealed { stored, payload, cause: cause_text.clone(), at: at_text.clone() });
+        sealed.push(Sealed { stored, payload, cause: cause_text, at: at_text.clone() });
     }
     Ok(sealed)
 }
@@ -168,8 +231,20 @@ mod tests {
         let events =
             vec![step(&run, 3, json!({"b": 4.2e1})), step(&other, 0, json!(null)), step(&run, 4, json!([1.0]))];
         let mut lengths = |stream: &StreamId| if stream == &run.stream() { 3 } else { 0 };
-        let sealed = seal(events, &cause, at, Head { last_seq: 16, last_hash: GENESIS_HASH }, &mut lengths)
+        let mut ends = |tail: Tail<'_>, end: End| match (tail, end) {
+            (Tail::Run(r), End::First) if *r == run => Some(2),
+            (Tail::Run(r), End::Latest) if *r == run => Some(16),
+            _ => None,
+        };
+        let sealed = seal(events, &cause, at, Head { last_seq: 16, last_hash: GENESIS_HASH }, &mut lengths, &mut ends)
             .expect("small payloads");
+        let parents: Vec<Option<u64>> = sealed.iter().map(|s| s.stored.cause.parent).collect();
+        assert_eq!(
+            parents,
+            [Some(16), None, Some(17)],
+            "a step follows its run's latest event, before this command or in it; a run's first step has none \
+             when the run has no event"
+        );
         let numbers: Vec<(u64, u64)> = sealed.iter().map(|s| (s.stored.seq, s.stored.stream_seq)).collect();
         assert_eq!(numbers, [(17, 4), (18, 1), (19, 5)]);
         assert_eq!(sealed[0].stored.prev_hash, GENESIS_HASH);
@@ -191,6 +266,7 @@ mod tests {
             DateTime::UNIX_EPOCH,
             Head { last_seq: 0, last_hash: GENESIS_HASH },
             &mut |_| 0,
+            &mut |_, _| None,
         );
         assert!(matches!(refused, Err(Refusal::PayloadTooLarge { event_type: "StepRecorded", .. })), "{refused:?}");
     }

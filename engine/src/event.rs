@@ -138,22 +138,29 @@ pub struct Cause {
     /// The run on whose behalf the event was written, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<RunId>,
+    /// The global sequence of the event that caused this one, set when it is sealed (see
+    /// [`crate::append::seal`]): a run's first event has none; an intent's reservation was
+    /// caused by its run's latest event (the journal step or the agent's tool call); every
+    /// other event by the latest event of its own stream. `keel trace` builds a run's causal
+    /// tree from these links. Absent from events written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<u64>,
 }
 
 impl Cause {
     /// An event written by a command (`keel charge`, `keel reconcile`, …).
     pub fn command(name: &str) -> Self {
-        Self { actor: format!("command:{name}"), run_id: None }
+        Self { actor: format!("command:{name}"), run_id: None, parent: None }
     }
 
     /// An event written by a named human operator.
     pub fn operator(name: &str) -> Self {
-        Self { actor: format!("operator:{name}"), run_id: None }
+        Self { actor: format!("operator:{name}"), run_id: None, parent: None }
     }
 
     /// An event written by start-up recovery.
     pub fn recovery() -> Self {
-        Self { actor: "recovery".to_owned(), run_id: None }
+        Self { actor: "recovery".to_owned(), run_id: None, parent: None }
     }
 
     /// The same cause, acting for `run`.
@@ -333,6 +340,37 @@ pub enum LateVerdict {
         /// What disagrees.
         detail: String,
     },
+}
+
+/// The versions a run ran under, recorded in its `RunStarted` so metrics can be segmented
+/// by them (seed 004: `release.version`, `prompt.version`, `policy.version`, `model`). Each
+/// is `None` when the starter has none (a workflow run calls no model and has no prompt).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunVersions {
+    /// `release.version`: the build that started the run (the package version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<String>,
+    /// `prompt.version`: the fingerprint of the agent's instructions and request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// `policy.version`: the version of the policy the run was checked against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+    /// `model`: the model that answered (`scripted` for a replayed transcript).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+impl RunVersions {
+    /// This build's release and nothing else: what a workflow run records.
+    pub fn this_release() -> Self {
+        Self { release: Some(env!("CARGO_PKG_VERSION").to_owned()), ..Self::default() }
+    }
+
+    /// Whether nothing is known (a row written before versions were recorded).
+    pub fn is_unknown(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Limits a run starts with. Part of `RunStarted`, so a restart never refills them.
@@ -529,6 +567,10 @@ pub enum Event {
         deadline_at: DateTime<Utc>,
         /// The run's limits.
         limits: RunLimits,
+        /// The versions the run ran under, to segment metrics by (added after release:
+        /// absent from older rows, and not written when every one is unknown).
+        #[serde(default, skip_serializing_if = "RunVersions::is_unknown")]
+        versions: RunVersions,
     },
     /// A run waited for a human (outside its working time): its deadline moved by the time
     /// waited.
@@ -576,6 +618,10 @@ pub enum Event {
         /// Human detail.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
+        /// What the run spent on models, in minor units, as its harness counted it (added
+        /// after release; absent from older rows and from runs that call no model).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cost_minor: Option<i64>,
     },
     /// An intent was reserved: key + fingerprint + money, atomically.
     IntentReserved {

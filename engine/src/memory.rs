@@ -5,15 +5,15 @@
 //! against; it must never be used where durability is promised. One mutex serialises every
 //! command, which is what the store's single writer does too.
 
-use crate::append::{Head, Sealed, seal};
+use crate::append::{End, Head, Sealed, Tail, seal};
 use crate::clock::Clock;
-use crate::event::{RunId, StoredEvent};
+use crate::event::{RunId, StoredEvent, StreamId};
 use crate::lease::{ExpiryOnly, LeaseEffect, LeaseOwner, LeaseRow, LeaseView, Liveness, OwnerProbe};
 use crate::ledger::{Command, Ledger, Reply};
 use crate::log::{EventLog, LogError};
 use crate::provider::BoxFuture;
 use chrono::SubsecRound;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// A log kept in memory.
@@ -29,6 +29,8 @@ struct State {
     ledger: Ledger,
     events: Vec<StoredEvent>,
     leases: BTreeMap<RunId, LeaseRow>,
+    /// Each stream's first sequence (the parent of most of its later events).
+    firsts: HashMap<StreamId, u64>,
 }
 
 /// The leases as the ledger reads them while deciding.
@@ -62,7 +64,11 @@ impl MemoryLog {
     pub fn from_events(clock: Arc<dyn Clock>, events: Vec<StoredEvent>) -> Self {
         let mut ledger = Ledger::new();
         events.iter().for_each(|event| ledger.apply(event));
-        let state = State { ledger, events, leases: BTreeMap::new() };
+        let mut firsts = HashMap::new();
+        for event in &events {
+            firsts.entry(event.stream.clone()).or_insert(event.seq);
+        }
+        let state = State { ledger, events, leases: BTreeMap::new(), firsts };
         Self { clock, probe: Arc::new(ExpiryOnly), state: Mutex::new(state) }
     }
 
@@ -87,10 +93,17 @@ impl MemoryLog {
     pub fn execute_now(&self, command: &Command) -> Result<Reply, LogError> {
         let now = self.clock.now().trunc_subsecs(6);
         let mut state = self.lock();
-        let State { ledger, events, leases } = &mut *state;
+        let State { ledger, events, leases, firsts } = &mut *state;
         let decision = crate::ledger::decide(&*ledger, &Leases { rows: leases, probe: &*self.probe }, command, now)?;
         let head = Head { last_seq: ledger.last_seq(), last_hash: ledger.last_hash() };
-        let sealed = seal(decision.events, &command.cause, now, head, &mut |stream| ledger.stream_length(stream))?;
+        let mut seq_of = |tail: Tail<'_>, end: End| match (tail, end) {
+            (Tail::Intent(key), End::Latest) => ledger.intent(key).map(|i| i.last_seq),
+            (Tail::Run(run_id), End::Latest) => ledger.run(run_id).map(|r| r.last_seq),
+            (Tail::Intent(key), End::First) => firsts.get(&key.stream()).copied(),
+            (Tail::Run(run_id), End::First) => firsts.get(&run_id.stream()).copied(),
+        };
+        let sealed =
+            seal(decision.events, &command.cause, now, head, &mut |stream| ledger.stream_length(stream), &mut seq_of)?;
         for effect in decision.leases {
             match effect {
                 LeaseEffect::Hold { run_id, owner, token, expires_at } => {
@@ -104,6 +117,7 @@ impl MemoryLog {
             }
         }
         for Sealed { stored, .. } in sealed {
+            firsts.entry(stored.stream.clone()).or_insert(stored.seq);
             ledger.apply(&stored);
             events.push(stored);
         }

@@ -65,6 +65,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
                     network_retries_max: None,
                     reconciliations_max: None,
                 },
+                versions: Default::default(),
                 owner: None,
             }),
             lease: engine::lease::LeaseUse::None,

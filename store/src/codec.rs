@@ -267,9 +267,12 @@ impl LegacyRow {
 }
 
 /// The `SELECT` list of a compact row with its names joined, matching [`CompactRow::from_row`].
-/// `LEFT JOIN`s, so a dangling id is reported by name instead of hiding the row.
+/// `LEFT JOIN`s, so a dangling id is reported by name instead of hiding the row. `e.*` brings
+/// `cause_parent` when the table has it: version 3's migration reads the compact table
+/// before version 7 adds that column (it holds no row then, and no event before version 7
+/// records a parent).
 const COMPACT_SELECT: &str = "SELECT e.seq, s.name, e.stream, e.stream_seq, e.type, e.at, a.name, e.cause_run, \
-     c.name, e.payload, e.hash FROM events e LEFT JOIN streams s ON s.id = e.stream \
+     c.name, e.payload, e.hash, e.* FROM events e LEFT JOIN streams s ON s.id = e.stream \
      LEFT JOIN actors a ON a.id = e.actor LEFT JOIN streams c ON c.id = e.cause_run";
 
 /// One `events` row as stored, names joined.
@@ -285,6 +288,7 @@ struct CompactRow {
     cause_run: Option<String>,
     payload: Vec<u8>,
     hash: Vec<u8>,
+    cause_parent: Option<i64>,
 }
 
 impl CompactRow {
@@ -301,6 +305,10 @@ impl CompactRow {
             cause_run: row.get(8)?,
             payload: row.get(9)?,
             hash: row.get(10)?,
+            cause_parent: match row.get("cause_parent") {
+                Err(rusqlite::Error::InvalidColumnName(_)) => None,
+                other => other?,
+            },
         })
     }
 
@@ -322,6 +330,7 @@ impl CompactRow {
             )),
             (Some(id), None) => return Err(Error::corrupt(seq, format!("cause run stream {id} is not in streams"))),
         };
+        let parent = self.cause_parent.map(|p| to_u64(p, seq, "cause_parent")).transpose()?;
         let event = unpack_payload(&stream, type_name, &self.payload, seq)?;
         if self.hash.len() != 32 {
             return Err(Error::corrupt(seq, format!("a {}-byte hash", self.hash.len())));
@@ -331,7 +340,7 @@ impl CompactRow {
             stream: StreamId::from_stored(stream),
             stream_seq,
             at,
-            cause: Cause { actor, run_id },
+            cause: Cause { actor, run_id, parent },
             event,
             prev_hash,
             hash: hash_hex(&self.hash),
@@ -545,8 +554,22 @@ pub(crate) struct NewEvent<'a> {
     pub(crate) at: i64,
     pub(crate) actor: i64,
     pub(crate) cause_run: Option<i64>,
+    pub(crate) cause_parent: Option<u64>,
     pub(crate) payload: &'a [u8],
     pub(crate) hash: &'a [u8],
+}
+
+/// The global sequence of `stream`'s first event, in whichever table holds it (`None` when
+/// the stream has none): one indexed read of `UNIQUE (stream, stream_seq)`.
+pub(crate) fn first_seq(conn: &Connection, stream: &StreamId) -> Result<Option<u64>> {
+    let seq: Option<i64> = conn
+        .prepare_cached(
+            "SELECT e.seq FROM events e JOIN streams s ON s.id = e.stream WHERE s.name = ?1 AND e.stream_seq = 1 \
+             UNION ALL SELECT seq FROM events_v1 WHERE stream = ?1 AND stream_seq = 1 LIMIT 1",
+        )?
+        .query_row([stream.as_str()], |row| row.get(0))
+        .optional()?;
+    seq.map(|s| to_u64(s, 0, "seq")).transpose()
 }
 
 /// Appends one event. A collision on `seq` or on `(stream, stream_seq)` — a writer appending
@@ -554,8 +577,8 @@ pub(crate) struct NewEvent<'a> {
 /// the log cannot fork.
 pub(crate) fn insert_event(conn: &Connection, row: &NewEvent<'_>) -> Result<()> {
     let mut statement = conn.prepare_cached(
-        "INSERT INTO events (seq, stream, stream_seq, type, at, actor, cause_run, payload, hash) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO events (seq, stream, stream_seq, type, at, actor, cause_run, payload, hash, cause_parent) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?;
     let inserted = statement.execute(params![
         to_i64(row.seq),
@@ -567,6 +590,7 @@ pub(crate) fn insert_event(conn: &Connection, row: &NewEvent<'_>) -> Result<()> 
         row.cause_run,
         row.payload,
         row.hash,
+        row.cause_parent.map(to_i64),
     ]);
     match inserted {
         Ok(_) => Ok(()),
@@ -666,7 +690,12 @@ mod tests {
             (colon.stream(), Event::ApprovalExpired { key: colon.clone() }),
             (
                 run.stream(),
-                Event::RunFinished { run_id: run.clone(), status: engine::event::RunStatus::Completed, detail: None },
+                Event::RunFinished {
+                    run_id: run.clone(),
+                    status: engine::event::RunStatus::Completed,
+                    detail: None,
+                    cost_minor: None,
+                },
             ),
             (
                 run.stream(),

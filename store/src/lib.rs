@@ -48,6 +48,7 @@
 //!         network_retries_max: None,
 //!         reconciliations_max: None,
 //!     },
+//!     versions: Default::default(),
 //!     owner: None,
 //! }));
 //! // Outside an async runtime; async callers use `store.execute(command).await`.
@@ -87,6 +88,7 @@ mod codec;
 mod error;
 pub mod keys;
 mod leases;
+pub mod metrics;
 mod packed;
 mod projection;
 mod reader;

@@ -346,6 +346,18 @@ impl Reader {
         Ok(out)
     }
 
+    /// Seed 004's figures (see [`crate::metrics`]) at `now`, over the intents reserved and
+    /// the runs started at or after `since`, by segment.
+    pub fn metrics(
+        &self,
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        by: Option<crate::metrics::Dimension>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<crate::metrics::Segment>> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        crate::metrics::figures(&snapshot, since, by, now)
+    }
+
     /// One run's state and the intents it reserved, from their rows.
     pub fn run_state(&self, run_id: &RunId) -> Result<Option<(Run, Vec<Intent>)>> {
         let snapshot = self.conn.unchecked_transaction()?;

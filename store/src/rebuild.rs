@@ -85,6 +85,8 @@ fn stand_in(run_id: &RunId) -> Run {
         agent_entries: 0,
         network_retries: 0,
         cancel_requested: None,
+        versions: engine::event::RunVersions::default(),
+        cost_minor: None,
         last_seq: 0,
     }
 }

@@ -391,6 +391,54 @@ CREATE TABLE api_keys (
 ) STRICT;
 "#;
 
+/// Version 7: the metrics projection (`store::metrics`), one narrow row per intent and per
+/// run, written in the transaction of every event that changes the entity, so `keel metrics`
+/// reads integer columns instead of the events, filled from the entity rows already there;
+/// and each event's causing event (`cause.parent`, `keel trace`).
+const V7: &str = r#"
+-- One row per intent: its operation (1 charge, 2 refund), status (the `intents.status`
+-- codes), evidence once validated (0 none, 1 the provider's receipt, 2 a lookup, 3 an
+-- operator's unconfirmed word), deduplications, when it was reserved, when its outcome became
+-- definitive, and while unknown when it becomes ambiguous (all microseconds since the epoch).
+CREATE TABLE intent_facts (
+    intent       INTEGER PRIMARY KEY REFERENCES intents (stream),
+    run          INTEGER NOT NULL REFERENCES runs (stream),
+    kind         INTEGER NOT NULL CHECK (kind IN (1, 2)),
+    status       INTEGER NOT NULL CHECK (status BETWEEN 1 AND 10),
+    evidence     INTEGER NOT NULL CHECK (evidence BETWEEN 0 AND 3),
+    dedups       INTEGER NOT NULL CHECK (dedups >= 0),
+    reserved_at  INTEGER NOT NULL,
+    settled_at   INTEGER,
+    ambiguous_at INTEGER
+) STRICT;
+
+-- `keel metrics --since T`: the intents reserved since an instant.
+CREATE INDEX intent_facts_by_reserved ON intent_facts (reserved_at);
+-- `keel metrics --by operation`: a run's intents.
+CREATE INDEX intent_facts_by_run ON intent_facts (run);
+
+-- One row per run: when it started, its workflow, how it ended (`RunStatus` name, NULL while
+-- running), what it spent on models, and the versions it ran under (NULL when unknown).
+CREATE TABLE run_facts (
+    run        INTEGER PRIMARY KEY REFERENCES runs (stream),
+    started_at INTEGER NOT NULL,
+    workflow   TEXT    NOT NULL,
+    status     TEXT,
+    cost_minor INTEGER NOT NULL,
+    release    TEXT,
+    prompt     TEXT,
+    policy     TEXT,
+    model      TEXT
+) STRICT;
+
+-- `keel metrics --since T`: the runs started since an instant.
+CREATE INDEX run_facts_by_started ON run_facts (started_at);
+
+-- The cause's parent: the seq of the event that caused this one (`keel trace`). NULL for a
+-- run's first event and for every event written before it was recorded.
+ALTER TABLE events ADD COLUMN cause_parent INTEGER CHECK (cause_parent >= 1);
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -407,6 +455,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V4, then: None },
     Migration { sql: V5, then: None },
     Migration { sql: V6, then: None },
+    Migration { sql: V7, then: Some(crate::metrics::backfill) },
 ];
 
 /// The schema version this build writes and reads.

@@ -320,7 +320,8 @@ impl<'a> TxEntities<'a> {
 
     /// Writes every touched entity's row (runs first: an intent row names its run's), the
     /// order and reference entries of new intents, and refreshes the cache.
-    pub(crate) fn write_back(mut self) -> Result<()> {
+    /// `now` is the instant of the events that touched them (the metrics rows keep it).
+    pub(crate) fn write_back(mut self, now: DateTime<Utc>) -> Result<()> {
         if let Some(error) = self.failure.take() {
             return Err(error);
         }
@@ -328,6 +329,7 @@ impl<'a> TxEntities<'a> {
         for (&id, touched) in &self.touched {
             if let Entity::Run(run) = &touched.entity {
                 rows::put_run(conn, id, run)?;
+                crate::metrics::put_run_facts(conn, id, run)?;
             }
         }
         for (&id, touched) in &self.touched {
@@ -339,6 +341,7 @@ impl<'a> TxEntities<'a> {
                     )
                 })?;
                 rows::put_intent(conn, id, run, intent)?;
+                crate::metrics::put_intent_facts(conn, id, run, intent, now)?;
                 if touched.new {
                     rows::put_intent_maps(conn, id, intent)?;
                 }

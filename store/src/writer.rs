@@ -66,14 +66,14 @@ use crate::schema::{self, Options};
 use crate::tx::{self, TxEntities, TxView};
 use crate::vault::{self, VaultKey};
 use chrono::{DateTime, SubsecRound, Utc};
-use engine::append::{Head, Sealed, seal};
+use engine::append::{End, Head, Sealed, Tail, seal};
 use engine::clock::Clock;
 use engine::event::Event;
-use engine::event::IntentKey;
+use engine::event::{IntentKey, StreamId};
 use engine::failpoints::Point;
 use engine::lease::OwnerProbe;
 use engine::ledger::fold;
-use engine::ledger::{Action, Command, Decision, Refusal, Reply, ReplyTarget};
+use engine::ledger::{Action, Command, Decision, Refusal, Reply, ReplyTarget, View as _};
 use engine::limits::{ENTITY_CACHE_MAX, VERIFIED_MARK_EVENTS, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
 use engine::log::{EventLog, LogError, Unsealed};
 use engine::provider::BoxFuture;
@@ -601,7 +601,17 @@ impl Writer {
             Err(refusal) => return view.finish().map(|()| Err(refusal)),
         };
         let head = Head { last_seq: self.chain.last_seq, last_hash: &self.chain.last_hash };
-        let sealed = seal(events, &command.cause, now, head, &mut |stream| view.stream_length(stream));
+        let mut unread = None;
+        let mut seq_of = |tail: Tail<'_>, end: End| match (tail, end) {
+            (Tail::Intent(key), End::Latest) => view.intent(key).map(|i| i.last_seq),
+            (Tail::Run(run_id), End::Latest) => view.run(run_id).map(|r| r.last_seq),
+            (Tail::Intent(key), End::First) => first_seq(&self.conn, &key.stream(), &mut unread),
+            (Tail::Run(run_id), End::First) => first_seq(&self.conn, &run_id.stream(), &mut unread),
+        };
+        let sealed = seal(events, &command.cause, now, head, &mut |stream| view.stream_length(stream), &mut seq_of);
+        if let Some(error) = unread {
+            return Err(error);
+        }
         view.finish()?;
         let sealed = match sealed {
             Ok(sealed) => sealed,
@@ -638,6 +648,7 @@ impl Writer {
                     at,
                     actor,
                     cause_run,
+                    cause_parent: stored.cause.parent,
                     payload: &payload,
                     hash: &hash,
                 },
@@ -649,11 +660,23 @@ impl Writer {
             }
             last = Some(stored);
         }
-        entities.write_back()?;
+        entities.write_back(now)?;
         self.vault_after(&store, command, &sealed, now)?;
         if let Some(last) = last {
             self.chain = Chain { last_seq: last.seq, last_hash: last.hash.clone() };
         }
         Ok(Ok(target))
+    }
+}
+
+/// The first sequence of `stream` (`None` when it has no event yet), keeping the first read
+/// error in `unread` for the caller to fail the batch with.
+fn first_seq(conn: &rusqlite::Connection, stream: &StreamId, unread: &mut Option<Error>) -> Option<u64> {
+    match codec::first_seq(conn, stream) {
+        Ok(seq) => seq,
+        Err(error) => {
+            unread.get_or_insert(error);
+            None
+        }
     }
 }

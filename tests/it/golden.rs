@@ -147,6 +147,7 @@ fn every_variant() -> Vec<StoredEvent> {
             network_retries_max: None,
             reconciliations_max: None,
         },
+        versions: Default::default(),
         owner: None,
     };
     let evidence = |r: &str, amount| Evidence { provider_ref: r.into(), amount_minor: amount, currency: "EUR".into() };
@@ -291,6 +292,7 @@ fn run_cancelled() -> Vec<StoredEvent> {
         input: json!({"note": "cancelled by an operator"}),
         deadline_at: Utc.with_ymd_and_hms(2025, 3, 2, 12, 0, 0).single().expect("valid"),
         limits: RunLimits::default(),
+        versions: Default::default(),
         owner: None,
     };
     let for_run = Cause::command("golden").for_run(&run);
@@ -324,7 +326,11 @@ fn agent_run() -> Vec<StoredEvent> {
     let transport =
         ScriptedTransport::from_file(scenario.transcript(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures")))
             .expect("the transcript parses");
-    let start = agent::NewRun { input: json!({"scenario": "complete"}), limits: RunLimits::default() };
+    let start = agent::NewRun {
+        input: json!({"scenario": "complete"}),
+        limits: RunLimits::default(),
+        versions: engine::event::RunVersions::default(),
+    };
     let shared: Arc<dyn engine::log::EventLog> = log.clone();
     let lessee = engine::lease::Lessee::new(engine::lease::LeaseOwner::named("golden"));
     let journal = LogJournal::new(shared, RunId::new("golden-agent-1"), Cause::command("golden"), Some(start), lessee);
@@ -378,6 +384,7 @@ fn abandoned() -> Vec<StoredEvent> {
         input: json!({"note": "abandonment"}),
         deadline_at: Utc.with_ymd_and_hms(2025, 6, 2, 9, 0, 0).single().expect("valid"),
         limits: RunLimits::default(),
+        versions: engine::event::RunVersions::default(),
         owner: None,
     };
     let ids = [("golden_never_sent", true), ("golden_proven_absent", true), ("golden_no_lookup", false)];

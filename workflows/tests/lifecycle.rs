@@ -452,6 +452,7 @@ async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
         deadline_at: engine::clock::checked_plus_ms(h.clock.now(), 120_000)
             .expect("two minutes from now is an instant"),
         limits: limits(),
+        versions: Default::default(),
         owner: None,
     };
     h.log

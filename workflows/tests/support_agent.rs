@@ -74,6 +74,7 @@ impl Desk {
         let start = NewRun {
             input: json!({"scenario": scenario.name()}),
             limits: support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR),
+            versions: engine::event::RunVersions::this_release(),
         };
         let log: Arc<dyn EventLog> = self.log.clone();
         let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
@@ -287,7 +288,7 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         approval_threshold_minor: threshold,
         ..support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR)
     };
-    let start = NewRun { input: json!({}), limits };
+    let start = NewRun { input: json!({}), limits, versions: engine::event::RunVersions::this_release() };
     let log: Arc<dyn EventLog> = desk.log.clone();
     let journal = LogJournal::new(log, RunId::new(run_id), Cause::command("agent"), Some(start), lessee);
     let timer = ManualTimer::new(desk.clock.clone());

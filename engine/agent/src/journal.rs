@@ -13,7 +13,7 @@
 //!   from `append` is the permission to spend.
 
 use super::event::{AgentEvent, AgentState};
-use engine::event::{Cause, IntentKey, RunId, RunLimits};
+use engine::event::{Cause, IntentKey, RunId, RunLimits, RunVersions};
 use engine::lease::{LeaseGrant, LeaseUse, Lessee};
 use engine::ledger::{AgentRunStart, Refusal, SpineRequest};
 use engine::log::{AgentBatch, Ask, Asking, EventLog, LogError};
@@ -63,6 +63,10 @@ pub struct NewRun {
     pub input: serde_json::Value,
     /// The spine's limits for the run's intents.
     pub limits: RunLimits,
+    /// The versions the run runs under: release, policy and model as the host knows them.
+    /// Its `prompt` is the journal's to set: the fingerprint of the run's instructions and
+    /// request, from its `AgentRunStarted`.
+    pub versions: RunVersions,
 }
 
 /// The journal of one run in the spine's event log, written under the run's lease.
@@ -102,7 +106,7 @@ impl LogJournal {
     /// The spine's part of a new run whose first batch is `events`.
     fn run_start(&self, events: &[AgentEvent]) -> Option<AgentRunStart> {
         let start = self.start.as_ref()?;
-        let Some(AgentEvent::AgentRunStarted { workflow, deadline, .. }) = events.first() else {
+        let Some(AgentEvent::AgentRunStarted { workflow, deadline, system, prompt, .. }) = events.first() else {
             return None;
         };
         Some(AgentRunStart {
@@ -110,20 +114,32 @@ impl LogJournal {
             deadline_at: *deadline,
             input: start.input.clone(),
             limits: start.limits.clone(),
+            versions: RunVersions { prompt: Some(prompt_version(system, prompt)), ..start.versions.clone() },
             owner: Some(self.lessee.owner().clone()),
         })
     }
 }
 
-/// What a batch of facts means for the spine: the run's end, an approval window opened, a
-/// deadline moved by the time a human took.
-fn spine_requests(events: &[AgentEvent]) -> Vec<SpineRequest> {
+/// `prompt.version`: the first 12 hex digits of the SHA-256 of the run's system instructions
+/// and request (a NUL between them), so two runs share a version exactly when they were
+/// asked the same thing.
+pub fn prompt_version(system: &str, prompt: &str) -> String {
+    let digest = engine::canonical::sha256_hex(format!("{system}\0{prompt}").as_bytes());
+    digest[..12].to_owned()
+}
+
+/// What a batch of facts means for the spine: the run's end (with what it spent on models,
+/// `folded` being the run's state after the batch), an approval window opened, a deadline
+/// moved by the time a human took.
+fn spine_requests(events: &[AgentEvent], folded: &AgentState) -> Vec<SpineRequest> {
     events
         .iter()
         .filter_map(|event| match event {
-            AgentEvent::RunStopped { status, detail, .. } => {
-                Some(SpineRequest::Finish { status: status.run_status(), detail: detail.clone() })
-            }
+            AgentEvent::RunStopped { status, detail, .. } => Some(SpineRequest::Finish {
+                status: status.run_status(),
+                detail: detail.clone(),
+                cost_minor: Some(folded.cost_minor),
+            }),
             AgentEvent::ApprovalAwaited { intent_key, closes_at, .. } => {
                 IntentKey::parse(intent_key).map(|key| SpineRequest::OpenApprovalWindow { key, closes_at: *closes_at })
             }
@@ -167,7 +183,7 @@ impl AgentJournal for LogJournal {
                 position,
                 entries,
                 start: self.run_start(&events),
-                spine: spine_requests(&events),
+                spine: spine_requests(&events, &folded),
             };
             // A lease given back leaves the book before the release is asked for, so a
             // renewal answered after it never mistakes it for a takeover.
@@ -315,6 +331,7 @@ mod tests {
                 network_retries_max: None,
                 reconciliations_max: None,
             },
+            versions: RunVersions::this_release(),
         });
         LogJournal::new(Arc::clone(log) as Arc<dyn EventLog>, RunId::new("r1"), Cause::command("test"), start, lessee)
     }

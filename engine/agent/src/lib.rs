@@ -71,7 +71,7 @@ pub use event::{AgentEvent, AgentState, CallHold, CorrectionCode, ToolOutcome};
 pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision, MemoryGate};
 pub use guard::{AgentEnv, GuardedScope, Invoked, Verdict, decide};
 pub use intent_gate::IntentGate;
-pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal, NewRun};
+pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal, NewRun, prompt_version};
 pub use model::{
     Message, ModelRequest, ModelResponse, ModelTransport, ResponseBlock, StopReason, ToolCall, ToolDescriptor,
     ToolResultBlock, TransportError, Usage,

@@ -69,6 +69,7 @@ use super::registry::{EffectClass, Registry};
 use engine::clock::checked_plus_ms;
 use engine::limits;
 use std::collections::BTreeSet;
+use tracing::Instrument as _;
 
 /// What a new run starts with (ignored, apart from its id, when the journal already holds
 /// the run: a restart never changes limits).
@@ -100,24 +101,58 @@ pub async fn run(
     spec: &RunSpec,
     completion: Completion<'_>,
 ) -> Result<RunOutcome, AgentError> {
-    let mut scope = GuardedScope::open(env).await?;
-    match drive(&mut scope, transport, registry, spec, completion).await {
-        // An operator asked the run to stop: the refused batch wrote nothing, and the run's
-        // next fact is its `cancelled` stop.
-        Err(AgentError::Journal(JournalError::Cancelled { detail })) if scope.state().stop.is_none() => {
-            let count = u64::from(scope.state().model_calls);
-            let stop = AgentEvent::RunStopped {
-                status: AgentStatus::Cancelled,
-                subject: "run".into(),
-                count,
-                detail: Some(detail),
-                text: None,
-            };
-            scope.record(vec![stop]).await?;
-            Ok(scope.state().outcome().expect("a run that recorded its stop has an outcome"))
+    let span = tracing::info_span!(
+        "agent.run",
+        agent.run.id = %spec.run_id,
+        prompt.version = %super::journal::prompt_version(&spec.system, &spec.prompt),
+        policy.version = tracing::field::Empty,
+        release.version = env!("CARGO_PKG_VERSION"),
+    );
+    async move {
+        let mut scope = GuardedScope::open(env).await?;
+        match drive(&mut scope, transport, registry, spec, completion).await {
+            // An operator asked the run to stop: the refused batch wrote nothing, and the run's
+            // next fact is its `cancelled` stop.
+            Err(AgentError::Journal(JournalError::Cancelled { detail })) if scope.state().stop.is_none() => {
+                let count = u64::from(scope.state().model_calls);
+                let stop = AgentEvent::RunStopped {
+                    status: AgentStatus::Cancelled,
+                    subject: "run".into(),
+                    count,
+                    detail: Some(detail),
+                    text: None,
+                };
+                scope.record(vec![stop]).await?;
+                Ok(scope.state().outcome().expect("a run that recorded its stop has an outcome"))
+            }
+            other => other,
         }
-        other => other,
     }
+    .instrument(span)
+    .await
+}
+
+/// What a tool call's guard decided, for its span: `accepted` (admitted to its body) or
+/// `refused`, and the refusal's code (`unknown_tool`, `schema_correction`, a refusal code)
+/// from the control events the call added.
+fn validation(state: &AgentState, controls_before: usize) -> (&'static str, Option<String>) {
+    let added = state.control.get(controls_before..).unwrap_or_default();
+    let refused = added.iter().find(|c| c.kind != "tool_call" && c.kind != "model_call");
+    match refused {
+        Some(control) => ("refused", Some(control.kind.clone())),
+        None if added.iter().any(|c| c.kind == "tool_call") => ("accepted", None),
+        None => ("none", None),
+    }
+}
+
+/// Records the budgets left on `span` (calls, input tokens, milliseconds to the deadline).
+fn record_budget(span: &tracing::Span, state: &AgentState, now: chrono::DateTime<chrono::Utc>) {
+    let limits = &state.header().limits;
+    span.record("budget.remaining_calls", limits.model_calls_max.saturating_sub(state.model_calls));
+    if let Some(max) = limits.input_tokens_max {
+        span.record("budget.remaining_tokens", max.saturating_sub(state.input_tokens_committed()));
+    }
+    span.record("budget.remaining_ms", (state.header().deadline - now).num_milliseconds().max(0));
 }
 
 /// Drives an opened run to its stop (see [`run`]).
@@ -340,20 +375,43 @@ async fn answer_turn(
         if turn.has_result(&tool_call.id) {
             continue;
         }
-        let invoked = if turn.reserved.contains(&tool_call.id) {
-            // Reserved, then the process died (or the run suspended) before its result.
-            if let Some(invoked) = registry.resume_reserved(scope, &tool_call).await? {
-                invoked
-            } else {
-                interrupted(scope, registry, &tool_call).await?;
+        let schema_version =
+            registry.stamps().into_iter().find(|s| s.name == tool_call.name).map(|s| s.version).unwrap_or_default();
+        let span = tracing::info_span!(
+            "tool.call",
+            agent.step.index = call,
+            tool.name = %tool_call.name,
+            tool.schema_version = %schema_version,
+            tool.call_id = %tool_call.id,
+            validation.outcome = tracing::field::Empty,
+            validation.error_code = tracing::field::Empty,
+        );
+        let controls_before = scope.state().control.len();
+        let reserved = turn.reserved.contains(&tool_call.id);
+        let invoked = async {
+            let invoked = if reserved {
+                // Reserved, then the process died (or the run suspended) before its result.
+                if let Some(invoked) = registry.resume_reserved(scope, &tool_call).await? {
+                    invoked
+                } else {
+                    interrupted(scope, registry, &tool_call).await?;
+                    Invoked::Recorded
+                }
+            } else if let Some(stop) = guard_stop_after_completion(scope, registry, &tool_call, completion) {
+                scope.record(vec![stop]).await?;
                 Invoked::Recorded
-            }
-        } else if let Some(stop) = guard_stop_after_completion(scope, registry, &tool_call, completion) {
-            scope.record(vec![stop]).await?;
-            Invoked::Recorded
-        } else {
-            registry.invoke(scope, &tool_call).await?
-        };
+            } else {
+                registry.invoke(scope, &tool_call).await?
+            };
+            Ok::<_, AgentError>(invoked)
+        }
+        .instrument(span.clone())
+        .await?;
+        let (outcome, code) = validation(scope.state(), controls_before);
+        span.record("validation.outcome", outcome);
+        if let Some(code) = code {
+            span.record("validation.error_code", code.as_str());
+        }
         if let Invoked::AwaitingApproval { intent_key } = invoked {
             return Ok(Some(intent_key));
         }
@@ -553,10 +611,35 @@ async fn call_model(
     completion: Completion<'_>,
 ) -> Result<(), AgentError> {
     let call = scope.state().model_calls + 1;
+    let span = tracing::info_span!(
+        "llm.call",
+        agent.step.index = call,
+        llm.model = tracing::field::Empty,
+        llm.input_tokens = tracing::field::Empty,
+        llm.output_tokens = tracing::field::Empty,
+        llm.latency_ms = tracing::field::Empty,
+        budget.remaining_calls = tracing::field::Empty,
+        budget.remaining_tokens = tracing::field::Empty,
+        budget.remaining_ms = tracing::field::Empty,
+    );
     scope.record(vec![AgentEvent::ModelCallReserved { call, hold: Some(hold) }]).await?;
     let deadline = scope.state().header().deadline;
     let env = scope.env();
-    let raced = race(transport.complete(request), env.timer.sleep_until(deadline), env.cancel.cancelled()).await;
+    let sent_at = env.clock.now();
+    record_budget(&span, scope.state(), sent_at);
+    let raced = race(transport.complete(request), env.timer.sleep_until(deadline), env.cancel.cancelled())
+        .instrument(span.clone())
+        .await;
+    span.record("llm.latency_ms", (env.clock.now() - sent_at).num_milliseconds().max(0));
+    if let Raced::Done(Ok(response)) = &raced {
+        span.record("llm.model", response.model.as_str());
+        if let Some(tokens) = response.usage.input_tokens {
+            span.record("llm.input_tokens", tokens);
+        }
+        if let Some(tokens) = response.usage.output_tokens {
+            span.record("llm.output_tokens", tokens);
+        }
+    }
     let stopped = |status: AgentStatus, subject: &str, count: u64, detail: String| AgentEvent::RunStopped {
         status,
         subject: subject.to_owned(),

@@ -14,7 +14,7 @@ use super::outcome::{IntentOutcome, OutcomeStatus, RunEnd, RunOutcome};
 use super::workflow::{Registered, Rejection, WorkflowEnd, outcome_json};
 use super::{Runtime, WorkflowError};
 use crate::clock::{checked_plus_ms, ms_between};
-use crate::event::{Cause, IntentKey, RunId, RunLimits, RunStatus};
+use crate::event::{Cause, IntentKey, RunId, RunLimits, RunStatus, RunVersions};
 use crate::failpoints::{Failpoints, Point};
 use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentStatus, Refusal, RejectCode, Run, RunStart};
@@ -136,6 +136,11 @@ impl Executor {
                 input: prepared.input.clone(),
                 deadline_at,
                 limits: request.limits.clone(),
+                // The policy the run is held to, as its limits record it.
+                versions: RunVersions {
+                    policy: request.limits.policy.as_ref().map(|stamp| stamp.version.clone()),
+                    ..RunVersions::this_release()
+                },
                 owner: Some(self.runtime.lessee.owner().clone()),
             }),
             journal: Vec::new(),

@@ -12,7 +12,7 @@
 //! callers that write (the store's writer) treat it as a bug and stop; `verify` reports it.
 
 use super::state::{Approval, CancelRequest, Intent, IntentStatus, JournalEntry, Run, RunHistory};
-use crate::event::{AfterLookup, Event, IntentKey, LateVerdict, RunId, Source, StoredEvent, StreamId};
+use crate::event::{AfterLookup, Event, IntentKey, LateVerdict, ResolutionCheck, RunId, Source, StoredEvent, StreamId};
 use crate::provider::Evidence;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -55,7 +55,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
     let fail = |what: &'static str| FoldError { seq: stored.seq, stream: stored.stream.clone(), what };
     let (seq, at) = (stored.seq, stored.at);
     match &stored.event {
-        Event::RunStarted { run_id, workflow, deadline_at, limits, .. } => {
+        Event::RunStarted { run_id, workflow, deadline_at, limits, versions, .. } => {
             if entities.run_mut(run_id).is_some() {
                 return Err(fail("run started twice"));
             }
@@ -71,6 +71,8 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 agent_entries: 0,
                 network_retries: 0,
                 cancel_requested: None,
+                versions: versions.clone(),
+                cost_minor: None,
                 last_seq: seq,
             });
         }
@@ -110,6 +112,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 late_answers: 0,
                 approval_closes_at: None,
                 abandoned: false,
+                operator_word: false,
                 last_seq: seq,
             });
         }
@@ -168,12 +171,13 @@ fn apply_to_run(run: &mut Run, event: &Event, at: DateTime<Utc>) -> Result<(), &
             }
             run.cancel_requested = Some(CancelRequest { by: by.clone(), reason: reason.clone(), at });
         }
-        Event::RunFinished { status, detail, .. } => {
+        Event::RunFinished { status, detail, cost_minor, .. } => {
             if run.status.is_some() {
                 return Err("run finished twice");
             }
             run.status = Some(*status);
             run.detail = detail.clone();
+            run.cost_minor = *cost_minor;
         }
         _ => return Err("not a run event"),
     }
@@ -246,6 +250,8 @@ pub fn intent(stream: &[StoredEvent]) -> Result<Intent, FoldError> {
             agent_entries: 0,
             network_retries: 0,
             cancel_requested: None,
+            versions: crate::event::RunVersions::default(),
+            cost_minor: None,
             last_seq: 0,
         });
     }
@@ -436,6 +442,7 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
                         currency: intent.definition.currency.clone(),
                     });
                     intent.note = Some(format!("resolved landed by {by}{}: {reason}", check.annotation()));
+                    intent.operator_word = !matches!(check, ResolutionCheck::Confirmed);
                 }
                 None => {
                     intent.status = S::Cancelled;

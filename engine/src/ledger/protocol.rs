@@ -7,7 +7,7 @@
 
 use super::next::{Launched, Next};
 use super::state::{Intent, IntentStatus, Recovery, Run, RunHistory};
-use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus};
+use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, RunVersions};
 use crate::facts::{Candidate, Conversation, ConversationId, FactsRefusal, Ticket};
 use crate::lease::{LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse};
 use crate::provider::{CallOutcome, Capability, LookupOutcome, Secret};
@@ -27,6 +27,8 @@ pub struct AgentRunStart {
     pub input: Value,
     /// The spine's limits for the intents the agent's effect tools reserve.
     pub limits: RunLimits,
+    /// The versions the run runs under (release, prompt, policy, model).
+    pub versions: RunVersions,
     /// The process starting the run: it holds the run's lease (fencing token 1).
     pub owner: Option<LeaseOwner>,
 }
@@ -83,6 +85,8 @@ pub struct RunStart {
     pub deadline_at: DateTime<Utc>,
     /// Its limits.
     pub limits: RunLimits,
+    /// The versions it runs under (release, prompt, policy, model).
+    pub versions: RunVersions,
     /// The process starting it: it holds the run's lease (fencing token 1).
     pub owner: Option<LeaseOwner>,
 }
@@ -401,6 +405,8 @@ pub enum SpineRequest {
         status: RunStatus,
         /// Why, for humans.
         detail: Option<String>,
+        /// What the run spent on models, in minor units.
+        cost_minor: Option<i64>,
     },
     /// An effect call waits for a human: the intent's approval window closes at `closes_at`.
     OpenApprovalWindow {

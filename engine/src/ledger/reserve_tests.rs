@@ -116,6 +116,7 @@ impl Proposal {
             input: serde_json::json!({}),
             deadline_at: now + chrono::Duration::milliseconds(i64::try_from(self.deadline_ms).expect("small")),
             limits: self.limits.clone(),
+            versions: Default::default(),
             owner: None,
         });
         let reserve = Action::Reserve { run_id: run_id.clone(), position, spec, start_attempt: true };

@@ -10,7 +10,7 @@
 //! into it is [`super::fold`], deciding over it is [`super::decide`].
 
 use crate::clock::{checked_plus_ms, ms_between};
-use crate::event::{IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, Source};
+use crate::event::{IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, RunVersions, Source};
 use crate::lease::{LeaseGrant, LeaseOwner};
 use crate::provider::{Capability, Evidence, UnknownReason};
 use chrono::{DateTime, Utc};
@@ -161,6 +161,10 @@ pub struct Intent {
     /// window with no effect (`IntentAbandoned`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub abandoned: bool,
+    /// Whether an operator's `keel resolve --landed` validated it without the provider's
+    /// lookup agreeing (unverified or overridden): its evidence is the operator's word.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub operator_word: bool,
     /// Global sequence of the latest event on its stream.
     pub last_seq: u64,
 }
@@ -295,6 +299,14 @@ pub struct Run {
     /// its next guard.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel_requested: Option<CancelRequest>,
+    /// The versions it runs under, from its `RunStarted` (unknown in runs started before
+    /// they were recorded).
+    #[serde(default, skip_serializing_if = "RunVersions::is_unknown")]
+    pub versions: RunVersions,
+    /// What it spent on models, from its `RunFinished` (`None` while running, and for runs
+    /// that call no model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_minor: Option<i64>,
     /// Global sequence of its latest event.
     pub last_seq: u64,
 }

@@ -122,6 +122,7 @@ fn run_start(run_id: RunId, deadline_at: DateTime<Utc>) -> RunStart {
         input: serde_json::json!({}),
         deadline_at,
         limits: RunLimits::default(),
+        versions: Default::default(),
         owner: None,
     }
 }

@@ -122,6 +122,7 @@ fn run_start(run: u8, now: DateTime<Utc>) -> RunStart {
             network_retries_max: None,
             reconciliations_max: None,
         },
+        versions: Default::default(),
         owner: None,
     }
 }

@@ -136,6 +136,7 @@ fn a_version_2_file_migrates_keeps_verifying_and_continues_its_chain() {
         input: json!({}),
         deadline_at: start() + chrono::TimeDelta::minutes(10),
         limits: RunLimits::default(),
+        versions: Default::default(),
         owner: None,
     }));
     let before = reference.intent(&IntentKey::new(EffectKind::Charge, TENANT, id)).expect("golden intent").clone();
@@ -234,4 +235,69 @@ fn version_3_leases_keep_their_holder_token_and_expiry_in_version_4() {
     );
     let owners: i64 = raw.query_row("SELECT count(*) FROM owners", [], |r| r.get(0)).expect("count");
     assert_eq!(owners, 1, "one holder, one row");
+}
+
+/// The metrics rows of every intent and run, in order, as text.
+fn facts(conn: &rusqlite::Connection) -> Vec<String> {
+    let mut out = Vec::new();
+    for sql in [
+        "SELECT intent, run, kind, status, evidence, dedups, reserved_at, settled_at, ambiguous_at FROM intent_facts ORDER BY intent",
+        "SELECT run, started_at, workflow, status, cost_minor, release, prompt, policy, model FROM run_facts ORDER BY run",
+    ] {
+        let mut statement = conn.prepare(sql).expect("the metrics tables exist");
+        let rows = statement
+            .query_map([], |row| {
+                (0..9)
+                    .map(|i| row.get::<_, rusqlite::types::Value>(i).map(|v| format!("{v:?}")))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .expect("reads");
+        out.extend(rows.map(|r| r.expect("a row").join("|")));
+    }
+    out
+}
+
+#[test]
+fn version_7_fills_the_metrics_rows_of_a_version_6_file_as_the_writer_writes_them() {
+    use crate::support::{Fixture, charge, outcome, start_and_reserve, start_attempt, succeed};
+    use engine::provider::{CallOutcome, UnknownReason};
+    let mut fixture = Fixture::new();
+    for (id, run) in [("metrics_paid_0001", "r1"), ("metrics_lost_0002", "r2"), ("metrics_open_0003", "r3")] {
+        fixture.store.execute_blocking(start_and_reserve(run, charge(id, 1_000))).expect("reserved");
+        fixture.clock.advance_ms(7);
+    }
+    fixture.store.execute_blocking(start_attempt("r1", "metrics_paid_0001")).expect("attempt");
+    fixture.clock.advance_ms(40);
+    fixture.store.execute_blocking(succeed("metrics_paid_0001", 1, 1_000)).expect("validated");
+    fixture.store.execute_blocking(start_attempt("r2", "metrics_lost_0002")).expect("attempt");
+    fixture.clock.advance_ms(5);
+    let lost = CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "lost".into() };
+    fixture.store.execute_blocking(outcome("metrics_lost_0002", 1, lost)).expect("unknown");
+    fixture.store.shutdown().expect("shutdown");
+    let written = facts(&fixture.raw());
+    assert_eq!(written.len(), 6, "three intents and three runs: {written:?}");
+
+    // The same file as version 6 had it: no metrics tables, no cause parents (its events'
+    // parents are lost with the column, so only the metrics are compared below, not the chain).
+    let raw = fixture.raw();
+    raw.execute_batch(
+        "DROP TABLE intent_facts; DROP TABLE run_facts; ALTER TABLE events DROP COLUMN cause_parent; \
+         PRAGMA user_version = 6;",
+    )
+    .expect("back to v6");
+    assert!(matches!(Reader::open(&fixture.path), Err(store::Error::SchemaTooOld { found: 6, .. })));
+    drop(raw);
+    fixture.reopen();
+    fixture.store.shutdown().expect("shutdown");
+    let raw = fixture.raw();
+    let version: i64 = raw.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(facts(&raw), written, "the back-fill writes what the writer wrote");
+    let segments = Reader::open(&fixture.path).expect("reader").metrics(None, None, start()).expect("figures");
+    assert_eq!((segments[0].intents, segments[0].validated, segments[0].runs), (3, 1, 3));
+    assert_eq!(
+        segments[0].settle_ms,
+        vec![61],
+        "the paid charge: reserved at 0 ms, validated at 61 ms (three reservations 7 ms apart, then 40 ms in flight)"
+    );
 }

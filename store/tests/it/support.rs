@@ -80,6 +80,7 @@ pub fn run_start(run_id: &str) -> RunStart {
         input: json!({"run": run_id}),
         deadline_at: start() + TimeDelta::minutes(10),
         limits: limits(),
+        versions: Default::default(),
         owner: None,
     }
 }

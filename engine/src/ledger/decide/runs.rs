@@ -20,6 +20,7 @@ impl Decider<'_> {
             input: start.input.clone(),
             deadline_at: start.deadline_at,
             limits: start.limits.clone(),
+            versions: start.versions.clone(),
         });
         if let Some(owner) = &start.owner {
             self.hold_new_run(&start.run_id, owner);
@@ -134,7 +135,7 @@ impl Decider<'_> {
         detail: Option<String>,
     ) -> Result<ReplyTarget, Refusal> {
         self.open_run(run_id, None)?;
-        self.push(Event::RunFinished { run_id: run_id.clone(), status, detail });
+        self.push(Event::RunFinished { run_id: run_id.clone(), status, detail, cost_minor: None });
         Ok(ReplyTarget::Run(run_id.clone()))
     }
 
@@ -187,6 +188,7 @@ impl Decider<'_> {
             input: start.input.clone(),
             deadline_at: start.deadline_at,
             limits: start.limits.clone(),
+            versions: start.versions.clone(),
             owner: start.owner.clone(),
         };
         self.start_run(&run_start)
@@ -195,8 +197,13 @@ impl Decider<'_> {
     /// What an agent batch means for the spine, recorded in the same commit.
     fn spine_request(&mut self, run_id: &RunId, run: Option<&Run>, request: &SpineRequest) {
         match request {
-            SpineRequest::Finish { status, detail } => {
-                self.push(Event::RunFinished { run_id: run_id.clone(), status: *status, detail: detail.clone() });
+            SpineRequest::Finish { status, detail, cost_minor } => {
+                self.push(Event::RunFinished {
+                    run_id: run_id.clone(),
+                    status: *status,
+                    detail: detail.clone(),
+                    cost_minor: *cost_minor,
+                });
                 // Nothing will send what the run reserved and never sent: release it.
                 for intent in self.view.run_intents(run_id) {
                     if matches!(intent.status, IntentStatus::Reserved | IntentStatus::AwaitingApproval) {

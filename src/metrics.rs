@@ -1,0 +1,256 @@
+//! `keel metrics`: seed 004's reliability figures, for people (`--json` for scripts,
+//! `--prometheus` for a scraper).
+//!
+//! Owns the flags' translation (`--by` into `store::metrics::Dimension`, `--since` into an
+//! instant) and the three renderings of the figures the store computes from its metrics
+//! projection. It never reads events: every figure comes from `Reader::metrics`.
+
+use crate::exit;
+use crate::output::{Failure, Outcome, Output};
+use crate::wiring::SystemClock;
+use engine::clock::Clock as _;
+use serde::Serialize;
+use store::metrics::{BUDGET_STOPS, Dimension, Segment};
+
+/// What `--by` segments by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum By {
+    /// The intent's operation: charge, refund.
+    Operation,
+    /// The workflow or agent whose run reserved the intent (charge, agent:support).
+    Tool,
+    /// The model that answered the run (`scripted` for a replayed transcript).
+    Model,
+    /// The run's prompt.version (fingerprint of its instructions and request).
+    Prompt,
+    /// The run's policy.version.
+    Policy,
+    /// The run's release.version (the keel build that started it).
+    Release,
+}
+
+impl By {
+    fn dimension(self) -> Dimension {
+        match self {
+            Self::Operation => Dimension::Operation,
+            Self::Tool => Dimension::Tool,
+            Self::Model => Dimension::Model,
+            Self::Prompt => Dimension::Prompt,
+            Self::Policy => Dimension::Policy,
+            Self::Release => Dimension::Release,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Operation => "operation",
+            Self::Tool => "tool",
+            Self::Model => "model",
+            Self::Prompt => "prompt",
+            Self::Policy => "policy",
+            Self::Release => "release",
+        }
+    }
+}
+
+/// One segment's figures as `--json` prints them.
+#[derive(Serialize)]
+struct Figures {
+    /// The segment's value (`null` when unsegmented or unrecorded).
+    segment: Option<String>,
+    intents: u64,
+    validated: u64,
+    verified: u64,
+    outcome_verification_rate: Option<f64>,
+    ambiguous: u64,
+    ambiguous_outcome_rate: Option<f64>,
+    retries_prevented: RetriesPrevented,
+    runs: u64,
+    cost_minor: i64,
+    cost_per_validated_intent_minor: Option<f64>,
+    runs_stopped_by_budget: std::collections::BTreeMap<&'static str, u64>,
+    time_to_definitive_outcome_ms: Quantiles,
+}
+
+#[derive(Serialize)]
+struct RetriesPrevented {
+    total: u64,
+    deduplicated: u64,
+    reconciliation_found_effect: u64,
+}
+
+#[derive(Serialize)]
+struct Quantiles {
+    count: usize,
+    p50: Option<i64>,
+    p99: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    since: Option<String>,
+    by: Option<&'static str>,
+    segments: Vec<Figures>,
+}
+
+fn figures(segment: &Segment) -> Figures {
+    let mut stops: std::collections::BTreeMap<&'static str, u64> =
+        BUDGET_STOPS.iter().map(|status| (status.as_str(), 0)).collect();
+    stops.extend(segment.budget_stops.iter().map(|(k, v)| (*k, *v)));
+    Figures {
+        segment: segment.value.clone(),
+        intents: segment.intents,
+        validated: segment.validated,
+        verified: segment.verified,
+        outcome_verification_rate: segment.verification_rate(),
+        ambiguous: segment.ambiguous,
+        ambiguous_outcome_rate: segment.ambiguous_rate(),
+        retries_prevented: RetriesPrevented {
+            total: segment.retries_prevented(),
+            deduplicated: segment.deduplicated,
+            reconciliation_found_effect: segment.reconciled_found,
+        },
+        runs: segment.runs,
+        cost_minor: segment.cost_minor,
+        cost_per_validated_intent_minor: segment.cost_per_validated(),
+        runs_stopped_by_budget: stops,
+        time_to_definitive_outcome_ms: Quantiles {
+            count: segment.settle_ms.len(),
+            p50: segment.settle_quantile_ms(0.5),
+            p99: segment.settle_quantile_ms(0.99),
+        },
+    }
+}
+
+/// Refuses `--prometheus` with `--json` (before anything is read).
+pub fn check_format(out: &Output, prometheus: bool) -> Result<(), Failure> {
+    if prometheus && out.json {
+        return Err(Failure::Usage("--prometheus and --json are two formats: choose one".into()));
+    }
+    Ok(())
+}
+
+/// `keel metrics`.
+pub fn show(reader: &store::Reader, out: &Output, since: Option<&str>, by: Option<By>, prometheus: bool) -> Outcome {
+    let now = SystemClock.now();
+    let since = since.map(|s| crate::runs::parse_since(s, now)).transpose()?;
+    let segments = reader.metrics(since, by.map(By::dimension), now)?;
+    let report = Report {
+        since: since.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+        by: by.map(By::name),
+        segments: segments.iter().map(figures).collect(),
+    };
+    if prometheus {
+        print_prometheus(&report);
+        return Ok(exit::OK);
+    }
+    out.emit(&report, || print_human(&report));
+    Ok(exit::OK)
+}
+
+fn percent(rate: Option<f64>) -> String {
+    rate.map_or("-".to_owned(), |r| format!("{:.1}%", r * 100.0))
+}
+
+fn millis(ms: Option<i64>) -> String {
+    ms.map_or("-".to_owned(), |ms| format!("{ms} ms"))
+}
+
+fn print_human(report: &Report) {
+    match (&report.since, report.by) {
+        (Some(since), _) => outln!("intents reserved and runs started since {since}"),
+        (None, _) => outln!("every intent and run in the log"),
+    }
+    for figures in &report.segments {
+        if let Some(by) = report.by {
+            outln!("");
+            outln!("{by} = {}", figures.segment.as_deref().unwrap_or("(not recorded)"));
+        }
+        outln!(
+            "  outcome verification rate   {:>8}  ({} of {} validated proven by a receipt or a lookup)",
+            percent(figures.outcome_verification_rate),
+            figures.verified,
+            figures.validated
+        );
+        outln!(
+            "  ambiguous outcome rate      {:>8}  ({} of {} intents unknown past their reconciliation window)",
+            percent(figures.ambiguous_outcome_rate),
+            figures.ambiguous,
+            figures.intents
+        );
+        let prevented = &figures.retries_prevented;
+        outln!(
+            "  retries prevented           {:>8}  ({} deduplicated, {} found by reconciliation)",
+            prevented.total,
+            prevented.deduplicated,
+            prevented.reconciliation_found_effect
+        );
+        outln!(
+            "  cost per validated intent   {:>8}  ({} minor units over {} run(s))",
+            figures.cost_per_validated_intent_minor.map_or("-".to_owned(), |c| format!("{c:.2}")),
+            figures.cost_minor,
+            figures.runs
+        );
+        let stops: Vec<String> = figures.runs_stopped_by_budget.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        outln!("  runs stopped by budget      {}", stops.join(", "));
+        let times = &figures.time_to_definitive_outcome_ms;
+        outln!(
+            "  time to definitive outcome  p50 {}, p99 {} (over {} intent(s))",
+            millis(times.p50),
+            millis(times.p99),
+            times.count
+        );
+    }
+}
+
+/// The Prometheus text exposition format: one gauge family per figure, labelled by segment.
+fn print_prometheus(report: &Report) {
+    let label = |figures: &Figures| match (report.by, &figures.segment) {
+        (Some(by), Some(value)) => format!("{{{by}=\"{}\"}}", value.replace('\\', "\\\\").replace('"', "\\\"")),
+        (Some(by), None) => format!("{{{by}=\"\"}}"),
+        (None, _) => String::new(),
+    };
+    let family = |name: &str, help: &str, value: &dyn Fn(&Figures) -> Option<String>| {
+        outln!("# HELP keel_{name} {help}");
+        outln!("# TYPE keel_{name} gauge");
+        for figures in &report.segments {
+            if let Some(value) = value(figures) {
+                outln!("keel_{name}{} {value}", label(figures));
+            }
+        }
+    };
+    family("intents", "Intents reserved.", &|f| Some(f.intents.to_string()));
+    family("intents_validated", "Intents validated.", &|f| Some(f.validated.to_string()));
+    family("outcome_verification_ratio", "Validated intents proven by a provider receipt or lookup.", &|f| {
+        f.outcome_verification_rate.map(|r| r.to_string())
+    });
+    family("ambiguous_outcome_ratio", "Intents unknown past their normal reconciliation window.", &|f| {
+        f.ambiguous_outcome_rate.map(|r| r.to_string())
+    });
+    family("retries_prevented", "Deduplications and reconciliations that found the effect.", &|f| {
+        Some(f.retries_prevented.total.to_string())
+    });
+    family("cost_per_validated_intent_minor", "Model cost per validated intent, minor units.", &|f| {
+        f.cost_per_validated_intent_minor.map(|c| c.to_string())
+    });
+    outln!("# HELP keel_runs_stopped_by_budget Runs stopped by each budget.");
+    outln!("# TYPE keel_runs_stopped_by_budget gauge");
+    for figures in &report.segments {
+        let base = label(figures);
+        for (status, count) in &figures.runs_stopped_by_budget {
+            let labels = match base.strip_suffix('}') {
+                Some(open) => format!("{open},budget=\"{status}\"}}"),
+                None => format!("{{budget=\"{status}\"}}"),
+            };
+            outln!("keel_runs_stopped_by_budget{labels} {count}");
+        }
+    }
+    family("time_to_definitive_outcome_p50_ms", "Median time from reservation to a definitive outcome.", &|f| {
+        f.time_to_definitive_outcome_ms.p50.map(|v| v.to_string())
+    });
+    family(
+        "time_to_definitive_outcome_p99_ms",
+        "99th percentile time from reservation to a definitive outcome.",
+        &|f| f.time_to_definitive_outcome_ms.p99.map(|v| v.to_string()),
+    );
+}

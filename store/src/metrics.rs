@@ -1,0 +1,344 @@
+//! The metrics projection (schema version 7) and the figures `keel metrics` reads from it.
+//!
+//! Owns the tables `intent_facts` and `run_facts`: one narrow row per intent and per run,
+//! derived from the entity's state and written by the writer in the transaction of every
+//! event that changes the entity (so they are never behind the log), and the aggregate
+//! queries over them. Seed 004's figures are computed here from these integer columns and
+//! their indexes, never from a scan of the events: their cost is one pass over narrow rows.
+//!
+//! It must never decide anything nor be read by a decision: it is derived, for operators.
+
+use crate::codec::micros;
+use crate::error::Result;
+use crate::rows::status_code;
+use chrono::{DateTime, Utc};
+use engine::event::{RunStatus, Source};
+use engine::ledger::{Intent, IntentStatus, Run};
+use engine::provider::EffectKind;
+use rusqlite::{Connection, params};
+use std::collections::BTreeMap;
+
+/// How a validated intent's effect is proven, as `intent_facts.evidence` stores it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EvidenceCode {
+    /// Not validated.
+    None = 0,
+    /// The provider's receipt for the attempt.
+    Receipt = 1,
+    /// A lookup found it (a reconciliation, or an operator's resolution the lookup confirmed).
+    Lookup = 2,
+    /// An operator's word the provider did not confirm.
+    OperatorWord = 3,
+}
+
+fn evidence_code(intent: &Intent) -> EvidenceCode {
+    match (intent.status, intent.source) {
+        (IntentStatus::Validated, Some(Source::Provider)) => EvidenceCode::Receipt,
+        (IntentStatus::Validated, Some(Source::Reconciled)) if intent.operator_word => EvidenceCode::OperatorWord,
+        (IntentStatus::Validated, Some(Source::Reconciled)) => EvidenceCode::Lookup,
+        _ => EvidenceCode::None,
+    }
+}
+
+fn kind_code(kind: EffectKind) -> i64 {
+    match kind {
+        EffectKind::Charge => 1,
+        EffectKind::Refund => 2,
+    }
+}
+
+/// Whether the intent's outcome is definitive: its effect proven, or proven absent.
+fn definitive(status: IntentStatus) -> bool {
+    matches!(
+        status,
+        IntentStatus::Validated | IntentStatus::Declined | IntentStatus::Cancelled | IntentStatus::Rejected
+    )
+}
+
+/// When the intent's unknown outcome becomes ambiguous: the end of its normal reconciliation
+/// window (the request certainly over, the provider's consistency window passed, so a lookup
+/// could have settled it). `None` unless its outcome is unknown.
+fn ambiguous_at(intent: &Intent, now: DateTime<Utc>) -> Option<i64> {
+    matches!(intent.status, IntentStatus::OutcomeUnknown | IntentStatus::Reconciling | IntentStatus::Escalated)
+        .then(|| micros(intent.resend_window_end().unwrap_or(now)))
+}
+
+/// Writes the intent's metrics row at `now`, the instant of the events that changed it: its
+/// reservation time is kept from the first write, its definitive time from the first write
+/// that saw it definitive.
+pub(crate) fn put_intent_facts(
+    conn: &Connection,
+    stream: i64,
+    run: i64,
+    intent: &Intent,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let at = micros(now);
+    conn.prepare_cached(
+        "INSERT INTO intent_facts (intent, run, kind, status, evidence, dedups, reserved_at, settled_at, ambiguous_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+         ON CONFLICT (intent) DO UPDATE SET status = excluded.status, evidence = excluded.evidence, \
+         dedups = excluded.dedups, settled_at = coalesce(intent_facts.settled_at, excluded.settled_at), \
+         ambiguous_at = excluded.ambiguous_at",
+    )?
+    .execute(params![
+        stream,
+        run,
+        kind_code(intent.definition.kind),
+        status_code(intent.status),
+        evidence_code(intent) as i64,
+        intent.duplicates_suppressed,
+        at,
+        definitive(intent.status).then_some(at),
+        ambiguous_at(intent, now),
+    ])?;
+    Ok(())
+}
+
+/// Writes the run's metrics row: its versions, how it ended, what it spent on models.
+pub(crate) fn put_run_facts(conn: &Connection, stream: i64, run: &Run) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO run_facts (run, started_at, workflow, status, cost_minor, release, prompt, policy, model) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+         ON CONFLICT (run) DO UPDATE SET status = excluded.status, cost_minor = excluded.cost_minor",
+    )?
+    .execute(params![
+        stream,
+        micros(run.started_at),
+        run.workflow,
+        run.status.map(|s| s.as_str()),
+        run.cost_minor.unwrap_or(0),
+        run.versions.release,
+        run.versions.prompt,
+        run.versions.policy,
+        run.versions.model,
+    ])?;
+    Ok(())
+}
+
+/// Version 6's Rust half: a row for every intent and run already in the file. An intent's
+/// reservation time is its stream's first event's, and a definitive intent's settled time
+/// its latest event's (a later deduplication of a validated intent moves it: the one
+/// approximation of the back-fill, which new rows do not make).
+pub(crate) fn backfill(conn: &Connection) -> Result<()> {
+    for (stream, run) in crate::rows::runs_listed(conn)? {
+        put_run_facts(conn, stream, &run)?;
+    }
+    let mut ids = conn.prepare("SELECT stream, run FROM intents ORDER BY stream")?;
+    let ids: Vec<(i64, i64)> =
+        ids.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+    for (stream, run) in ids {
+        let Some(intent) = crate::rows::intent_at(conn, stream)? else { continue };
+        let first = event_at(conn, "SELECT at FROM events WHERE stream = ?1 ORDER BY stream_seq LIMIT 1", stream)?;
+        let latest =
+            event_at(conn, "SELECT at FROM events WHERE seq = ?1", i64::try_from(intent.last_seq).unwrap_or(i64::MAX))?;
+        let (Some(first), Some(latest)) = (first, latest) else { continue };
+        put_intent_facts(conn, stream, run, &intent, first)?;
+        if definitive(intent.status) || ambiguous_at(&intent, latest).is_some() {
+            conn.execute(
+                "UPDATE intent_facts SET settled_at = ?2, ambiguous_at = ?3 WHERE intent = ?1",
+                params![stream, definitive(intent.status).then_some(micros(latest)), ambiguous_at(&intent, latest)],
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn event_at(conn: &Connection, sql: &str, key: i64) -> Result<Option<DateTime<Utc>>> {
+    use rusqlite::OptionalExtension;
+    let at: Option<i64> = conn.query_row(sql, [key], |row| row.get(0)).optional()?;
+    Ok(at.and_then(DateTime::from_timestamp_micros))
+}
+
+/// What the figures are segmented by (`keel metrics --by`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dimension {
+    /// The intent's operation (`charge`, `refund`).
+    Operation,
+    /// The workflow or agent that reserved it (`charge`, `agent:support`): the spine records
+    /// no tool name on an intent, so an agent's effect tools are told apart by their agent.
+    Tool,
+    /// The run's `model`.
+    Model,
+    /// The run's `prompt.version`.
+    Prompt,
+    /// The run's `policy.version`.
+    Policy,
+    /// The run's `release.version`.
+    Release,
+}
+
+impl Dimension {
+    /// The SQL expression of the segment, over `intent_facts i` and `run_facts r`.
+    fn column(self) -> &'static str {
+        match self {
+            Self::Operation => "CASE i.kind WHEN 1 THEN 'charge' WHEN 2 THEN 'refund' END",
+            Self::Tool => "r.workflow",
+            Self::Model => "r.model",
+            Self::Prompt => "r.prompt",
+            Self::Policy => "r.policy",
+            Self::Release => "r.release",
+        }
+    }
+
+    /// The same over `run_facts r` alone: a run's operation is that of its first intent.
+    fn run_column(self) -> &'static str {
+        match self {
+            Self::Operation => {
+                "(SELECT CASE i.kind WHEN 1 THEN 'charge' WHEN 2 THEN 'refund' END FROM intent_facts i \
+                 WHERE i.run = r.run ORDER BY i.intent LIMIT 1)"
+            }
+            other => other.column(),
+        }
+    }
+}
+
+/// The figures of one segment (or of the whole log when not segmented).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Segment {
+    /// The segment's value; `None` when unsegmented, or when the run records none.
+    pub value: Option<String>,
+    /// Intents reserved in the window.
+    pub intents: u64,
+    /// Of them, validated.
+    pub validated: u64,
+    /// Validated with a provider receipt or a lookup as evidence.
+    pub verified: u64,
+    /// Unknown past their normal reconciliation window (escalated ones included).
+    pub ambiguous: u64,
+    /// Proposals of a validated intent answered from the log (`IntentDeduplicated`).
+    pub deduplicated: u64,
+    /// Validated by a lookup after an unknown outcome: a resend the reconciliation prevented.
+    pub reconciled_found: u64,
+    /// Runs started in the window.
+    pub runs: u64,
+    /// What those runs spent on models, in minor units.
+    pub cost_minor: i64,
+    /// Runs stopped by each budget, by their stop status.
+    pub budget_stops: BTreeMap<&'static str, u64>,
+    /// Milliseconds from reservation to a definitive outcome, ascending.
+    pub settle_ms: Vec<i64>,
+}
+
+impl Segment {
+    /// Validated intents whose evidence is a receipt or a lookup, over validated intents.
+    pub fn verification_rate(&self) -> Option<f64> {
+        ratio(self.verified, self.validated)
+    }
+
+    /// Ambiguous intents over intents.
+    pub fn ambiguous_rate(&self) -> Option<f64> {
+        ratio(self.ambiguous, self.intents)
+    }
+
+    /// Repeated effects the log prevented: deduplications and reconciliations that found
+    /// the effect.
+    pub fn retries_prevented(&self) -> u64 {
+        self.deduplicated + self.reconciled_found
+    }
+
+    /// Model cost over validated intents (minor units; tools and reconciliations cost
+    /// nothing Keel can count).
+    pub fn cost_per_validated(&self) -> Option<f64> {
+        #[allow(clippy::cast_precision_loss, reason = "costs and counts far below 2^53")]
+        (self.validated > 0).then(|| self.cost_minor as f64 / self.validated as f64)
+    }
+
+    /// The `q`-quantile (0 < q ≤ 1) of the time to a definitive outcome, nearest rank.
+    pub fn settle_quantile_ms(&self, q: f64) -> Option<i64> {
+        if self.settle_ms.is_empty() {
+            return None;
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss,
+            reason = "a rank within the list's length"
+        )]
+        let rank = ((q * self.settle_ms.len() as f64).ceil() as usize).clamp(1, self.settle_ms.len());
+        Some(self.settle_ms[rank - 1])
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> Option<f64> {
+    #[allow(clippy::cast_precision_loss, reason = "counts far below 2^53")]
+    (whole > 0).then(|| part as f64 / whole as f64)
+}
+
+/// The run statuses that are a budget's stop.
+pub const BUDGET_STOPS: [RunStatus; 7] = [
+    RunStatus::ToolBudget,
+    RunStatus::ModelBudget,
+    RunStatus::TokenBudget,
+    RunStatus::CostBudget,
+    RunStatus::SchemaBudget,
+    RunStatus::DeadlineExceeded,
+    RunStatus::NoProgress,
+];
+
+/// Seed 004's figures over the intents reserved and runs started at or after `since`, at
+/// `now`, by segment (one unsegmented row when `by` is `None`), in segment order.
+pub(crate) fn figures(
+    conn: &Connection,
+    since: Option<DateTime<Utc>>,
+    by: Option<Dimension>,
+    now: DateTime<Utc>,
+) -> Result<Vec<Segment>> {
+    let since = since.map_or(i64::MIN, micros);
+    let key = by.map_or("NULL", Dimension::column);
+    let mut segments: BTreeMap<Option<String>, Segment> = BTreeMap::new();
+    let intents = format!(
+        "SELECT {key}, count(*), sum(i.status = 4), sum(i.status = 4 AND i.evidence IN (1, 2)), \
+         sum(i.ambiguous_at IS NOT NULL AND (i.status = 8 OR i.ambiguous_at <= ?2)), sum(i.dedups), \
+         sum(i.status = 4 AND i.evidence = 2) \
+         FROM intent_facts i JOIN run_facts r ON r.run = i.run WHERE i.reserved_at >= ?1 GROUP BY 1"
+    );
+    let mut statement = conn.prepare(&intents)?;
+    let mut rows = statement.query(params![since, micros(now)])?;
+    while let Some(row) = rows.next()? {
+        let value: Option<String> = row.get(0)?;
+        let segment = segments.entry(value.clone()).or_insert_with(|| Segment { value, ..Segment::default() });
+        segment.intents = row.get(1)?;
+        segment.validated = row.get(2)?;
+        segment.verified = row.get(3)?;
+        segment.ambiguous = row.get(4)?;
+        segment.deduplicated = row.get(5)?;
+        segment.reconciled_found = row.get(6)?;
+    }
+    let settle = format!(
+        "SELECT {key}, (i.settled_at - i.reserved_at) / 1000 FROM intent_facts i JOIN run_facts r ON r.run = i.run \
+         WHERE i.reserved_at >= ?1 AND i.settled_at IS NOT NULL"
+    );
+    let mut statement = conn.prepare(&settle)?;
+    let mut rows = statement.query(params![since])?;
+    while let Some(row) = rows.next()? {
+        let value: Option<String> = row.get(0)?;
+        let segment = segments.entry(value.clone()).or_insert_with(|| Segment { value, ..Segment::default() });
+        segment.settle_ms.push(row.get(1)?);
+    }
+    let run_key = by.map_or("NULL", Dimension::run_column);
+    let runs = format!(
+        "SELECT {run_key}, r.status, count(*), sum(r.cost_minor) FROM run_facts r WHERE r.started_at >= ?1 GROUP BY 1, 2"
+    );
+    let mut statement = conn.prepare(&runs)?;
+    let mut rows = statement.query(params![since])?;
+    while let Some(row) = rows.next()? {
+        let value: Option<String> = row.get(0)?;
+        let status: Option<String> = row.get(1)?;
+        let count: u64 = row.get(2)?;
+        let segment = segments.entry(value.clone()).or_insert_with(|| Segment { value, ..Segment::default() });
+        segment.runs += count;
+        segment.cost_minor = segment.cost_minor.saturating_add(row.get(3)?);
+        if let Some(stop) = status.as_deref().and_then(RunStatus::parse).filter(|s| BUDGET_STOPS.contains(s)) {
+            *segment.budget_stops.entry(stop.as_str()).or_default() += count;
+        }
+    }
+    let mut segments: Vec<Segment> = segments.into_values().collect();
+    for segment in &mut segments {
+        segment.settle_ms.sort_unstable();
+    }
+    if segments.is_empty() && by.is_none() {
+        segments.push(Segment::default());
+    }
+    Ok(segments)
+}
