@@ -569,3 +569,35 @@ fn operator_bodies_meet_the_same_door_and_serve_needs_a_provider() {
     assert_eq!((status, denied["status"].as_str()), (200, Some("rejected")), "{denied}");
     assert_eq!(effects(dir.path()), 0);
 }
+
+#[test]
+fn each_request_is_held_to_its_tenants_policy_and_records_it() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let policy = dir.path().join("keel.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "version = \"serve-test-1\"\n[tenants.\"{TENANT}\".operations.charge]\nmax_amount_minor = 1000\ncurrencies = [\"EUR\"]\n"
+        ),
+    )
+    .expect("writes the policy");
+    let strict = bearer(&create_key(&db, TENANT, "submit", "strict-svc"));
+    let other = bearer(&create_key(&db, OTHER_TENANT, "submit", "other-svc"));
+    let serve = Serve::start(&db, &sim, &["--policy", policy.to_str().expect("a UTF-8 path")]);
+    let post = |secret: &str, id: &str, body: &str| {
+        let headers = [("Authorization", secret), ("Idempotency-Key", id), ("Content-Type", "application/json")];
+        serve.call("POST", "/v1/charges", &headers, Some(body))
+    };
+    let before = event_count(&db);
+    let (status, _, answer) = post(&strict, "policy_over_0001", &charge_body("o-strict-1", 1_001));
+    assert_eq!((status, error_code(status, &answer).as_str()), (422, "policy_denied"), "{answer}");
+    assert_eq!((event_count(&db), effects(dir.path())), (before, 0), "refused before anything was written");
+    let (status, _, answer) = post(&strict, "policy_at_00001", &charge_body("o-strict-2", 1_000));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["policy"]["version"], "serve-test-1", "the run records the policy it ran under: {answer}");
+    // Another tenant has no section of its own: the policy's defaults (the built-in bounds).
+    let (status, _, answer) = post(&other, "policy_other_001", &charge_body("o-other-1", 1_001));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(effects(dir.path()), 2);
+}
