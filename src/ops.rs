@@ -8,7 +8,7 @@
 use crate::output::{Failure, Outcome, Output, name_intent_keys, plural};
 use crate::wiring::{Node, open_store};
 use crate::{EffectArgs, LimitArgs, ProviderArgs, exit};
-use engine::event::{AfterLookup, Cause, Event, IntentKey, RunId, RunLimits};
+use engine::event::{AfterLookup, Cause, Event, IntentKey, RunId};
 use engine::executor::{IntentOutcome, RunOutcome, RunRequest, WorkflowError};
 use engine::ledger::{Intent, IntentStatus};
 use engine::log::{Ask, Asking, EventLog, IntentAnswer, LogError};
@@ -79,15 +79,7 @@ pub async fn run_effect(
 ) -> Outcome {
     let request = RunRequest {
         run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
-        limits: RunLimits {
-            cost_minor_max: Some(rules.run_budget_minor),
-            attempts_per_intent_max: limits.max_attempts,
-            reconciliations_per_intent_max: limits.max_reconciliations,
-            approval_threshold_minor: rules.approval_threshold_minor,
-            policy: Some(stamp.clone()),
-            network_retries_max: Some(limits.max_network_retries),
-            reconciliations_max: Some(limits.max_run_reconciliations),
-        },
+        limits: crate::policy::run_limits(limits, rules, &stamp),
         deadline_ms: limits.deadline_ms,
         cause: Cause::command(workflow),
     };

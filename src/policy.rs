@@ -8,6 +8,7 @@
 //! (`engine::policy` does) nor enforces them (the workflows and the ledger do).
 
 use crate::LimitArgs;
+use engine::event::RunLimits;
 use engine::policy::{Document, Policy, PolicyStamp, Requested, Rules};
 use engine::provider::EffectKind;
 use serde_json::Value;
@@ -90,5 +91,19 @@ impl Loaded {
             .rules(&tenant, kind)
             .tightened(&requested)
             .map_err(|e| format!("{e} (policy version {}, sha256 {})", self.stamp.version, self.stamp.sha256))
+    }
+}
+
+/// The limits a new charge or refund run starts with: the operator's rules for it (already
+/// tightened by the caller's flags), the caller's counts, and the policy's stamp to record.
+pub fn run_limits(flags: &LimitArgs, rules: &Rules, stamp: &PolicyStamp) -> RunLimits {
+    RunLimits {
+        cost_minor_max: Some(rules.run_budget_minor),
+        attempts_per_intent_max: flags.max_attempts,
+        reconciliations_per_intent_max: flags.max_reconciliations,
+        approval_threshold_minor: rules.approval_threshold_minor,
+        policy: Some(stamp.clone()),
+        network_retries_max: Some(flags.max_network_retries),
+        reconciliations_max: Some(flags.max_run_reconciliations),
     }
 }

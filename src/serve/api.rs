@@ -20,7 +20,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use engine::clock::Clock as _;
-use engine::event::{Cause, IntentKey, RunId, RunLimits};
+use engine::event::{Cause, IntentKey, RunId};
 use engine::executor::{IntentOutcome, OutcomeCode, OutcomeStatus, RunOutcome, RunRequest, WorkflowError};
 use engine::ledger::{IntentStatus, RejectCode};
 use engine::limits::{
@@ -222,15 +222,7 @@ fn run_request(server: &Server, key: &ApiKey, rules: &Rules) -> RunRequest {
     let limits = &server.limits;
     RunRequest {
         run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
-        limits: RunLimits {
-            cost_minor_max: Some(rules.run_budget_minor),
-            attempts_per_intent_max: limits.max_attempts,
-            reconciliations_per_intent_max: limits.max_reconciliations,
-            approval_threshold_minor: rules.approval_threshold_minor,
-            policy: Some(server.policy.stamp.clone()),
-            network_retries_max: Some(limits.max_network_retries),
-            reconciliations_max: Some(limits.max_run_reconciliations),
-        },
+        limits: crate::policy::run_limits(limits, rules, &server.policy.stamp),
         deadline_ms: limits.deadline_ms,
         cause: Cause::command(&format!("api:{}", key.name)),
     }

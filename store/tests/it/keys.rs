@@ -5,7 +5,7 @@
 use crate::support::{Fixture, charge, start_and_reserve};
 use chrono::{DateTime, SubsecRound as _, Utc};
 use store::keys::{ApiKey, KeyBook, Role};
-use store::{Error, MIGRATIONS, SCHEMA_VERSION};
+use store::{Error, SCHEMA_VERSION};
 
 /// The fixture's start, to the microsecond the table keeps.
 fn start() -> DateTime<Utc> {
@@ -30,18 +30,7 @@ fn a_version_5_file_migrates_to_the_key_table_and_takes_keys() {
     // the migration suite's (from the golden logs of versions 1 and 2).
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("v5.db");
-    {
-        let mut conn = rusqlite::Connection::open(&path).expect("creates the file");
-        let tx = conn.transaction().expect("a transaction");
-        for migration in &MIGRATIONS[..5] {
-            tx.execute_batch(migration.sql).expect("the old migrations");
-            if let Some(then) = migration.then {
-                then(&tx).expect("its Rust half");
-            }
-        }
-        tx.pragma_update(None, "user_version", 5).expect("version 5");
-        tx.commit().expect("commit");
-    }
+    crate::support::file_at_version(&path, 5);
     let tables = |path: &std::path::Path| -> i64 {
         let raw = rusqlite::Connection::open(path).expect("raw");
         raw.query_row("SELECT count(*) FROM sqlite_master WHERE name = 'api_keys'", [], |r| r.get(0)).expect("count")

@@ -10,7 +10,7 @@ use engine::provider::{CallOutcome, Capability, EffectKind, Evidence};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;
-use store::{Options, Store};
+use store::{MIGRATIONS, Options, Store};
 use tempfile::TempDir;
 
 /// The tests' start instant. Its nanoseconds check that the writer truncates to micros.
@@ -175,4 +175,18 @@ pub fn intent_of(reply: Result<Reply, LogError>) -> (Intent, bool) {
         Ok(Reply::Intent { intent, fresh, .. }) => (*intent, fresh),
         other => panic!("expected an intent reply, got {other:?}"),
     }
+}
+
+/// A new file at `path` as schema `version` left it: the migrations up to it, nothing else.
+pub fn file_at_version(path: &std::path::Path, version: usize) {
+    let mut conn = rusqlite::Connection::open(path).expect("creates the file");
+    let tx = conn.transaction().expect("a transaction");
+    for migration in &MIGRATIONS[..version] {
+        tx.execute_batch(migration.sql).expect("the old migrations");
+        if let Some(then) = migration.then {
+            then(&tx).expect("its Rust half");
+        }
+    }
+    tx.pragma_update(None, "user_version", i64::try_from(version).expect("a small version")).expect("the version");
+    tx.commit().expect("commit");
 }

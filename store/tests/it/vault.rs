@@ -10,7 +10,7 @@ use engine::provider::Secret;
 use std::path::Path;
 use std::sync::Arc;
 use store::vault::{EntryState, KeyError, VaultKey};
-use store::{Error, MIGRATIONS, Options, Reader, SCHEMA_VERSION, Store};
+use store::{Error, Options, Reader, SCHEMA_VERSION, Store};
 
 const TOKEN: &str = "pm_card_vault_0123456789abcdef";
 
@@ -71,18 +71,7 @@ fn a_key_must_be_32_bytes_and_never_prints() {
 fn a_version_4_file_migrates_to_an_empty_vault_and_the_first_key_sets_its_check_value() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("v4.db");
-    {
-        let mut conn = rusqlite::Connection::open(&path).expect("creates the file");
-        let tx = conn.transaction().expect("a transaction");
-        for migration in &MIGRATIONS[..4] {
-            tx.execute_batch(migration.sql).expect("the old migrations");
-            if let Some(then) = migration.then {
-                then(&tx).expect("its Rust half");
-            }
-        }
-        tx.pragma_update(None, "user_version", 4).expect("version 4");
-        tx.commit().expect("commit");
-    }
+    crate::support::file_at_version(&path, 4);
     open(&path, Options::default()).expect("migrates").shutdown().expect("shutdown");
     let raw = rusqlite::Connection::open(&path).expect("raw");
     let version: i64 = raw.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
