@@ -6,7 +6,7 @@
 use super::tests::{evidence, key, nine_am, reserve, run, tier};
 use super::*;
 use crate::clock::ManualClock;
-use crate::event::{Cause, Event, RunLimits};
+use crate::event::{Cause, Event, RunId, RunLimits};
 use crate::lease::{LeaseOwner, LeaseRow, LeaseView, Liveness};
 use crate::limits;
 use crate::memory::MemoryLog;
@@ -104,6 +104,19 @@ fn abandon() -> Action {
 
 fn not_sent() -> CallOutcome {
     CallOutcome::NotSent { detail: "connection refused".into() }
+}
+
+/// A charge allowed one reconciliation whose lookup could not answer: escalated, and nothing
+/// proves its effect absent.
+fn escalated_unproven() -> Vec<Given> {
+    let limits = RunLimits { reconciliations_per_intent_max: 1, ..RunLimits::default() };
+    vec![
+        Given::Reserved { capability: tier(true, true), limits, start_attempt: true },
+        Given::Outcome(1, timeout()),
+        past_backoff(),
+        Given::ReconciliationStarted,
+        Given::Lookup(1, LookupOutcome::Unavailable { detail: "503".into() }),
+    ]
 }
 
 fn rows() -> Vec<Row> {
@@ -347,6 +360,18 @@ fn rows() -> Vec<Row> {
             expect: Appends(&["IntentReleased"], Next::Done),
         },
         Row {
+            name: "an operator's forced lookup of an escalation nothing proved: started",
+            given: escalated_unproven(),
+            command: Action::StartReconciliation { key: key(), force: true, run_id: run() },
+            expect: Appends(&["ReconciliationStarted"], Next::LookUp { reconciliation: 2 }),
+        },
+        Row {
+            name: "an escalation is looked up again only when an operator forces it",
+            given: escalated_unproven(),
+            command: start_reconciliation(),
+            expect: Refused("WrongStatus"),
+        },
+        Row {
             name: "a network retry past the run's own budget: refused, the intent stays reserved",
             given: vec![
                 Given::Reserved {
@@ -578,4 +603,23 @@ fn an_abandoned_charge_says_whether_it_was_ever_sent() {
     let mut proven_absent = vec![charge(), Given::Outcome(1, timeout()), past_backoff(), Given::ReconciliationStarted];
     proven_absent.extend([Given::Lookup(1, LookupOutcome::Absent), Given::Later(WINDOW_MS)]);
     assert!(!never_sent(&proven_absent));
+}
+
+/// Recovery records an attempt left in flight as unknown (crash) — reconciled later where the
+/// provider keys or looks effects up, escalated at once where it does neither — and touches
+/// only the run it was asked to recover.
+#[test]
+fn recovery_marks_what_was_in_flight_and_only_for_the_run_asked() {
+    let recover = |capability: Capability, only: Option<RunId>| {
+        let (log, now) = history(&[reserved_with(capability)]);
+        let command =
+            Command::new(Cause::recovery(), Action::Recover { owner: LeaseOwner::named("recovery"), run: only });
+        let decision = decide(&log.ledger(), &NoLeases, &command, now).expect("recovers");
+        decision.events.iter().map(Event::type_name).collect::<Vec<_>>()
+    };
+    assert_eq!(recover(tier(true, false), None), ["OutcomeUnknown"], "keys but no lookup: a resend by key reconciles");
+    assert_eq!(recover(tier(false, true), None), ["OutcomeUnknown"], "a lookup reconciles");
+    assert_eq!(recover(tier(false, false), None), ["OutcomeUnknown", "IntentEscalated"]);
+    assert_eq!(recover(tier(true, true), Some(run())), ["OutcomeUnknown"], "the run asked");
+    assert_eq!(recover(tier(true, true), Some(RunId::new("run-2"))), Vec::<&str>::new(), "another run's");
 }
