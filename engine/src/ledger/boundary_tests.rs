@@ -623,3 +623,25 @@ fn recovery_marks_what_was_in_flight_and_only_for_the_run_asked() {
     assert_eq!(recover(tier(true, true), Some(run())), ["OutcomeUnknown"], "the run asked");
     assert_eq!(recover(tier(true, true), Some(RunId::new("run-2"))), Vec::<&str>::new(), "another run's");
 }
+
+/// Controlled facts: a message that declares something is admitted as one event; a question
+/// declares nothing and writes nothing (no turn taken).
+#[test]
+fn a_message_that_declares_nothing_writes_nothing() {
+    use crate::facts::{ConversationId, declarations};
+    let (log, now) = history(&[]);
+    let conversation = ConversationId::parse("boundary-conversation").expect("a valid id");
+    let apply = |message: &str| {
+        let action = Action::ApplyFacts {
+            conversation: conversation.clone(),
+            ticket: None,
+            message: message.to_owned(),
+            candidates: declarations(message),
+        };
+        let decision =
+            decide(&log.ledger(), &NoLeases, &Command::new(Cause::command("test"), action), now).expect("admitted");
+        decision.events.iter().map(Event::type_name).collect::<Vec<_>>()
+    };
+    assert_eq!(apply("module=Reporting; database=PostgreSQL"), ["FactsAdmitted"]);
+    assert_eq!(apply("Which module is slow?"), Vec::<&str>::new());
+}
