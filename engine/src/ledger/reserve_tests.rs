@@ -418,3 +418,37 @@ fn the_log_appends_exactly_what_decide_decided() {
     let appended: Vec<Event> = log.events()[before..].iter().map(|stored| stored.event.clone()).collect();
     assert_eq!(appended, decision.events);
 }
+
+/// The run a reservation writes into: open (not finished), at its next journal position, and
+/// either known or started by this very command.
+#[test]
+fn a_reservation_goes_only_into_an_open_run_at_its_next_position() {
+    let refusal = |log: &MemoryLog, command: &Command| match log.execute_now(command) {
+        Err(crate::log::LogError::Refused(refusal)) => {
+            format!("{refusal:?}").split([' ', '(', '{']).next().map(str::to_owned)
+        }
+        other => panic!("refused, got {other:?}"),
+    };
+    // A finished run takes nothing more.
+    let log = history(&[(charge("c1", "o1", 100), Settled::Validated)]);
+    let finish =
+        Action::FinishRun { run_id: RunId::new("c1"), status: crate::event::RunStatus::Completed, detail: None };
+    log.execute_now(&Command::new(Cause::command("test"), finish)).expect("finished");
+    let late = charge("c2", "o2", 100).in_run("c1").command(&log, nine_am());
+    assert_eq!(refusal(&log, &late).as_deref(), Some("RunFinished"));
+    // Not the run's next journal position.
+    let log = history(&[(charge("c1", "o1", 100), Settled::InFlight)]);
+    let mut skipped = charge("c2", "o2", 100).in_run("c1").command(&log, nine_am());
+    if let Action::Reserve { position, .. } = &mut skipped.action {
+        *position += 1;
+    }
+    assert_eq!(refusal(&log, &skipped).as_deref(), Some("JournalPosition"));
+    // A run neither known nor started by this command.
+    let log = history(&[]);
+    let mut stray = charge("c1", "o1", 100).command(&log, nine_am());
+    if let Some(start) = stray.start_run.as_mut() {
+        start.run_id = RunId::new("another-run");
+    }
+    assert_eq!(refusal(&log, &stray).as_deref(), Some("UnknownRun"));
+    assert!(log.events().is_empty(), "nothing written");
+}
