@@ -366,6 +366,20 @@ fn rows() -> Vec<Row> {
             expect: Appends(&["ReconciliationStarted"], Next::LookUp { reconciliation: 2 }),
         },
         Row {
+            name: "an escalation whose effect is proven absent is not looked up again, even forced",
+            given: {
+                let limits = RunLimits { attempts_per_intent_max: 1, ..RunLimits::default() };
+                let mut given = vec![
+                    Given::Reserved { capability: tier(true, true), limits, start_attempt: true },
+                    Given::Outcome(1, timeout()),
+                ];
+                given.extend([past_backoff(), Given::ReconciliationStarted, Given::Lookup(1, LookupOutcome::Absent)]);
+                given
+            },
+            command: Action::StartReconciliation { key: key(), force: true, run_id: run() },
+            expect: Refused("WrongStatus"),
+        },
+        Row {
             name: "an escalation is looked up again only when an operator forces it",
             given: escalated_unproven(),
             command: start_reconciliation(),
