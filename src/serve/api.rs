@@ -599,63 +599,30 @@ async fn decide(
     let exists = server.read(|reader| Ok(reader.intent(&intent_key)?.is_some())).map_err(|e| ApiError::internal(&e))?;
     // The body is checked before the intent is looked for, so a malformed request is a 400
     // whether or not the intent exists.
+    let asked = checked_body(decision, &headers, body).await?;
+    if !exists {
+        return Err(not_found(intent_key.as_str()));
+    }
     let cause = Cause::operator(&key.name);
     let by = key.name.clone();
     let log = &*server.node.executor.runtime().log;
-    let asked = match decision {
-        Decision::Reconcile => {
-            body::json_or_empty::<EmptyRequest>(&headers, body).await?;
-            if !exists {
-                return Err(not_found(intent_key.as_str()));
-            }
-            let outcome = server.node.executor.reconcile(&intent_key, cause).await;
-            return match outcome {
-                Ok(outcome) => {
-                    Ok(Json(name_intent_keys(serde_json::to_value(&outcome).map_err(|e| ApiError::internal(&e))?))
-                        .into_response())
-                }
-                Err(error) => Err(workflow_error(error)),
-            };
+    let asked = match asked {
+        Asked::Reconcile => {
+            let outcome = server.node.executor.reconcile(&intent_key, cause).await.map_err(workflow_error)?;
+            let document = serde_json::to_value(&outcome).map_err(|e| ApiError::internal(&e))?;
+            return Ok(Json(name_intent_keys(document)).into_response());
         }
-        Decision::Cancel | Decision::Deny => {
-            let ReasonRequest { reason } = body::json(&headers, body).await?;
-            nonempty("reason", &reason)?;
-            if !exists {
-                return Err(not_found(intent_key.as_str()));
-            }
-            let ask = match decision {
-                Decision::Cancel => Ask::cancel(cause, intent_key, by, reason),
-                _ => Ask::deny(cause, intent_key, by, reason),
-            };
-            log.ask(ask).await.map(|answer| answer.intent).map_err(WorkflowError::from)
+        Asked::Cancel { reason } => {
+            log.ask(Ask::cancel(cause, intent_key, by, reason)).await.map(|a| a.intent).map_err(WorkflowError::from)
         }
-        Decision::Approve => {
-            let ApproveRequest { fingerprint, ttl_ms } = body::json_or_empty(&headers, body).await?;
-            let ttl_ms = ttl_ms.unwrap_or(APPROVAL_TTL_DEFAULT_MS);
-            if ttl_ms > APPROVAL_TTL_MAX_MS {
-                return Err(ApiError::new(
-                    Code::InvalidArguments,
-                    format!("ttl_ms must be at most {APPROVAL_TTL_MAX_MS}"),
-                ));
-            }
-            if !exists {
-                return Err(not_found(intent_key.as_str()));
-            }
+        Asked::Deny { reason } => {
+            log.ask(Ask::deny(cause, intent_key, by, reason)).await.map(|a| a.intent).map_err(WorkflowError::from)
+        }
+        Asked::Approve { fingerprint, ttl_ms } => {
             let ask = Ask::approve(cause, intent_key, by, ttl_ms, fingerprint);
             log.ask(ask).await.map(|answer| answer.intent).map_err(WorkflowError::from)
         }
-        Decision::Resolve => {
-            let ResolveRequest { landed, absent, reason, override_reason } = body::json(&headers, body).await?;
-            nonempty("reason", &reason)?;
-            if landed.is_some() == absent {
-                return Err(ApiError::new(
-                    Code::InvalidArguments,
-                    "give exactly one of `landed` (the provider's reference) and `absent: true`",
-                ));
-            }
-            if !exists {
-                return Err(not_found(intent_key.as_str()));
-            }
+        Asked::Resolve { landed, reason, override_reason } => {
             server.node.executor.resolve(&intent_key, &by, &reason, landed, override_reason).await
         }
     };
@@ -666,6 +633,52 @@ async fn decide(
         }
         Err(error) => Err(workflow_error(error)),
     }
+}
+
+/// An operator decision's body, checked: what the decision asks for.
+enum Asked {
+    Reconcile,
+    Cancel { reason: String },
+    Deny { reason: String },
+    Approve { fingerprint: Option<String>, ttl_ms: u64 },
+    Resolve { landed: Option<String>, reason: String, override_reason: Option<String> },
+}
+
+/// Reads and checks the body of `decision` (the shared door, then its own fields).
+async fn checked_body(decision: Decision, headers: &HeaderMap, body: Body) -> Result<Asked, ApiError> {
+    Ok(match decision {
+        Decision::Reconcile => {
+            body::json_or_empty::<EmptyRequest>(headers, body).await?;
+            Asked::Reconcile
+        }
+        Decision::Cancel | Decision::Deny => {
+            let ReasonRequest { reason } = body::json(headers, body).await?;
+            nonempty("reason", &reason)?;
+            if decision == Decision::Cancel { Asked::Cancel { reason } } else { Asked::Deny { reason } }
+        }
+        Decision::Approve => {
+            let ApproveRequest { fingerprint, ttl_ms } = body::json_or_empty(headers, body).await?;
+            let ttl_ms = ttl_ms.unwrap_or(APPROVAL_TTL_DEFAULT_MS);
+            if ttl_ms > APPROVAL_TTL_MAX_MS {
+                return Err(ApiError::new(
+                    Code::InvalidArguments,
+                    format!("ttl_ms must be at most {APPROVAL_TTL_MAX_MS}"),
+                ));
+            }
+            Asked::Approve { fingerprint, ttl_ms }
+        }
+        Decision::Resolve => {
+            let ResolveRequest { landed, absent, reason, override_reason } = body::json(headers, body).await?;
+            nonempty("reason", &reason)?;
+            if landed.is_some() == absent {
+                return Err(ApiError::new(
+                    Code::InvalidArguments,
+                    "give exactly one of `landed` (the provider's reference) and `absent: true`",
+                ));
+            }
+            Asked::Resolve { landed, reason, override_reason }
+        }
+    })
 }
 
 fn nonempty(field: &str, value: &str) -> Result<(), ApiError> {
