@@ -179,7 +179,10 @@ fn every_bad_request_is_a_clear_4xx_in_one_shape_and_writes_nothing() {
     let before = event_count(&db);
     let good = charge_body("order_77", 4900);
     let (ok, rd, old) = (bearer(&submit), bearer(&read), bearer(&revoked));
-    let wrong_secret = format!("{}0", &submit[..submit.len() - 1]);
+    // The last character changed to one it is not: a secret ending in '0' must not be "wronged" into itself.
+    let last = if submit.ends_with('0') { '1' } else { '0' };
+    let wrong_secret = format!("{}{last}", &submit[..submit.len() - 1]);
+    assert_ne!(wrong_secret, submit, "the wrong secret differs from the right one");
     let wrong = bearer(&wrong_secret);
     let json_ct = ("Content-Type", "application/json");
     let idem = ("Idempotency-Key", "order_77_charge_1");
