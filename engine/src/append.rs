@@ -4,7 +4,15 @@
 //! cause encoded once in canonical JSON, the whole command refused when one payload is above
 //! [`EVENT_PAYLOAD_MAX_BYTES`] (nothing written), then each event numbered (global sequence,
 //! sequence in its stream) and chained (previous hash, its own hash). The SQLite store's
-//! writer and the in-memory log both append through it, so they cannot drift apart.
+//! writer, the PostgreSQL store's writers and the in-memory log all append through it, so
+//! they cannot drift apart.
+//!
+//! Two ways of chaining ([`Chaining`]): one chain through the whole log (SQLite and the
+//! in-memory log: gap-free sequences, each event chained to the one before it), or one chain
+//! per stream (PostgreSQL, where commands on different entities commit concurrently and a
+//! global head would serialise them: sequences from a database sequence, gaps allowed, each
+//! event chained to its stream's previous event). [`ChainRule`] names which one a reader
+//! checks.
 //!
 //! It does no I/O: the caller says where the log ends and how long each stream is.
 
@@ -35,6 +43,33 @@ pub struct Head<'a> {
     pub last_seq: u64,
     /// The last event's hash (the genesis hash for an empty log).
     pub last_hash: &'a str,
+}
+
+/// How [`seal`] numbers and chains a command's events.
+pub enum Chaining<'a> {
+    /// One chain through the whole log: sequences follow `head` without gaps, and each
+    /// event's previous hash is the hash of the event before it in the log.
+    Global(Head<'a>),
+    /// One chain per stream: `next_seq` hands out the global sequences (unique and increasing,
+    /// gaps allowed), and each event's previous hash is the hash of its stream's previous event
+    /// (the genesis hash for a stream's first). `stream_hash(stream, stream_seq)` answers the
+    /// hash of the event at `stream_seq` on `stream` written before this command.
+    PerStream {
+        /// The next global sequence.
+        next_seq: &'a mut dyn FnMut() -> u64,
+        /// The hash of a stream's event written before this command.
+        stream_hash: &'a mut dyn FnMut(&StreamId, u64) -> String,
+    },
+}
+
+/// Which chain a log keeps, for the readers that check it ([`crate::ledger::Ledger`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChainRule {
+    /// [`Chaining::Global`]: gap-free sequences, one chain in sequence order.
+    #[default]
+    Global,
+    /// [`Chaining::PerStream`]: increasing sequences with gaps, one chain per stream.
+    PerStream,
 }
 
 /// The entity whose first or latest event [`seal`] asks for.
@@ -83,7 +118,8 @@ fn caused_by(event: &Event) -> Option<(Tail<'_>, End)> {
     }
 }
 
-/// Seals `events`, written by `cause` at `at`, after `head`. `stream_length` answers how many
+/// Seals `events`, written by `cause` at `at`, numbered and chained by `chaining`.
+/// `stream_length` answers how many
 /// events a stream held before this command; `latest` the global sequence of an entity's
 /// first or latest event before it (`None` when it has none).
 ///
@@ -105,7 +141,7 @@ pub fn seal(
     events: Vec<Event>,
     cause: &Cause,
     at: DateTime<Utc>,
-    head: Head<'_>,
+    chaining: Chaining<'_>,
     stream_length: &mut dyn FnMut(&StreamId) -> u64,
     seq_of: &mut dyn FnMut(Tail<'_>, End) -> Option<u64>,
 ) -> Result<Vec<Sealed>, Refusal> {
@@ -123,14 +159,22 @@ pub fn seal(
         payloads.push(payload);
     }
     let at_text = at.to_rfc3339_opts(SecondsFormat::Micros, true);
-    let mut seq = head.last_seq;
-    let mut prev_hash = head.last_hash.to_owned();
+    let mut chaining = chaining;
+    // The global chain's running head; the per-stream chains' heads are in `stream_heads`.
+    let (mut seq, mut prev_hash) = match &chaining {
+        Chaining::Global(head) => (head.last_seq, head.last_hash.to_owned()),
+        Chaining::PerStream { .. } => (0, String::new()),
+    };
+    let mut stream_heads: HashMap<StreamId, String> = HashMap::new();
     let mut lengths: HashMap<StreamId, u64> = HashMap::new();
     // The first and latest seq this command gave each stream.
     let mut written: HashMap<StreamId, (u64, u64)> = HashMap::new();
     let mut sealed = Vec::with_capacity(events.len());
     for (event, payload) in events.into_iter().zip(payloads) {
-        seq += 1;
+        seq = match &mut chaining {
+            Chaining::Global(_) => seq + 1,
+            Chaining::PerStream { next_seq, .. } => next_seq(),
+        };
         let stream = event.stream();
         let parent = caused_by(&event).and_then(|(tail, end)| {
             let name = match tail {
@@ -151,6 +195,13 @@ pub fn seal(
         let length = lengths.entry(stream.clone()).or_insert_with(|| stream_length(&stream));
         *length += 1;
         let stream_seq = *length;
+        if let Chaining::PerStream { stream_hash, .. } = &mut chaining {
+            prev_hash = match stream_heads.get(&stream) {
+                Some(hash) => hash.clone(),
+                None if stream_seq == 1 => crate::event::GENESIS_HASH.to_owned(),
+                None => stream_hash(&stream, stream_seq - 1),
+            };
+        }
         let hash = chain_hash_encoded(
             &prev_hash,
             seq,
@@ -168,6 +219,9 @@ pub fn seal(
         );
         let stored = StoredEvent { seq, stream, stream_seq, at, cause, event, prev_hash: prev_hash.clone(), hash };
         prev_hash = stored.hash.clone();
+        if matches!(chaining, Chaining::PerStream { .. }) {
+            stream_heads.insert(stored.stream.clone(), stored.hash.clone());
+        }
         sealed.push(Sealed { stored, payload, cause: cause_text, at: at_text.clone() });
     }
     Ok(sealed)
@@ -236,8 +290,15 @@ mod tests {
             (Tail::Run(r), End::Latest) if *r == run => Some(16),
             _ => None,
         };
-        let sealed = seal(events, &cause, at, Head { last_seq: 16, last_hash: GENESIS_HASH }, &mut lengths, &mut ends)
-            .expect("small payloads");
+        let sealed = seal(
+            events,
+            &cause,
+            at,
+            Chaining::Global(Head { last_seq: 16, last_hash: GENESIS_HASH }),
+            &mut lengths,
+            &mut ends,
+        )
+        .expect("small payloads");
         let parents: Vec<Option<u64>> = sealed.iter().map(|s| s.stored.cause.parent).collect();
         assert_eq!(
             parents,
@@ -264,10 +325,70 @@ mod tests {
             events,
             &Cause::command("t"),
             DateTime::UNIX_EPOCH,
-            Head { last_seq: 0, last_hash: GENESIS_HASH },
+            Chaining::Global(Head { last_seq: 0, last_hash: GENESIS_HASH }),
             &mut |_| 0,
             &mut |_, _| None,
         );
         assert!(matches!(refused, Err(Refusal::PayloadTooLarge { event_type: "StepRecorded", .. })), "{refused:?}");
+    }
+
+    #[test]
+    fn per_stream_chaining_links_each_event_to_its_streams_previous_one() {
+        let at = DateTime::parse_from_rfc3339("2025-03-01T12:00:00.5Z").expect("valid").to_utc();
+        let run = RunId::new("r1");
+        let other = RunId::new("r2");
+        let events = vec![step(&run, 2, json!(1)), step(&other, 0, json!(2)), step(&run, 3, json!(3))];
+        // `run` holds two events before the command, `other` none; sequences have a gap.
+        let mut lengths = |stream: &StreamId| if stream == &run.stream() { 2 } else { 0 };
+        let mut seqs = [40_u64, 41, 45].into_iter();
+        let mut next_seq = || seqs.next().expect("three events, three sequences");
+        let mut asked = Vec::new();
+        let mut stream_hash = |stream: &StreamId, stream_seq: u64| {
+            asked.push((stream.clone(), stream_seq));
+            "a".repeat(64)
+        };
+        let sealed = seal(
+            events,
+            &Cause::command("t"),
+            at,
+            Chaining::PerStream { next_seq: &mut next_seq, stream_hash: &mut stream_hash },
+            &mut lengths,
+            &mut |_, _| None,
+        )
+        .expect("small payloads");
+        assert_eq!(asked, [(run.stream(), 2)], "only the stream with earlier events is asked, once");
+        let numbers: Vec<_> = sealed.iter().map(|s| (s.stored.seq, s.stored.stream_seq)).collect();
+        assert_eq!(numbers, [(40, 3), (41, 1), (45, 4)]);
+        assert_eq!(sealed[0].stored.prev_hash, "a".repeat(64));
+        assert_eq!(sealed[1].stored.prev_hash, GENESIS_HASH, "a stream's first event starts its chain");
+        assert_eq!(sealed[2].stored.prev_hash, sealed[0].stored.hash, "chained to its stream, not to seq 41");
+        for s in &sealed {
+            let e = &s.stored;
+            assert_eq!(e.hash, chain_hash(&e.prev_hash, e.seq, &e.stream, e.stream_seq, e.at, &e.cause, &e.event));
+        }
+        // The whole-log fold over a per-stream log checks the same links.
+        let mut ledger = crate::ledger::Ledger::per_stream();
+        let started = |run_id: &RunId, seq| StoredEvent {
+            seq,
+            stream: run_id.stream(),
+            stream_seq: 1,
+            at,
+            cause: Cause::command("t"),
+            event: Event::RunStarted {
+                run_id: run_id.clone(),
+                workflow: "w".to_owned(),
+                input: json!(null),
+                deadline_at: at,
+                limits: crate::event::RunLimits::default(),
+                versions: crate::event::RunVersions::default(),
+            },
+            prev_hash: GENESIS_HASH.to_owned(),
+            hash: String::new(),
+        };
+        ledger.try_apply(&started(&other, 3)).expect("a first event chains to the genesis hash");
+        let mut gap = started(&run, 2);
+        assert!(ledger.try_apply(&gap).is_err(), "a sequence that does not increase is refused");
+        gap.seq = 9;
+        ledger.try_apply(&gap).expect("a gap is allowed");
     }
 }

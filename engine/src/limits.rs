@@ -106,6 +106,36 @@ pub const WRITER_BATCH_MAX: usize = 512;
 /// callers instead of growing memory. Enforced where the store creates its channel.
 pub const WRITER_CHANNEL_CAPACITY: usize = 4_096;
 
+/// Default writer threads of the PostgreSQL store, each owning one connection and running one
+/// command's transaction at a time: commands on different entities commit concurrently, up to
+/// this many at once, without opening more connections than a small server allows per
+/// process. Enforced where `store_postgres::PgLog` starts its pool; its options may change it
+/// within [`PG_WRITERS_MAX`].
+pub const PG_WRITERS_DEFAULT: usize = 8;
+
+/// Most writer threads (and connections) one PostgreSQL store opens: PostgreSQL's default
+/// `max_connections` is 100, shared by every worker process of a deployment.
+pub const PG_WRITERS_MAX: usize = 64;
+
+/// Times the PostgreSQL store runs one command's transaction before it answers with an
+/// error: a deadlock (40P01), a serialization failure (40001), a racing append to the same
+/// stream (23505 on `events`) or a dropped connection rolls the whole command back and runs it
+/// again. Sixteen outlasts a burst of workers colliding on one hot entity. Enforced by the
+/// store's writer threads.
+pub const PG_COMMAND_ATTEMPTS_MAX: u32 = 16;
+
+/// Longest pause before a retried PostgreSQL command, in ms: the pause is jittered in
+/// `[0, min(2^attempt, this)]` so colliding workers do not collide again in step.
+pub const PG_RETRY_BACKOFF_MAX_MS: u64 = 50;
+
+/// How long the PostgreSQL store waits, in ms, for the server process of a connection whose
+/// `COMMIT` answer was lost to end before it asks whether the commit happened; past it, that
+/// process is terminated and waited for again. Enforced by the store's commit resolution.
+pub const PG_COMMIT_RESOLVE_WAIT_MS: u64 = 5_000;
+
+const _: () = assert!(PG_WRITERS_DEFAULT <= PG_WRITERS_MAX);
+const _: () = assert!(PG_COMMAND_ATTEMPTS_MAX >= 2);
+
 /// Entities (intents and runs) the store's writer keeps decoded in memory between commands,
 /// and stream ids it remembers. A command reads the few entities it is about; a hot set of
 /// this size serves a workload's in-flight intents and their runs without re-reading rows,

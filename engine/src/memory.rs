@@ -5,7 +5,7 @@
 //! against; it must never be used where durability is promised. One mutex serialises every
 //! command, which is what the store's single writer does too.
 
-use crate::append::{End, Head, Sealed, Tail, seal};
+use crate::append::{Chaining, End, Head, Sealed, Tail, seal};
 use crate::clock::Clock;
 use crate::event::{RunId, StoredEvent, StreamId};
 use crate::lease::{ExpiryOnly, LeaseEffect, LeaseOwner, LeaseRow, LeaseView, Liveness, OwnerProbe};
@@ -102,8 +102,14 @@ impl MemoryLog {
             (Tail::Intent(key), End::First) => firsts.get(&key.stream()).copied(),
             (Tail::Run(run_id), End::First) => firsts.get(&run_id.stream()).copied(),
         };
-        let sealed =
-            seal(decision.events, &command.cause, now, head, &mut |stream| ledger.stream_length(stream), &mut seq_of)?;
+        let sealed = seal(
+            decision.events,
+            &command.cause,
+            now,
+            Chaining::Global(head),
+            &mut |stream| ledger.stream_length(stream),
+            &mut seq_of,
+        )?;
         for effect in decision.leases {
             match effect {
                 LeaseEffect::Hold { run_id, owner, token, expires_at } => {

@@ -66,7 +66,7 @@ use crate::schema::{self, Options};
 use crate::tx::{self, TxEntities, TxView};
 use crate::vault::{self, VaultKey};
 use chrono::{DateTime, SubsecRound, Utc};
-use engine::append::{End, Head, Sealed, Tail, seal};
+use engine::append::{Chaining, End, Head, Sealed, Tail, seal};
 use engine::clock::Clock;
 use engine::event::Event;
 use engine::event::{IntentKey, StreamId};
@@ -608,7 +608,14 @@ impl Writer {
             (Tail::Intent(key), End::First) => first_seq(&self.conn, &key.stream(), &mut unread),
             (Tail::Run(run_id), End::First) => first_seq(&self.conn, &run_id.stream(), &mut unread),
         };
-        let sealed = seal(events, &command.cause, now, head, &mut |stream| view.stream_length(stream), &mut seq_of);
+        let sealed = seal(
+            events,
+            &command.cause,
+            now,
+            Chaining::Global(head),
+            &mut |stream| view.stream_length(stream),
+            &mut seq_of,
+        );
         if let Some(error) = unread {
             return Err(error);
         }

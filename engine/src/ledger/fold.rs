@@ -232,39 +232,45 @@ pub fn history(stream: &[StoredEvent]) -> Result<RunHistory, FoldError> {
 /// [`FoldError`] when the stream does not start with its `IntentReserved` or holds an
 /// impossible transition.
 pub fn intent(stream: &[StoredEvent]) -> Result<Intent, FoldError> {
+    intent_alone(stream).map(|(intent, _)| intent)
+}
+
+/// One intent's own stream folded alone, like [`intent`], with the network retries it counts
+/// against each run that made one ([`Run::network_retries`] is the sum of those over every
+/// intent stream): what a store's `verify` needs to rebuild a run's row stream by stream.
+///
+/// # Errors
+///
+/// As [`intent`].
+pub fn intent_alone(stream: &[StoredEvent]) -> Result<(Intent, BTreeMap<RunId, u32>), FoldError> {
     let Some(first) = stream.first() else {
         return Err(FoldError { seq: 0, stream: StreamId::from_stored(String::new()), what: "an empty intent stream" });
     };
-    let mut one = OneIntent { intent: None, run: None };
-    if let Event::IntentReserved { run_id, .. } = &first.event {
-        // The run is on its own stream; the intent's fold only needs it to exist.
-        one.run = Some(Run {
-            run_id: run_id.clone(),
-            workflow: String::new(),
-            started_at: first.at,
-            deadline_at: first.at,
-            limits: crate::event::RunLimits::default(),
-            status: None,
-            detail: None,
-            journal_len: 0,
-            agent_entries: 0,
-            network_retries: 0,
-            cancel_requested: None,
-            versions: crate::event::RunVersions::default(),
-            cost_minor: None,
-            last_seq: 0,
-        });
-    }
+    let mut one = OneIntent { intent: None, runs: BTreeMap::new(), at: first.at };
     for stored in stream {
         apply(&mut one, stored)?;
     }
-    one.intent.ok_or(FoldError { seq: first.seq, stream: first.stream.clone(), what: "an intent stream not reserved" })
+    let intent = one.intent.ok_or(FoldError {
+        seq: first.seq,
+        stream: first.stream.clone(),
+        what: "an intent stream not reserved",
+    })?;
+    let retries = one
+        .runs
+        .into_iter()
+        .filter(|(_, run)| run.network_retries > 0)
+        .map(|(run_id, run)| (run_id, run.network_retries))
+        .collect();
+    Ok((intent, retries))
 }
 
-/// The entities of one intent's own stream, with a stand-in for its run.
+/// The entities of one intent's own stream, with a stand-in for every run it names (the runs
+/// are on their own streams; the fold only needs them to exist, and counts retries on them).
 struct OneIntent {
     intent: Option<Intent>,
-    run: Option<Run>,
+    runs: BTreeMap<RunId, Run>,
+    /// The stream's first instant, the stand-ins' start.
+    at: DateTime<Utc>,
 }
 
 impl Entities for OneIntent {
@@ -277,11 +283,27 @@ impl Entities for OneIntent {
     fn insert_intent(&mut self, intent: Intent) {
         self.intent = Some(intent);
     }
-    fn run_mut(&mut self, _run_id: &RunId) -> Option<&mut Run> {
-        self.run.as_mut()
+    fn run_mut(&mut self, run_id: &RunId) -> Option<&mut Run> {
+        let at = self.at;
+        Some(self.runs.entry(run_id.clone()).or_insert_with(|| Run {
+            run_id: run_id.clone(),
+            workflow: String::new(),
+            started_at: at,
+            deadline_at: at,
+            limits: crate::event::RunLimits::default(),
+            status: None,
+            detail: None,
+            journal_len: 0,
+            agent_entries: 0,
+            network_retries: 0,
+            cancel_requested: None,
+            versions: crate::event::RunVersions::default(),
+            cost_minor: None,
+            last_seq: 0,
+        }))
     }
     fn insert_run(&mut self, run: Run) {
-        self.run = Some(run);
+        self.runs.insert(run.run_id.clone(), run);
     }
 }
 

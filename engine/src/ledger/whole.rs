@@ -9,6 +9,7 @@
 use super::fold::{self, Entities, FoldError};
 use super::state::{Intent, IntentStatus, Run, RunHistory};
 use super::view::View;
+use crate::append::ChainRule;
 use crate::event::{IntentKey, RunId, StoredEvent, StreamId};
 use crate::facts::{Conversation, ConversationId};
 use crate::money::checked_sum;
@@ -34,12 +35,22 @@ pub struct Ledger {
     conversations: HashMap<ConversationId, Conversation>,
     last_seq: u64,
     last_hash: Option<String>,
+    /// Which chain [`Ledger::try_apply`] checks.
+    rule: ChainRule,
+    /// Each stream's last hash, under [`ChainRule::PerStream`] only.
+    stream_hashes: HashMap<StreamId, String>,
 }
 
 impl Ledger {
     /// An empty ledger: the state before the first event.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty ledger over a log chained per stream ([`ChainRule::PerStream`]): sequences
+    /// must increase (gaps allowed) and each event must chain to its stream's previous one.
+    pub fn per_stream() -> Self {
+        Self { rule: ChainRule::PerStream, ..Self::default() }
     }
 
     /// Global sequence of the last applied event (0 when empty).
@@ -125,9 +136,10 @@ impl Ledger {
         due.into_iter().map(|i| i.key().clone()).collect()
     }
 
-    /// Folds one stored event after checking that it follows: the next global sequence, the
-    /// next sequence of its stream, on the stream its event belongs on, chained to the last
-    /// hash.
+    /// Folds one stored event after checking that it follows: the next global sequence (under
+    /// [`ChainRule::PerStream`], a greater one), the next sequence of its stream, on the stream
+    /// its event belongs on, chained to the last hash (under [`ChainRule::PerStream`], its
+    /// stream's last hash).
     ///
     /// # Errors
     ///
@@ -135,8 +147,14 @@ impl Ledger {
     /// then not be used.
     pub fn try_apply(&mut self, stored: &StoredEvent) -> Result<(), FoldError> {
         let fail = |what: &'static str| FoldError { seq: stored.seq, stream: stored.stream.clone(), what };
-        if stored.seq != self.last_seq + 1 {
-            return Err(fail("events fold in global order without gaps"));
+        match self.rule {
+            ChainRule::Global if stored.seq != self.last_seq + 1 => {
+                return Err(fail("events fold in global order without gaps"));
+            }
+            ChainRule::PerStream if stored.seq <= self.last_seq => {
+                return Err(fail("events fold in increasing sequence order"));
+            }
+            _ => {}
         }
         if stored.stream != stored.event.stream() {
             return Err(fail("an event on another stream than its own"));
@@ -144,7 +162,13 @@ impl Ledger {
         if stored.stream_seq != self.stream_length(&stored.stream) + 1 {
             return Err(fail("a stream folds in order without gaps"));
         }
-        if stored.prev_hash != self.last_hash() {
+        let before = match self.rule {
+            ChainRule::Global => self.last_hash(),
+            ChainRule::PerStream => {
+                self.stream_hashes.get(&stored.stream).map_or(crate::event::GENESIS_HASH, String::as_str)
+            }
+        };
+        if stored.prev_hash != before {
             return Err(fail("an event not chained to the one before"));
         }
         fold::apply(self, stored)?;
@@ -154,6 +178,9 @@ impl Ledger {
         *self.stream_lengths.entry(stored.stream.clone()).or_insert(0) += 1;
         self.last_seq = stored.seq;
         self.last_hash = Some(stored.hash.clone());
+        if self.rule == ChainRule::PerStream {
+            self.stream_hashes.insert(stored.stream.clone(), stored.hash.clone());
+        }
         if let Some(run_id) = stored.event.subject() {
             self.run_streams.entry(run_id.clone()).or_default().push(stored.clone());
         }
