@@ -1,0 +1,33 @@
+//! Keel's event log in PostgreSQL: the same store contract as the SQLite `store`, for many
+//! workers on many machines sharing one log. With `store`, the only crates that name SQL.
+//!
+//! Main types:
+//!
+//! - [`PgLog`] — the cheap-to-clone handle on a pool of writer threads, each owning one
+//!   connection. It implements [`engine::log::EventLog`]: each [`Command`](engine::ledger::Command)
+//!   runs in one READ COMMITTED transaction that takes the locks of the entities its decision
+//!   reads, decides with `engine::ledger::decide`, appends, folds, writes the rows and
+//!   answers after `COMMIT` (see [`writer`](crate::writer) for failure and retries).
+//! - [`PgReader`] — reads outside any command: a stream, an intent, a run, the whole-log
+//!   [`Ledger`](engine::ledger::Ledger), and [`PgReader::verify`] ([`VerifyReport`]).
+//! - [`Options`], [`Error`], [`schema::SCHEMA_VERSION`].
+//!
+//! The chain is per stream (`engine::append::Chaining::PerStream`): `store/FORMAT.md`
+//! ("PostgreSQL") says what tamper evidence that keeps and what it does not.
+//!
+//! The `cluster` feature adds [`cluster`], a throwaway PostgreSQL for tests.
+
+mod error;
+mod locks;
+mod reader;
+mod rows;
+pub mod schema;
+mod tx;
+pub mod writer;
+
+#[cfg(feature = "cluster")]
+pub mod cluster;
+
+pub use error::{Error, Result};
+pub use reader::{Mismatch, PgReader, VERIFY_MISMATCHES_MAX, VerifyReport};
+pub use writer::{Options, PgLog, WriterStats};

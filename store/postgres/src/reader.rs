@@ -1,0 +1,356 @@
+//! Reading the PostgreSQL log outside any command: one stream, one intent, one run, the
+//! whole-log fold, and [`verify`].
+//!
+//! Every read runs in its own REPEATABLE READ, read-only transaction on a connection of its
+//! own, so it sees one snapshot and never takes an entity's lock (it never delays a writer).
+//!
+//! # Cost
+//!
+//! [`PgReader::stream`], [`PgReader::intent`] and [`PgReader::run`] read what they return
+//! through an index. [`PgReader::ledger`] folds the whole log into memory (checkers and tests
+//! only). [`PgReader::verify`] reads everything, one stream's events in memory at a time,
+//! plus the list of stream names and one retry counter per run that made network retries.
+
+use crate::error::{Error, Result};
+use crate::rows::{self, EVENT_COLUMNS, EntityRow};
+use engine::event::{GENESIS_HASH, IntentKey, RunId, StoredEvent, StreamId};
+use engine::ledger::{Intent, Ledger, Run};
+use postgres::{Client, IsolationLevel, Transaction};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+/// Mismatches [`PgReader::verify`] lists before it only counts them.
+pub const VERIFY_MISMATCHES_MAX: usize = 100;
+
+/// A read-only handle on the log, with its own connection.
+pub struct PgReader {
+    client: Client,
+}
+
+/// One thing `verify` found wrong.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Mismatch {
+    /// An event does not check: a gap in its stream, a broken link of its stream's chain, a
+    /// hash that is not its own, undecodable, refused by the fold.
+    Event {
+        /// Its sequence.
+        seq: u64,
+        /// Its stream.
+        stream: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// An `intents` row differs from its stream replayed alone, or is missing or extra.
+    Intent {
+        /// The intent key.
+        key: String,
+        /// What differs.
+        detail: String,
+    },
+    /// A `runs` row differs from its stream replayed alone, or is missing or extra.
+    Run {
+        /// The run id.
+        run_id: String,
+        /// What differs.
+        detail: String,
+    },
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Event { seq, stream, detail } => write!(f, "event seq {seq} on {stream}: {detail}"),
+            Self::Intent { key, detail } => write!(f, "intents row {key}: {detail}"),
+            Self::Run { run_id, detail } => write!(f, "runs row {run_id}: {detail}"),
+        }
+    }
+}
+
+/// What [`PgReader::verify`] checked and found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct VerifyReport {
+    /// Events in the log.
+    pub events: u64,
+    /// Streams in the log.
+    pub streams: u64,
+    /// Intents replayed.
+    pub intents: u64,
+    /// Runs replayed.
+    pub runs: u64,
+    /// Rows in `intents`.
+    pub intent_rows: u64,
+    /// Rows in `runs`.
+    pub run_rows: u64,
+    /// What is wrong, first found first; at most [`VERIFY_MISMATCHES_MAX`].
+    pub mismatches: Vec<Mismatch>,
+    /// How many mismatches were found in all.
+    pub mismatch_count: u64,
+}
+
+impl VerifyReport {
+    /// Whether the log and its rows check.
+    pub fn is_ok(&self) -> bool {
+        self.mismatch_count == 0
+    }
+
+    /// The first thing found wrong.
+    pub fn first_mismatch(&self) -> Option<&Mismatch> {
+        self.mismatches.first()
+    }
+
+    fn push(&mut self, mismatch: Mismatch) {
+        self.mismatch_count += 1;
+        if self.mismatches.len() < VERIFY_MISMATCHES_MAX {
+            self.mismatches.push(mismatch);
+        }
+    }
+}
+
+impl fmt::Display for VerifyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} events, {} intents, {} runs: ", self.events, self.intents, self.runs)?;
+        match self.first_mismatch() {
+            None => write!(f, "ok"),
+            Some(first) => write!(f, "{} mismatch(es), first: {first}", self.mismatch_count),
+        }
+    }
+}
+
+impl PgReader {
+    /// Connects to the database at `url`.
+    ///
+    /// # Errors
+    ///
+    /// PostgreSQL's.
+    pub fn open(url: &str) -> Result<Self> {
+        Ok(Self { client: crate::writer::connect(url)? })
+    }
+
+    fn snapshot(&mut self) -> Result<Transaction<'_>> {
+        Ok(self.client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start()?)
+    }
+
+    /// One stream's events in stream order, each decoded and hash-checked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for an event that does not decode or check; PostgreSQL's.
+    pub fn stream(&mut self, stream: &StreamId) -> Result<Vec<StoredEvent>> {
+        let mut tx = self.snapshot()?;
+        rows::stream_events(&mut tx, stream)
+    }
+
+    /// One intent's row.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
+    pub fn intent(&mut self, key: &IntentKey) -> Result<Option<Intent>> {
+        let mut tx = self.snapshot()?;
+        rows::intent_row(&mut tx, key.as_str())?.map(|row| row.intent()).transpose()
+    }
+
+    /// One run's row.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
+    pub fn run(&mut self, run_id: &RunId) -> Result<Option<Run>> {
+        let mut tx = self.snapshot()?;
+        rows::run_row(&mut tx, run_id.as_str())?.map(|row| row.run()).transpose()
+    }
+
+    /// The fold of the whole log in sequence order, every event hash-checked and checked to
+    /// follow on its stream's chain (`Ledger::per_stream`). Its memory grows with the log:
+    /// for checkers and tests.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] naming the first event that does not check.
+    pub fn ledger(&mut self) -> Result<Ledger> {
+        let mut tx = self.snapshot()?;
+        let mut ledger = Ledger::per_stream();
+        for row in tx.query(&format!("SELECT {EVENT_COLUMNS} FROM events ORDER BY seq"), &[])? {
+            let stored = rows::decode_event(&row)?;
+            rows::check_hash(&stored)?;
+            ledger.try_apply(&stored).map_err(|e| Error::corrupt(e.seq, e.to_string()))?;
+        }
+        Ok(ledger)
+    }
+
+    /// Checks the whole log against itself, in one snapshot: every stream's chain (numbered
+    /// 1, 2, 3 … with increasing sequences, each event linked to its stream's previous one
+    /// and carrying its own hash, decoded, on the stream it belongs on, accepted by the fold),
+    /// then every entity row against its stream replayed alone (missing, extra, differing,
+    /// its indexed columns, the stream length it folds).
+    ///
+    /// Mismatches are data in the report, never an `Err`.
+    ///
+    /// # Errors
+    ///
+    /// Only when the database cannot be read.
+    pub fn verify(&mut self) -> Result<VerifyReport> {
+        let mut tx = self.snapshot()?;
+        let mut report = VerifyReport::default();
+        let streams: Vec<String> =
+            tx.query("SELECT DISTINCT stream FROM events ORDER BY stream", &[])?.iter().map(|r| r.get(0)).collect();
+        report.streams = streams.len() as u64;
+        let mut retries: BTreeMap<RunId, u32> = BTreeMap::new();
+        let mut intents = BTreeSet::new();
+        let mut runs = BTreeSet::new();
+        // Intent streams first: they count the network retries the run rows hold.
+        let (intent_streams, others): (Vec<&String>, Vec<&String>) =
+            streams.iter().partition(|name| name.starts_with("intent:"));
+        for name in intent_streams.into_iter().chain(others) {
+            let stream = StreamId::from_stored(name.clone());
+            let Some(events) = checked_stream(&mut tx, &stream, &mut report)? else { continue };
+            report.events += events.len() as u64;
+            let len = events.len() as u64;
+            if let Some(key) = name.strip_prefix("intent:") {
+                intents.insert(key.to_owned());
+                report.intents += 1;
+                match engine::ledger::fold::intent_alone(&events) {
+                    Ok((intent, counted)) => {
+                        for (run_id, n) in counted {
+                            *retries.entry(run_id).or_insert(0) += n;
+                        }
+                        let row = rows::intent_row(&mut tx, key)?;
+                        compare_intent(key, &intent, len, row.as_ref(), &mut report);
+                    }
+                    Err(error) => report.push(fold_mismatch(&error)),
+                }
+            } else if let Some(run_id) = name.strip_prefix("run:") {
+                runs.insert(run_id.to_owned());
+                report.runs += 1;
+                match engine::ledger::fold::history(&events) {
+                    Ok(history) => {
+                        let mut run = history.run;
+                        run.network_retries = retries.remove(&run.run_id).unwrap_or(0);
+                        let row = rows::run_row(&mut tx, run_id)?;
+                        compare_run(run_id, &run, len, row.as_ref(), &mut report);
+                    }
+                    Err(error) => report.push(fold_mismatch(&error)),
+                }
+            } else if name.starts_with("facts:") {
+                if let Err(error) = engine::facts::fold(&events) {
+                    report.push(fold_mismatch(&error));
+                }
+            } else if let Some(first) = events.first() {
+                report.push(Mismatch::Event {
+                    seq: first.seq,
+                    stream: name.clone(),
+                    detail: "a stream of no known kind".to_owned(),
+                });
+            }
+        }
+        for (run_id, n) in retries {
+            report.push(Mismatch::Run {
+                run_id: run_id.to_string(),
+                detail: format!("{n} network retries by a run with no stream"),
+            });
+        }
+        for key in tx.query("SELECT key FROM intents ORDER BY key", &[])?.iter().map(|r| r.get::<_, String>(0)) {
+            report.intent_rows += 1;
+            if !intents.contains(&key) {
+                report.push(Mismatch::Intent { key, detail: "a row without events".to_owned() });
+            }
+        }
+        for run_id in tx.query("SELECT run_id FROM runs ORDER BY run_id", &[])?.iter().map(|r| r.get::<_, String>(0)) {
+            report.run_rows += 1;
+            if !runs.contains(&run_id) {
+                report.push(Mismatch::Run { run_id, detail: "a row without events".to_owned() });
+            }
+        }
+        Ok(report)
+    }
+}
+
+fn fold_mismatch(error: &engine::ledger::FoldError) -> Mismatch {
+    Mismatch::Event {
+        seq: error.seq,
+        stream: error.stream.to_string(),
+        detail: format!("the fold rejects it: {error}"),
+    }
+}
+
+/// One stream's events, each checked to follow on the stream's chain; `None` (and the first
+/// mismatch reported) when one does not.
+fn checked_stream(
+    tx: &mut Transaction<'_>,
+    stream: &StreamId,
+    report: &mut VerifyReport,
+) -> Result<Option<Vec<StoredEvent>>> {
+    let name = stream.as_str();
+    let mut events: Vec<StoredEvent> = Vec::new();
+    for row in
+        tx.query(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE stream = $1 ORDER BY stream_seq"), &[&name])?
+    {
+        let seq = row.get::<_, i64>(0).try_into().unwrap_or(0);
+        let bad = |detail: String| Mismatch::Event { seq, stream: name.to_owned(), detail };
+        let stored = match rows::decode_event(&row) {
+            Ok(stored) => stored,
+            Err(error) => {
+                report.push(bad(error.to_string()));
+                return Ok(None);
+            }
+        };
+        let expected = events.len() as u64 + 1;
+        let prev = events.last().map_or(GENESIS_HASH, |e| e.hash.as_str());
+        let problem = if stored.stream_seq != expected {
+            Some(format!("stream_seq {}, expected {expected}", stored.stream_seq))
+        } else if events.last().is_some_and(|e| e.seq >= stored.seq) {
+            Some("a sequence not above its stream's previous one".to_owned())
+        } else if stored.prev_hash != prev {
+            Some(format!("not linked to its stream's previous event (prev {}, expected {prev})", stored.prev_hash))
+        } else if stored.event.stream() != *stream {
+            Some(format!("stored on {name} but the event belongs on {}", stored.event.stream()))
+        } else {
+            rows::check_hash(&stored).err().map(|e| match e {
+                Error::Corrupt { detail, .. } => detail,
+                other => other.to_string(),
+            })
+        };
+        if let Some(detail) = problem {
+            report.push(bad(detail));
+            return Ok(None);
+        }
+        events.push(stored);
+    }
+    Ok(Some(events))
+}
+
+fn compare_intent(key: &str, replayed: &Intent, len: u64, row: Option<&EntityRow>, report: &mut VerifyReport) {
+    let mismatch = |detail: String| Mismatch::Intent { key: key.to_owned(), detail };
+    let Some(row) = row else {
+        report.push(mismatch("missing: the stream has events but no row".to_owned()));
+        return;
+    };
+    if row.stream_len != len {
+        report.push(mismatch(format!("folds {} events of its stream, which holds {len}", row.stream_len)));
+        return;
+    }
+    match row.intent() {
+        Ok(stored) if &stored == replayed => {}
+        Ok(_) => report.push(mismatch("its state differs from its stream replayed".to_owned())),
+        Err(error) => report.push(mismatch(error.to_string())),
+    }
+}
+
+fn compare_run(run_id: &str, replayed: &Run, len: u64, row: Option<&EntityRow>, report: &mut VerifyReport) {
+    let mismatch = |detail: String| Mismatch::Run { run_id: run_id.to_owned(), detail };
+    let Some(row) = row else {
+        report.push(mismatch("missing: the stream has events but no row".to_owned()));
+        return;
+    };
+    if row.stream_len != len {
+        report.push(mismatch(format!("folds {} events of its stream, which holds {len}", row.stream_len)));
+        return;
+    }
+    match row.run() {
+        Ok(stored) if &stored == replayed => {}
+        Ok(_) => report.push(mismatch("its state differs from its stream replayed".to_owned())),
+        Err(error) => report.push(mismatch(error.to_string())),
+    }
+}

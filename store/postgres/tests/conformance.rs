@@ -1,0 +1,570 @@
+//! One store contract, two backends: every scenario here runs against the SQLite `store`
+//! (two `Store`s on one file) and against `PgLog` (two `PgLog`s on one database of a
+//! throwaway PostgreSQL the test starts itself — installed when missing; a cluster that
+//! cannot start fails the test, it never skips).
+//!
+//! Then what only PostgreSQL has: its migrations, its append-only trigger, a tampered event
+//! found by `verify`, and a `COMMIT` whose answer is lost, resolved by its commit id.
+
+#[path = "../../tests/it/support.rs"]
+#[allow(dead_code)] // The store's own test builders: this suite uses some of them.
+mod support;
+
+use engine::canonical::fingerprint;
+use engine::clock::ManualClock;
+use engine::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, StoredEvent, StreamId};
+use engine::executor::{Executor, RunEnd, RunRequest, Runtime};
+use engine::lease::{LeaseGrant, LeaseOwner, LeaseUse, Lessee};
+use engine::ledger::{Action, Command, IntentSpec, IntentStatus, Ledger, Refusal, RejectCode, Reply, RunStart};
+use engine::log::{EventLog, LogError};
+use engine::memory::MemoryProvider;
+use engine::provider::EffectKind;
+use serde_json::json;
+use std::sync::Arc;
+use store_postgres::{PgLog, PgReader};
+use support::{capability, charge, intent_of, key, limits, start, start_and_reserve, start_attempt, succeed};
+
+/// Reads a log the way checkers do.
+trait Checks {
+    /// The whole-log fold, every event checked.
+    fn ledger(&self) -> Ledger;
+    /// `verify`: `Err` with the report when anything mismatches.
+    fn verify(&self) -> Result<(), String>;
+    /// One stream's events.
+    fn stream(&self, stream: &StreamId) -> Vec<StoredEvent>;
+}
+
+/// Two handles on one fresh log — two workers — and its checks.
+struct Pair {
+    a: Arc<dyn EventLog>,
+    b: Arc<dyn EventLog>,
+    checks: Box<dyn Checks>,
+    clock: Arc<ManualClock>,
+    _keep: Option<tempfile::TempDir>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+struct SqliteChecks(std::path::PathBuf);
+
+impl Checks for SqliteChecks {
+    fn ledger(&self) -> Ledger {
+        store::Reader::open(&self.0).expect("a reader").ledger().expect("the log folds")
+    }
+    fn verify(&self) -> Result<(), String> {
+        let report = store::Reader::open(&self.0).expect("a reader").verify().expect("verify reads");
+        if report.is_ok() { Ok(()) } else { Err(report.to_string()) }
+    }
+    fn stream(&self, stream: &StreamId) -> Vec<StoredEvent> {
+        store::Reader::open(&self.0).expect("a reader").stream(stream).expect("the stream reads")
+    }
+}
+
+struct PgChecks(String);
+
+impl PgChecks {
+    fn reader(&self) -> PgReader {
+        PgReader::open(&self.0).expect("a reader connects")
+    }
+}
+
+impl Checks for PgChecks {
+    fn ledger(&self) -> Ledger {
+        self.reader().ledger().expect("the log folds")
+    }
+    fn verify(&self) -> Result<(), String> {
+        let report = self.reader().verify().expect("verify reads");
+        if report.is_ok() { Ok(()) } else { Err(format!("{report}: {:?}", report.mismatches)) }
+    }
+    fn stream(&self, stream: &StreamId) -> Vec<StoredEvent> {
+        self.reader().stream(stream).expect("the stream reads")
+    }
+}
+
+/// A database of the test binary's one throwaway cluster.
+fn pg_url(label: &str) -> String {
+    let cluster = match store_postgres::cluster::shared() {
+        Ok(cluster) => cluster,
+        Err(error) => panic!("the PostgreSQL suite needs a server: {error}"),
+    };
+    cluster.database(label).unwrap_or_else(|error| panic!("{error}"))
+}
+
+fn pg_open(url: &str, clock: &Arc<ManualClock>) -> PgLog {
+    PgLog::open(url, store_postgres::Options::default(), clock.clone()).expect("the postgres log opens")
+}
+
+impl Backend {
+    fn open(self, label: &str) -> Pair {
+        let clock = Arc::new(ManualClock::new(start()));
+        match self {
+            Self::Sqlite => {
+                let dir = tempfile::tempdir().expect("a temp dir");
+                let path = dir.path().join("keel.db");
+                let open = || store::Store::open(&path, store::Options::default(), clock.clone()).expect("opens");
+                let (a, b) = (open(), open());
+                Pair { a: Arc::new(a), b: Arc::new(b), checks: Box::new(SqliteChecks(path)), clock, _keep: Some(dir) }
+            }
+            Self::Postgres => {
+                let url = pg_url(label);
+                let (a, b) = (pg_open(&url, &clock), pg_open(&url, &clock));
+                Pair { a: Arc::new(a), b: Arc::new(b), checks: Box::new(PgChecks(url)), clock, _keep: None }
+            }
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().expect("a runtime")
+}
+
+/// Every scenario, once per backend.
+macro_rules! conformance {
+    ($($scenario:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[test] fn $scenario() { super::$scenario(super::Backend::Sqlite) })*
+        }
+        mod postgres {
+            $(#[test] fn $scenario() { super::$scenario(super::Backend::Postgres) })*
+        }
+    };
+}
+
+conformance!(
+    two_workers_reserving_one_key_make_exactly_one_reservation,
+    concurrent_refunds_never_exceed_the_charge_per_currency,
+    a_stale_token_is_fenced_but_its_definitive_answer_is_recorded,
+    a_takeover_after_expiry_makes_in_flight_attempts_unknown_never_resent,
+    a_charge_and_its_refund_run_end_to_end_through_the_executor,
+);
+
+fn two_workers_reserving_one_key_make_exactly_one_reservation(backend: Backend) {
+    const KEYS: usize = 12;
+    let pair = backend.open("reserve_race");
+    runtime().block_on(async {
+        for k in 0..KEYS {
+            let id = format!("race-{k:03}");
+            let (run_a, run_b) = (format!("run-a-{k}"), format!("run-b-{k}"));
+            let (a, b) = tokio::join!(
+                pair.a.execute(start_and_reserve(&run_a, charge(&id, 100))),
+                pair.b.execute(start_and_reserve(&run_b, charge(&id, 100))),
+            );
+            let ((a_intent, a_fresh), (b_intent, b_fresh)) = (intent_of(a), intent_of(b));
+            assert!(a_fresh != b_fresh, "{backend:?}: exactly one reservation of {id} wins");
+            let winner = if a_fresh { &run_a } else { &run_b };
+            assert_eq!(a_intent.run_id.as_str(), winner, "{backend:?}: the loser sees the winner's reservation");
+            assert_eq!(b_intent.run_id.as_str(), winner);
+        }
+    });
+    let ledger = pair.checks.ledger();
+    assert_eq!(ledger.intents().len(), KEYS);
+    for k in 0..KEYS {
+        let reserved = pair.checks.stream(&key(&format!("race-{k:03}")).stream());
+        assert_eq!(reserved.len(), 1, "{backend:?}: one IntentReserved per key, never two");
+    }
+    pair.checks.verify().unwrap_or_else(|report| panic!("{backend:?}: {report}"));
+}
+
+/// A refund of `amount_minor` in `currency` on charge `charge_id`'s order.
+fn refund(id: &str, charge_id: &str, amount_minor: i64, currency: &str) -> IntentSpec {
+    let order_id = format!("order-{charge_id}");
+    let payload = json!({"order_id": order_id, "amount_minor": amount_minor, "currency": currency});
+    IntentSpec {
+        definition: IntentDefinition {
+            key: IntentKey::new(EffectKind::Refund, "t1", id),
+            kind: EffectKind::Refund,
+            tenant: "t1".to_owned(),
+            intent_id: id.to_owned(),
+            order_id,
+            business_ref: id.to_owned(),
+            fingerprint: fingerprint(&payload),
+            amount_minor,
+            currency: currency.to_owned(),
+            payload,
+        },
+        capability: capability(),
+        approval_required: false,
+    }
+}
+
+fn concurrent_refunds_never_exceed_the_charge_per_currency(backend: Backend) {
+    const REFUNDS: usize = 10;
+    let pair = backend.open("refund_race");
+    let rt = runtime();
+    rt.block_on(async {
+        intent_of(pair.a.execute(start_and_reserve("run-charge", charge("paid", 1_000))).await);
+        intent_of(pair.a.execute(start_attempt("run-charge", "paid")).await);
+        let (charged, _) = intent_of(pair.b.execute(succeed("paid", 1, 1_000)).await);
+        assert_eq!(charged.status, IntentStatus::Validated);
+        // Ten refunds of 300 from two workers at once: three fit in 1 000, never a fourth.
+        let tries = (0..REFUNDS).map(|n| {
+            let log = if n % 2 == 0 { pair.a.clone() } else { pair.b.clone() };
+            let command =
+                start_and_reserve(&format!("run-refund-{n}"), refund(&format!("refund-{n}"), "paid", 300, "EUR"));
+            tokio::spawn(async move { log.execute(command).await })
+        });
+        let mut accepted = 0;
+        for attempt in tries.collect::<Vec<_>>() {
+            match attempt.await.expect("no panic") {
+                Ok(Reply::Intent { fresh: true, .. }) => accepted += 1,
+                Err(LogError::Refused(Refusal::Rejected { code: RejectCode::InvariantViolated, .. })) => {}
+                other => panic!("{backend:?}: a refund is reserved or refused for the invariant, got {other:?}"),
+            }
+        }
+        assert_eq!(accepted, 3, "{backend:?}: 3 × 300 fit in the 1 000 charged, a fourth does not");
+        let usd = pair.b.execute(start_and_reserve("run-usd", refund("refund-usd", "paid", 100, "USD"))).await;
+        assert!(
+            matches!(usd, Err(LogError::Refused(Refusal::Rejected { code: RejectCode::InvalidArguments, .. }))),
+            "{backend:?}: a refund in another currency than the charge's is refused: {usd:?}"
+        );
+    });
+    let ledger = pair.checks.ledger();
+    assert_eq!(ledger.order_refunds_committed_minor("t1", "order-paid", "EUR"), 900);
+    assert_eq!(ledger.order_refunds_committed_minor("t1", "order-paid", "USD"), 0, "the refused one wrote nothing");
+    assert!(pair.checks.stream(&IntentKey::new(EffectKind::Refund, "t1", "refund-usd").stream()).is_empty());
+    pair.checks.verify().unwrap_or_else(|report| panic!("{backend:?}: {report}"));
+}
+
+/// Run `run_id` started by `owner` with a charge `id` reserved, its attempt written ahead
+/// under the starter's token 1.
+async fn leased_attempt(log: &Arc<dyn EventLog>, run_id: &str, id: &str, owner: &LeaseOwner) {
+    let mut reserve = start_and_reserve(run_id, charge(id, 500));
+    if let Some(start) = reserve.start_run.as_mut() {
+        start.owner = Some(owner.clone());
+    }
+    intent_of(log.execute(reserve).await);
+    let grant = LeaseGrant { run_id: RunId::new(run_id), token: 1 };
+    let attempt = start_attempt(run_id, id).under(LeaseUse::Hold(grant));
+    assert_eq!(intent_of(log.execute(attempt).await).0.status, IntentStatus::Attempting);
+}
+
+fn a_stale_token_is_fenced_but_its_definitive_answer_is_recorded(backend: Backend) {
+    let pair = backend.open("fencing");
+    let (first, second) = (LeaseOwner::named("first"), LeaseOwner::named("second"));
+    let run_id = RunId::new("run-fenced");
+    runtime().block_on(async {
+        leased_attempt(&pair.a, "run-fenced", "fenced", &first).await;
+        let claim =
+            || Command::new(Cause::command("test"), Action::ClaimRun { run_id: run_id.clone(), owner: second.clone() });
+        assert!(
+            matches!(pair.b.execute(claim()).await, Err(LogError::Refused(Refusal::LeaseHeld { .. }))),
+            "{backend:?}: a live hold is not taken"
+        );
+        pair.clock.advance_ms(i64::try_from(engine::limits::LEASE_TTL_DEFAULT_MS).expect("small") + 1);
+        match pair.b.execute(claim()).await {
+            Ok(Reply::Claimed(grant)) => assert_eq!(grant.token, 2, "{backend:?}: the next token"),
+            other => panic!("{backend:?}: an expired hold is claimed, got {other:?}"),
+        }
+        // The first worker wakes up: its write for the run is refused…
+        let stale = LeaseUse::Hold(LeaseGrant { run_id: run_id.clone(), token: 1 });
+        let step = Command::new(
+            Cause::command("test").for_run(&run_id),
+            Action::RecordStep { run_id: run_id.clone(), position: 1, name: "late".to_owned(), output: json!(1) },
+        )
+        .under(stale);
+        match pair.a.execute(step).await {
+            Err(LogError::Refused(Refusal::Fenced { presented, current, .. })) => {
+                assert_eq!((presented, current), (Some(1), 2), "{backend:?}");
+            }
+            other => panic!("{backend:?}: a stale token is fenced, got {other:?}"),
+        }
+        // …but the provider's definitive answer it brings is evidence, recorded.
+        let (answered, _) = intent_of(pair.a.execute(succeed("fenced", 1, 500)).await);
+        assert_eq!(answered.status, IntentStatus::Validated, "{backend:?}: the answer is never dropped");
+    });
+    let steps = pair.checks.stream(&run_id.stream());
+    assert!(
+        !steps.iter().any(|e| matches!(&e.event, Event::StepRecorded { name, .. } if name == "late")),
+        "{backend:?}: the fenced write wrote nothing"
+    );
+    pair.checks.verify().unwrap_or_else(|report| panic!("{backend:?}: {report}"));
+}
+
+fn a_takeover_after_expiry_makes_in_flight_attempts_unknown_never_resent(backend: Backend) {
+    let pair = backend.open("takeover");
+    let (dead, taker) = (LeaseOwner::named("dead"), LeaseOwner::named("taker"));
+    runtime().block_on(async {
+        leased_attempt(&pair.a, "run-dead", "inflight", &dead).await;
+        let recover = || Command::new(Cause::recovery(), Action::Recover { owner: taker.clone(), run: None });
+        match pair.b.execute(recover()).await {
+            Ok(Reply::Recovered(recovery)) => {
+                assert!(recovery.recovered.is_empty(), "{backend:?}: a live hold is left to its holder");
+                assert_eq!(recovery.held_elsewhere.len(), 1);
+            }
+            other => panic!("{backend:?}: recovery answers, got {other:?}"),
+        }
+        pair.clock.advance_ms(i64::try_from(engine::limits::LEASE_TTL_DEFAULT_MS).expect("small") + 1);
+        // Both workers recover at once: exactly one interrupted fact, never a fork.
+        let (one, two) = tokio::join!(pair.a.execute(recover()), pair.b.execute(recover()));
+        let recovered: usize = [one, two]
+            .into_iter()
+            .map(|reply| match reply {
+                Ok(Reply::Recovered(recovery)) => recovery.recovered.len(),
+                other => panic!("{backend:?}: recovery answers, got {other:?}"),
+            })
+            .sum();
+        assert_eq!(recovered, 1, "{backend:?}: one of the two recoveries records the crash");
+    });
+    let events = pair.checks.stream(&key("inflight").stream());
+    let count = |f: fn(&Event) -> bool| events.iter().filter(|e| f(&e.event)).count();
+    assert_eq!(count(|e| matches!(e, Event::AttemptStarted { .. })), 1, "{backend:?}: never resent");
+    assert_eq!(count(|e| matches!(e, Event::OutcomeUnknown { .. })), 1, "{backend:?}: unknown exactly once");
+    let ledger = pair.checks.ledger();
+    let intent = ledger.intent(&key("inflight")).expect("reserved");
+    assert_eq!(intent.status, IntentStatus::OutcomeUnknown, "{backend:?}: reconciled next, not resent");
+    pair.checks.verify().unwrap_or_else(|report| panic!("{backend:?}: {report}"));
+}
+
+const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
+
+fn request(run_id: &str) -> RunRequest {
+    RunRequest {
+        run_id: RunId::new(run_id),
+        limits: RunLimits { cost_minor_max: None, ..limits() },
+        deadline_ms: 600_000,
+        cause: Cause::command("conformance"),
+    }
+}
+
+fn a_charge_and_its_refund_run_end_to_end_through_the_executor(backend: Backend) {
+    let pair = backend.open("executor");
+    let provider = Arc::new(MemoryProvider::new(capability()));
+    let executor = |log: &Arc<dyn EventLog>, name: &str| {
+        let runtime = Runtime {
+            log: log.clone(),
+            provider: provider.clone(),
+            clock: pair.clock.clone(),
+            lessee: Lessee::new(LeaseOwner::named(name)),
+        };
+        Executor::new(runtime, workflows::builtin(None))
+    };
+    let (first, second) = (executor(&pair.a, "first"), executor(&pair.b, "second"));
+    runtime().block_on(async {
+        let charge = json!({"tenant_id": TENANT, "intent_id": "e2e_charge_0001", "order_id": "order_e2e",
+                            "amount_minor": 2_500, "currency": "EUR", "payment_method_token": "pm_card_visa_4242424242"});
+        let charged = first.start("charge", &charge, request("run-e2e-charge")).await.expect("an outcome");
+        assert_eq!(charged.status, RunEnd::Finished(engine::event::RunStatus::Completed), "{backend:?}: {charged:?}");
+        let refund = json!({"tenant_id": TENANT, "intent_id": "e2e_refund_0001", "order_id": "order_e2e",
+                            "amount_minor": 1_000, "currency": "EUR"});
+        let refunded = second.start("refund", &refund, request("run-e2e-refund")).await.expect("an outcome");
+        assert_eq!(refunded.status, RunEnd::Finished(engine::event::RunStatus::Completed), "{backend:?}: {refunded:?}");
+        let again = first.start("charge", &charge, request("run-e2e-again")).await.expect("an outcome");
+        assert!(again.written, "{backend:?}: the second run journals the shared intent");
+    });
+    assert_eq!(provider.effect_count(), 2, "{backend:?}: one charge and one refund, the repeated charge deduplicated");
+    let ledger = pair.checks.ledger();
+    assert_eq!(ledger.order_charged_minor(TENANT, "order_e2e", "EUR"), 2_500);
+    pair.checks.verify().unwrap_or_else(|report| panic!("{backend:?}: {report}"));
+}
+
+// ---- PostgreSQL only -------------------------------------------------------------------
+
+fn admin(url: &str) -> ::postgres::Client {
+    ::postgres::Client::connect(url, ::postgres::NoTls).expect("a superuser connection")
+}
+
+#[test]
+fn postgres_migrations_are_versioned_applied_once_and_refuse_a_newer_schema() {
+    let url = pg_url("migrations");
+    let clock = Arc::new(ManualClock::new(start()));
+    let log = pg_open(&url, &clock);
+    let mut client = admin(&url);
+    assert_eq!(store_postgres::schema::version(&mut client).expect("reads"), store_postgres::schema::SCHEMA_VERSION);
+    log.shutdown();
+    // Opening again applies nothing (a second CREATE TABLE would fail).
+    pg_open(&url, &clock).shutdown();
+    client.execute("UPDATE keel_meta SET schema_version = schema_version + 1", &[]).expect("bumps");
+    match PgLog::open(&url, store_postgres::Options::default(), clock) {
+        Err(store_postgres::Error::SchemaTooNew { found, supported }) => assert_eq!(found, supported + 1),
+        Err(other) => panic!("a newer schema is refused, got {other}"),
+        Ok(_) => panic!("a newer schema is refused, it opened"),
+    }
+}
+
+#[test]
+fn postgres_refuses_bad_options_and_payloads_writing_nothing() {
+    let url = pg_url("bad_input");
+    let clock = Arc::new(ManualClock::new(start()));
+    let zero = store_postgres::Options { writers: 0, ..Default::default() };
+    assert!(matches!(PgLog::open(&url, zero, clock.clone()), Err(store_postgres::Error::Options(_))));
+    let log = pg_open(&url, &clock);
+    let big = json!("x".repeat(engine::limits::EVENT_PAYLOAD_MAX_BYTES));
+    let mut start_run = start_and_reserve("run-big", charge("big", 100));
+    start_run.start_run = Some(RunStart { input: big, ..support::run_start("run-big") });
+    let refused = runtime().block_on(log.execute(start_run));
+    assert!(matches!(refused, Err(LogError::Refused(Refusal::PayloadTooLarge { .. }))), "{refused:?}");
+    let events: i64 = admin(&url).query_one("SELECT count(*) FROM events", &[]).expect("counts").get(0);
+    let commits: i64 = admin(&url).query_one("SELECT count(*) FROM commits", &[]).expect("counts").get(0);
+    assert_eq!((events, commits), (0, 0), "a refusal writes nothing, not even a commit id");
+}
+
+#[test]
+fn postgres_events_are_append_only_and_a_tampered_event_is_reported_by_verify() {
+    let url = pg_url("tamper");
+    let clock = Arc::new(ManualClock::new(start()));
+    let log = pg_open(&url, &clock);
+    runtime().block_on(async {
+        intent_of(log.execute(start_and_reserve("run-t", charge("tampered", 100))).await);
+        intent_of(log.execute(start_attempt("run-t", "tampered")).await);
+    });
+    let mut client = admin(&url);
+    let refused = client.execute("UPDATE events SET payload = payload", &[]);
+    assert!(refused.is_err(), "the trigger refuses an UPDATE");
+    assert!(client.execute("DELETE FROM events", &[]).is_err(), "and a DELETE");
+    assert!(PgReader::open(&url).expect("reader").verify().expect("reads").is_ok());
+    // A superuser can switch the trigger off; verify still sees it.
+    let stream = key("tampered").stream();
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE events DISABLE TRIGGER events_append_only; \
+             UPDATE events SET payload = replace(payload, '100', '999') WHERE stream = '{stream}' AND stream_seq = 1; \
+             ALTER TABLE events ENABLE TRIGGER events_append_only;"
+        ))
+        .expect("tampers");
+    let seq: i64 = client
+        .query_one("SELECT seq FROM events WHERE stream = $1 AND stream_seq = 1", &[&stream.as_str()])
+        .expect("reads")
+        .get(0);
+    let report = PgReader::open(&url).expect("reader").verify().expect("reads");
+    assert!(!report.is_ok());
+    match report.first_mismatch() {
+        Some(store_postgres::Mismatch::Event { seq: found, stream: on, detail }) => {
+            assert_eq!((*found, on.as_str()), (u64::try_from(seq).expect("positive"), stream.as_str()));
+            assert!(detail.contains("hash mismatch"), "{detail}");
+        }
+        other => panic!("the tampered event is named, got {other:?}"),
+    }
+    // Removing a stream's last event is caught by the cross-check with its row.
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE events DISABLE TRIGGER events_append_only; \
+             DELETE FROM events WHERE stream = '{stream}' AND stream_seq = 2; \
+             UPDATE events SET payload = replace(payload, '999', '100') WHERE stream = '{stream}'; \
+             ALTER TABLE events ENABLE TRIGGER events_append_only;"
+        ))
+        .expect("truncates the stream");
+    let report = PgReader::open(&url).expect("reader").verify().expect("reads");
+    assert!(
+        matches!(report.first_mismatch(), Some(store_postgres::Mismatch::Intent { detail, .. }) if detail.contains("folds 2 events")),
+        "{report}: {:?}",
+        report.mismatches
+    );
+}
+
+// ---- A COMMIT whose answer is lost ------------------------------------------------------
+
+mod proxy {
+    //! A TCP proxy between the store and PostgreSQL that, when armed, cuts the connection at
+    //! the next `COMMIT` — after forwarding it (the server commits, the answer is lost) or
+    //! instead of forwarding it (the server never commits).
+
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+    pub const PASS: u8 = 0;
+    pub const CUT_AFTER_COMMIT: u8 = 1;
+    pub const CUT_BEFORE_COMMIT: u8 = 2;
+
+    pub struct Proxy {
+        pub port: u16,
+        pub mode: Arc<AtomicU8>,
+    }
+
+    /// The simple-query message `COMMIT` (what `Transaction::commit` sends).
+    fn holds_commit(bytes: &[u8]) -> bool {
+        bytes.windows(7).any(|w| w == b"COMMIT\0")
+    }
+
+    pub fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
+        let port = listener.local_addr().expect("an address").port();
+        let mode = Arc::new(AtomicU8::new(PASS));
+        let shared = Arc::clone(&mode);
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
+                let mode = Arc::clone(&shared);
+                let mute = Arc::new(AtomicBool::new(false));
+                let (mut c_read, mut s_write) =
+                    (client.try_clone().expect("clones"), server.try_clone().expect("clones"));
+                let (mut s_read, mut c_write) = (server, client);
+                let muted = Arc::clone(&mute);
+                std::thread::spawn(move || {
+                    let mut buffer = [0_u8; 16_384];
+                    while let Ok(n) = s_read.read(&mut buffer) {
+                        if n == 0 || muted.load(Ordering::SeqCst) || c_write.write_all(&buffer[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+                std::thread::spawn(move || {
+                    let mut buffer = [0_u8; 16_384];
+                    while let Ok(n) = c_read.read(&mut buffer) {
+                        if n == 0 {
+                            break;
+                        }
+                        let chunk = &buffer[..n];
+                        let armed = mode.load(Ordering::SeqCst);
+                        if armed != PASS && holds_commit(chunk) {
+                            mode.store(PASS, Ordering::SeqCst);
+                            mute.store(true, Ordering::SeqCst);
+                            if armed == CUT_AFTER_COMMIT {
+                                let _ = s_write.write_all(chunk);
+                                // Let the server commit; its answer is never forwarded.
+                                std::thread::sleep(std::time::Duration::from_millis(200));
+                            }
+                            let _ = s_write.shutdown(Shutdown::Both);
+                            let _ = c_read.shutdown(Shutdown::Both);
+                            break;
+                        }
+                        if s_write.write_all(chunk).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Proxy { port, mode }
+    }
+}
+
+#[test]
+fn postgres_a_lost_commit_answer_is_resolved_by_its_commit_id_with_exactly_one_set_of_events() {
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
+    let direct = pg_url("lost_commit");
+    let proxy = proxy::start(cluster.port());
+    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port));
+    let clock = Arc::new(ManualClock::new(start()));
+    let options = store_postgres::Options { writers: 1, ..Default::default() };
+    let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
+    let rt = runtime();
+    // Committed, answer lost: the lookup finds the id and the reply is answered.
+    proxy.mode.store(proxy::CUT_AFTER_COMMIT, std::sync::atomic::Ordering::SeqCst);
+    let (intent, fresh) = intent_of(rt.block_on(log.execute(start_and_reserve("run-lost-1", charge("lost-1", 100)))));
+    assert!(fresh && intent.status == IntentStatus::Reserved);
+    assert_eq!(log.stats().resolved_commits, 1, "the lost answer was resolved by the commit id");
+    // Never committed: the lookup finds nothing and the command runs again.
+    proxy.mode.store(proxy::CUT_BEFORE_COMMIT, std::sync::atomic::Ordering::SeqCst);
+    let (_, fresh) = intent_of(rt.block_on(log.execute(start_and_reserve("run-lost-2", charge("lost-2", 100)))));
+    assert!(fresh, "run again, it reserves");
+    let stats = log.stats();
+    assert_eq!(stats.resolved_commits, 1, "nothing committed the second time: not resolved as committed");
+    assert!(stats.retries >= 1, "{stats:?}");
+    let checks = PgChecks(direct);
+    for id in ["lost-1", "lost-2"] {
+        let events = checks.stream(&key(id).stream());
+        assert_eq!(events.len(), 1, "{id}: exactly one IntentReserved");
+    }
+    for run in ["run-lost-1", "run-lost-2"] {
+        let started = checks.stream(&RunId::new(run).stream());
+        assert_eq!(started.iter().filter(|e| matches!(e.event, Event::RunStarted { .. })).count(), 1);
+    }
+    checks.verify().unwrap_or_else(|report| panic!("{report}"));
+}
