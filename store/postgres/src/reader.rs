@@ -205,11 +205,16 @@ impl PgReader {
             streams.iter().partition(|name| name.starts_with("intent:"));
         for name in intent_streams.into_iter().chain(others) {
             let stream = StreamId::from_stored(name.clone());
+            // A stream with events has its entity, even when it does not check.
+            if let Some(key) = name.strip_prefix("intent:") {
+                intents.insert(key.to_owned());
+            } else if let Some(run_id) = name.strip_prefix("run:") {
+                runs.insert(run_id.to_owned());
+            }
             let Some(events) = checked_stream(&mut tx, &stream, &mut report)? else { continue };
             report.events += events.len() as u64;
             let len = events.len() as u64;
             if let Some(key) = name.strip_prefix("intent:") {
-                intents.insert(key.to_owned());
                 report.intents += 1;
                 match engine::ledger::fold::intent_alone(&events) {
                     Ok((intent, counted)) => {
@@ -217,19 +222,27 @@ impl PgReader {
                             *retries.entry(run_id).or_insert(0) += n;
                         }
                         let row = rows::intent_row(&mut tx, key)?;
-                        compare_intent(key, &intent, len, row.as_ref(), &mut report);
+                        if compare_intent(key, &intent, len, row.as_ref(), &mut report) {
+                            let reserved_seq = events.first().map_or(0, |e| e.seq);
+                            if let Some(detail) = rows::intent_columns_differ(&mut tx, &intent, reserved_seq)? {
+                                report.push(Mismatch::Intent { key: key.to_owned(), detail });
+                            }
+                        }
                     }
                     Err(error) => report.push(fold_mismatch(&error)),
                 }
             } else if let Some(run_id) = name.strip_prefix("run:") {
-                runs.insert(run_id.to_owned());
                 report.runs += 1;
                 match engine::ledger::fold::history(&events) {
                     Ok(history) => {
                         let mut run = history.run;
                         run.network_retries = retries.remove(&run.run_id).unwrap_or(0);
                         let row = rows::run_row(&mut tx, run_id)?;
-                        compare_run(run_id, &run, len, row.as_ref(), &mut report);
+                        if compare_run(run_id, &run, len, row.as_ref(), &mut report)
+                            && let Some(detail) = rows::run_columns_differ(&mut tx, &run)?
+                        {
+                            report.push(Mismatch::Run { run_id: run_id.to_owned(), detail });
+                        }
                     }
                     Err(error) => report.push(fold_mismatch(&error)),
                 }
@@ -321,36 +334,41 @@ fn checked_stream(
     Ok(Some(events))
 }
 
-fn compare_intent(key: &str, replayed: &Intent, len: u64, row: Option<&EntityRow>, report: &mut VerifyReport) {
+/// Compares an intent's row with its replay; `true` when its state matches (its indexed
+/// columns are compared next).
+fn compare_intent(key: &str, replayed: &Intent, len: u64, row: Option<&EntityRow>, report: &mut VerifyReport) -> bool {
     let mismatch = |detail: String| Mismatch::Intent { key: key.to_owned(), detail };
     let Some(row) = row else {
         report.push(mismatch("missing: the stream has events but no row".to_owned()));
-        return;
+        return false;
     };
     if row.stream_len != len {
         report.push(mismatch(format!("folds {} events of its stream, which holds {len}", row.stream_len)));
-        return;
+        return false;
     }
     match row.intent() {
-        Ok(stored) if &stored == replayed => {}
+        Ok(stored) if &stored == replayed => return true,
         Ok(_) => report.push(mismatch("its state differs from its stream replayed".to_owned())),
         Err(error) => report.push(mismatch(error.to_string())),
     }
+    false
 }
 
-fn compare_run(run_id: &str, replayed: &Run, len: u64, row: Option<&EntityRow>, report: &mut VerifyReport) {
+/// Compares a run's row with its replay; `true` when its state matches.
+fn compare_run(run_id: &str, replayed: &Run, len: u64, row: Option<&EntityRow>, report: &mut VerifyReport) -> bool {
     let mismatch = |detail: String| Mismatch::Run { run_id: run_id.to_owned(), detail };
     let Some(row) = row else {
         report.push(mismatch("missing: the stream has events but no row".to_owned()));
-        return;
+        return false;
     };
     if row.stream_len != len {
         report.push(mismatch(format!("folds {} events of its stream, which holds {len}", row.stream_len)));
-        return;
+        return false;
     }
     match row.run() {
-        Ok(stored) if &stored == replayed => {}
+        Ok(stored) if &stored == replayed => return true,
         Ok(_) => report.push(mismatch("its state differs from its stream replayed".to_owned())),
         Err(error) => report.push(mismatch(error.to_string())),
     }
+    false
 }

@@ -275,3 +275,42 @@ pub(crate) fn put_run(client: &mut impl GenericClient, run: &Run, stream_len: u6
     )?;
     Ok(())
 }
+
+/// Which indexed column of an intent's row says something else than its state (the queries
+/// of a decision read those columns), if one does: what `verify` checks after the state.
+pub(crate) fn intent_columns_differ(
+    client: &mut impl GenericClient,
+    intent: &Intent,
+    reserved_seq: u64,
+) -> Result<Option<String>> {
+    let d = &intent.definition;
+    let row = client.query_one(
+        "SELECT tenant, order_id, business_ref, kind, run_id, status, due_at, reserved_seq FROM intents WHERE key = $1",
+        &[&d.key.as_str()],
+    )?;
+    let text = |i: usize| row.get::<_, String>(i);
+    let due: Option<DateTime<Utc>> = row.get(6);
+    let found: i64 = row.get(7);
+    let expected = [
+        ("tenant", text(0), d.tenant.clone()),
+        ("order_id", text(1), d.order_id.clone()),
+        ("business_ref", text(2), d.business_ref.clone()),
+        ("kind", text(3), d.kind.as_str().to_owned()),
+        ("run_id", text(4), intent.run_id.as_str().to_owned()),
+        ("status", text(5), intent.status.as_str().to_owned()),
+        ("due_at", format!("{due:?}"), format!("{:?}", due_at(intent))),
+        ("reserved_seq", found.to_string(), reserved_seq.to_string()),
+    ];
+    Ok(expected
+        .into_iter()
+        .find(|(_, found, expected)| found != expected)
+        .map(|(column, found, expected)| format!("column {column} is {found} in the table, {expected} by its state")))
+}
+
+/// Whether a run row's `finished` column says something else than its state.
+pub(crate) fn run_columns_differ(client: &mut impl GenericClient, run: &Run) -> Result<Option<String>> {
+    let finished: bool =
+        client.query_one("SELECT finished FROM runs WHERE run_id = $1", &[&run.run_id.as_str()])?.get(0);
+    Ok((finished != run.status.is_some())
+        .then(|| format!("column finished is {finished} in the table, {} by its state", run.status.is_some())))
+}

@@ -438,13 +438,34 @@ fn postgres_events_are_append_only_and_a_tampered_event_is_reported_by_verify() 
         }
         other => panic!("the tampered event is named, got {other:?}"),
     }
+    assert_eq!(report.mismatch_count, 1, "only the event, not its row: {:?}", report.mismatches);
+    // An indexed column that contradicts its row's state misleads range reads: named too.
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE events DISABLE TRIGGER events_append_only; \
+             UPDATE events SET payload = replace(payload, '999', '100') WHERE stream = '{stream}'; \
+             ALTER TABLE events ENABLE TRIGGER events_append_only; \
+             UPDATE intents SET status = 'reserved' WHERE key = '{}';",
+            key("tampered").as_str()
+        ))
+        .expect("restores the event, tampers with a column");
+    let report = PgReader::open(&url).expect("reader").verify().expect("reads");
+    assert!(
+        report
+            .mismatches
+            .iter()
+            .any(|m| matches!(m, store_postgres::Mismatch::Intent { detail, .. } if detail.contains("column status"))),
+        "{report}: {:?}",
+        report.mismatches
+    );
     // Removing a stream's last event is caught by the cross-check with its row.
     client
         .batch_execute(&format!(
             "ALTER TABLE events DISABLE TRIGGER events_append_only; \
              DELETE FROM events WHERE stream = '{stream}' AND stream_seq = 2; \
-             UPDATE events SET payload = replace(payload, '999', '100') WHERE stream = '{stream}'; \
-             ALTER TABLE events ENABLE TRIGGER events_append_only;"
+             ALTER TABLE events ENABLE TRIGGER events_append_only; \
+             UPDATE intents SET status = 'attempting' WHERE key = '{}';",
+            key("tampered").as_str()
         ))
         .expect("truncates the stream");
     let report = PgReader::open(&url).expect("reader").verify().expect("reads");
