@@ -257,7 +257,8 @@ pub struct HoldArgs {
     #[arg(long, value_name = "NAME", conflicts_with = "input")]
     after_signal: Option<String>,
     /// Then wait this long on a durable timer (a cooling-off period), in ms. Up to a second
-    /// is waited in process; a longer wait suspends the run until its fire time.
+    /// is waited in process; a longer wait suspends the run until its fire time. It must
+    /// fire before the run's deadline (--deadline-ms), or nothing is recorded.
     #[arg(long, value_name = "MS", conflicts_with = "input")]
     delay_ms: Option<u64>,
 }

@@ -121,8 +121,16 @@ pub(crate) fn put_run(conn: &Connection, stream: i64, run: &Run) -> Result<()> {
          ON CONFLICT (stream) DO UPDATE SET finished = excluded.finished, state = excluded.state, \
          wake_at = excluded.wake_at",
     )?
-    .execute(params![stream, run.status.is_some(), pack_run(run), run.wake_at.map(micros)])?;
+    .execute(params![stream, run.status.is_some(), pack_run(run), run.wake_at.map(wake_micros)])?;
     Ok(())
+}
+
+/// A timer's fire time as the `wake_at` column holds it: microseconds, rounded up, so that
+/// against a decision's instant (whole microseconds) `wake_at <= now` says exactly what
+/// `fire_at <= now` says (a fire time comes from a clock that may count nanoseconds).
+fn wake_micros(fire_at: chrono::DateTime<chrono::Utc>) -> i64 {
+    let floor = micros(fire_at);
+    if fire_at.timestamp_subsec_nanos().is_multiple_of(1_000) { floor } else { floor.saturating_add(1) }
 }
 
 /// Writes a run's row as version 3's migration lays it out, before version 8 added
@@ -242,7 +250,7 @@ impl RunRecord {
         let column: Option<i64> = conn
             .prepare_cached("SELECT wake_at FROM runs WHERE stream = ?1")?
             .query_row([self.stream], |row| row.get(0))?;
-        let wake_at = run.wake_at.map(micros);
+        let wake_at = run.wake_at.map(wake_micros);
         Ok((column != wake_at).then(|| format!("column wake_at is {column:?}, the state says {wake_at:?} (µs)")))
     }
 }
@@ -352,7 +360,6 @@ pub(crate) fn due_ids(conn: &Connection, now: i64, limit: usize) -> Result<Vec<i
 /// Runs not finished that may go on at `now` (µs) — no timer (served by `runs_awake`), or
 /// one that fired (served by `runs_sleeping`) — in id order, at most `limit`.
 pub(crate) fn awake_run_ids(conn: &Connection, now: i64, limit: usize) -> Result<Vec<i64>> {
-    let limit = to_i64(limit as u64);
     let mut named: Vec<(String, i64)> = Vec::new();
     for sql in [
         "SELECT s.name, r.stream FROM runs r JOIN streams s ON s.id = r.stream \
@@ -361,13 +368,13 @@ pub(crate) fn awake_run_ids(conn: &Connection, now: i64, limit: usize) -> Result
          WHERE r.wake_at <= ?1 ORDER BY s.name LIMIT ?2",
     ] {
         let mut statement = conn.prepare_cached(sql)?;
-        let rows = statement.query_map(params![now, limit], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        let rows = statement.query_map(params![now, to_i64(limit as u64)], |row| Ok((row.get(0)?, row.get(1)?)))?;
         named.extend(rows.collect::<rusqlite::Result<Vec<_>>>()?);
     }
     // The two sets are disjoint; the first `limit` of their union in id order is in the
     // first `limit` of each.
     named.sort();
-    Ok(named.into_iter().take(usize::try_from(limit).unwrap_or(usize::MAX)).map(|(_, stream)| stream).collect())
+    Ok(named.into_iter().take(limit).map(|(_, stream)| stream).collect())
 }
 
 /// Runs whose timer fires after `now` (µs), soonest first, at most `limit`. Served by

@@ -696,3 +696,13 @@ async fn a_signal_is_refused_for_an_unknown_or_finished_run_and_when_too_large()
     assert_eq!(h.log.events().len(), before_big, "nothing written");
     assert!(before_big > before);
 }
+
+#[tokio::test]
+async fn a_timer_past_the_run_deadline_is_refused_before_anything_is_written() {
+    let h = Harness::new(stripe());
+    let hold = json!({"delay_ms": 120_001});
+    let out = h.run("refund", &held_refund("order_7006_refund", "order_7006", hold), limits()).await;
+    assert_eq!(out.status.as_str(), "deadline_exceeded", "{:?}", out.output);
+    assert!(!out.written);
+    assert!(h.log.events().is_empty(), "no timer recorded that could never fire in time");
+}

@@ -185,23 +185,25 @@ impl Context {
     /// # Errors
     ///
     /// [`WorkflowError::Sleeping`] while a long timer has not fired; a timer that would fire
-    /// after the run's deadline, a replay mismatch, or the log's refusal.
+    /// after the run's deadline (refused before it is recorded), a replay mismatch, or the
+    /// log's refusal.
     pub async fn sleep(&mut self, ms: u64) -> Result<(), WorkflowError> {
         let position = self.next_position();
         let fire_at = match self.recorded(position, "timer")? {
             Some(recorded) => serde_json::from_value::<DateTime<Utc>>(recorded.clone())
                 .map_err(|e| WorkflowError::Undecodable { position, detail: format!("timer output: {e}") })?,
             None => {
-                let fire_at = checked_plus_ms(self.runtime.clock.now(), ms).ok_or_else(|| {
-                    WorkflowError::DeadlineExceeded(format!("a timer of {ms} ms fires after any deadline"))
-                })?;
+                let fire_at = checked_plus_ms(self.runtime.clock.now(), ms)
+                    .filter(|at| *at <= self.deadline_at)
+                    .ok_or_else(|| timer_past_deadline(ms, self.deadline_at))?;
                 self.ask(Ask::start_timer(self.run_cause(), self.run_id.clone(), position, fire_at)).await?;
                 self.failpoints.hit(Point::AfterTimerStarted);
                 fire_at
             }
         };
+        // A recorded timer past a deadline an earlier build let through stops here too.
         if fire_at > self.deadline_at {
-            return Err(WorkflowError::DeadlineExceeded(format!("timer fires at {fire_at}, after the deadline")));
+            return Err(timer_past_deadline(ms, self.deadline_at));
         }
         let wait_ms = ms_between(self.runtime.clock.now(), fire_at);
         if wait_ms > limits::TIMER_IN_PROCESS_MAX_MS {
@@ -400,4 +402,9 @@ impl Context {
         }
         Ok(())
     }
+}
+
+/// Why a timer is refused (before it is recorded): it would fire after the run's deadline.
+fn timer_past_deadline(ms: u64, deadline_at: DateTime<Utc>) -> WorkflowError {
+    WorkflowError::DeadlineExceeded(format!("a timer of {ms} ms would fire after the run's deadline {deadline_at}"))
 }

@@ -349,7 +349,8 @@ fn version_8_fills_the_fire_time_of_runs_waiting_on_a_timer_and_resume_reads_it(
             )
             .expect("the run's row")
     };
-    let micros = |ms: i64| (start() + chrono::TimeDelta::milliseconds(ms)).timestamp_micros();
+    // Rounded up: the tests' instants have nanoseconds (`start()`).
+    let micros = |ms: i64| (start() + chrono::TimeDelta::milliseconds(ms)).timestamp_micros() + 1;
     assert_eq!(column("r-asleep"), Some(micros(60_000)));
     assert_eq!(column("r-due"), Some(micros(1_000)));
     assert_eq!(column("r-plain"), None);
