@@ -248,6 +248,21 @@ pub struct EffectArgs {
     input: Option<String>,
 }
 
+/// What a refund waits for before it is reserved.
+#[derive(Args, Debug, Clone, Default)]
+#[command(next_help_heading = "Hold")]
+pub struct HoldArgs {
+    /// Wait for the signal NAME first (e.g. goods_returned): `keel signal RUN_ID NAME --by
+    /// YOU` delivers it; its payload is shown in the run's output.
+    #[arg(long, value_name = "NAME", conflicts_with = "input")]
+    after_signal: Option<String>,
+    /// Then wait this long on a durable timer (a cooling-off period), in ms. Up to a second
+    /// is waited in process; a longer wait suspends the run until its fire time. It must
+    /// fire before the run's deadline (--deadline-ms), or nothing is recorded.
+    #[arg(long, value_name = "MS", conflicts_with = "input")]
+    delay_ms: Option<u64>,
+}
+
 /// A live model API for `keel agent run` (ticket-review).
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -384,9 +399,16 @@ enum Command {
     },
     /// Refund (part of) a charged order. Refunds reserved, unknown or validated on an order
     /// never exceed what was charged on it.
+    ///
+    /// With --after-signal or --delay-ms the refund waits before anything is reserved: the
+    /// run is recorded and suspended (exit 2, `run_status: suspended`), `keel signal` delivers
+    /// the signal, and `keel resume` continues it once the signal is there and its timer has
+    /// fired — never earlier, and a restart never moves the fire time.
     Refund {
         #[command(flatten)]
         effect: EffectArgs,
+        #[command(flatten)]
+        hold: HoldArgs,
         #[command(flatten)]
         limits: LimitArgs,
         #[command(flatten)]
@@ -472,6 +494,28 @@ enum Command {
         #[command(subcommand)]
         command: RunCommand,
     },
+    /// Deliver a signal to a workflow run that waits for it (a refund's --after-signal),
+    /// recorded with your name. `keel resume` then continues the run with the payload.
+    ///
+    /// The payload is strict JSON (a repeated key is refused), at most 16 KiB; without one
+    /// it is null. An unknown run or a bad name or payload is a usage error (64), a finished
+    /// run a refusal (2); either way nothing is written.
+    Signal {
+        /// The run id (printed by `keel refund`, listed by `keel runs --status running`).
+        run_id: String,
+        /// The signal's name: ASCII letters, digits, '_', '-', '.' (at most 64).
+        name: String,
+        /// The signal's payload, as JSON (e.g. '{"parcel": "RT-118"}').
+        #[arg(long, value_name = "JSON")]
+        payload: Option<String>,
+        /// Who sends it (recorded).
+        #[arg(long)]
+        by: String,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
+    },
     /// Reconcile one intent now (lookup by its key), or every intent whose reconciliation is due.
     #[command(override_usage = "keel reconcile [OPTIONS] <KEY|--due>")]
     #[command(group(clap::ArgGroup::new("target").required(true).args(["key", "due"])))]
@@ -491,7 +535,8 @@ enum Command {
     },
     /// Recover after a crash: in-flight attempts become outcome_unknown (crash) exactly once,
     /// unfinished runs are replayed (agent runs from their journal, no recorded model answer
-    /// asked again), due reconciliations run.
+    /// asked again), due reconciliations run. A run waiting on a durable timer that has not
+    /// fired is left asleep, and said when it wakes (`sleeping` in --json).
     Resume {
         #[command(flatten)]
         create: CreateFlag,
@@ -894,10 +939,14 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let node = wiring::Node::open(db, setting.durability, &setting.provider, Some(rules.clone()))?;
             ops::run_effect(&node, &out, "charge", &input, &limits, (&rules, stamp)).await
         }
-        Command::Refund { effect, limits, store, provider } => {
+        Command::Refund { effect, hold, limits, store, provider } => {
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "refund")?;
-            let input = ops::effect_input(&effect, None).map_err(output::Failure::Usage)?;
+            let mut input = ops::effect_input(&effect, None).map_err(output::Failure::Usage)?;
+            if let Some(map) = input.as_object_mut() {
+                map.extend(hold.after_signal.map(|name| ("after_signal".to_owned(), name.into())));
+                map.extend(hold.delay_ms.map(|ms| ("delay_ms".to_owned(), ms.into())));
+            }
             let (rules, stamp) = policy_rules(&cli.policy, EffectKind::Refund, &input, &limits)?;
             let node = wiring::Node::open(db, setting.durability, &setting.provider, Some(rules.clone()))?;
             ops::run_effect(&node, &out, "refund", &input, &limits, (&rules, stamp)).await
@@ -939,6 +988,12 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
             runs::cancel(db, setting.durability, &out, &engine::event::RunId::new(run_id), &by, &reason).await
+        }
+        Command::Signal { run_id, name, payload, by, create, store } => {
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), None);
+            let run_id = engine::event::RunId::new(run_id);
+            runs::signal(db, setting.durability, &out, &run_id, (&name, payload.as_deref()), &by).await
         }
         Command::Reconcile { key, due, create, store, provider } => {
             let key = key.as_deref().map(ops::parse_key).transpose()?;

@@ -68,6 +68,11 @@ pub fn when(at: chrono::DateTime<chrono::Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%SZ").to_string()
 }
 
+/// An instant to the millisecond, for a timer's fire time (what a second would round).
+fn instant(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 /// Runs one charge or refund workflow and prints its outcome.
 pub async fn run_effect(
     node: &Node,
@@ -122,7 +127,12 @@ fn print_run(workflow: &str, outcome: &RunOutcome) {
             outln!("{workflow} (no key) → rejected, code {}, nothing recorded", rejection.code.as_str());
             rejection.details.iter().for_each(|detail| outln!("  - {detail}"));
         }
-        (None, None) => outln!("{workflow} run {} → {}", outcome.run_id, outcome.status.as_str()),
+        (None, None) => {
+            outln!("{workflow} run {} → {}", outcome.run_id, outcome.status.as_str());
+            if let Some(at) = outcome.wakes_at {
+                outln!("  its timer fires at {}: `keel resume` continues it from then on", instant(at));
+            }
+        }
     }
 }
 
@@ -433,17 +443,27 @@ pub async fn resume(db: &Path, durability: store::Durability, provider: &Provide
     }
     out.emit(&name_intent_keys(document), || {
         outln!(
-            "recovered {}, resumed {} and {}, reconciled {}",
+            "recovered {}, resumed {} and {}, reconciled {}, left {} asleep",
             plural(report.recovered.len() as u64, "in-flight intent"),
             plural(report.resumed.len() as u64, "workflow run"),
             plural(agents.len() as u64, "agent run"),
-            plural(report.reconciled.len() as u64, "intent")
+            plural(report.reconciled.len() as u64, "intent"),
+            plural(report.sleeping.len() as u64, "run")
         );
         for key in &report.recovered {
             outln!("  recovered {key}: outcome_unknown (crash)");
         }
         for run in &report.resumed {
-            outln!("  run {}: {}", run.run_id, run.status.as_str());
+            match run.wakes_at {
+                Some(at) => {
+                    outln!("  run {}: {} until its timer fires at {}", run.run_id, run.status.as_str(), instant(at))
+                }
+                None => outln!("  run {}: {}", run.run_id, run.status.as_str()),
+            }
+        }
+        for run in &report.sleeping {
+            let at = instant(run.wakes_at);
+            outln!("  run {}: asleep, its timer fires at {at} (a `keel resume` from then on continues it)", run.run_id);
         }
         for run in &agents {
             outln!("  agent run {} ({}): {}", run.run_id, run.workflow, run.summary());

@@ -1,8 +1,9 @@
-//! `keel runs`, `keel run show RUN_ID`, `keel run cancel RUN_ID`: the operator's view of runs.
+//! `keel runs`, `keel run show RUN_ID`, `keel run cancel RUN_ID`, `keel signal RUN_ID NAME`:
+//! the operator's view of runs.
 //!
 //! Owns the translation between flags and run queries (a status parsed into the engine's
 //! `RunStatus`, a workflow, a time), the rendering of a run with its budgets, and the
-//! operator's cancellation of a run. Every read is of entity rows (`runs`, `intents`) or of
+//! operator's cancellation of a run and the signals an operator delivers. Every read is of entity rows (`runs`, `intents`) or of
 //! one run's own stream (an agent run's facts, for its budgets): never the whole log. It
 //! never decides whether a run may be cancelled (the ledger does).
 
@@ -12,12 +13,14 @@ use crate::output::{Failure, Outcome, Output, name_intent_keys, plural};
 use crate::wiring::{SystemClock, open_store};
 use agent::{AgentEvent, AgentState};
 use chrono::{DateTime, Utc};
+use engine::canonical::parse_strict;
 use engine::clock::Clock as _;
-use engine::event::{Cause, RunId, RunStatus};
+use engine::event::{Cause, RunId, RunStatus, SignalName};
 use engine::ledger::{Intent, Run};
+use engine::limits::SIGNAL_PAYLOAD_MAX_BYTES;
 use engine::log::{Ask, Asking, EventLog, LogError};
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{Value, json};
 use std::path::Path;
 use store::{RunFilter, RunState};
 
@@ -304,6 +307,50 @@ pub async fn cancel(
         outln!(
             "  it stops `cancelled` at its next guard: at once if a process drives it, otherwise when {next} picks it up"
         );
+    });
+    Ok(exit::OK)
+}
+
+/// `keel signal RUN_ID NAME [--payload JSON] --by NAME`: delivers a signal a workflow run
+/// waits for (`Context::wait_signal`), recorded with its sender. The name and the payload are
+/// checked before anything is opened (strict JSON: a repeated key is refused, never read as
+/// its last value); the ledger refuses an unknown or finished run. Nothing is written unless
+/// the whole command is accepted.
+pub async fn signal(
+    db: &Path,
+    durability: store::Durability,
+    out: &Output,
+    run_id: &RunId,
+    (name, payload): (&str, Option<&str>),
+    by: &str,
+) -> Outcome {
+    if by.trim().is_empty() {
+        return Err(Failure::Usage("--by needs the operator's name".into()));
+    }
+    let name = SignalName::parse(name).map_err(|why| Failure::Usage(format!("signal name {name:?}: {why}")))?;
+    let payload = match payload {
+        None => Value::Null,
+        Some(text) if text.len() > SIGNAL_PAYLOAD_MAX_BYTES => {
+            return Err(Failure::Usage(format!(
+                "--payload is {} bytes, above the {SIGNAL_PAYLOAD_MAX_BYTES}-byte limit of a signal",
+                text.len()
+            )));
+        }
+        Some(text) => parse_strict(text).map_err(|e| Failure::Usage(format!("--payload is not strict JSON: {e}")))?,
+    };
+    let store = open_store(db, durability)?;
+    let ask = Ask::deliver_signal(Cause::operator(by).for_run(run_id), run_id.clone(), name.clone(), payload.clone());
+    let result = (&store as &dyn EventLog).ask(ask).await;
+    store.shutdown()?;
+    match result {
+        Ok(_) => {}
+        Err(LogError::Refused(refusal)) => return Err(Failure::refusal(&refusal)),
+        Err(other) => return Err(other.into()),
+    }
+    let document = json!({ "run_id": run_id, "status": "delivered", "signal": name, "payload": payload, "by": by });
+    out.emit(&document, || {
+        outln!("run {run_id}: signal {name} delivered (by {by})");
+        outln!("  `keel resume` continues the run if it waits for it");
     });
     Ok(exit::OK)
 }

@@ -106,6 +106,45 @@ impl fmt::Display for RunId {
     }
 }
 
+/// The name of a signal a workflow waits for (`Context::wait_signal`) and an operator
+/// delivers (`keel signal RUN_ID NAME`): 1 to [`crate::limits::SIGNAL_NAME_MAX_CHARS`] ASCII
+/// letters, digits, `_`, `-` or `.`, so that it reads the same in a journal step's name
+/// (`signal:NAME`), a command line and a log line.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SignalName(String);
+
+impl SignalName {
+    /// Checks a name typed by an operator or written by a workflow.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong with it, in words.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let max = crate::limits::SIGNAL_NAME_MAX_CHARS;
+        if text.is_empty() || text.chars().count() > max {
+            return Err(format!("a signal name has 1 to {max} characters (got {})", text.chars().count()));
+        }
+        if let Some(bad) = text.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))) {
+            return Err(format!(
+                "a signal name is ASCII letters, digits, '_', '-' and '.' only (found {bad:?} in {text:?})"
+            ));
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SignalName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The stream an event belongs to: `intent:<key>` or `run:<id>`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]

@@ -36,6 +36,12 @@ pub enum Point {
     AfterReconciliationStarted,
     /// The lookup answered; its result is not yet written.
     AfterLookup,
+    /// A billed call's answer (`Context::billed_call`, a model's) is committed; the workflow
+    /// has not used it yet.
+    AfterCallAnswered,
+    /// A workflow's `TimerStarted` is committed; the run has not begun waiting on it (a
+    /// crash while a run sleeps).
+    AfterTimerStarted,
     /// Recovery committed its `OutcomeUnknown (crash)` facts; runs are not yet resumed and
     /// nothing is reconciled.
     AfterRecover,
@@ -48,12 +54,14 @@ pub enum Point {
 
 impl Point {
     /// Every point, in the order of an intent's life.
-    pub const ALL: [Point; 8] = [
+    pub const ALL: [Point; 10] = [
         Point::AfterReservation,
         Point::AfterAttemptStarted,
         Point::AfterProviderAnswer,
         Point::AfterReconciliationStarted,
         Point::AfterLookup,
+        Point::AfterCallAnswered,
+        Point::AfterTimerStarted,
         Point::AfterRecover,
         Point::InBatchBeforeCommit,
         Point::AfterCommitBeforeAnswer,
@@ -67,6 +75,8 @@ impl Point {
             Self::AfterProviderAnswer => "after_provider_answer",
             Self::AfterReconciliationStarted => "after_reconciliation_started",
             Self::AfterLookup => "after_lookup",
+            Self::AfterCallAnswered => "after_call_answered",
+            Self::AfterTimerStarted => "after_timer_started",
             Self::AfterRecover => "after_recover",
             Self::InBatchBeforeCommit => "in_batch_before_commit",
             Self::AfterCommitBeforeAnswer => "after_commit_before_answer",

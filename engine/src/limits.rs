@@ -94,6 +94,25 @@ pub const AGENT_RESUME_WAIT_MAX_MS: u64 = 600_000;
 /// process exits.
 pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
 
+/// The longest wait a workflow's durable timer (`Context::sleep`) spends asleep in its
+/// process. A longer one suspends the run instead: its fire time is already durable
+/// (`TimerStarted`), so `keel resume` (or `keel worker`) continues it at or after that
+/// instant, and no process stays blocked for hours holding a lease. A wait this short
+/// costs less asleep than a suspension does (a lease given back, a resume pass, a replay),
+/// and a process that dies during it is resumed like any other crash — its fire time is
+/// durable either way. Enforced by `Context::sleep`.
+pub const TIMER_IN_PROCESS_MAX_MS: u64 = 1_000;
+
+/// Longest signal name (`keel signal RUN_ID NAME`): it is a journal step's name
+/// (`signal:NAME`) that replay compares. Enforced by the ledger's `DeliverSignal`.
+pub const SIGNAL_NAME_MAX_CHARS: usize = 64;
+
+/// Largest signal payload, as canonical JSON: it is recorded twice (its `SignalDelivered`,
+/// then the journal step that consumes it), each within one event
+/// ([`EVENT_PAYLOAD_MAX_BYTES`]). Enforced by the ledger's `DeliverSignal`; the binary
+/// refuses a larger `--payload` text before parsing it.
+pub const SIGNAL_PAYLOAD_MAX_BYTES: usize = 16 * 1024;
+
 /// Default approval validity.
 pub const APPROVAL_TTL_DEFAULT_MS: u64 = 3_600_000;
 
@@ -508,6 +527,9 @@ pub const AGENT_TOOL_CALLS_PER_ANSWER_MAX: usize = 64;
 /// stays counted and the run stops `answer_too_large`. Enforced by `adapters::model::http`.
 pub const MODEL_RESPONSE_MAX_BYTES: usize = 1 << 20;
 
+// An in-process wait never outlasts one renewal interval of the default lease.
+const _: () = assert!(TIMER_IN_PROCESS_MAX_MS < LEASE_TTL_DEFAULT_MS / 3);
+const _: () = assert!(SIGNAL_PAYLOAD_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES / 2);
 const _: () = assert!(AGENT_NO_PROGRESS_ITERATIONS_DEFAULT > AGENT_TOOL_CALLS_DEFAULT);
 const _: () = assert!(AGENT_MODEL_CALLS_DEFAULT <= AGENT_MODEL_CALLS_MAX);
 const _: () = assert!(AGENT_TOOL_CALLS_DEFAULT <= AGENT_TOOL_CALLS_MAX);

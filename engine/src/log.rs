@@ -8,7 +8,7 @@
 //! names SQL. Implementations must decide each command against a ledger that includes every
 //! event committed before it (by any process), and answer only after the commit.
 
-use crate::event::{Cause, IntentKey, RunId, RunStatus};
+use crate::event::{Cause, IntentKey, RunId, RunStatus, SignalName};
 use crate::facts::{Candidate, Conversation, ConversationId, Ticket};
 use crate::lease::{LeaseGrant, LeaseOwner, LeaseUse};
 use crate::ledger::{
@@ -239,8 +239,8 @@ impl Ask<Run> {
         Self::new(cause, Action::StartTimer { run_id, position, fire_at })
     }
 
-    /// Delivers a signal to a run.
-    pub fn deliver_signal(cause: Cause, run_id: RunId, name: String, payload: Value) -> Self {
+    /// Delivers a signal to a run; the cause names who sent it.
+    pub fn deliver_signal(cause: Cause, run_id: RunId, name: SignalName, payload: Value) -> Self {
         Self::new(cause, Action::DeliverSignal { run_id, name, payload })
     }
 
@@ -336,8 +336,11 @@ pub struct IntentAnswer {
 pub struct Snapshot {
     /// Due intents, oldest first.
     pub due: Vec<IntentKey>,
-    /// Unfinished runs.
+    /// Unfinished runs that may go on now (no timer, or one that fired), in id order.
     pub unfinished: Vec<Run>,
+    /// Unfinished runs whose timer has not fired, soonest first: nothing continues them
+    /// before they wake.
+    pub sleeping: Vec<Run>,
     /// Reserved intents nobody is sending: waiting for their caller, or for the vault's
     /// payment method.
     pub waiting: Vec<IntentKey>,
@@ -397,7 +400,7 @@ impl Answer for Snapshot {
 
     fn from_reply(reply: Reply) -> Option<Self> {
         match reply {
-            Reply::Snapshot { due, unfinished, waiting } => Some(Self { due, unfinished, waiting }),
+            Reply::Snapshot { due, unfinished, sleeping, waiting } => Some(Self { due, unfinished, sleeping, waiting }),
             _ => None,
         }
     }

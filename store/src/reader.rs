@@ -577,7 +577,10 @@ fn compare_one(
                     tally.run_rows += 1;
                     match record.decode() {
                         Err(error) => Some(format!("does not decode: {error}")),
-                        Ok(stored) => differs(&stored, &run).or_else(|| record.columns_match(&run)),
+                        Ok(stored) => match differs(&stored, &run) {
+                            Some(detail) => Some(detail),
+                            None => record.columns_match(conn, &run)?,
+                        },
                     }
                 }
             };

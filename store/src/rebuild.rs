@@ -82,6 +82,7 @@ fn stand_in(run_id: &RunId) -> Run {
         status: None,
         detail: None,
         journal_len: 0,
+        wake_at: None,
         agent_entries: 0,
         network_retries: 0,
         cancel_requested: None,
@@ -237,6 +238,22 @@ pub(crate) fn replay_streams(
     Ok(events)
 }
 
+/// Version 8's Rust half: the unfinished runs written before `wake_at` was folded get it
+/// from their own stream (a run whose journal ends on a `TimerStarted` waits on it), and
+/// their row and column are rewritten. Reads only the unfinished runs' streams.
+pub(crate) fn wake_timers(conn: &Connection) -> Result<()> {
+    let unfinished = rows::runs_where(conn, true)?;
+    for (stream, mut run) in unfinished {
+        let name = run.run_id.stream();
+        let events = read_stream(conn, name.as_str())?.map_err(|(seq, detail)| Error::corrupt(seq, detail))?;
+        let history = fold::history(&events)
+            .map_err(|error| Error::corrupt(error.seq, format!("the fold rejects it: {error}")))?;
+        run.wake_at = history.run.wake_at;
+        rows::put_run(conn, stream, &run)?;
+    }
+    Ok(())
+}
+
 /// Writes what a replay found as rows (version 3's migration). A stream that does not
 /// replay stops the migration: the file is corrupt.
 pub(crate) fn write(conn: &Connection, found: Found) -> Result<()> {
@@ -245,7 +262,7 @@ pub(crate) fn write(conn: &Connection, found: Found) -> Result<()> {
             rows::put_intent(conn, stream, run, &intent)?;
             rows::put_intent_maps(conn, stream, &intent)
         }
-        Found::Run { stream, run } => rows::put_run(conn, stream, &run),
+        Found::Run { stream, run } => rows::put_run_v3(conn, stream, &run),
         Found::Empty => Ok(()),
         Found::Broken { seq, detail } => Err(Error::corrupt(seq, detail)),
     }

@@ -4,7 +4,7 @@
 //! Owns the row layout of `store/FORMAT.md` ("Entity rows") and every query a decision's
 //! [`engine::ledger::View`] needs, each one an indexed read whose cost is the size of what it
 //! returns: [`intent_by_key`], [`run_by_id`], [`order_intent_ids`], [`reference_charge_ids`],
-//! [`run_intent_ids`], [`in_flight_ids`], [`due_ids`], [`unfinished_run_ids`]. The writer
+//! [`run_intent_ids`], [`in_flight_ids`], [`due_ids`], [`awake_run_ids`], [`sleeping_run_ids`]. The writer
 //! layers its bounded cache over these; readers use them as they are.
 //!
 //! An intent row keeps its mutable state packed; its definition (immutable since its
@@ -117,10 +117,30 @@ pub(crate) fn put_intent_maps(conn: &Connection, stream: i64, intent: &Intent) -
 /// Writes (or rewrites) a run's row.
 pub(crate) fn put_run(conn: &Connection, stream: i64, run: &Run) -> Result<()> {
     conn.prepare_cached(
-        "INSERT INTO runs (stream, finished, state) VALUES (?1, ?2, ?3) \
-         ON CONFLICT (stream) DO UPDATE SET finished = excluded.finished, state = excluded.state",
+        "INSERT INTO runs (stream, finished, state, wake_at) VALUES (?1, ?2, ?3, ?4) \
+         ON CONFLICT (stream) DO UPDATE SET finished = excluded.finished, state = excluded.state, \
+         wake_at = excluded.wake_at",
     )?
-    .execute(params![stream, run.status.is_some(), pack_run(run)])?;
+    .execute(params![stream, run.status.is_some(), pack_run(run), run.wake_at.map(wake_micros)])?;
+    Ok(())
+}
+
+/// A timer's fire time as the `wake_at` column holds it: microseconds, rounded up, so that
+/// against a decision's instant (whole microseconds) `wake_at <= now` says exactly what
+/// `fire_at <= now` says (a fire time comes from a clock that may count nanoseconds).
+fn wake_micros(fire_at: chrono::DateTime<chrono::Utc>) -> i64 {
+    let floor = micros(fire_at);
+    if fire_at.timestamp_subsec_nanos().is_multiple_of(1_000) { floor } else { floor.saturating_add(1) }
+}
+
+/// Writes a run's row as version 3's migration lays it out, before version 8 added
+/// `wake_at` (whose own migration then fills the column from the runs' streams).
+pub(crate) fn put_run_v3(conn: &Connection, stream: i64, run: &Run) -> Result<()> {
+    conn.prepare_cached("INSERT INTO runs (stream, finished, state) VALUES (?1, ?2, ?3)")?.execute(params![
+        stream,
+        run.status.is_some(),
+        pack_run(run)
+    ])?;
     Ok(())
 }
 
@@ -201,6 +221,7 @@ pub(crate) struct RunRecord {
     pub(crate) state: Vec<u8>,
 }
 
+// Without `wake_at`: version 7's migration lists the runs before version 8 added it.
 const RUN_SELECT: &str = "SELECT r.stream, s.name, r.finished, r.state FROM runs r JOIN streams s ON s.id = r.stream";
 
 impl RunRecord {
@@ -220,10 +241,17 @@ impl RunRecord {
         serde_json::from_value(Value::Object(state)).map_err(|e| bad(format!("state does not decode: {e}")))
     }
 
-    /// Whether the indexed column says what the state says.
-    pub(crate) fn columns_match(&self, run: &Run) -> Option<String> {
-        (self.finished != run.status.is_some())
-            .then(|| format!("column finished is {}, the state says {}", self.finished, run.status.is_some()))
+    /// Whether the indexed columns say what the state says.
+    pub(crate) fn columns_match(&self, conn: &Connection, run: &Run) -> Result<Option<String>> {
+        if self.finished != run.status.is_some() {
+            let said = run.status.is_some();
+            return Ok(Some(format!("column finished is {}, the state says {said}", self.finished)));
+        }
+        let column: Option<i64> = conn
+            .prepare_cached("SELECT wake_at FROM runs WHERE stream = ?1")?
+            .query_row([self.stream], |row| row.get(0))?;
+        let wake_at = run.wake_at.map(wake_micros);
+        Ok((column != wake_at).then(|| format!("column wake_at is {column:?}, the state says {wake_at:?} (µs)")))
     }
 }
 
@@ -329,12 +357,34 @@ pub(crate) fn due_ids(conn: &Connection, now: i64, limit: usize) -> Result<Vec<i
     )
 }
 
-/// Runs not finished, in id order, at most `limit`. Served by `runs_unfinished`.
-pub(crate) fn unfinished_run_ids(conn: &Connection, limit: usize) -> Result<Vec<i64>> {
+/// Runs not finished that may go on at `now` (µs) — no timer (served by `runs_awake`), or
+/// one that fired (served by `runs_sleeping`) — in id order, at most `limit`.
+pub(crate) fn awake_run_ids(conn: &Connection, now: i64, limit: usize) -> Result<Vec<i64>> {
+    let mut named: Vec<(String, i64)> = Vec::new();
+    for sql in [
+        "SELECT s.name, r.stream FROM runs r JOIN streams s ON s.id = r.stream \
+         WHERE r.finished = 0 AND r.wake_at IS NULL ORDER BY s.name LIMIT ?2",
+        "SELECT s.name, r.stream FROM runs r JOIN streams s ON s.id = r.stream \
+         WHERE r.wake_at <= ?1 ORDER BY s.name LIMIT ?2",
+    ] {
+        let mut statement = conn.prepare_cached(sql)?;
+        let rows = statement.query_map(params![now, to_i64(limit as u64)], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        named.extend(rows.collect::<rusqlite::Result<Vec<_>>>()?);
+    }
+    // The two sets are disjoint; the first `limit` of their union in id order is in the
+    // first `limit` of each.
+    named.sort();
+    Ok(named.into_iter().take(limit).map(|(_, stream)| stream).collect())
+}
+
+/// Runs whose timer fires after `now` (µs), soonest first, at most `limit`. Served by
+/// `runs_sleeping` (a finished run's `wake_at` is NULL).
+pub(crate) fn sleeping_run_ids(conn: &Connection, now: i64, limit: usize) -> Result<Vec<i64>> {
     ids(
         conn,
-        "SELECT r.stream FROM runs r JOIN streams s ON s.id = r.stream WHERE r.finished = 0 ORDER BY s.name LIMIT ?1",
-        [to_i64(limit as u64)],
+        "SELECT r.stream FROM runs r JOIN streams s ON s.id = r.stream WHERE r.wake_at > ?1 \
+         ORDER BY r.wake_at, s.name LIMIT ?2",
+        params![now, to_i64(limit as u64)],
     )
 }
 

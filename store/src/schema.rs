@@ -439,6 +439,21 @@ CREATE INDEX run_facts_by_started ON run_facts (started_at);
 ALTER TABLE events ADD COLUMN cause_parent INTEGER CHECK (cause_parent >= 1);
 "#;
 
+/// Version 8: durable timers. A run waiting on its timer (`Run::wake_at`) carries the fire
+/// time in a column, so a resume pass finds the runs whose timer is due, and those still
+/// asleep, through an index instead of replaying every unfinished run.
+const V8: &str = r#"
+-- When the run's durable timer fires, while it waits on one (microseconds since the epoch,
+-- the `wake_at` of its state); NULL without a timer and once it finished.
+ALTER TABLE runs ADD COLUMN wake_at INTEGER;
+
+-- `View::sleeping_runs` (asleep: fires after now) and the due half of `View::awake_runs`
+-- (fired: at or before now), by fire time.
+CREATE INDEX runs_sleeping ON runs (wake_at) WHERE wake_at IS NOT NULL;
+-- The other half of `View::awake_runs`: unfinished runs waiting on no timer.
+CREATE INDEX runs_awake ON runs (stream) WHERE finished = 0 AND wake_at IS NULL;
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -456,6 +471,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V5, then: None },
     Migration { sql: V6, then: None },
     Migration { sql: V7, then: Some(crate::metrics::backfill) },
+    Migration { sql: V8, then: Some(crate::rebuild::wake_timers) },
 ];
 
 /// The schema version this build writes and reads.

@@ -141,6 +141,14 @@ impl<'a> Store<'a> {
         }
         Ok(out)
     }
+
+    fn runs_at(&self, ids: Vec<i64>) -> Result<Vec<Run>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            out.extend(self.run_at(id)?);
+        }
+        Ok(out)
+    }
 }
 
 /// The view a decision reads: [`Store`] plus the first failure.
@@ -239,15 +247,14 @@ impl View for TxView<'_> {
         intents.into_iter().map(|intent| intent.key().clone()).collect()
     }
 
-    fn unfinished_runs(&self, limit: usize) -> Vec<Run> {
-        let read = || -> Result<Vec<Run>> {
-            let mut out = Vec::new();
-            for id in rows::unfinished_run_ids(self.store.conn, limit)? {
-                out.extend(self.store.run_at(id)?);
-            }
-            Ok(out)
-        };
-        self.or_note(read(), Vec::new())
+    fn awake_runs(&self, now: DateTime<Utc>, limit: usize) -> Vec<Run> {
+        let ids = rows::awake_run_ids(self.store.conn, codec::micros(now), limit);
+        self.or_note(ids.and_then(|ids| self.store.runs_at(ids)), Vec::new())
+    }
+
+    fn sleeping_runs(&self, now: DateTime<Utc>, limit: usize) -> Vec<Run> {
+        let ids = rows::sleeping_run_ids(self.store.conn, codec::micros(now), limit);
+        self.or_note(ids.and_then(|ids| self.store.runs_at(ids)), Vec::new())
     }
 }
 

@@ -226,7 +226,11 @@ fn every_variant() -> Vec<StoredEvent> {
     let fire_at = clock.now_plus(60_000);
     ok(exec(Action::StartTimer { run_id: run.clone(), position, fire_at }, None));
     ok(exec(
-        Action::DeliverSignal { run_id: run.clone(), name: "approved".into(), payload: json!({"by": "ana"}) },
+        Action::DeliverSignal {
+            run_id: run.clone(),
+            name: engine::event::SignalName::parse("approved").expect("a valid name"),
+            payload: json!({"by": "ana"}),
+        },
         None,
     ));
     ok(exec(

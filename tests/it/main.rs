@@ -22,5 +22,6 @@ mod policy;
 mod serve;
 mod teeth;
 mod testkit;
+mod timers;
 mod trace;
 mod vault;

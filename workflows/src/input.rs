@@ -11,7 +11,7 @@
 //! they are visible ASCII only: a control character, a zero-width space or an accented letter
 //! would be accepted here and fail there, leaving an effect of unknown outcome.
 
-use engine::event::is_uuid;
+use engine::event::{SignalName, is_uuid};
 use engine::executor::{IntentRequest, Rejection};
 use engine::ledger::RejectCode;
 use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS, ORDER_ID_MAX_CHARS};
@@ -155,6 +155,34 @@ impl<'a> Fields<'a> {
             order_id: self.identifier("order_id", 1, ORDER_ID_MAX_CHARS),
             amount_minor: self.amount_minor("amount_minor"),
             currency: self.currency("currency"),
+        }
+    }
+
+    /// An optional signal name ([`SignalName`]); `None` when absent.
+    pub fn optional_signal_name(&mut self, name: &str) -> Option<SignalName> {
+        match self.object?.get(name)? {
+            Value::String(text) => match SignalName::parse(text) {
+                Ok(signal) => Some(signal),
+                Err(why) => {
+                    self.problems.push(format!("{name}: {why}"));
+                    None
+                }
+            },
+            _ => {
+                self.problems.push(format!("{name}: must be a string"));
+                None
+            }
+        }
+    }
+
+    /// An optional duration in ms, from 1 to `max`; `None` when absent.
+    pub fn optional_ms(&mut self, name: &str, max: u64) -> Option<u64> {
+        match self.object?.get(name)?.as_u64() {
+            Some(ms) if (1..=max).contains(&ms) => Some(ms),
+            _ => {
+                self.problems.push(format!("{name}: must be an integer number of ms from 1 to {max}"));
+                None
+            }
         }
     }
 

@@ -5,7 +5,7 @@
 use adapters::provider_http::stripe_like;
 use chrono::{TimeZone, Utc};
 use engine::clock::{Clock, ManualClock};
-use engine::event::{Cause, Event, IntentKey, RunId, RunLimits};
+use engine::event::{Cause, Event, IntentKey, RunId, RunLimits, SignalName};
 use engine::executor::{
     Context, Executor, Prepared, Registered, Rejection, RunOutcome, RunRequest, Runtime, Workflow, WorkflowEnd,
     WorkflowError,
@@ -493,7 +493,7 @@ impl Workflow for Shifty {
         Box::pin(async move {
             let name = if self.0.load(std::sync::atomic::Ordering::SeqCst) { "renamed" } else { "original" };
             let first: u32 = ctx.step(name, || async { 7 }).await?;
-            let approval = ctx.wait_signal("go").await?;
+            let approval = ctx.wait_signal(&SignalName::parse("go").expect("a valid name")).await?;
             ctx.sleep(10).await?;
             Ok(WorkflowEnd {
                 status: engine::event::RunStatus::Completed,
@@ -511,7 +511,8 @@ async fn replay_returns_recorded_steps_and_a_different_step_stops_the_run() {
     let out = h.run("shifty", &json!({}), limits()).await;
     assert_eq!(out.status.as_str(), "suspended", "waits for its signal");
     let run_id = out.run_id.clone();
-    h.command(Action::DeliverSignal { run_id: run_id.clone(), name: "go".into(), payload: json!("approved") })
+    let go = SignalName::parse("go").expect("a valid name");
+    h.command(Action::DeliverSignal { run_id: run_id.clone(), name: go, payload: json!("approved") })
         .await
         .expect("delivers");
     let run = h.ledger().run(&run_id).expect("exists").clone();
@@ -545,4 +546,163 @@ async fn replaying_the_log_gives_the_same_state() {
         assert_eq!(replayed.intent(intent.key()), Some(intent));
     }
     assert_eq!(replayed.runs().len(), live.runs().len());
+}
+
+fn refund_key(intent_id: &str) -> IntentKey {
+    IntentKey::new(EffectKind::Refund, TENANT, intent_id)
+}
+
+fn held_refund(intent_id: &str, order: &str, hold: Value) -> Value {
+    let mut input =
+        json!({"tenant_id": TENANT, "intent_id": intent_id, "order_id": order, "amount_minor": 400, "currency": "EUR"});
+    if let (Some(map), Value::Object(hold)) = (input.as_object_mut(), hold) {
+        map.extend(hold);
+    }
+    input
+}
+
+/// Every `TimerStarted` of the log: its run and fire time.
+fn timers(h: &Harness) -> Vec<(RunId, chrono::DateTime<Utc>)> {
+    h.log
+        .events()
+        .into_iter()
+        .filter_map(|e| match e.event {
+            Event::TimerStarted { run_id, fire_at, .. } => Some((run_id, fire_at)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_long_timer_suspends_the_run_and_resume_continues_it_only_once_it_fired() {
+    let h = Harness::new(stripe());
+    h.charge("order_7000_charge", "order_7000", 1000).await;
+    let started = h.clock.now();
+    let out =
+        h.run("refund", &held_refund("order_7000_refund", "order_7000", json!({"delay_ms": 2_000})), limits()).await;
+    assert_eq!(out.status.as_str(), "suspended", "{:?}", out.output);
+    let fire_at = engine::clock::checked_plus_ms(started, 2_000).expect("an instant");
+    assert_eq!(out.wakes_at, Some(fire_at), "the suspension says until when");
+    assert_eq!(h.clock.now(), started, "a long timer is not waited in process");
+    assert!(h.ledger().intent(&refund_key("order_7000_refund")).is_none(), "nothing is reserved while it waits");
+    assert_eq!(h.ledger().run(&out.run_id).and_then(|run| run.wake_at), Some(fire_at), "the run's state holds it");
+
+    // Before the fire time a resume pass leaves it asleep and says when it wakes.
+    h.clock.advance_ms(1_999);
+    let early = h.executor.recover_and_resume(Cause::command("resume")).await.expect("resumes");
+    assert!(early.resumed.is_empty(), "{:?}", early.resumed);
+    assert_eq!(early.sleeping, vec![engine::executor::Asleep { run_id: out.run_id.clone(), wakes_at: fire_at }]);
+
+    // At the fire time it continues, waiting no more, and completes.
+    h.clock.advance_ms(1);
+    let due = h.executor.recover_and_resume(Cause::command("resume")).await.expect("resumes");
+    assert!(due.sleeping.is_empty());
+    assert_eq!(due.resumed.len(), 1);
+    assert_eq!(due.resumed[0].status.as_str(), "completed", "{:?}", due.resumed[0].output);
+    assert_eq!(h.status(&refund_key("order_7000_refund")), IntentStatus::Validated);
+    assert_eq!(h.ledger().run(&out.run_id).and_then(|run| run.wake_at), None, "the next entry clears it");
+    assert_eq!(timers(&h), vec![(out.run_id.clone(), fire_at)], "one timer, its fire time never recomputed");
+}
+
+#[tokio::test]
+async fn a_restart_replays_the_recorded_fire_time_instead_of_a_fresh_delay() {
+    let h = Harness::new(stripe());
+    h.charge("order_7001_charge", "order_7001", 1000).await;
+    let started = h.clock.now();
+    let out =
+        h.run("refund", &held_refund("order_7001_refund", "order_7001", json!({"delay_ms": 5_000})), limits()).await;
+    let fire_at = engine::clock::checked_plus_ms(started, 5_000).expect("an instant");
+    // Resumed directly (as `keel agent resume`-style callers could) 3 s later: replay reads the
+    // recorded fire time — a fresh delay would now fire at 8 s.
+    h.clock.advance_ms(3_000);
+    let run = h.ledger().run(&out.run_id).expect("exists").clone();
+    let again = h.executor.resume(&run, Cause::command("resume")).await.expect("resumes");
+    assert_eq!(again.wakes_at, Some(fire_at));
+    assert_eq!(timers(&h).len(), 1, "no second timer");
+}
+
+#[tokio::test]
+async fn a_short_timer_is_waited_in_process() {
+    let h = Harness::new(stripe());
+    h.charge("order_7002_charge", "order_7002", 1000).await;
+    let started = h.clock.now();
+    let delay = engine::limits::TIMER_IN_PROCESS_MAX_MS;
+    let out =
+        h.run("refund", &held_refund("order_7002_refund", "order_7002", json!({"delay_ms": delay})), limits()).await;
+    assert_eq!(out.status.as_str(), "completed", "{:?}", out.output);
+    assert_eq!(out.wakes_at, None);
+    assert!(h.clock.now() >= engine::clock::checked_plus_ms(started, delay).expect("an instant"));
+}
+
+#[tokio::test]
+async fn a_refund_after_a_signal_waits_for_it_and_shows_its_payload() {
+    let h = Harness::new(stripe());
+    h.charge("order_7003_charge", "order_7003", 1000).await;
+    let hold = json!({"after_signal": "goods_returned"});
+    let out = h.run("refund", &held_refund("order_7003_refund", "order_7003", hold), limits()).await;
+    assert_eq!(out.status.as_str(), "suspended");
+    let still = h.executor.recover_and_resume(Cause::command("resume")).await.expect("resumes");
+    assert_eq!(still.resumed[0].status.as_str(), "suspended", "no signal yet");
+    assert!(h.ledger().intent(&refund_key("order_7003_refund")).is_none());
+    let name = SignalName::parse("goods_returned").expect("a valid name");
+    let payload = json!({"parcel": "RT-118"});
+    h.command_by("ana", Action::DeliverSignal { run_id: out.run_id.clone(), name, payload: payload.clone() })
+        .await
+        .expect("delivers");
+    let done = h.executor.recover_and_resume(Cause::command("resume")).await.expect("resumes");
+    assert_eq!(done.resumed[0].status.as_str(), "completed");
+    assert_eq!(done.resumed[0].output["signal"], payload);
+    let sent_by = h.log.events().into_iter().find(|e| matches!(e.event, Event::SignalDelivered { .. }));
+    assert_eq!(sent_by.map(|e| e.cause.actor), Some("operator:ana".to_owned()), "recorded with its sender");
+}
+
+#[tokio::test]
+async fn a_bad_hold_is_refused_before_anything_is_written() {
+    let h = Harness::new(stripe());
+    for hold in [
+        json!({"after_signal": "goods returned"}),
+        json!({"after_signal": ""}),
+        json!({"after_signal": 7}),
+        json!({"delay_ms": 0}),
+        json!({"delay_ms": -5}),
+        json!({"delay_ms": engine::limits::RUN_DEADLINE_MAX_MS + 1}),
+    ] {
+        let out = h.run("refund", &held_refund("order_7004_refund", "order_7004", hold.clone()), limits()).await;
+        assert_eq!(out.status.as_str(), "rejected", "{hold}");
+        assert!(!out.written, "{hold}");
+    }
+    assert!(h.log.events().is_empty());
+}
+
+#[tokio::test]
+async fn a_signal_is_refused_for_an_unknown_or_finished_run_and_when_too_large() {
+    let h = Harness::new(stripe());
+    h.charge("order_7005_charge", "order_7005", 1000).await;
+    let ledger = h.ledger();
+    let finished = ledger.runs().first().expect("the charge's run").run_id.clone();
+    let name = || SignalName::parse("go").expect("a valid name");
+    let before = h.log.events().len();
+    let unknown =
+        h.command(Action::DeliverSignal { run_id: RunId::new("nope"), name: name(), payload: json!(1) }).await;
+    assert!(matches!(unknown, Err(LogError::Refused(Refusal::UnknownRun(_)))), "{unknown:?}");
+    let done = h.command(Action::DeliverSignal { run_id: finished, name: name(), payload: json!(1) }).await;
+    assert!(matches!(done, Err(LogError::Refused(Refusal::RunFinished(_)))), "{done:?}");
+    let out =
+        h.run("refund", &held_refund("order_7005_refund", "order_7005", json!({"after_signal": "go"})), limits()).await;
+    let before_big = h.log.events().len();
+    let big = json!("x".repeat(engine::limits::SIGNAL_PAYLOAD_MAX_BYTES));
+    let refused = h.command(Action::DeliverSignal { run_id: out.run_id, name: name(), payload: big }).await;
+    assert!(matches!(refused, Err(LogError::Refused(Refusal::SignalTooLarge { .. }))), "{refused:?}");
+    assert_eq!(h.log.events().len(), before_big, "nothing written");
+    assert!(before_big > before);
+}
+
+#[tokio::test]
+async fn a_timer_past_the_run_deadline_is_refused_before_anything_is_written() {
+    let h = Harness::new(stripe());
+    let hold = json!({"delay_ms": 120_001});
+    let out = h.run("refund", &held_refund("order_7006_refund", "order_7006", hold), limits()).await;
+    assert_eq!(out.status.as_str(), "deadline_exceeded", "{:?}", out.output);
+    assert!(!out.written);
+    assert!(h.log.events().is_empty(), "no timer recorded that could never fire in time");
 }

@@ -18,6 +18,8 @@
 //! - [`Timer`] (deadlines) and [`Cancellation`] without a clock ([`control`]).
 //! - [`run`], which starts or resumes a run and drives it to a stop ([`run_loop`]), and its
 //!   [`AgentStatus`]es, exit codes, [`RunOutcome`] and the CLI's [`RunReport`] ([`outcome`]).
+//! - [`WorkflowModel`]: model calls from a workflow's own journal, reserved before they run
+//!   and never re-billed on replay ([`workflow_model`]).
 //!
 //! *Architecture invariant*: this crate does no I/O and never reads a clock. Transports,
 //! journals, timers and gates are injected.
@@ -64,6 +66,7 @@ pub mod model;
 pub mod outcome;
 pub mod registry;
 pub mod run_loop;
+pub mod workflow_model;
 
 pub use budget::{AgentLimits, LimitsError, ModelPrice, PriceTable};
 pub use control::{Cancellation, ManualTimer, Timer};
@@ -79,6 +82,7 @@ pub use model::{
 pub use outcome::{AgentStatus, ControlEvent, EXIT_INTERNAL, RunOutcome, RunReport};
 pub use registry::{ApprovalPolicy, EffectClass, Registry, RegistryError, Tool, ToolContext, ToolOutput, ToolSpec};
 pub use run_loop::{Completion, RunSpec, run};
+pub use workflow_model::{ModelAnswer, ModelBudget, ModelHold, ModelSpent, WorkflowModel};
 
 /// An internal error of the harness: the run could not be driven (exit code 1). Stops the
 /// model or the budgets cause are not errors: they are [`AgentStatus`]es.
@@ -102,12 +106,6 @@ pub enum AgentError {
     /// A new run's limits are out of their documented ranges (nothing was written).
     #[error("invalid limits: {0}")]
     InvalidLimits(LimitsError),
-    /// The tools (names, versions or schemas) differ from those the run started with.
-    #[error("run {run_id}: the tool registry differs from the one the run started with")]
-    RegistryChanged {
-        /// The run.
-        run_id: String,
-    },
 }
 
 #[cfg(test)]

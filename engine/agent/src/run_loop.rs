@@ -60,7 +60,7 @@
 use super::AgentError;
 use super::budget::{AgentLimits, LimitsError};
 use super::control::{Raced, race};
-use super::event::{AgentEvent, AgentState, CallHold, ToolOutcome, Turn};
+use super::event::{AgentEvent, AgentState, CallHold, ToolOutcome, ToolStamp, Turn};
 use super::guard::{self, AgentEnv, GuardedScope, Invoked, Verdict};
 use super::journal::JournalError;
 use super::model::{ModelRequest, ModelResponse, ModelTransport, StopReason, ToolCall, TransportError};
@@ -196,12 +196,17 @@ async fn drive(
             if header.run_id != spec.run_id {
                 return Err(AgentError::RunMismatch { expected: spec.run_id.clone(), found: header.run_id.clone() });
             }
-            if header.tools != registry.stamps() {
-                return Err(AgentError::RegistryChanged { run_id: header.run_id.clone() });
-            }
-            header.script.as_ref().filter(|recorded| script.as_ref() != Some(*recorded)).map(|recorded| {
-                let now = script.as_deref().map_or("no script (a live model)".to_owned(), |s| format!("script {:.12}…", s));
-                format!("the run started on script {recorded:.12}…; this resume replays {now}: answers of two scripts are never mixed")
+            let tools = registry.stamps();
+            let changed_tools = (header.tools != tools).then(|| tools_changed(&header.tools, &tools));
+            let changed_script =
+                header.script.as_ref().filter(|recorded| script.as_ref() != Some(*recorded)).map(|recorded| {
+                    let now =
+                        script.as_deref().map_or("no script (a live model)".to_owned(), |s| format!("script {:.12}…", s));
+                    format!("the run started on script {recorded:.12}…; this resume replays {now}: answers of two scripts are never mixed")
+                });
+            changed_tools.or(changed_script).map(|why| {
+                let calls = scope.state().model_calls;
+                format!("replay diverges from the journal after model call {calls}: {why}")
             })
         }
     };
@@ -240,6 +245,28 @@ async fn drive(
             continue;
         }
         call_model(scope, transport, &request, hold, completion).await?;
+    }
+}
+
+/// What differs between the tools a run started with and those of this resume, in words:
+/// the first tool added, removed or changed (its version or schema).
+fn tools_changed(recorded: &[ToolStamp], now: &[ToolStamp]) -> String {
+    let by_name = |stamps: &[ToolStamp], name: &str| stamps.iter().find(|s| s.name == name).cloned();
+    for stamp in recorded {
+        match by_name(now, &stamp.name) {
+            None => return format!("tool {} (version {}) is gone from the registry", stamp.name, stamp.version),
+            Some(found) if found != *stamp => {
+                return format!(
+                    "tool {} changed (version {} → {}, schema {:.12}… → {:.12}…)",
+                    stamp.name, stamp.version, found.version, stamp.schema_fingerprint, found.schema_fingerprint
+                );
+            }
+            Some(_) => {}
+        }
+    }
+    match now.iter().find(|stamp| by_name(recorded, &stamp.name).is_none()) {
+        Some(added) => format!("tool {} (version {}) was added to the registry", added.name, added.version),
+        None => "the tools are the same but in another order".to_owned(),
     }
 }
 

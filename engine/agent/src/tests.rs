@@ -916,3 +916,34 @@ async fn agent_spans_carry_seed_004_names_and_never_arguments_prompts_or_secrets
         }
     }
 }
+
+#[tokio::test]
+async fn a_resume_whose_tools_changed_stops_nondeterministic_replay_naming_where() {
+    let rig = Rig::new();
+    let full = MemoryJournal::new();
+    let script = || Script::new(vec![calls("c1", "read_ticket", r#"{"input":42}"#), says("Done.")]);
+    go(&rig, &full, &script(), AgentLimits::default(), ALL).await;
+    let events = full.events();
+    // Crash once the first answer is recorded, before its tool call.
+    let answered =
+        events.iter().position(|e| matches!(e, AgentEvent::ModelAnswerRecorded { .. })).expect("a recorded answer");
+    let survived = events[..=answered].to_vec();
+    // Resumed by code whose `read_ticket` is another version: the journal's tool calls no
+    // longer mean what they meant.
+    let mut changed = Registry::new();
+    changed
+        .register(Tool::new(ToolSpec { version: "2".into(), ..read_spec() }, |_: TicketArgs, _ctx| async {
+            panic!("a tool body never runs once replay diverged")
+        }))
+        .expect("registers");
+    let journal = MemoryJournal::with_events(survived);
+    let spec = spec(AgentLimits::default(), ALL);
+    let outcome = run(rig.env(&journal), &Script::skipping(vec![says("Done.")], 0), &changed, &spec, &read_done).await;
+    let outcome = outcome.expect("a controlled stop, not an internal error");
+    assert_eq!(outcome.status, AgentStatus::NondeterministicReplay);
+    assert_eq!(outcome.exit_code(), 2);
+    let detail = outcome.detail.unwrap_or_default();
+    assert!(detail.contains("after model call 1") && detail.contains("read_ticket changed (version 1 → 2"), "{detail}");
+    let stops = journal.events().iter().filter(|e| matches!(e, AgentEvent::RunStopped { .. })).count();
+    assert_eq!(stops, 1, "the stop is recorded once");
+}

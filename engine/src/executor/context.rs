@@ -1,7 +1,7 @@
 //! The journaled context a workflow runs in.
 //!
 //! Owns [`Context`] and its journaled operations — [`Context::step`], [`Context::sleep`],
-//! [`Context::wait_signal`], [`Context::intent`]. Each takes the next position in the run's
+//! [`Context::wait_signal`], [`Context::intent`], [`Context::billed_call`] — and [`Billed`]. Each takes the next position in the run's
 //! journal: replayed, a recorded position returns its recorded output and does nothing; the
 //! first unrecorded one proceeds. Asked for another step than the one recorded, it stops the
 //! run `nondeterministic_replay`, never silently. Time is read and waited on through the
@@ -15,10 +15,11 @@ use super::outcome::IntentOutcome;
 use super::workflow::IntentRequest;
 use super::{Runtime, WorkflowError};
 use crate::clock::{checked_plus_ms, ms_between};
-use crate::event::{Cause, IntentKey, RunId};
+use crate::event::{Cause, IntentKey, RunId, SignalName};
 use crate::failpoints::{Failpoints, Point};
 use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{IntentStatus, JournalEntry, Refusal, Run, RunStart};
+use crate::limits;
 use crate::log::{Answer, Ask, Asking, LogError};
 use crate::provider::Secret;
 use chrono::{DateTime, Utc};
@@ -28,6 +29,18 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::future::Future;
 use tracing::{Instrument, info_span};
+
+/// What [`Context::billed_call`] hands back: every hold the call reserved (more than one
+/// when a process died during an earlier try, which may have been billed) and its answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Billed<H, T> {
+    /// The holds, in the order they were reserved; the answered try's is the last.
+    pub holds: Vec<H>,
+    /// The answer.
+    pub answer: T,
+    /// Whether the answer was read from the journal (the call was not made by this process).
+    pub replayed: bool,
+}
 
 /// The journaled context a workflow runs in.
 pub struct Context {
@@ -92,30 +105,110 @@ impl Context {
         Ok(value)
     }
 
-    /// A durable timer: waits `ms` from the first time this position ran, across restarts,
-    /// on the runtime's clock.
+    /// One call to a service that bills for it (a model), journaled so that replay never
+    /// makes it again. Reserve before spend: `admit` names what the call may spend (its
+    /// hold, as the caller counts it), recorded at this position (`reserve:NAME`) before
+    /// `call` runs; the answer is recorded at the next (`answer:NAME`). Replayed, a recorded
+    /// answer is returned with its holds and `call` never runs.
+    ///
+    /// A reservation with no answer after it (the process died during the call) may have
+    /// been billed: it stays spent — returned in [`Billed::holds`] with the others — and
+    /// the call is reserved again, `admit` being given the holds already spent so it can
+    /// refuse when the budget is gone. So a caller that counts every hold and answer it is
+    /// handed rebuilds its budget from the journal: a restart never refills it.
     ///
     /// # Errors
     ///
-    /// A timer that would fire after the run's deadline, a replay mismatch, or the log's
-    /// refusal.
+    /// `admit`'s refusal (nothing written), the deadline, a replay that asks for another
+    /// step, a recorded value that no longer decodes, or the log's refusal.
+    pub async fn billed_call<H, T, A, F, Fut>(
+        &mut self,
+        name: &str,
+        admit: A,
+        call: F,
+    ) -> Result<Billed<H, T>, WorkflowError>
+    where
+        H: Serialize + DeserializeOwned,
+        T: Serialize + DeserializeOwned,
+        A: FnOnce(&[H]) -> Result<H, WorkflowError>,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let (reserve, answer) = (format!("reserve:{name}"), format!("answer:{name}"));
+        let mut holds: Vec<H> = Vec::new();
+        fn decode<V: DeserializeOwned>(value: &Value, position: u32) -> Result<V, WorkflowError> {
+            serde_json::from_value(value.clone())
+                .map_err(|e| WorkflowError::Undecodable { position, detail: e.to_string() })
+        }
+        while let Some(entry) = self.journal.get(self.position as usize) {
+            let position = self.position;
+            if entry.name == reserve {
+                holds.push(decode(&entry.output, position)?);
+            } else if entry.name == answer && !holds.is_empty() {
+                let answered = decode(&entry.output, position)?;
+                self.position += 1;
+                return Ok(Billed { holds, answer: answered, replayed: true });
+            } else {
+                let asked = if holds.is_empty() { reserve } else { answer };
+                return Err(WorkflowError::Nondeterministic(Refusal::Nondeterministic {
+                    position,
+                    recorded: entry.name.clone(),
+                    asked,
+                }));
+            }
+            self.position += 1;
+        }
+        self.check_deadline()?;
+        let hold = admit(&holds)?;
+        let encode = |what: &str, value: serde_json::Result<Value>| {
+            value.map_err(|e| WorkflowError::Failed(format!("{what} of billed call {name}: {e}")))
+        };
+        let position = self.next_position();
+        let recorded = encode("the hold", serde_json::to_value(&hold))?;
+        self.ask(Ask::record_step(self.run_cause(), self.run_id.clone(), position, reserve, recorded)).await?;
+        holds.push(hold);
+        let answered = call().await;
+        let position = self.next_position();
+        let recorded = encode("the answer", serde_json::to_value(&answered))?;
+        self.ask(Ask::record_step(self.run_cause(), self.run_id.clone(), position, answer, recorded)).await?;
+        self.failpoints.hit(Point::AfterCallAnswered);
+        Ok(Billed { holds, answer: answered, replayed: false })
+    }
+
+    /// A durable timer: waits `ms` from the first time this position ran, across restarts,
+    /// on the runtime's clock. The fire time is recorded (`TimerStarted`) before any wait and
+    /// read back on replay, never recomputed, so a restart never moves it. A wait of at most
+    /// [`limits::TIMER_IN_PROCESS_MAX_MS`] is spent asleep here; a longer one suspends the
+    /// run until the fire time ([`WorkflowError::Sleeping`]), and `keel resume` continues it
+    /// once it is due.
+    ///
+    /// # Errors
+    ///
+    /// [`WorkflowError::Sleeping`] while a long timer has not fired; a timer that would fire
+    /// after the run's deadline (refused before it is recorded), a replay mismatch, or the
+    /// log's refusal.
     pub async fn sleep(&mut self, ms: u64) -> Result<(), WorkflowError> {
         let position = self.next_position();
         let fire_at = match self.recorded(position, "timer")? {
             Some(recorded) => serde_json::from_value::<DateTime<Utc>>(recorded.clone())
                 .map_err(|e| WorkflowError::Undecodable { position, detail: format!("timer output: {e}") })?,
             None => {
-                let fire_at = checked_plus_ms(self.runtime.clock.now(), ms).ok_or_else(|| {
-                    WorkflowError::DeadlineExceeded(format!("a timer of {ms} ms fires after any deadline"))
-                })?;
+                let fire_at = checked_plus_ms(self.runtime.clock.now(), ms)
+                    .filter(|at| *at <= self.deadline_at)
+                    .ok_or_else(|| timer_past_deadline(ms, self.deadline_at))?;
                 self.ask(Ask::start_timer(self.run_cause(), self.run_id.clone(), position, fire_at)).await?;
+                self.failpoints.hit(Point::AfterTimerStarted);
                 fire_at
             }
         };
+        // A recorded timer past a deadline an earlier build let through stops here too.
         if fire_at > self.deadline_at {
-            return Err(WorkflowError::DeadlineExceeded(format!("timer fires at {fire_at}, after the deadline")));
+            return Err(timer_past_deadline(ms, self.deadline_at));
         }
         let wait_ms = ms_between(self.runtime.clock.now(), fire_at);
+        if wait_ms > limits::TIMER_IN_PROCESS_MAX_MS {
+            return Err(WorkflowError::Sleeping { until: fire_at });
+        }
         if wait_ms > 0 {
             self.runtime.clock.sleep_ms(wait_ms).await;
         }
@@ -129,7 +222,7 @@ impl Context {
     ///
     /// [`WorkflowError::Suspended`] while no signal is there; a replay mismatch or the log's
     /// refusal.
-    pub async fn wait_signal(&mut self, name: &str) -> Result<Value, WorkflowError> {
+    pub async fn wait_signal(&mut self, name: &SignalName) -> Result<Value, WorkflowError> {
         let position = self.next_position();
         let step_name = format!("signal:{name}");
         if let Some(output) = self.recorded(position, &step_name)? {
@@ -141,8 +234,11 @@ impl Context {
         }
         let history = self.ask(Ask::load_run(self.run_cause(), self.run_id.clone())).await?;
         let consumed = history.journal.iter().filter(|entry| entry.name == step_name).count();
-        let Some(payload) = history.signals.get(name).and_then(|delivered| delivered.get(consumed)).cloned() else {
-            return Err(WorkflowError::Suspended { reason: format!("waiting for signal {name:?}"), intent: None });
+        let Some(payload) = history.signals.get(name.as_str()).and_then(|delivered| delivered.get(consumed)).cloned()
+        else {
+            let reason =
+                format!("waiting for signal {name:?}: `keel signal {} {name} --by NAME` delivers it", self.run_id);
+            return Err(WorkflowError::Suspended { reason, intent: None });
         };
         self.ask(Ask::record_step(self.run_cause(), self.run_id.clone(), position, step_name, payload.clone())).await?;
         Ok(payload)
@@ -306,4 +402,9 @@ impl Context {
         }
         Ok(())
     }
+}
+
+/// Why a timer is refused (before it is recorded): it would fire after the run's deadline.
+fn timer_past_deadline(ms: u64, deadline_at: DateTime<Utc>) -> WorkflowError {
+    WorkflowError::DeadlineExceeded(format!("a timer of {ms} ms would fire after the run's deadline {deadline_at}"))
 }

@@ -4,7 +4,8 @@
 //!   [`Context`]), [`IntentRequest`], [`end_with`], and [`Registered`], a workflow as the
 //!   executor holds it.
 //! - [`context`] — [`Context`], the journal a workflow's operations go through
-//!   ([`Context::step`], [`Context::intent`], [`Context::sleep`], [`Context::wait_signal`]).
+//!   ([`Context::step`], [`Context::intent`], [`Context::sleep`], [`Context::wait_signal`],
+//!   [`Context::billed_call`]).
 //! - [`driver`] — the intent driver, shared by workflows and agents ([`reserve_for_run`],
 //!   [`drive_intent`]): it carries out the ledger's [`crate::ledger::Next`] step, never
 //!   re-deciding from a status.
@@ -46,11 +47,11 @@ mod outcome;
 mod runs;
 mod workflow;
 
-pub use context::Context;
+pub use context::{Billed, Context};
 pub use driver::{Reservation, drive_intent, reserve_for_run};
 pub use leases::{claim_run, release_runs, renew_leases};
 pub use outcome::{IntentOutcome, OutcomeCode, OutcomeStatus, RunEnd, RunOutcome, ValidatedBy};
-pub use runs::{Executor, LeftAlone, ResumeReport, RunRequest};
+pub use runs::{Asleep, Executor, LeftAlone, ResumeReport, RunRequest};
 pub use workflow::{IntentRequest, Prepared, Registered, Rejection, Workflow, WorkflowEnd, end_with};
 
 use crate::clock::Clock;
@@ -87,6 +88,22 @@ pub enum WorkflowError {
         reason: String,
         /// The intent it waits on, when it waits on one (an approval).
         intent: Option<Box<IntentOutcome>>,
+    },
+    /// The run waits on a durable timer that fires at `until` (recorded in its journal):
+    /// it stays open, and `keel resume` continues it once that instant has passed.
+    #[error("suspended until its timer fires at {until}")]
+    Sleeping {
+        /// When the timer fires.
+        until: chrono::DateTime<chrono::Utc>,
+    },
+    /// A limit of the workflow's own (a model call or token budget) stops the run with
+    /// `status`, a controlled stop named for its dimension.
+    #[error("{detail}")]
+    Limit {
+        /// The stop.
+        status: crate::event::RunStatus,
+        /// Which limit, and what was spent.
+        detail: String,
     },
     /// The run's deadline passed.
     #[error("deadline exceeded: {0}")]

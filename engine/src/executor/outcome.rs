@@ -221,6 +221,9 @@ pub struct RunOutcome {
     pub run_id: RunId,
     /// How it ended, or that it waits.
     pub status: RunEnd,
+    /// When it waits on a durable timer: when that fires (`keel resume` continues it then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wakes_at: Option<DateTime<Utc>>,
     /// Whether anything was written (a run rejected at its first proposal writes nothing).
     pub written: bool,
     /// The intent the run's outcome is about, when it ended on (or waits for) one.
@@ -238,7 +241,7 @@ pub struct RunOutcome {
 pub enum RunEnd {
     /// It ended with this status (or was refused before anything was written: `rejected`).
     Finished(RunStatus),
-    /// It waits (a signal, an approval, a resubmission); `keel resume` continues it.
+    /// It waits (a timer, a signal, an approval, a resubmission); `keel resume` continues it.
     Suspended,
 }
 

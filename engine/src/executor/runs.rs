@@ -1,7 +1,7 @@
 //! The run executor: starts runs, resumes them by replay, recovers what a dead process left
 //! in flight, and reconciles what is due.
 //!
-//! Owns [`Executor`], [`RunRequest`], [`ResumeReport`] and [`LeftAlone`]. Every run it
+//! Owns [`Executor`], [`RunRequest`], [`ResumeReport`], [`LeftAlone`] and [`Asleep`]. Every run it
 //! drives it drives under the run's lease — the one this process holds, or one it claims
 //! and gives back — and a run another live process holds is left to it and reported, never
 //! touched. Agent runs are not resumed here: they need their transport and tools, and
@@ -20,6 +20,7 @@ use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentStatus, Refusal, RejectCode, Run, RunStart};
 use crate::limits;
 use crate::log::{Ask, Asking, LogError, Resolution};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -60,6 +61,17 @@ pub struct ResumeReport {
     /// What was left alone because another process holds it live: the intent key or run
     /// id, and why (the holder and until when).
     pub left_to_their_owner: Vec<LeftAlone>,
+    /// Runs left asleep: their durable timer has not fired (soonest first).
+    pub sleeping: Vec<Asleep>,
+}
+
+/// A run a resume pass left alone because its timer has not fired yet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Asleep {
+    /// The run.
+    pub run_id: RunId,
+    /// When its timer fires: the first instant a resume pass continues it.
+    pub wakes_at: DateTime<Utc>,
 }
 
 /// Something recovery left alone: another live process is working on it.
@@ -151,7 +163,15 @@ impl Executor {
             failpoints: self.failpoints.clone(),
             lease: None,
         };
-        self.drive_run(registered, ctx, prepared.input).await
+        let (run_id, cause) = (request.run_id, ctx.cause.clone());
+        let outcome = self.drive_run(registered, ctx, prepared.input).await?;
+        // A run that suspends (a timer, a signal, an approval) gives its lease back, as a
+        // resumed one does: whoever continues it later claims it, even while this process
+        // lives on (`keel serve`).
+        if let Some(grant) = self.runtime.lessee.grant(&run_id) {
+            release_runs(&*self.runtime.log, &self.runtime.lessee, &cause, vec![grant]).await?;
+        }
+        Ok(outcome)
     }
 
     /// Resumes one unfinished run by replaying its journal, under its lease: the one this
@@ -219,8 +239,10 @@ impl Executor {
             let end = match workflow.run(&mut ctx, input).await {
                 Ok(end) => end,
                 Err(WorkflowError::Suspended { reason, intent }) => return Ok(suspended(&ctx, reason, intent)),
+                Err(WorkflowError::Sleeping { until }) => return Ok(sleeping(&ctx, until)),
                 Err(WorkflowError::DeadlineExceeded(why)) => stopped(RunStatus::DeadlineExceeded, why),
                 Err(WorkflowError::Cancelled(why)) => stopped(RunStatus::Cancelled, why),
+                Err(WorkflowError::Limit { status, detail }) => stopped(status, detail),
                 Err(WorkflowError::Nondeterministic(refusal)) => {
                     stopped(RunStatus::NondeterministicReplay, refusal.to_string())
                 }
@@ -232,6 +254,7 @@ impl Executor {
             Ok(RunOutcome {
                 run_id: ctx.run_id.clone(),
                 status: RunEnd::Finished(end.status),
+                wakes_at: None,
                 written,
                 intent: end.intent,
                 rejection: None,
@@ -248,6 +271,7 @@ impl Executor {
         Ok(RunOutcome {
             run_id: ctx.run_id.clone(),
             status: RunEnd::Finished(end.status),
+            wakes_at: None,
             written: true,
             intent: end.intent,
             rejection: None,
@@ -381,6 +405,13 @@ impl Executor {
     /// Replays every unfinished workflow run, then reconciles what is due.
     async fn resume_all(&self, cause: &Cause, report: &mut ResumeReport) -> Result<(), WorkflowError> {
         let snapshot = self.runtime.log.ask(Ask::snapshot(cause.clone())).await?;
+        // A run whose timer has not fired is not replayed: it would only suspend again.
+        report.sleeping = snapshot
+            .sleeping
+            .into_iter()
+            .filter(|run| !run.is_agent())
+            .filter_map(|run| Some(Asleep { wakes_at: run.wake_at?, run_id: run.run_id }))
+            .collect();
         for run in snapshot.unfinished.into_iter().filter(|run| !run.is_agent()) {
             match self.resume(&run, cause.clone()).await {
                 Ok(outcome) => report.resumed.push(outcome),
@@ -513,6 +544,7 @@ fn rejected(run_id: RunId, rejection: &Rejection) -> RunOutcome {
     RunOutcome {
         run_id,
         status: RunEnd::Finished(RunStatus::Rejected),
+        wakes_at: None,
         written: false,
         intent: None,
         rejection: Some(rejection.clone()),
@@ -529,10 +561,27 @@ fn suspended(ctx: &Context, reason: String, intent: Option<Box<IntentOutcome>>) 
     RunOutcome {
         run_id: ctx.run_id.clone(),
         status: RunEnd::Suspended,
+        wakes_at: None,
         written: ctx.started(),
         intent: intent.map(|i| *i),
         rejection: None,
         output,
+    }
+}
+
+/// A run that waits on its durable timer: when it fires, and that `keel resume` continues
+/// it then.
+fn sleeping(ctx: &Context, until: DateTime<Utc>) -> RunOutcome {
+    let when = until.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let detail = format!("its timer fires at {when}: `keel resume` continues it from then on");
+    RunOutcome {
+        run_id: ctx.run_id.clone(),
+        status: RunEnd::Suspended,
+        wakes_at: Some(until),
+        written: ctx.started(),
+        intent: None,
+        rejection: None,
+        output: json!({ "status": "suspended", "wakes_at": when, "details": [detail] }),
     }
 }
 

@@ -68,6 +68,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 status: None,
                 detail: None,
                 journal_len: 0,
+                wake_at: None,
                 agent_entries: 0,
                 network_retries: 0,
                 cancel_requested: None,
@@ -152,11 +153,20 @@ fn apply_to_run(run: &mut Run, event: &Event, at: DateTime<Utc>) -> Result<(), &
             }
             run.deadline_at = *deadline_at;
         }
-        Event::StepRecorded { position, .. } | Event::TimerStarted { position, .. } => {
+        Event::StepRecorded { position, .. } => {
             if *position != run.journal_len {
                 return Err("journal position out of order");
             }
             run.journal_len += 1;
+            // The run went past its timer (or never had one).
+            run.wake_at = None;
+        }
+        Event::TimerStarted { position, fire_at, .. } => {
+            if *position != run.journal_len {
+                return Err("journal position out of order");
+            }
+            run.journal_len += 1;
+            run.wake_at = Some(*fire_at);
         }
         Event::SignalDelivered { .. } => {}
         Event::AgentRecorded { .. } => {
@@ -177,6 +187,7 @@ fn apply_to_run(run: &mut Run, event: &Event, at: DateTime<Utc>) -> Result<(), &
             }
             run.status = Some(*status);
             run.detail = detail.clone();
+            run.wake_at = None;
             run.cost_minor = *cost_minor;
         }
         _ => return Err("not a run event"),
@@ -294,6 +305,7 @@ impl Entities for OneIntent {
             status: None,
             detail: None,
             journal_len: 0,
+            wake_at: None,
             agent_entries: 0,
             network_retries: 0,
             cancel_requested: None,

@@ -7,7 +7,7 @@
 
 use super::next::{Launched, Next};
 use super::state::{Intent, IntentStatus, Recovery, Run, RunHistory};
-use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, RunVersions};
+use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits, RunStatus, RunVersions, SignalName};
 use crate::facts::{Candidate, Conversation, ConversationId, FactsRefusal, Ticket};
 use crate::lease::{LeaseEffect, LeaseGrant, LeaseOwner, LeaseUse};
 use crate::provider::{CallOutcome, Capability, LookupOutcome, Secret};
@@ -287,12 +287,13 @@ pub enum Action {
         /// When it fires.
         fire_at: DateTime<Utc>,
     },
-    /// Deliver a signal to a run.
+    /// Deliver a signal to a run (refused for a finished run, and for a payload larger than
+    /// [`crate::limits::SIGNAL_PAYLOAD_MAX_BYTES`]).
     DeliverSignal {
         /// The run.
         run_id: RunId,
         /// The signal's name.
-        name: String,
+        name: SignalName,
         /// Its payload.
         payload: Value,
     },
@@ -689,6 +690,16 @@ pub enum Refusal {
         /// What the provider says.
         provider_says: String,
     },
+    /// A signal's payload is larger than a signal may carry.
+    #[error("run {run_id}: the signal's payload is {bytes} bytes as canonical JSON, above the {max}-byte limit")]
+    SignalTooLarge {
+        /// The run.
+        run_id: RunId,
+        /// The payload's size.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
     /// One of the command's events is larger than the log accepts.
     #[error("{event_type} payload is {bytes} bytes, above the {max}-byte limit: nothing was written")]
     PayloadTooLarge {
@@ -792,8 +803,10 @@ pub enum Reply {
     Snapshot {
         /// Due intents, oldest first.
         due: Vec<IntentKey>,
-        /// Unfinished runs.
+        /// Unfinished runs that may go on now (no timer, or one that fired).
         unfinished: Vec<Run>,
+        /// Unfinished runs whose timer has not fired, soonest first.
+        sleeping: Vec<Run>,
         /// Reserved intents nobody is sending (see [`super::View::waiting`]).
         waiting: Vec<IntentKey>,
     },

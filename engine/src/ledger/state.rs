@@ -288,6 +288,11 @@ pub struct Run {
     pub detail: Option<String>,
     /// Entries in its journal (steps, intent links, timers): the next position.
     pub journal_len: u32,
+    /// When its durable timer fires, while the run waits on one: the `fire_at` of a
+    /// `TimerStarted` that is its journal's latest entry (the next entry, or its end, clears
+    /// it). `keel resume` resumes a run only once this has passed; replay never recomputes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_at: Option<DateTime<Utc>>,
     /// Agent facts it recorded (an agent run's opaque journal): the next agent position.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub agent_entries: u32,
@@ -334,6 +339,12 @@ impl Run {
     /// executor).
     pub fn is_agent(&self) -> bool {
         self.workflow.starts_with(AGENT_WORKFLOW_PREFIX)
+    }
+
+    /// Whether the run waits at `now` on a timer that has not fired: nothing may continue it
+    /// before [`Run::wake_at`].
+    pub fn sleeping(&self, now: DateTime<Utc>) -> bool {
+        self.status.is_none() && self.wake_at.is_some_and(|at| at > now)
     }
 }
 

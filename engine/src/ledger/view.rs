@@ -31,8 +31,12 @@ pub trait View {
     fn in_flight(&self, limit: usize) -> Vec<Intent>;
     /// Intents whose reconciliation is due at `now`, oldest due first, at most `limit`.
     fn due(&self, now: DateTime<Utc>, limit: usize) -> Vec<IntentKey>;
-    /// Runs not finished, in id order, at most `limit`.
-    fn unfinished_runs(&self, limit: usize) -> Vec<Run>;
+    /// Runs not finished that may go on at `now` — no timer, or one that has fired — in id
+    /// order, at most `limit`: what a resume pass replays.
+    fn awake_runs(&self, now: DateTime<Utc>, limit: usize) -> Vec<Run>;
+    /// Runs not finished whose timer fires after `now`, soonest first, at most `limit`: what
+    /// a resume pass leaves, saying when they wake.
+    fn sleeping_runs(&self, now: DateTime<Utc>, limit: usize) -> Vec<Run>;
     /// Intents reserved with no attempt in flight — the next attempt may go, but nobody is
     /// sending it: a charge waiting for its caller, or one whose process died between a
     /// proven absence and the resend — in key order, at most `limit`.

@@ -278,10 +278,16 @@ impl View for Ledger {
         self.due_for_reconciliation(now).into_iter().take(limit).collect()
     }
 
-    fn unfinished_runs(&self, limit: usize) -> Vec<Run> {
-        let mut open: Vec<&Run> = self.runs.values().filter(|r| r.status.is_none()).collect();
+    fn awake_runs(&self, now: DateTime<Utc>, limit: usize) -> Vec<Run> {
+        let mut open: Vec<&Run> = self.runs.values().filter(|r| r.status.is_none() && !r.sleeping(now)).collect();
         open.sort_by(|a, b| a.run_id.cmp(&b.run_id));
         open.into_iter().take(limit).cloned().collect()
+    }
+
+    fn sleeping_runs(&self, now: DateTime<Utc>, limit: usize) -> Vec<Run> {
+        let mut sleeping: Vec<&Run> = self.runs.values().filter(|r| r.sleeping(now)).collect();
+        sleeping.sort_by(|a, b| a.wake_at.cmp(&b.wake_at).then_with(|| a.run_id.cmp(&b.run_id)));
+        sleeping.into_iter().take(limit).cloned().collect()
     }
 
     fn waiting(&self, limit: usize) -> Vec<IntentKey> {

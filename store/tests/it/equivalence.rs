@@ -1,7 +1,8 @@
 //! The store's per-entity decisions against the whole-log reference model.
 //!
 //! Random histories of commands — reservations sharing orders and references, attempts and
-//! their outcomes, reconciliations, approvals, cancellations, recoveries, run ends, restarts
+//! their outcomes, reconciliations, approvals, cancellations, recoveries, durable timers and
+//! the resume pass's snapshot of the runs awake and asleep, run ends, restarts
 //! of the store (a cold cache) and clock steps — are sent to a `Store` (decisions over its
 //! entity rows and cache) and to an in-memory `MemoryLog` (decisions over the whole-log
 //! `Ledger`, the reference). Every reply must be the same, the two logs must be the same
@@ -36,6 +37,7 @@ enum Op {
     Recover,
     Snapshot,
     Finish { run: u8 },
+    Timer { run: u8, ms: u16, start: bool },
     LoadRun { run: u8 },
     Reopen,
     Advance { ms: u16 },
@@ -62,6 +64,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Recover),
         1 => Just(Op::Snapshot),
         1 => (0u8..3).prop_map(|run| Op::Finish { run }),
+        // A timer firing now (0 ms) sits exactly on the edge a decision's instant compares it with.
+        2 => (0u8..3, prop_oneof![Just(0u16), 1u16..3_000], any::<bool>())
+            .prop_map(|(run, ms, start)| Op::Timer { run, ms, start }),
         1 => (0u8..3).prop_map(|run| Op::LoadRun { run }),
         1 => Just(Op::Reopen),
         1 => (1u16..5_000).prop_map(|ms| Op::Advance { ms }),
@@ -199,6 +204,12 @@ fn command(op: &Op, model: &MemoryLog, now: DateTime<Utc>) -> Option<Command> {
             Action::FinishRun { run_id: run_id(*run), status: engine::event::RunStatus::Completed, detail: None },
         ),
         Op::LoadRun { run } => Command::new(cause(None), Action::LoadRun { run_id: run_id(*run) }),
+        Op::Timer { run, ms, start } => {
+            let position = ledger.run(&run_id(*run)).map_or(0, |r| r.journal_len);
+            let fire_at = now + TimeDelta::milliseconds(i64::from(*ms));
+            let action = Action::StartTimer { run_id: run_id(*run), position, fire_at };
+            Command::new(cause(Some(*run)), action).starting(start.then(|| run_start(*run, now)))
+        }
         Op::Reopen | Op::Advance { .. } => return None,
     })
 }

@@ -217,7 +217,8 @@ fn deleted_and_extra_run_rows_are_named_by_verify() {
 
     raw.execute("INSERT INTO streams (name) VALUES ('run:run-ghost')", []).expect("a ghost's name");
     raw.execute(
-        "INSERT INTO runs SELECT (SELECT id FROM streams WHERE name = 'run:run-ghost'), finished, state FROM runs \
+        "INSERT INTO runs (stream, finished, state) \
+         SELECT (SELECT id FROM streams WHERE name = 'run:run-ghost'), finished, state FROM runs \
          WHERE stream = (SELECT id FROM streams WHERE name = 'run:run-2')",
         [],
     )

@@ -278,10 +278,12 @@ fn version_7_fills_the_metrics_rows_of_a_version_6_file_as_the_writer_writes_the
     assert_eq!(written.len(), 6, "three intents and three runs: {written:?}");
 
     // The same file as version 6 had it: no metrics tables, no cause parents (its events'
-    // parents are lost with the column, so only the metrics are compared below, not the chain).
+    // parents are lost with the column, so only the metrics are compared below, not the chain),
+    // and none of version 8's timer column.
     let raw = fixture.raw();
     raw.execute_batch(
         "DROP TABLE intent_facts; DROP TABLE run_facts; ALTER TABLE events DROP COLUMN cause_parent; \
+         DROP INDEX runs_sleeping; DROP INDEX runs_awake; ALTER TABLE runs DROP COLUMN wake_at; \
          PRAGMA user_version = 6;",
     )
     .expect("back to v6");
@@ -300,4 +302,66 @@ fn version_7_fills_the_metrics_rows_of_a_version_6_file_as_the_writer_writes_the
         vec![61],
         "the paid charge: reserved at 0 ms, validated at 61 ms (three reservations 7 ms apart, then 40 ms in flight)"
     );
+}
+
+/// What a resume pass sees: the runs it would replay and those it leaves asleep.
+fn resume_pass(store: &Store) -> (Vec<String>, Vec<String>) {
+    match store.execute_blocking(Command::new(Cause::command("resume"), Action::Snapshot)) {
+        Ok(Reply::Snapshot { unfinished, sleeping, .. }) => {
+            let ids = |runs: Vec<engine::ledger::Run>| runs.into_iter().map(|r| r.run_id.to_string()).collect();
+            (ids(unfinished), ids(sleeping))
+        }
+        other => panic!("expected a snapshot, got {other:?}"),
+    }
+}
+
+#[test]
+fn version_8_fills_the_fire_time_of_runs_waiting_on_a_timer_and_resume_reads_it() {
+    use crate::support::{Fixture, run_start};
+    let mut fixture = Fixture::new();
+    let timer = |run: &str, ms: i64| {
+        let fire_at = start() + chrono::TimeDelta::milliseconds(ms);
+        let action = Action::StartTimer { run_id: RunId::new(run), position: 0, fire_at };
+        Command::new(Cause::command("test"), action).starting(Some(run_start(run)))
+    };
+    fixture.store.execute_blocking(timer("r-asleep", 60_000)).expect("a long timer");
+    fixture.store.execute_blocking(timer("r-due", 1_000)).expect("a short timer");
+    let start_only = Command::new(Cause::command("test"), Action::StartRun).starting(Some(run_start("r-plain")));
+    fixture.store.execute_blocking(start_only).expect("a run without a timer");
+    fixture.store.shutdown().expect("shutdown");
+
+    // The same file as version 7 had it: no column, no indexes.
+    let raw = fixture.raw();
+    raw.execute_batch(
+        "DROP INDEX runs_sleeping; DROP INDEX runs_awake; ALTER TABLE runs DROP COLUMN wake_at; PRAGMA user_version = 7;",
+    )
+    .expect("back to v7");
+    drop(raw);
+    fixture.clock.advance_ms(2_000);
+    fixture.reopen();
+    let column = |run: &str| -> Option<i64> {
+        fixture
+            .raw()
+            .query_row(
+                "SELECT r.wake_at FROM runs r JOIN streams s ON s.id = r.stream WHERE s.name = ?1",
+                [format!("run:{run}")],
+                |row| row.get(0),
+            )
+            .expect("the run's row")
+    };
+    // Rounded up: the tests' instants have nanoseconds (`start()`).
+    let micros = |ms: i64| (start() + chrono::TimeDelta::milliseconds(ms)).timestamp_micros() + 1;
+    assert_eq!(column("r-asleep"), Some(micros(60_000)));
+    assert_eq!(column("r-due"), Some(micros(1_000)));
+    assert_eq!(column("r-plain"), None);
+    assert_eq!(
+        resume_pass(&fixture.store),
+        (vec!["r-due".to_owned(), "r-plain".to_owned()], vec!["r-asleep".to_owned()]),
+        "two seconds in: the fired timer and the run without one are resumed, the other sleeps"
+    );
+    fixture.store.shutdown().expect("shutdown");
+    let report = Reader::open(&fixture.path).expect("reader").verify().expect("verifies");
+    assert!(report.is_ok(), "{:?}", report.first_mismatch());
+    let version: i64 = fixture.raw().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
 }

@@ -78,7 +78,8 @@ pub fn reply_after(view: &dyn View, target: &ReplyTarget) -> Reply {
         ReplyTarget::Snapshot(now) => Reply::Snapshot {
             due: view.due(*now, limits::RECONCILE_PASS_MAX),
             waiting: view.waiting(limits::WAITING_PASS_MAX),
-            unfinished: view.unfinished_runs(limits::RESUME_PASS_MAX),
+            unfinished: view.awake_runs(*now, limits::RESUME_PASS_MAX),
+            sleeping: view.sleeping_runs(*now, limits::RESUME_PASS_MAX),
         },
         ReplyTarget::Facts(conversation) => Reply::Facts(Box::new(view.conversation(conversation))),
     }

@@ -2,9 +2,10 @@
 //! entries and what they mean for the spine, and its end.
 
 use super::Decider;
-use crate::event::{Event, ReleaseReason, RunId, RunStatus};
+use crate::event::{Event, ReleaseReason, RunId, RunStatus, SignalName};
 use crate::ledger::protocol::{AgentRunStart, Refusal, ReplyTarget, RunStart, SpineRequest};
 use crate::ledger::state::{AGENT_WORKFLOW_PREFIX, IntentStatus, Run};
+use crate::limits;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
@@ -120,11 +121,23 @@ impl Decider<'_> {
     pub(super) fn deliver_signal(
         &mut self,
         run_id: &RunId,
-        name: &str,
+        name: &SignalName,
         payload: &Value,
     ) -> Result<ReplyTarget, Refusal> {
         self.open_run(run_id, None)?;
-        self.push(Event::SignalDelivered { run_id: run_id.clone(), name: name.to_owned(), payload: payload.clone() });
+        let bytes = crate::canonical::to_string(payload).len();
+        if bytes > limits::SIGNAL_PAYLOAD_MAX_BYTES {
+            return Err(Refusal::SignalTooLarge {
+                run_id: run_id.clone(),
+                bytes,
+                max: limits::SIGNAL_PAYLOAD_MAX_BYTES,
+            });
+        }
+        self.push(Event::SignalDelivered {
+            run_id: run_id.clone(),
+            name: name.as_str().to_owned(),
+            payload: payload.clone(),
+        });
         Ok(ReplyTarget::Run(run_id.clone()))
     }
 
