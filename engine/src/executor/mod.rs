@@ -50,7 +50,7 @@ pub use context::Context;
 pub use driver::{Reservation, drive_intent, reserve_for_run};
 pub use leases::{claim_run, release_runs, renew_leases};
 pub use outcome::{IntentOutcome, OutcomeCode, OutcomeStatus, RunEnd, RunOutcome, ValidatedBy};
-pub use runs::{Executor, LeftAlone, ResumeReport, RunRequest};
+pub use runs::{Due, Executor, LeftAlone, ResumeReport, RunRequest, due_intents};
 pub use workflow::{IntentRequest, Prepared, Registered, Rejection, Workflow, WorkflowEnd, end_with};
 
 use crate::clock::Clock;

@@ -19,7 +19,7 @@ use crate::failpoints::{Failpoints, Point};
 use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentStatus, Refusal, RejectCode, Run, RunStart};
 use crate::limits;
-use crate::log::{Ask, Asking, LogError, Resolution};
+use crate::log::{Ask, Asking, LogError, Resolution, Snapshot};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -417,52 +417,77 @@ impl Executor {
         let mut outcomes = Vec::new();
         let mut busy = Vec::new();
         let snapshot = self.runtime.log.ask(Ask::snapshot(cause.clone())).await?;
-        let due = snapshot.due.into_iter().take(limits::RECONCILE_PASS_MAX);
-        let waiting = snapshot.waiting.into_iter().take(limits::WAITING_PASS_MAX);
-        for key in due.chain(waiting) {
+        for key in due_intents(&snapshot) {
             let intent = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
-            let now = self.runtime.clock.now();
-            let unsent_charge =
-                intent.status == IntentStatus::Reserved && intent.definition.kind.needs_payment_method();
-            if !intent.reconcile_due(now) && !unsent_charge {
-                continue; // Someone else got to it first, or nothing is left to do here.
-            }
-            let leased = match Leased::for_its_run(
-                &self.runtime,
-                cause.clone(),
-                &self.failpoints,
-                intent.run_id.clone(),
-            )
-            .await
-            {
-                Ok(leased) => leased,
-                Err(WorkflowError::Busy(refusal)) => {
-                    busy.push(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() });
-                    continue;
-                }
-                Err(other) => return Err(other),
-            };
-            let outcome = match leased.driver.drive_from(&intent, None).await {
-                Ok(outcome) => self.abandon_if_due(&leased, &key, outcome).await,
-                failed => failed,
-            };
-            leased.release().await?;
-            match outcome {
-                Ok(outcome) => outcomes.push(outcome),
-                // A resend its run has no time left to reconcile is not started: the intent
-                // stays where it is, and recovery goes on with the others.
-                Err(WorkflowError::DeadlineExceeded(why)) => {
-                    let now = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
-                    outcomes.push(IntentOutcome::of(&now, false).with_detail(why));
-                }
-                Err(WorkflowError::Busy(refusal)) => {
-                    busy.push(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() })
-                }
-                Err(other) => return Err(other),
+            match self.reconcile_due_intent(&intent, cause.clone()).await? {
+                Due::Done(outcome) => outcomes.push(outcome),
+                Due::LeftAlone(left) => busy.push(left),
+                Due::NotDue => {}
             }
         }
         Ok((outcomes, busy))
     }
+
+    /// Reconciles one intent of a reconciliation pass, read just before (`intent`), if it
+    /// is still due or still a charge nobody is sending; see [`Executor::reconcile_due`].
+    /// Under its run's lease: the one this process holds (kept), or one claimed for the time
+    /// of the work and given back.
+    ///
+    /// # Errors
+    ///
+    /// The log's failure.
+    pub async fn reconcile_due_intent(&self, intent: &Intent, cause: Cause) -> Result<Due, WorkflowError> {
+        let key = intent.key();
+        let now = self.runtime.clock.now();
+        let unsent_charge = intent.status == IntentStatus::Reserved && intent.definition.kind.needs_payment_method();
+        if !intent.reconcile_due(now) && !unsent_charge {
+            return Ok(Due::NotDue); // Someone else got to it first, or nothing is left to do here.
+        }
+        let left_alone =
+            |refusal: Refusal| Due::LeftAlone(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() });
+        let leased =
+            match Leased::for_its_run(&self.runtime, cause.clone(), &self.failpoints, intent.run_id.clone()).await {
+                Ok(leased) => leased,
+                Err(WorkflowError::Busy(refusal)) => return Ok(left_alone(refusal)),
+                Err(other) => return Err(other),
+            };
+        let outcome = match leased.driver.drive_from(intent, None).await {
+            Ok(outcome) => self.abandon_if_due(&leased, key, outcome).await,
+            failed => failed,
+        };
+        leased.release().await?;
+        match outcome {
+            Ok(outcome) => Ok(Due::Done(outcome)),
+            // A resend its run has no time left to reconcile is not started: the intent
+            // stays where it is, and recovery goes on with the others.
+            Err(WorkflowError::DeadlineExceeded(why)) => {
+                let now = self.runtime.log.ask(Ask::observe(cause, key.clone())).await?.intent;
+                Ok(Due::Done(IntentOutcome::of(&now, false).with_detail(why)))
+            }
+            Err(WorkflowError::Busy(refusal)) => Ok(left_alone(refusal)),
+            Err(other) => Err(other),
+        }
+    }
+}
+
+/// The intents one reconciliation pass takes on, in order: those due for reconciliation (at
+/// most [`limits::RECONCILE_PASS_MAX`]), then the charges reserved that nobody is sending (at
+/// most [`limits::WAITING_PASS_MAX`]).
+pub fn due_intents(snapshot: &Snapshot) -> Vec<IntentKey> {
+    let due = snapshot.due.iter().take(limits::RECONCILE_PASS_MAX);
+    let waiting = snapshot.waiting.iter().take(limits::WAITING_PASS_MAX);
+    due.chain(waiting).cloned().collect()
+}
+
+/// What one intent of a reconciliation pass came to ([`Executor::reconcile_due_intent`]).
+#[derive(Clone, Debug)]
+pub enum Due {
+    /// Reconciled (or sent, or ended), with where it stands now.
+    Done(IntentOutcome),
+    /// No longer due: another process got to it first, or nothing is left to do.
+    NotDue,
+    /// Another live process holds its run.
+    LeftAlone(LeftAlone),
 }
 
 impl Executor {
