@@ -24,3 +24,4 @@ mod teeth;
 mod testkit;
 mod trace;
 mod vault;
+mod worker;
