@@ -559,20 +559,39 @@ impl Worker {
         if let Err(error) = self.act(unit, &mut report).await {
             report.result = failed(error);
         }
-        if let Err(error) = self.give_back(&grant).await {
+        if let Err(error) = self.give_back(&grant, &mut report).await {
             report.result = UnitResult::Failed(format!("cannot give its lease back: {error}"));
         }
         report
     }
 
-    /// Gives back `grant` if this process still holds it (the executor gives back a run it
-    /// suspends, and a lost lease is no longer in the book).
-    async fn give_back(&self, grant: &LeaseGrant) -> Result<(), WorkflowError> {
+    /// Gives back `grant` if this process still holds it, after asking the log whether it
+    /// does: a unit whose run another process took while it worked is reported fenced (its
+    /// writes from then on were refused; an answer it brought back was kept as evidence).
+    async fn give_back(&self, grant: &LeaseGrant, report: &mut UnitReport) -> Result<(), WorkflowError> {
         let lessee = &self.executor.runtime().lessee;
-        if lessee.grant(&grant.run_id).as_ref() != Some(grant) {
+        let held = lessee.grant(&grant.run_id).as_ref() == Some(grant);
+        let lost = if held {
+            let renew = Ask::renew_leases(self.cause.clone(), lessee.owner().clone(), vec![grant.clone()]);
+            self.log().ask(renew).await?.lost.contains(&grant.run_id)
+        } else {
+            // The executor gives back a run it ended or suspended, an agent's resume its run;
+            // an intent's unit keeps the lease to its end, so a grant gone from the book was
+            // lost (the renewal loop found another holder).
+            report.kind == UnitKind::Intent
+        };
+        if lost {
+            lessee.forget_grant(grant);
+            if report.result == UnitResult::Done {
+                let why = "another process took the run over while this worker acted for it";
+                report.result = UnitResult::Fenced(why.to_owned());
+            }
             return Ok(());
         }
-        release_runs(self.log(), lessee, &self.cause, vec![grant.clone()]).await
+        if held {
+            release_runs(self.log(), lessee, &self.cause, vec![grant.clone()]).await?;
+        }
+        Ok(())
     }
 
     /// Acts for the unit's run, whose lease this process holds.
@@ -598,6 +617,10 @@ impl Worker {
                 }
                 let outcome = self.executor.resume(&run, cause).await?;
                 report.intent = outcome.intent.as_ref().map(open_intent);
+                if outcome.taken_over {
+                    let why = "another process took the run over: this worker's finish was refused (fenced)";
+                    report.result = UnitResult::Fenced(why.to_owned());
+                }
             }
             Unit::Intent { key, .. } => {
                 self.recover(report).await?;

@@ -259,6 +259,53 @@ fn a_worker_killed_mid_attempt_is_taken_over_and_its_attempt_reconciled_by_looku
     check_invariants(dir.path());
 }
 
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill").arg(format!("-{name}")).arg(child.id().to_string()).status().expect("kill runs");
+    assert!(status.success(), "kill -{name} {}", child.id());
+}
+
+/// The JSON lines a long-running worker printed on stdout.
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    let text = String::from_utf8_lossy(stdout);
+    text.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("a JSON object: {line}"))).collect()
+}
+
+#[test]
+fn a_worker_stalled_past_its_lease_is_fenced_and_its_late_answer_is_kept() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), Some(SLOW_REFUND));
+    let refund = a_refund_left_crashed(dir.path(), sim.url());
+    // Its own request timeout outlasts the stall: the answer it waits for stays definitive.
+    let stalled = spawn_worker(&db, sim.url(), &["--lease-ttl-ms", "1000", "--provider-timeout-ms", "10000"]);
+    wait_until("the worker's resend is in flight", || {
+        intent_status(&db, &refund) == Some((IntentStatus::Attempting, 2))
+    });
+    // A long pause (or a partition): it stops renewing; once its lease expires another
+    // worker takes the run over and reconciles the attempt instead of waiting for it.
+    signal(&stalled, "STOP");
+    wait_until("a second worker takes the expired run over", || {
+        let (code, summary) = worker_once(&db, sim.url(), &["--lease-ttl-ms", "1000"]);
+        assert_eq!(code, 0, "{summary:#}");
+        summary["recovered"] == 1
+    });
+    assert_eq!(intent_status(&db, &refund).map(|s| s.0), Some(IntentStatus::Validated));
+    signal(&stalled, "CONT");
+
+    let late = |db: &Path| events_of(db, &refund).into_iter().any(|e| matches!(e, Event::LateAnswerRecorded { .. }));
+    wait_until("the stalled worker's answer is recorded as evidence", || late(&db));
+    signal(&stalled, "TERM");
+    let output = stalled.wait_with_output().expect("the worker ends");
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let lines = json_lines(&output.stdout);
+    let last = lines.last().expect("a summary line");
+    assert_eq!(last["fenced"], 1, "the stalled worker stopped acting for the run it lost: {last:#}");
+    assert_eq!(effects_on(dir.path(), &refund), 1, "one effect: the takeover looked it up, nothing was resent");
+    let finishes = run_finishes(&db);
+    let distinct: BTreeSet<&String> = finishes.iter().collect();
+    assert_eq!(finishes.len(), distinct.len(), "each run finished once: {finishes:?}");
+    check_invariants(dir.path());
+}
+
 #[test]
 fn sigterm_stops_within_the_grace_and_gives_every_lease_back() {
     let (dir, db) = temp();
@@ -271,14 +318,13 @@ fn sigterm_stops_within_the_grace_and_gives_every_lease_back() {
         intent_status(&db, &refund) == Some((IntentStatus::Attempting, 2))
     });
     assert!(leases(&db).iter().any(|(_, _, live)| *live), "the worker holds the refund's run");
-    let status = Command::new("kill").arg("-TERM").arg(worker.id().to_string()).status().expect("kill runs");
-    assert!(status.success());
+    signal(&worker, "TERM");
 
     let output = worker.wait_with_output().expect("the worker ends");
     assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let lines: Vec<Value> =
-        stdout.lines().map(|line| serde_json::from_str(line).expect("one JSON object a line")).collect();
+    let lines = json_lines(&output.stdout);
+    assert!(lines.iter().any(|line| line["state"] == "alive"), "a health line per interval: {stdout}");
     let last = lines.last().expect("a summary line");
     assert_eq!(last["state"], "stopped", "{stdout}");
     assert_eq!(last["cut_short"], 1, "the attempt held by the provider did not get to finish: {stdout}");

@@ -227,7 +227,7 @@ impl Executor {
                 Err(other) => return Err(other),
             };
             let written = ctx.started();
-            let end = if written { self.finish(&mut ctx, end).await? } else { end };
+            let (end, taken_over) = if written { self.finish(&mut ctx, end).await? } else { (end, false) };
             tracing::info!(status = end.status.as_str(), written, "run ended");
             Ok(RunOutcome {
                 run_id: ctx.run_id.clone(),
@@ -236,6 +236,7 @@ impl Executor {
                 intent: end.intent,
                 rejection: None,
                 output: end.output,
+                taken_over,
             })
         }
         .instrument(span)
@@ -244,7 +245,7 @@ impl Executor {
 
     /// Ends a run an operator cancelled, without replaying it.
     async fn stop_cancelled(&self, mut ctx: Context, why: String) -> Result<RunOutcome, WorkflowError> {
-        let end = self.finish(&mut ctx, stopped(RunStatus::Cancelled, why)).await?;
+        let (end, taken_over) = self.finish(&mut ctx, stopped(RunStatus::Cancelled, why)).await?;
         Ok(RunOutcome {
             run_id: ctx.run_id.clone(),
             status: RunEnd::Finished(end.status),
@@ -252,13 +253,14 @@ impl Executor {
             intent: end.intent,
             rejection: None,
             output: end.output,
+            taken_over,
         })
     }
 
     /// Records the run's end, giving back its lease in the same commit. A run another
     /// process took while this one finished its work (this one was presumed dead) keeps what
-    /// it learned; the new holder ends it, and the caller is told so.
-    async fn finish(&self, ctx: &mut Context, mut end: WorkflowEnd) -> Result<WorkflowEnd, WorkflowError> {
+    /// it learned; the new holder ends it, and the caller is told so (`true`: taken over).
+    async fn finish(&self, ctx: &mut Context, mut end: WorkflowEnd) -> Result<(WorkflowEnd, bool), WorkflowError> {
         let detail = end.output.get("details").and_then(|d| d.get(0)).and_then(Value::as_str).map(str::to_owned);
         let lease = ctx.lease.clone().map_or(LeaseUse::None, LeaseUse::Release);
         // Out of the book before the release is asked for, so a renewal answered after the
@@ -268,14 +270,14 @@ impl Executor {
         }
         let finish = Ask::finish_run(ctx.cause.clone().for_run(&ctx.run_id), ctx.run_id.clone(), end.status, detail);
         match ctx.ask_under(finish, lease).await {
-            Ok(_) => {}
+            Ok(_) => Ok((end, false)),
             Err(LogError::Refused(refusal @ Refusal::Fenced { .. })) => {
                 tracing::warn!(%refusal, "the run was taken over; its new holder finishes it");
                 add_detail(&mut end.output, format!("{refusal}; the new holder finishes the run"));
+                Ok((end, true))
             }
-            Err(other) => return Err(other.into()),
+            Err(other) => Err(other.into()),
         }
-        Ok(end)
     }
 
     /// Reconciles one intent now (an operator's explicit request: even if not yet due), then
@@ -542,6 +544,7 @@ fn rejected(run_id: RunId, rejection: &Rejection) -> RunOutcome {
         intent: None,
         rejection: Some(rejection.clone()),
         output: json!({ "status": "rejected", "code": rejection.code.as_str(), "details": rejection.details }),
+        taken_over: false,
     }
 }
 
@@ -558,6 +561,7 @@ fn suspended(ctx: &Context, reason: String, intent: Option<Box<IntentOutcome>>) 
         intent: intent.map(|i| *i),
         rejection: None,
         output,
+        taken_over: false,
     }
 }
 
