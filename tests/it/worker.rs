@@ -181,6 +181,27 @@ fn a_charge_killed_mid_attempt_is_finished_by_one_pass_with_one_effect() {
 }
 
 #[test]
+fn an_agent_run_killed_mid_run_is_resumed_from_its_journal_by_one_pass() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let transcript = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/agent/ticket-review/complete.json");
+    let killed = keel(&db, sim.url(), &["agent", "run", "ticket-review", "--transcript", transcript])
+        .env("KEEL_TEST_ABORT_AT_MODEL_CALL", "2")
+        .output()
+        .expect("keel agent run runs");
+    assert_ne!(killed.status.code(), Some(0), "the agent process died");
+    let runs = || store::Reader::open(&db).expect("opens").runs().expect("runs");
+    assert_eq!(runs().iter().map(|r| r.status.as_str()).collect::<Vec<_>>(), ["running"]);
+
+    let (code, summary) = worker_once(&db, sim.url(), &[]);
+    assert_eq!(code, 0, "{summary:#}");
+    let units = summary["units"].as_array().expect("units");
+    assert!(units.iter().any(|u| u["kind"] == "agent_run" && u["result"] == "done"), "{summary:#}");
+    assert_eq!(runs().iter().map(|r| r.status.as_str()).collect::<Vec<_>>(), ["completed"], "{summary:#}");
+    assert!(leases(&db).iter().all(|(_, _, live)| !live), "no lease is left held: {:?}", leases(&db));
+}
+
+#[test]
 fn two_workers_finish_every_crashed_run_once_one_holder_at_a_time() {
     let (dir, db) = temp();
     let sim = start_sim(dir.path(), None);
