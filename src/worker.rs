@@ -46,7 +46,7 @@ use engine::ledger::{Intent, IntentStatus, Refusal, Run};
 use engine::log::{Ask, Asking, EventLog};
 use engine::provider::BoxFuture;
 use serde::Serialize;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -342,7 +342,7 @@ impl Worker {
         let settings = this.settings;
         let mut tally = Tally { health: this.health(State::Alive), open: BTreeSet::new(), reports: Vec::new() };
         let mut schedule = Schedule::default();
-        let mut units: JoinSet<UnitReport> = JoinSet::new();
+        let mut units = Units::default();
         let mut health = tokio::time::interval(settings.health);
         health.tick().await; // The first tick is immediate: the first line comes one interval in.
         let mut next_pass = Box::pin(tokio::time::sleep(Duration::ZERO));
@@ -350,78 +350,66 @@ impl Worker {
         let stopped = loop {
             tokio::select! {
                 () = &mut stop => break true,
-                Some(ended) = units.join_next(), if !units.is_empty() => {
-                    let report = ended.map_err(|e| Failure::Internal(format!("a unit of work panicked: {e}")))?;
-                    schedule.done(&report.run_id);
-                    tally.count(report, settings.once);
+                Some(ended) = units.set.join_next_with_id(), if !units.set.is_empty() => {
+                    units.ended(ended, &mut schedule, &mut tally, settings.once);
                 }
                 () = &mut next_pass, if schedule.pass_over() && (!settings.once || tally.health.passes == 0) => {
-                    let planned = this.plan(schedule.idle()).await;
-                    tally.health.passes += 1;
-                    match planned {
-                        Ok((plan, recovered)) => {
-                            tally.health.recovered += recovered;
-                            schedule.plan(plan);
-                        }
-                        Err(error) => {
-                            errln!("keel worker: cannot read the due work: {error}");
-                            tally.health.failed += 1;
-                        }
-                    }
+                    this.begin_pass(&mut schedule, &mut tally).await;
                     next_pass.as_mut().reset(tokio::time::Instant::now() + settings.poll);
                 }
-                _ = health.tick(), if !settings.once => this.print_health(out, &mut tally, State::Alive, units.len()),
+                _ = health.tick(), if !settings.once => {
+                    this.print_health(out, &mut tally, State::Alive, units.set.len());
+                }
             }
-            while units.len() < settings.concurrency {
+            while units.set.len() < settings.concurrency {
                 let Some(unit) = schedule.next() else { break };
                 tally.health.claimed += 1;
-                let worker = Arc::clone(&this);
-                units.spawn(async move { worker.carry_out(unit).await });
+                units.start(&this, unit);
             }
-            if settings.once && tally.health.passes > 0 && schedule.pass_over() && units.is_empty() {
+            if settings.once && tally.health.passes > 0 && schedule.pass_over() && units.set.is_empty() {
                 break false;
             }
         };
         schedule.stop();
         if stopped {
-            this.print_health(out, &mut tally, State::Stopping, units.len());
-            this.drain(&mut units, &mut tally).await;
+            this.print_health(out, &mut tally, State::Stopping, units.set.len());
+            this.drain(&mut units, &mut schedule, &mut tally).await;
         }
         // Every lease this process still holds goes back, so another worker takes those runs
         // at once.
-        let held = this.executor.runtime().lessee.grants();
-        release_runs(this.log(), &this.executor.runtime().lessee, &this.cause, held)
-            .await
-            .map_err(crate::ops::workflow_failure)?;
+        let lessee = &this.executor.runtime().lessee;
+        release_runs(this.log(), lessee, &this.cause, lessee.grants()).await.map_err(crate::ops::workflow_failure)?;
         tally.health = Health { state: State::Stopped, ..this.health_of(&tally) };
         this.print_summary(out, &tally);
-        // A worker a signal stopped exits 0: its failures were reported as they happened.
-        Ok(if !settings.once {
-            exit::OK
-        } else if tally.health.failed > 0 {
-            exit::INTERNAL
-        } else if tally.health.unknown > 0 {
-            exit::CONTROLLED
-        } else {
-            exit::OK
-        })
+        Ok(exit_code(&tally.health, settings.once))
+    }
+
+    /// Reads the due work into a new pass.
+    async fn begin_pass(&self, schedule: &mut Schedule, tally: &mut Tally) {
+        tally.health.passes += 1;
+        match self.plan(schedule.idle()).await {
+            Ok((plan, recovered)) => {
+                tally.health.recovered += recovered;
+                schedule.plan(plan);
+            }
+            Err(error) => {
+                errln!("keel worker: cannot read the due work: {error}");
+                tally.health.failed += 1;
+            }
+        }
     }
 
     /// Lets the units finish for the grace period, then cuts short the ones left.
-    async fn drain(&self, units: &mut JoinSet<UnitReport>, tally: &mut Tally) {
+    async fn drain(&self, units: &mut Units, schedule: &mut Schedule, tally: &mut Tally) {
         let deadline = tokio::time::Instant::now() + self.settings.grace;
-        while !units.is_empty() {
-            match tokio::time::timeout_at(deadline, units.join_next()).await {
-                Ok(Some(Ok(report))) => tally.count(report, self.settings.once),
-                Ok(Some(Err(error))) => {
-                    errln!("keel worker: a unit of work ended badly: {error}");
-                    tally.health.failed += 1;
-                }
+        while !units.set.is_empty() {
+            match tokio::time::timeout_at(deadline, units.set.join_next_with_id()).await {
+                Ok(Some(ended)) => units.ended(ended, schedule, tally, self.settings.once),
                 Ok(None) => break,
                 Err(_) => {
-                    let cut = units.len() as u64;
-                    units.abort_all();
-                    while units.join_next().await.is_some() {}
+                    let cut = units.set.len() as u64;
+                    units.set.abort_all();
+                    while units.set.join_next().await.is_some() {}
                     errln!("keel worker: {cut} unit(s) still running after the grace period were cut short");
                     tally.health.cut_short += cut;
                     break;
@@ -436,6 +424,11 @@ impl Worker {
     }
 
     fn health(&self, state: State) -> Health {
+        Self::empty_health(state, self.executor.runtime().lessee.grants().len())
+    }
+
+    /// Every counter at zero.
+    fn empty_health(state: State, leases_held: usize) -> Health {
         Health {
             state,
             passes: 0,
@@ -443,7 +436,7 @@ impl Worker {
             done: 0,
             settled: 0,
             in_flight: 0,
-            leases_held: self.executor.runtime().lessee.grants().len(),
+            leases_held,
             unknown: 0,
             left: 0,
             fenced: 0,
@@ -646,6 +639,63 @@ impl Worker {
     }
 }
 
+/// The units running, each task's run known by its id (so a unit that panicked still frees
+/// its run).
+#[derive(Default)]
+struct Units {
+    set: JoinSet<UnitReport>,
+    runs: BTreeMap<tokio::task::Id, RunId>,
+}
+
+impl Units {
+    fn start(&mut self, worker: &Arc<Worker>, unit: Unit) {
+        let run_id = unit.run_id().clone();
+        let worker = Arc::clone(worker);
+        let task = self.set.spawn(async move { worker.carry_out(unit).await });
+        self.runs.insert(task.id(), run_id);
+    }
+
+    /// Counts a unit that ended and frees its run. A unit that panicked (a bug) is counted
+    /// failed; the lease it held goes back with the others when the worker stops.
+    fn ended(
+        &mut self,
+        ended: Result<(tokio::task::Id, UnitReport), tokio::task::JoinError>,
+        schedule: &mut Schedule,
+        tally: &mut Tally,
+        keep: bool,
+    ) {
+        let (id, report) = match ended {
+            Ok((id, report)) => (id, Some(report)),
+            Err(error) => {
+                errln!("keel worker: a unit of work ended badly: {error}");
+                tally.health.failed += 1;
+                (error.id(), None)
+            }
+        };
+        if let Some(run_id) = self.runs.remove(&id) {
+            schedule.done(&run_id);
+        }
+        if let Some(report) = report {
+            tally.count(report, keep);
+        }
+    }
+}
+
+/// The exit code of a stopped worker. One a signal stopped exits 0: its failures were
+/// reported as they happened. `--once` says what the pass left: 1 when a unit failed, 2 when
+/// an intent is left unknown or escalated, else 0.
+fn exit_code(health: &Health, once: bool) -> u8 {
+    if !once {
+        exit::OK
+    } else if health.failed > 0 {
+        exit::INTERNAL
+    } else if health.unknown > 0 {
+        exit::CONTROLLED
+    } else {
+        exit::OK
+    }
+}
+
 /// The intent an outcome names, and whether it is left open: unknown or escalated.
 fn open_intent(outcome: &IntentOutcome) -> (IntentKey, bool) {
     let open = matches!(outcome.status, OutcomeStatus::Intent(IntentStatus::OutcomeUnknown | IntentStatus::Escalated));
@@ -711,6 +761,15 @@ mod tests {
         schedule.stop();
         assert!(schedule.next().is_none());
         assert!(schedule.pass_over());
+    }
+
+    #[test]
+    fn once_exits_with_what_the_pass_left_a_long_running_worker_with_zero() {
+        let health = |failed, unknown| Health { failed, unknown, ..Worker::empty_health(State::Stopped, 0) };
+        assert_eq!(exit_code(&health(0, 0), true), exit::OK);
+        assert_eq!(exit_code(&health(0, 2), true), exit::CONTROLLED, "an intent left unknown");
+        assert_eq!(exit_code(&health(1, 2), true), exit::INTERNAL, "a failure wins");
+        assert_eq!(exit_code(&health(1, 2), false), exit::OK, "a signal stopped it; failures were reported");
     }
 
     #[test]
