@@ -1037,8 +1037,9 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let agents = std::sync::Arc::new(agent::Resumer::new(db, setting.durability, &setting.provider));
             let stop = async {
                 let mut terminate = wiring::sigterm();
+                // A SIGINT handler that cannot be installed disables its branch (SIGTERM still stops).
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
+                    Ok(()) = tokio::signal::ctrl_c() => {}
                     () = terminate.recv() => {}
                 }
             };

@@ -27,9 +27,11 @@
 //! A unit first claims its run's lease ([`claim_run`]: the next fencing token, or this
 //! worker's own when it holds the run already); a run another live process holds is left to
 //! it. Under the lease it recovers the run's own work in flight, reads the run or intent
-//! afresh, acts, and gives the lease back. The process's renewal loop renews every lease held;
-//! one another process took is dropped from the book, so the unit's later writes are refused
-//! (`fenced`) — while a definitive answer it got from the provider is still recorded.
+//! afresh, acts, and gives the lease back — after asking the log whether it still holds it.
+//! The process's renewal loop renews every lease held; one another process took is dropped
+//! from the book, so the unit's later writes are refused and it reports itself `fenced` —
+//! while a definitive answer it got from the provider is still recorded. A run may get units
+//! in two passes in a row, each under its own token; never two at once.
 //!
 //! # Shutdown
 //!
