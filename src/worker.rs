@@ -283,9 +283,28 @@ struct Tally {
     open: BTreeSet<IntentKey>,
     /// Every unit's report (`--once` only: a long-running worker keeps counters alone).
     reports: Vec<UnitReport>,
+    /// Why each run's last unit failed, while it keeps failing: a failure is printed when it
+    /// starts or changes, not at every pass (an agent run whose API key is not set).
+    failing: BTreeMap<RunId, String>,
 }
 
 impl Tally {
+    fn new(health: Health) -> Self {
+        Self { health, open: BTreeSet::new(), reports: Vec::new(), failing: BTreeMap::new() }
+    }
+
+    /// Whether `report` is a failure its run did not have at its last unit (a unit that
+    /// did not fail clears its run's).
+    fn newly_failing(&mut self, report: &UnitReport) -> bool {
+        match &report.result {
+            UnitResult::Failed(why) => self.failing.insert(report.run_id.clone(), why.clone()).as_ref() != Some(why),
+            _ => {
+                self.failing.remove(&report.run_id);
+                false
+            }
+        }
+    }
+
     fn count(&mut self, report: UnitReport, keep: bool) {
         let health = &mut self.health;
         match &report.result {
@@ -293,12 +312,14 @@ impl Tally {
             UnitResult::Settled => health.settled += 1,
             UnitResult::Left(_) => health.left += 1,
             UnitResult::Fenced(_) => health.fenced += 1,
-            UnitResult::Failed(why) => {
-                errln!("keel worker: run {}: {why}", report.run_id);
-                health.failed += 1;
-            }
+            UnitResult::Failed(_) => health.failed += 1,
         }
         health.recovered += report.recovered as u64;
+        if self.newly_failing(&report)
+            && let UnitResult::Failed(why) = &report.result
+        {
+            errln!("keel worker: run {}: {why}", report.run_id);
+        }
         if let Some((key, open)) = &report.intent {
             if *open {
                 self.open.insert(key.clone());
@@ -342,7 +363,7 @@ impl Worker {
     pub async fn run(self, out: &Output, stop: impl std::future::Future<Output = ()>) -> Outcome {
         let this = Arc::new(self);
         let settings = this.settings;
-        let mut tally = Tally { health: this.health(State::Alive), open: BTreeSet::new(), reports: Vec::new() };
+        let mut tally = Tally::new(this.health(State::Alive));
         let mut schedule = Schedule::default();
         let mut units = Units::default();
         let mut health = tokio::time::interval(settings.health);
@@ -763,6 +784,26 @@ mod tests {
         schedule.stop();
         assert!(schedule.next().is_none());
         assert!(schedule.pass_over());
+    }
+
+    #[test]
+    fn a_run_that_keeps_failing_the_same_way_is_told_once() {
+        let mut tally = Tally::new(Worker::empty_health(State::Alive, 0));
+        let report = |result| UnitReport {
+            run_id: RunId::new("a"),
+            kind: UnitKind::AgentRun,
+            intent_key: None,
+            token: Some(1),
+            result,
+            recovered: 0,
+            intent: None,
+        };
+        let no_key = || report(UnitResult::Failed("ANTHROPIC_API_KEY is not set".into()));
+        assert!(tally.newly_failing(&no_key()));
+        assert!(!tally.newly_failing(&no_key()), "the same failure again, at the next pass");
+        assert!(tally.newly_failing(&report(UnitResult::Failed("another reason".into()))));
+        assert!(!tally.newly_failing(&report(UnitResult::Done)));
+        assert!(tally.newly_failing(&no_key()), "failing again after a unit that did not");
     }
 
     #[test]
