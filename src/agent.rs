@@ -566,41 +566,84 @@ pub async fn resume_unfinished(
     drop(reader);
     let mut out = Vec::new();
     for run_id in runs.into_iter().take(engine::limits::RESUME_PASS_MAX) {
-        let not_resumed = |workflow: &str, detail: String| AgentResumed {
-            run_id: run_id.to_string(),
-            workflow: workflow.to_owned(),
-            status: "not_resumed".into(),
-            model_calls: 0,
-            tool_calls: 0,
-            detail: Some(detail),
-        };
-        let plan = match plan_resume(db, &run_id) {
-            Ok(plan) => plan,
-            Err(failure) => {
-                out.push(not_resumed("?", failure.message()));
-                continue;
-            }
-        };
-        let source = match plan.script.load() {
-            Ok(source) => source,
-            Err(message) => {
-                out.push(not_resumed(&plan.workflow, message));
-                continue;
-            }
-        };
-        match drive(db, durability, provider, &plan, source, Mode::Recovery).await? {
-            Driven::Busy(holder) => out.push(not_resumed(&plan.workflow, holder)),
-            Driven::Ended { outcome, .. } => out.push(AgentResumed {
+        out.push(match resume_one(db, durability, provider, &run_id).await? {
+            Ok(resumed) => resumed,
+            Err(NotResumed { workflow, why }) => AgentResumed {
                 run_id: run_id.to_string(),
-                workflow: plan.workflow.clone(),
-                status: outcome.status.as_str().to_owned(),
-                model_calls: outcome.model_calls,
-                tool_calls: outcome.tool_calls,
-                detail: outcome.detail.clone(),
-            }),
-        }
+                workflow,
+                status: "not_resumed".into(),
+                model_calls: 0,
+                tool_calls: 0,
+                detail: Some(why),
+            },
+        });
     }
     Ok(out)
+}
+
+/// Why an agent run was not resumed.
+pub struct NotResumed {
+    /// Its agent workflow (`?` when its plan cannot be read).
+    pub workflow: String,
+    /// Why: its API key is not set, its transcript is gone, another live process holds it….
+    pub why: String,
+}
+
+/// Resumes one unfinished agent run from its journal, as `keel resume` does each (and `keel
+/// worker` each it claims); a run that cannot be resumed is left as it is, saying why.
+///
+/// # Errors
+///
+/// The log's failure.
+pub async fn resume_one(
+    db: &Path,
+    durability: store::Durability,
+    provider: &crate::ProviderArgs,
+    run_id: &RunId,
+) -> Result<Result<AgentResumed, NotResumed>, Failure> {
+    let plan = match plan_resume(db, run_id) {
+        Ok(plan) => plan,
+        Err(failure) => return Ok(Err(NotResumed { workflow: "?".into(), why: failure.message() })),
+    };
+    let source = match plan.script.load() {
+        Ok(source) => source,
+        Err(why) => return Ok(Err(NotResumed { workflow: plan.workflow, why })),
+    };
+    Ok(match drive(db, durability, provider, &plan, source, Mode::Recovery).await? {
+        Driven::Busy(why) => Err(NotResumed { workflow: plan.workflow, why }),
+        Driven::Ended { outcome, .. } => Ok(AgentResumed {
+            run_id: run_id.to_string(),
+            workflow: plan.workflow.clone(),
+            status: outcome.status.as_str().to_owned(),
+            model_calls: outcome.model_calls,
+            tool_calls: outcome.tool_calls,
+            detail: outcome.detail.clone(),
+        }),
+    })
+}
+
+/// The agent runs of a log on this machine, as `keel worker` resumes them: each through
+/// [`resume_one`], on connections of its own to the log.
+pub struct Resumer {
+    db: std::path::PathBuf,
+    durability: store::Durability,
+    provider: crate::ProviderArgs,
+}
+
+impl Resumer {
+    /// The agent runs of the log at `db`, reaching the payment provider through `provider`.
+    pub fn new(db: &Path, durability: store::Durability, provider: &crate::ProviderArgs) -> Self {
+        Self { db: db.to_owned(), durability, provider: provider.clone() }
+    }
+}
+
+impl crate::worker::AgentRuns for Resumer {
+    fn resume<'a>(&'a self, run_id: &'a RunId) -> engine::provider::BoxFuture<'a, Result<Option<String>, Failure>> {
+        Box::pin(async move {
+            let resumed = resume_one(&self.db, self.durability, &self.provider, run_id).await?;
+            Ok(resumed.err().map(|not| not.why))
+        })
+    }
 }
 
 /// Takes the run's lease for this process and recovers the run's own attempts and lookups

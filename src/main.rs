@@ -24,6 +24,7 @@ mod stuck;
 mod trace;
 mod vault;
 mod wiring;
+mod worker;
 
 use clap::{Args, Parser, Subcommand};
 use engine::log::Ask;
@@ -545,6 +546,67 @@ enum Command {
         #[command(flatten)]
         provider: ProviderFlags,
     },
+    /// Claim due work and carry it out, until SIGTERM or SIGINT (or one pass with --once).
+    ///
+    /// What it claims, each pass (every --poll-ms): unfinished runs nobody holds live —
+    /// workflow runs replayed from their journal, agent runs resumed from theirs, a run whose
+    /// timer fired —, intents due for reconciliation, and charges reserved that nobody is
+    /// sending (as `keel resume` and `keel reconcile --due` do). While it holds nothing, a pass
+    /// starts by recording every attempt or lookup left in flight by a dead process
+    /// `outcome_unknown (crash)`; a lookup settles it, never a blind resend.
+    ///
+    /// Leases: each unit of work first claims its run's lease with the next fencing token
+    /// (at most --concurrency at once, one per run), so two workers — on one log, in any
+    /// number of processes — never act for one run at once. A run another live process holds
+    /// is left to it. The lease is renewed at a third of --lease-ttl-ms while the unit works;
+    /// a run taken over (this worker was presumed dead) is fenced: its later writes are
+    /// refused, a definitive provider answer it got is still recorded.
+    ///
+    /// Stopping: on SIGTERM or SIGINT the worker claims nothing more, lets its units finish
+    /// for --grace-ms, cuts short the ones left (an attempt in flight stays written ahead,
+    /// for whoever takes the run to reconcile), gives back every lease it holds (another
+    /// worker takes those runs at once) and exits 0 with a summary.
+    ///
+    /// Health: every --health-ms a line on stderr, e.g. `keel worker: alive · claimed 3 ·
+    /// done 2 · in flight 1 · leases held 1 · unknown 0 · left 0 · fenced 0 · failed 0 ·
+    /// recovered 1`; with --json one JSON object a line on stdout instead, fields `state`
+    /// (alive, stopping, stopped), `passes`, `claimed`, `done`, `settled`, `in_flight`, `leases_held`,
+    /// `unknown` (intents left outcome_unknown or escalated, as last seen), `left` (units left
+    /// to another live holder), `fenced`, `failed`, `cut_short`, `recovered`; the last line is
+    /// the summary (`state` stopped).
+    ///
+    /// --once: one pass, then the summary (with --json one document, the same fields plus
+    /// `units`: each unit's `run_id`, `kind`, `intent_key`, `token` and `result` — done,
+    /// settled, left, fenced, failed — with its `detail`). Exit 0 when everything it
+    /// touched is settled, 2 when an intent is left unknown or escalated, 1 when a unit
+    /// failed.
+    Worker {
+        /// Units of work carried out at once (1 to 64).
+        #[arg(long, default_value_t = engine::limits::WORKER_CONCURRENCY_DEFAULT as u64,
+              value_parser = clap::value_parser!(u64).range(1..=engine::limits::WORKER_CONCURRENCY_MAX as u64))]
+        concurrency: u64,
+        /// The wait between two passes over the due work, in ms (10 ms to 10 minutes).
+        #[arg(long, value_name = "MS", default_value_t = engine::limits::WORKER_POLL_DEFAULT_MS,
+              value_parser = clap::value_parser!(u64).range(engine::limits::WORKER_POLL_MIN_MS..=engine::limits::WORKER_POLL_MAX_MS))]
+        poll_ms: u64,
+        /// How often the health line is printed, in ms (at least 100).
+        #[arg(long, value_name = "MS", default_value_t = engine::limits::WORKER_HEALTH_DEFAULT_MS,
+              value_parser = clap::value_parser!(u64).range(engine::limits::WORKER_HEALTH_MIN_MS..))]
+        health_ms: u64,
+        /// How long a stopping worker lets its units finish, in ms (at most 10 minutes).
+        #[arg(long, value_name = "MS", default_value_t = engine::limits::SHUTDOWN_GRACE_MS,
+              value_parser = clap::value_parser!(u64).range(..=engine::limits::WORKER_GRACE_MAX_MS))]
+        grace_ms: u64,
+        /// One pass over everything due, then exit with the summary.
+        #[arg(long)]
+        once: bool,
+        #[command(flatten)]
+        create: CreateFlag,
+        #[command(flatten)]
+        store: StoreFlags,
+        #[command(flatten)]
+        provider: ProviderFlags,
+    },
     /// Cancel an intent that has nothing in flight or unknown.
     Cancel {
         /// The intent key.
@@ -840,7 +902,8 @@ fn main() -> ExitCode {
     };
     // An agent run handles ctrl-c itself (it records its `cancelled` stop, then exits 130).
     // So does `keel serve` (a graceful stop: in-flight requests finish, then exit 0).
-    if matches!(cli.command, Command::Agent { .. } | Command::Serve { .. }) {
+    // So does `keel worker` (it stops claiming, lets its work finish, gives its leases back).
+    if matches!(cli.command, Command::Agent { .. } | Command::Serve { .. } | Command::Worker { .. }) {
         return ExitCode::from(finished(runtime.block_on(dispatch(cli))));
     }
     let code = runtime.block_on(async {
@@ -918,7 +981,11 @@ async fn dispatch(cli: Cli) -> output::Outcome {
     // The commands that may resend a charge need the vault's key when the log keeps one.
     let sends = matches!(
         cli.command,
-        Command::Charge { .. } | Command::Reconcile { .. } | Command::Resume { .. } | Command::SoakWorker { .. }
+        Command::Charge { .. }
+            | Command::Reconcile { .. }
+            | Command::Resume { .. }
+            | Command::SoakWorker { .. }
+            | Command::Worker { .. }
     );
     vault::preflight(db, sends)?.map_err(output::Failure::Usage)?;
     match cli.command {
@@ -1008,6 +1075,32 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "resume")?;
             ops::resume(db, setting.durability, &setting.provider, &out).await
+        }
+        Command::Worker { concurrency, poll_ms, health_ms, grace_ms, once, create, store, provider } => {
+            existing_log(db, create)?;
+            let setting = setting(Some(&store), Some(&provider));
+            required_provider(&setting.provider, "worker")?;
+            let settings = worker::Settings {
+                concurrency: usize::try_from(concurrency)
+                    .expect("--concurrency is at most WORKER_CONCURRENCY_MAX, which is a usize"),
+                poll: std::time::Duration::from_millis(poll_ms),
+                health: std::time::Duration::from_millis(health_ms),
+                grace: std::time::Duration::from_millis(grace_ms),
+                once,
+            };
+            let node = wiring::Node::open(db, setting.durability, &setting.provider, None)?;
+            let agents = std::sync::Arc::new(agent::Resumer::new(db, setting.durability, &setting.provider));
+            let stop = async {
+                let mut terminate = wiring::sigterm();
+                // A SIGINT handler that cannot be installed disables its branch (SIGTERM still stops).
+                tokio::select! {
+                    Ok(()) = tokio::signal::ctrl_c() => {}
+                    () = terminate.recv() => {}
+                }
+            };
+            let outcome = worker::Worker::new(node.executor.clone(), agents, settings).run(&out, stop).await;
+            node.shutdown()?;
+            outcome
         }
         Command::Cancel { key, by, reason, create, store } => {
             let key = ops::parse_key(&key)?;

@@ -112,6 +112,40 @@ pub const SIGNAL_NAME_MAX_CHARS: usize = 64;
 /// ([`EVENT_PAYLOAD_MAX_BYTES`]). Enforced by the ledger's `DeliverSignal`; the binary
 /// refuses a larger `--payload` text before parsing it.
 pub const SIGNAL_PAYLOAD_MAX_BYTES: usize = 16 * 1024;
+/// Units of work a `keel worker` carries out at once when `--concurrency` is not given: a
+/// unit mostly waits on the provider (a request, a lookup), so a few in parallel hide that
+/// latency, while the store's one writer stays far from saturated. Enforced by the binary's
+/// worker loop.
+pub const WORKER_CONCURRENCY_DEFAULT: usize = 4;
+
+/// Most units of work one `keel worker` carries out at once (`--concurrency` above it is a
+/// usage error): each holds a run's lease, a provider connection and, for an agent run, a
+/// store connection of its own; past 64 the SQLite writer is saturated (`keel bench` at
+/// C=64), so more only holds leases other workers could use.
+pub const WORKER_CONCURRENCY_MAX: usize = 64;
+
+/// How long a `keel worker` waits between two passes over the due work when `--poll-ms` is
+/// not given. A pass replays every unfinished run nobody holds (claims and releases append
+/// no event, so an idle worker never grows the log); one second keeps a takeover within a
+/// second of a lease's expiry without keeping the writer busy.
+pub const WORKER_POLL_DEFAULT_MS: u64 = 1_000;
+
+/// Shortest `--poll-ms`: below it an idle worker's snapshots would compete with real work
+/// for the writer.
+pub const WORKER_POLL_MIN_MS: u64 = 10;
+
+/// Longest `--poll-ms`: a pass at least every ten minutes, so due work never waits longer.
+pub const WORKER_POLL_MAX_MS: u64 = 600_000;
+
+/// How often a `keel worker` prints its health line when `--health-ms` is not given.
+pub const WORKER_HEALTH_DEFAULT_MS: u64 = 10_000;
+
+/// Shortest `--health-ms`, so the health line stays a line per interval, not a stream.
+pub const WORKER_HEALTH_MIN_MS: u64 = 100;
+
+/// Longest `--grace-ms` a stopping `keel worker` gives its work in flight: past ten minutes
+/// a supervisor's own stop timeout has long killed it.
+pub const WORKER_GRACE_MAX_MS: u64 = 600_000;
 
 /// Default approval validity.
 pub const APPROVAL_TTL_DEFAULT_MS: u64 = 3_600_000;
@@ -365,6 +399,14 @@ pub fn network_retry_backoff_ms(n: u32) -> u64 {
 }
 const _: () = assert!(LEASE_TTL_MIN_MS <= LEASE_TTL_DEFAULT_MS);
 const _: () = assert!(LEASE_TTL_DEFAULT_MS <= LEASE_TTL_MAX_MS);
+const _: () = assert!(WORKER_CONCURRENCY_DEFAULT >= 1);
+const _: () = assert!(WORKER_CONCURRENCY_DEFAULT <= WORKER_CONCURRENCY_MAX);
+const _: () = assert!(WORKER_POLL_MIN_MS <= WORKER_POLL_DEFAULT_MS);
+const _: () = assert!(WORKER_POLL_DEFAULT_MS <= WORKER_POLL_MAX_MS);
+// A worker polls well within a lease: a takeover waits at most one poll after the expiry.
+const _: () = assert!(WORKER_POLL_DEFAULT_MS < LEASE_TTL_DEFAULT_MS);
+const _: () = assert!(WORKER_HEALTH_MIN_MS <= WORKER_HEALTH_DEFAULT_MS);
+const _: () = assert!(SHUTDOWN_GRACE_MS <= WORKER_GRACE_MAX_MS);
 
 /// The backoff before reconciliation number `n` (1-based).
 pub fn reconcile_backoff_ms(n: u32) -> u64 {

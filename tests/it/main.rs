@@ -25,3 +25,4 @@ mod testkit;
 mod timers;
 mod trace;
 mod vault;
+mod worker;

@@ -51,7 +51,7 @@ pub use context::{Billed, Context};
 pub use driver::{Reservation, drive_intent, reserve_for_run};
 pub use leases::{claim_run, release_runs, renew_leases};
 pub use outcome::{IntentOutcome, OutcomeCode, OutcomeStatus, RunEnd, RunOutcome, ValidatedBy};
-pub use runs::{Asleep, Executor, LeftAlone, ResumeReport, RunRequest};
+pub use runs::{Asleep, Due, Executor, LeftAlone, ResumeReport, RunRequest, due_intents};
 pub use workflow::{IntentRequest, Prepared, Registered, Rejection, Workflow, WorkflowEnd, end_with};
 
 use crate::clock::Clock;

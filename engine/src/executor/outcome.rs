@@ -234,6 +234,10 @@ pub struct RunOutcome {
     pub rejection: Option<Rejection>,
     /// The workflow's output, as its caller is shown it.
     pub output: Value,
+    /// Whether another process took the run over while this one worked (this one was
+    /// presumed dead): its finish was refused (fenced), and the new holder ends the run.
+    #[serde(skip)]
+    pub taken_over: bool,
 }
 
 /// Where a run is once the executor stops driving it.

@@ -19,7 +19,7 @@ use crate::failpoints::{Failpoints, Point};
 use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentStatus, Refusal, RejectCode, Run, RunStart};
 use crate::limits;
-use crate::log::{Ask, Asking, LogError, Resolution};
+use crate::log::{Ask, Asking, LogError, Resolution, Snapshot};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -249,7 +249,7 @@ impl Executor {
                 Err(other) => return Err(other),
             };
             let written = ctx.started();
-            let end = if written { self.finish(&mut ctx, end).await? } else { end };
+            let (end, taken_over) = if written { self.finish(&mut ctx, end).await? } else { (end, false) };
             tracing::info!(status = end.status.as_str(), written, "run ended");
             Ok(RunOutcome {
                 run_id: ctx.run_id.clone(),
@@ -259,6 +259,7 @@ impl Executor {
                 intent: end.intent,
                 rejection: None,
                 output: end.output,
+                taken_over,
             })
         }
         .instrument(span)
@@ -267,7 +268,7 @@ impl Executor {
 
     /// Ends a run an operator cancelled, without replaying it.
     async fn stop_cancelled(&self, mut ctx: Context, why: String) -> Result<RunOutcome, WorkflowError> {
-        let end = self.finish(&mut ctx, stopped(RunStatus::Cancelled, why)).await?;
+        let (end, taken_over) = self.finish(&mut ctx, stopped(RunStatus::Cancelled, why)).await?;
         Ok(RunOutcome {
             run_id: ctx.run_id.clone(),
             status: RunEnd::Finished(end.status),
@@ -276,13 +277,14 @@ impl Executor {
             intent: end.intent,
             rejection: None,
             output: end.output,
+            taken_over,
         })
     }
 
     /// Records the run's end, giving back its lease in the same commit. A run another
     /// process took while this one finished its work (this one was presumed dead) keeps what
-    /// it learned; the new holder ends it, and the caller is told so.
-    async fn finish(&self, ctx: &mut Context, mut end: WorkflowEnd) -> Result<WorkflowEnd, WorkflowError> {
+    /// it learned; the new holder ends it, and the caller is told so (`true`: taken over).
+    async fn finish(&self, ctx: &mut Context, mut end: WorkflowEnd) -> Result<(WorkflowEnd, bool), WorkflowError> {
         let detail = end.output.get("details").and_then(|d| d.get(0)).and_then(Value::as_str).map(str::to_owned);
         let lease = ctx.lease.clone().map_or(LeaseUse::None, LeaseUse::Release);
         // Out of the book before the release is asked for, so a renewal answered after the
@@ -292,14 +294,14 @@ impl Executor {
         }
         let finish = Ask::finish_run(ctx.cause.clone().for_run(&ctx.run_id), ctx.run_id.clone(), end.status, detail);
         match ctx.ask_under(finish, lease).await {
-            Ok(_) => {}
+            Ok(_) => Ok((end, false)),
             Err(LogError::Refused(refusal @ Refusal::Fenced { .. })) => {
                 tracing::warn!(%refusal, "the run was taken over; its new holder finishes it");
                 add_detail(&mut end.output, format!("{refusal}; the new holder finishes the run"));
+                Ok((end, true))
             }
-            Err(other) => return Err(other.into()),
+            Err(other) => Err(other.into()),
         }
-        Ok(end)
     }
 
     /// Reconciles one intent now (an operator's explicit request: even if not yet due), then
@@ -448,52 +450,77 @@ impl Executor {
         let mut outcomes = Vec::new();
         let mut busy = Vec::new();
         let snapshot = self.runtime.log.ask(Ask::snapshot(cause.clone())).await?;
-        let due = snapshot.due.into_iter().take(limits::RECONCILE_PASS_MAX);
-        let waiting = snapshot.waiting.into_iter().take(limits::WAITING_PASS_MAX);
-        for key in due.chain(waiting) {
+        for key in due_intents(&snapshot) {
             let intent = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
-            let now = self.runtime.clock.now();
-            let unsent_charge =
-                intent.status == IntentStatus::Reserved && intent.definition.kind.needs_payment_method();
-            if !intent.reconcile_due(now) && !unsent_charge {
-                continue; // Someone else got to it first, or nothing is left to do here.
-            }
-            let leased = match Leased::for_its_run(
-                &self.runtime,
-                cause.clone(),
-                &self.failpoints,
-                intent.run_id.clone(),
-            )
-            .await
-            {
-                Ok(leased) => leased,
-                Err(WorkflowError::Busy(refusal)) => {
-                    busy.push(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() });
-                    continue;
-                }
-                Err(other) => return Err(other),
-            };
-            let outcome = match leased.driver.drive_from(&intent, None).await {
-                Ok(outcome) => self.abandon_if_due(&leased, &key, outcome).await,
-                failed => failed,
-            };
-            leased.release().await?;
-            match outcome {
-                Ok(outcome) => outcomes.push(outcome),
-                // A resend its run has no time left to reconcile is not started: the intent
-                // stays where it is, and recovery goes on with the others.
-                Err(WorkflowError::DeadlineExceeded(why)) => {
-                    let now = self.runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?.intent;
-                    outcomes.push(IntentOutcome::of(&now, false).with_detail(why));
-                }
-                Err(WorkflowError::Busy(refusal)) => {
-                    busy.push(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() })
-                }
-                Err(other) => return Err(other),
+            match self.reconcile_due_intent(&intent, cause.clone()).await? {
+                Due::Done(outcome) => outcomes.push(outcome),
+                Due::LeftAlone(left) => busy.push(left),
+                Due::NotDue => {}
             }
         }
         Ok((outcomes, busy))
     }
+
+    /// Reconciles one intent of a reconciliation pass, read just before (`intent`), if it
+    /// is still due or still a charge nobody is sending; see [`Executor::reconcile_due`].
+    /// Under its run's lease: the one this process holds (kept), or one claimed for the time
+    /// of the work and given back.
+    ///
+    /// # Errors
+    ///
+    /// The log's failure.
+    pub async fn reconcile_due_intent(&self, intent: &Intent, cause: Cause) -> Result<Due, WorkflowError> {
+        let key = intent.key();
+        let now = self.runtime.clock.now();
+        let unsent_charge = intent.status == IntentStatus::Reserved && intent.definition.kind.needs_payment_method();
+        if !intent.reconcile_due(now) && !unsent_charge {
+            return Ok(Due::NotDue); // Someone else got to it first, or nothing is left to do here.
+        }
+        let left_alone =
+            |refusal: Refusal| Due::LeftAlone(LeftAlone { subject: key.to_string(), held_by: refusal.to_string() });
+        let leased =
+            match Leased::for_its_run(&self.runtime, cause.clone(), &self.failpoints, intent.run_id.clone()).await {
+                Ok(leased) => leased,
+                Err(WorkflowError::Busy(refusal)) => return Ok(left_alone(refusal)),
+                Err(other) => return Err(other),
+            };
+        let outcome = match leased.driver.drive_from(intent, None).await {
+            Ok(outcome) => self.abandon_if_due(&leased, key, outcome).await,
+            failed => failed,
+        };
+        leased.release().await?;
+        match outcome {
+            Ok(outcome) => Ok(Due::Done(outcome)),
+            // A resend its run has no time left to reconcile is not started: the intent
+            // stays where it is, and recovery goes on with the others.
+            Err(WorkflowError::DeadlineExceeded(why)) => {
+                let now = self.runtime.log.ask(Ask::observe(cause, key.clone())).await?.intent;
+                Ok(Due::Done(IntentOutcome::of(&now, false).with_detail(why)))
+            }
+            Err(WorkflowError::Busy(refusal)) => Ok(left_alone(refusal)),
+            Err(other) => Err(other),
+        }
+    }
+}
+
+/// The intents one reconciliation pass takes on, in order: those due for reconciliation (at
+/// most [`limits::RECONCILE_PASS_MAX`]), then the charges reserved that nobody is sending (at
+/// most [`limits::WAITING_PASS_MAX`]).
+pub fn due_intents(snapshot: &Snapshot) -> Vec<IntentKey> {
+    let due = snapshot.due.iter().take(limits::RECONCILE_PASS_MAX);
+    let waiting = snapshot.waiting.iter().take(limits::WAITING_PASS_MAX);
+    due.chain(waiting).cloned().collect()
+}
+
+/// What one intent of a reconciliation pass came to ([`Executor::reconcile_due_intent`]).
+#[derive(Clone, Debug)]
+pub enum Due {
+    /// Reconciled (or sent, or ended), with where it stands now.
+    Done(IntentOutcome),
+    /// No longer due: another process got to it first, or nothing is left to do.
+    NotDue,
+    /// Another live process holds its run.
+    LeftAlone(LeftAlone),
 }
 
 impl Executor {
@@ -549,6 +576,7 @@ fn rejected(run_id: RunId, rejection: &Rejection) -> RunOutcome {
         intent: None,
         rejection: Some(rejection.clone()),
         output: json!({ "status": "rejected", "code": rejection.code.as_str(), "details": rejection.details }),
+        taken_over: false,
     }
 }
 
@@ -566,6 +594,7 @@ fn suspended(ctx: &Context, reason: String, intent: Option<Box<IntentOutcome>>) 
         intent: intent.map(|i| *i),
         rejection: None,
         output,
+        taken_over: false,
     }
 }
 
