@@ -92,7 +92,7 @@ impl Desk {
             &scenario.case(),
             &self.gate,
             (support_agent::limits(), support_agent::all_capabilities()),
-            support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR,
+            &support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR),
         )
         .await
         .expect("the run ends with an outcome")
@@ -301,6 +301,7 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         prompt: "Refund 9.00.".into(),
         limits: AgentLimits::default(),
         capabilities: ["order.refund".to_owned()].into(),
+        policy_version: None,
     };
     let refunded = |state: &AgentState| state.tool_succeeded("refund");
     agent::run(env, &transport, &registry, &spec, &refunded).await.expect("the run ends with an outcome")
