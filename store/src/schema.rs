@@ -439,6 +439,18 @@ CREATE INDEX run_facts_by_started ON run_facts (started_at);
 ALTER TABLE events ADD COLUMN cause_parent INTEGER CHECK (cause_parent >= 1);
 "#;
 
+/// Version 8: the metrics projection counts refused resends (`ResendRefused`, a new event)
+/// and names the agent tool that proposed each intent (`IntentDefinition::tool`, a new
+/// field): every file before it has neither, so 0 and NULL are every old row's exact values.
+const V8: &str = r#"
+-- Another run's proposals of the intent while no new attempt could come of them: the
+-- intent's `resends_refused` (`keel metrics`: retries prevented).
+ALTER TABLE intent_facts ADD COLUMN refused INTEGER NOT NULL DEFAULT 0 CHECK (refused >= 0);
+-- The agent tool whose call proposed the intent; NULL for a workflow's own intent
+-- (`keel metrics --by tool` reads its operation then).
+ALTER TABLE intent_facts ADD COLUMN tool TEXT;
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -456,6 +468,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V5, then: None },
     Migration { sql: V6, then: None },
     Migration { sql: V7, then: Some(crate::metrics::backfill) },
+    Migration { sql: V8, then: None },
 ];
 
 /// The schema version this build writes and reads.

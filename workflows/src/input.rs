@@ -226,6 +226,7 @@ impl EffectInput {
             currency: self.currency.clone(),
             payload: Value::Object(payload),
             payment_method,
+            tool: None,
         }
     }
 }

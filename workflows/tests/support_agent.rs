@@ -199,6 +199,7 @@ async fn three_identical_refunds_of_the_whole_order_make_one_refund() {
     assert_eq!(refunds.len(), 1, "8990, 8990 and 8990.0 are one canonical call: one key");
     assert_eq!(refunds[0].status, IntentStatus::Validated);
     assert_eq!(refunds[0].duplicates_suppressed, 2, "the ledger deduplicated the other two");
+    assert_eq!(refunds[0].definition.tool.as_deref(), Some("refund"), "the guard names the proposing tool");
 }
 
 #[tokio::test]
