@@ -86,6 +86,17 @@ fn metrics_count_every_known_outcome_exactly() {
     let charge = segment(&by_op, "charge");
     assert_eq!((charge["intents"].as_u64(), charge["validated"].as_u64()), (Some(4), Some(2)), "{by_op}");
 
+    let (code, by_tool, _) = keel(&db, None, &["metrics", "--by", "tool"]);
+    assert_eq!(code, 0, "{by_tool}");
+    let charge = segment(&by_tool, "charge");
+    assert_eq!(
+        (charge["intents"].as_u64(), charge["runs"].as_u64()),
+        (Some(4), Some(4)),
+        "a workflow's own charges by their operation; a run under its first intent's tool: {by_tool}"
+    );
+    let runs: u64 = by_tool["segments"].as_array().expect("segments").iter().filter_map(|s| s["runs"].as_u64()).sum();
+    assert_eq!(runs, 8, "the runs that reserved nothing of their own are counted too: {by_tool}");
+
     let (code, by_model, _) = keel(&db, None, &["metrics", "--by", "model"]);
     assert_eq!(code, 0, "{by_model}");
     let scripted = segment(&by_model, "scripted");
