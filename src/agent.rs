@@ -438,8 +438,6 @@ async fn drive(
             return Ok(Driven::Busy(refused));
         }
     }
-    let approval_threshold_minor =
-        plan.spine.approval_threshold_minor.unwrap_or(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR);
     let mut versions = plan.script.versions();
     versions.policy = plan.spine.policy.as_ref().map(|stamp| stamp.version.clone());
     let start = NewRun { input: plan.script.input(), limits: plan.spine.clone(), versions };
@@ -491,7 +489,7 @@ async fn drive(
             let case = scenario.case();
             let granted = (plan.limits.clone(), plan.capabilities.clone());
             let run_id = plan.run_id.as_str();
-            support_agent::run(env, &transport, run_id, &case, gate, granted, approval_threshold_minor).await
+            support_agent::run(env, &transport, run_id, &case, gate, granted, &plan.spine).await
         }
         _ => {
             ticket_review::run(env, &transport, plan.run_id.as_str(), plan.limits.clone(), plan.capabilities.clone())

@@ -21,6 +21,7 @@ mod policy;
 mod runs;
 mod serve;
 mod stuck;
+mod telemetry;
 mod trace;
 mod vault;
 mod wiring;
@@ -882,7 +883,14 @@ fn main() -> ExitCode {
     // purpose) off the terminal unless RUST_LOG asks for them.
     let quiet = matches!(cli.command, Command::Demo { .. } | Command::Soak { .. });
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-    wiring::init_tracing(cli.log_format == "json", quiet, no_color);
+    let otlp = telemetry::Otlp::from_vars(
+        std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok(),
+        std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok(),
+        std::env::var("OTEL_SERVICE_NAME").ok(),
+    );
+    // Dropped last, after the runtime: the spans of the whole command are flushed, within a
+    // bound, when `main` returns.
+    let _flush = wiring::init_tracing(cli.log_format == "json", quiet, no_color, otlp.as_ref());
     // Read once, here, into zeroized memory; the message of a bad key never quotes it.
     let env_key = std::env::var(vault::KEY_ENV).ok().map(zeroize::Zeroizing::new);
     if let Err(message) = vault::init(&cli.vault, env_key) {

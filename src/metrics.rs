@@ -17,7 +17,8 @@ use store::metrics::{BUDGET_STOPS, Dimension, Segment};
 pub enum By {
     /// The intent's operation: charge, refund.
     Operation,
-    /// The workflow or agent whose run reserved the intent (charge, agent:support).
+    /// The agent tool that proposed the intent (refund); a workflow's own intent by its
+    /// operation (charge, refund).
     Tool,
     /// The model that answered the run (`scripted` for a replayed transcript).
     Model,
@@ -76,6 +77,7 @@ struct Figures {
 struct RetriesPrevented {
     total: u64,
     deduplicated: u64,
+    refused_resends: u64,
     reconciliation_found_effect: u64,
 }
 
@@ -108,6 +110,7 @@ fn figures(segment: &Segment) -> Figures {
         retries_prevented: RetriesPrevented {
             total: segment.retries_prevented(),
             deduplicated: segment.deduplicated,
+            refused_resends: segment.refused_resends,
             reconciliation_found_effect: segment.reconciled_found,
         },
         runs: segment.runs,
@@ -180,9 +183,10 @@ fn print_human(report: &Report) {
         );
         let prevented = &figures.retries_prevented;
         outln!(
-            "  retries prevented           {:>8}  ({} deduplicated, {} found by reconciliation)",
+            "  retries prevented           {:>8}  ({} deduplicated, {} refused as a resend, {} found by reconciliation)",
             prevented.total,
             prevented.deduplicated,
+            prevented.refused_resends,
             prevented.reconciliation_found_effect
         );
         outln!(
@@ -227,8 +231,11 @@ fn print_prometheus(report: &Report) {
     family("ambiguous_outcome_ratio", "Intents unknown past their normal reconciliation window.", &|f| {
         f.ambiguous_outcome_rate.map(|r| r.to_string())
     });
-    family("retries_prevented", "Deduplications and reconciliations that found the effect.", &|f| {
+    family("retries_prevented", "Deduplications, refused resends and reconciliations that found the effect.", &|f| {
         Some(f.retries_prevented.total.to_string())
+    });
+    family("resends_refused", "Proposals of an intent by another run while no new attempt could come of them.", &|f| {
+        Some(f.retries_prevented.refused_resends.to_string())
     });
     family("cost_per_validated_intent_minor", "Model cost per validated intent, minor units.", &|f| {
         f.cost_per_validated_intent_minor.map(|c| c.to_string())

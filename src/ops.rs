@@ -301,6 +301,9 @@ fn describe(event: &Event) -> String {
         Event::ApprovalRequested { closes_at, .. } => format!("window closes {}", when(*closes_at)),
         Event::IntentReleased { reason, .. } => reason.to_string(),
         Event::IntentDeduplicated { run_id, .. } => format!("proposed again by run {run_id}"),
+        Event::ResendRefused { run_id, .. } => {
+            format!("proposed again by run {run_id}: no new attempt, the intent stands as it is")
+        }
         _ => String::new(),
     }
 }

@@ -1,10 +1,12 @@
 //! Composition: the system clock, tracing, the store, the provider and the executor.
 //!
-//! Owns [`SystemClock`] (the one reader of the system clock in Keel's own crates),
+//! Owns [`SystemClock`] (the one reader of the system clock in Keel's own crates), the
+//! tracing subscriber (logs on stderr, and spans over OTLP through `telemetry`),
 //! [`ProcProbe`] and this process's lease identity ([`lessee`]), the lease renewal loop, and
 //! [`Node`], everything a command needs to run workflows. It never decides anything.
 
 use crate::ProviderArgs;
+use crate::telemetry::Otlp;
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
@@ -30,15 +32,35 @@ impl Clock for SystemClock {
 /// Logs go to stderr, filtered by `RUST_LOG` (default: warnings; nothing when `quiet`, the
 /// harnesses whose expected warnings are the point). `json`: one JSON object a line. Text is
 /// coloured only on a terminal and without `NO_COLOR` (`no_color`, read by `main`).
-pub fn init_tracing(json: bool, quiet: bool, no_color: bool) {
+///
+/// With `otlp` (the OpenTelemetry variables `main` read), every span at `info` and above —
+/// whatever `RUST_LOG` says of the logs — is also exported over OTLP; the returned [`Flush`]
+/// sends the last ones when `main` drops it. An exporter that cannot be built is a warning,
+/// and the process runs without export.
+///
+/// [`Flush`]: crate::telemetry::Flush
+pub fn init_tracing(json: bool, quiet: bool, no_color: bool, otlp: Option<&Otlp>) -> crate::telemetry::Flush {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(if quiet { "off" } else { "warn" }));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.with_ansi(!no_color && std::io::stderr().is_terminal()).try_init()
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs =
+        if json { logs.json().boxed() } else { logs.with_ansi(!no_color && std::io::stderr().is_terminal()).boxed() };
+    let (tracer, flush, refused) = match otlp.map(|otlp| otlp.start().map_err(|error| (otlp, error))) {
+        None => (None, crate::telemetry::Flush::none(), None),
+        Some(Ok((tracer, flush))) => (Some(tracer), flush, None),
+        Some(Err(refused)) => (None, crate::telemetry::Flush::none(), Some(refused)),
     };
+    let export = tracer.map(|tracer| {
+        tracing_opentelemetry::layer().with_tracer(tracer).with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    let _ = tracing_subscriber::registry().with(logs.with_filter(filter)).with(export).try_init();
+    if let Some((otlp, error)) = refused {
+        tracing::warn!(%error, url = %otlp.traces_url, "OTLP export is off: the exporter refused its settings");
+    }
+    flush
 }
 
 /// The store's durability setting from its flag value.
@@ -293,6 +315,7 @@ impl Node {
         let config = HttpProviderConfig {
             capability: capability(provider),
             request_timeout_ms: provider.timeout_ms,
+            current_trace: Some(crate::telemetry::current_trace),
             ..HttpProviderConfig::new(url)
         };
         let provider: Arc<dyn PaymentProvider> = Arc::new(HttpProvider::new(config)?);

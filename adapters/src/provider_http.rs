@@ -50,6 +50,15 @@
 //! - System proxies are ignored, so that "connection refused" is about the provider itself.
 //! - Timeouts: connect [`DEFAULT_CONNECT_TIMEOUT_MS`], whole request (connect, send, answer)
 //!   [`DEFAULT_REQUEST_TIMEOUT_MS`], both overridable and both required to be non-zero.
+//!
+//! # Trace context
+//!
+//! With [`HttpProviderConfig::current_trace`] set, every charge, refund and lookup carries a
+//! W3C `traceparent` header naming the span it is sent from (the attempt's, the
+//! reconciliation's), so the provider's record of the call stays attached to its run. This
+//! crate knows no tracing backend: the binary hands it the function that reads the current
+//! span's context. The header is built here from typed ids, so it is always a valid header
+//! value: a trace context can never keep a request from being sent.
 
 use engine::money::Currency;
 use engine::provider::{
@@ -68,6 +77,9 @@ pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 1_000;
 /// Default timeout of a whole request: above a payment provider's usual latency (well under a
 /// second) with margin, and well below any workflow deadline.
 pub const DEFAULT_REQUEST_TIMEOUT_MS: u64 = 5_000;
+
+/// The W3C Trace Context header every request carries when a trace context is at hand.
+pub const TRACEPARENT: &str = "traceparent";
 
 /// Stripe keeps idempotency keys for at least 24 hours.
 pub const STRIPE_KEY_WINDOW_MS: u64 = 24 * 60 * 60 * 1_000;
@@ -111,6 +123,33 @@ pub enum Error {
     Client(#[from] reqwest::Error),
 }
 
+/// The W3C trace context of the span a request is sent from: its `traceparent` header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceContext {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    sampled: bool,
+}
+
+impl TraceContext {
+    /// The context of span `span_id` in trace `trace_id`; `None` when either id is all zeros,
+    /// which the W3C format declares invalid.
+    pub fn new(trace_id: [u8; 16], span_id: [u8; 8], sampled: bool) -> Option<Self> {
+        (trace_id != [0; 16] && span_id != [0; 8]).then_some(Self { trace_id, span_id, sampled })
+    }
+
+    /// The header's value: `00-{trace id}-{span id}-{flags}` in lower-case hex, flags `01`
+    /// when sampled.
+    pub fn traceparent(&self) -> String {
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        format!("00-{}-{}-{:02x}", hex(&self.trace_id), hex(&self.span_id), u8::from(self.sampled))
+    }
+}
+
+/// Reads the trace context of the calling span (the binary's tracing wiring). Called once per
+/// request; `None` sends no `traceparent`.
+pub type CurrentTrace = fn() -> Option<TraceContext>;
+
 /// How to reach a provider.
 #[derive(Clone, Debug)]
 pub struct HttpProviderConfig {
@@ -123,6 +162,8 @@ pub struct HttpProviderConfig {
     pub connect_timeout_ms: u64,
     /// How long a whole request may take. Default [`DEFAULT_REQUEST_TIMEOUT_MS`].
     pub request_timeout_ms: u64,
+    /// Where each request's `traceparent` comes from. Default `None`: no header.
+    pub current_trace: Option<CurrentTrace>,
 }
 
 impl HttpProviderConfig {
@@ -133,6 +174,7 @@ impl HttpProviderConfig {
             capability: stripe_like(),
             connect_timeout_ms: DEFAULT_CONNECT_TIMEOUT_MS,
             request_timeout_ms: DEFAULT_REQUEST_TIMEOUT_MS,
+            current_trace: None,
         }
     }
 }
@@ -143,6 +185,7 @@ pub struct HttpProvider {
     client: reqwest::Client,
     base: Url,
     capability: Capability,
+    current_trace: Option<CurrentTrace>,
 }
 
 /// Everything but unreserved characters is encoded, so `:` and `/` in keys stay inside one
@@ -180,11 +223,19 @@ impl HttpProvider {
         // How long a request may still be in flight is this client's timeout, whatever was
         // declared: the ledger waits for it before believing an "absent".
         let capability = Capability { request_timeout_ms: config.request_timeout_ms, ..config.capability };
-        Ok(Self { client, base, capability })
+        Ok(Self { client, base, capability, current_trace: config.current_trace })
     }
 
     fn url(&self, path: &str) -> Result<Url, String> {
         self.base.join(path).map_err(|e| format!("cannot build the URL for {path}: {e}"))
+    }
+
+    /// The request with the calling span's `traceparent`, when there is one.
+    fn traced(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self.current_trace.and_then(|current| current()) {
+            Some(context) => request.header(TRACEPARENT, context.traceparent()),
+            None => request,
+        }
     }
 
     async fn call(&self, request: &EffectRequest) -> CallOutcome {
@@ -209,7 +260,8 @@ impl HttpProvider {
             // The one place the secret is exposed: into the request body, never into a log.
             fields.insert("payment_method".into(), method.expose().into());
         }
-        let mut post = self.client.post(url).header("Idempotency-Key", &request.idempotency_key).json(&body);
+        let mut post =
+            self.traced(self.client.post(url)).header("Idempotency-Key", &request.idempotency_key).json(&body);
         // The run's time left caps this request's timeout (a per-request timeout replaces the
         // client's): a slow provider cannot carry a call past its run's deadline.
         if let Some(left_ms) = request.timeout_ms.filter(|left| *left < self.capability.request_timeout_ms) {
@@ -236,7 +288,7 @@ impl HttpProvider {
             Ok(url) => url,
             Err(detail) => return LookupOutcome::Unavailable { detail },
         };
-        let response = match self.client.get(url).send().await {
+        let response = match self.traced(self.client.get(url)).send().await {
             Ok(response) => response,
             Err(e) => {
                 return LookupOutcome::Unavailable { detail: transport_detail(&e) };
@@ -460,6 +512,19 @@ mod tests {
             payment_method: None,
             timeout_ms: None,
         }
+    }
+
+    #[test]
+    fn a_trace_context_is_a_w3c_traceparent_and_zero_ids_are_none() {
+        let mut trace_id = [0u8; 16];
+        trace_id[0] = 0x4b;
+        trace_id[15] = 0x36;
+        let context = TraceContext::new(trace_id, [0, 0xf0, 0, 0, 0, 0, 0, 0x01], true).expect("non-zero ids");
+        assert_eq!(context.traceparent(), "00-4b000000000000000000000000000036-00f0000000000001-01");
+        let unsampled = TraceContext::new(trace_id, [1; 8], false).expect("non-zero ids");
+        assert!(unsampled.traceparent().ends_with("-00"), "{}", unsampled.traceparent());
+        assert_eq!(TraceContext::new([0; 16], [1; 8], true), None, "an all-zero trace id is invalid");
+        assert_eq!(TraceContext::new(trace_id, [0; 8], true), None, "an all-zero span id is invalid");
     }
 
     fn ok(status: u16) -> StatusCode {

@@ -588,6 +588,11 @@ pub struct IntentDefinition {
     pub currency: String,
     /// The effect-defining payload, secrets replaced by their hashes.
     pub payload: Value,
+    /// The agent tool whose call proposed the intent (its `tool.name`), when an agent's did; a
+    /// workflow's intent names none. Not part of the fingerprint (added after release: absent
+    /// from older rows, and not written when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
 }
 
 /// Every fact Keel records. Variant names are the stored `type`.
@@ -679,6 +684,17 @@ pub enum Event {
     },
     /// The same key and fingerprint were proposed again; the stored outcome was returned.
     IntentDeduplicated {
+        /// The intent.
+        key: IntentKey,
+        /// The run that proposed it again.
+        run_id: RunId,
+    },
+    /// The same key and fingerprint were proposed again by another run while the intent could
+    /// not take a new attempt from it — an attempt went out and its effect is not proven (in
+    /// flight, unknown, reconciling, escalated), or the intent ended without one (declined,
+    /// cancelled, rejected): no request was sent, the proposer is told where the intent stands.
+    /// A resend refused: seed 004's "retries prevented" counts it.
+    ResendRefused {
         /// The intent.
         key: IntentKey,
         /// The run that proposed it again.
@@ -932,6 +948,7 @@ impl Event {
             Self::RunFinished { .. } => "RunFinished",
             Self::IntentReserved { .. } => "IntentReserved",
             Self::IntentDeduplicated { .. } => "IntentDeduplicated",
+            Self::ResendRefused { .. } => "ResendRefused",
             Self::ApprovalGranted { .. } => "ApprovalGranted",
             Self::ApprovalDenied { .. } => "ApprovalDenied",
             Self::AttemptStarted { .. } => "AttemptStarted",
@@ -978,6 +995,7 @@ impl Event {
         match self {
             Self::IntentReserved { intent, .. } => Some(&intent.key),
             Self::IntentDeduplicated { key, .. }
+            | Self::ResendRefused { key, .. }
             | Self::ApprovalGranted { key, .. }
             | Self::ApprovalDenied { key, .. }
             | Self::AttemptStarted { key, .. }

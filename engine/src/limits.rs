@@ -361,6 +361,35 @@ pub const API_RETRY_AFTER_HUMAN_S: u64 = 60;
 /// requests write, so it stays short.
 pub const API_KEY_NAME_MAX_CHARS: usize = 64;
 
+// ---------------------------------------------------------------------------------------------
+// OTLP export of the tracing spans (`OTEL_EXPORTER_OTLP_ENDPOINT`). Enforced by the binary's
+// `telemetry` module: exporting runs on its own thread and never waits on an effect's path.
+// ---------------------------------------------------------------------------------------------
+
+/// Finished spans waiting for export, at most. A span that finds the queue full is dropped,
+/// never waited for: a slow or dead collector costs spans, not time. A charge makes about
+/// five spans; 2 048 (the OpenTelemetry default) holds hundreds of runs between two exports.
+pub const OTLP_QUEUE_SPANS_MAX: usize = 2_048;
+
+/// Spans in one export request (the OpenTelemetry default): a few hundred kilobytes at most.
+pub const OTLP_BATCH_SPANS_MAX: usize = 512;
+
+/// How long a finished span waits before its batch is sent when the batch is not full: short
+/// enough that a trace shows up while an operator looks, long enough to send few requests.
+pub const OTLP_EXPORT_DELAY_MS: u64 = 1_000;
+
+/// One export request's whole time (connect, send, answer): a collector on the same network
+/// answers in milliseconds; past this the batch is given up.
+pub const OTLP_EXPORT_TIMEOUT_MS: u64 = 2_000;
+
+/// How long a process waits at exit for its last spans to be exported: the flush is bounded,
+/// so a dead or silent collector delays an exit by this at the most.
+pub const OTLP_SHUTDOWN_MS: u64 = 3_000;
+
+const _: () = assert!(OTLP_BATCH_SPANS_MAX <= OTLP_QUEUE_SPANS_MAX);
+// The flush at exit lets one export in progress finish.
+const _: () = assert!(OTLP_EXPORT_TIMEOUT_MS < OTLP_SHUTDOWN_MS);
+
 const _: () = assert!(API_PAGE_LIMIT_DEFAULT <= API_PAGE_LIMIT_MAX);
 const _: () = assert!(API_RATE_PER_S_DEFAULT <= API_RATE_PER_S_MAX);
 const _: () = assert!(API_RATE_BURST_S >= 1);

@@ -37,6 +37,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
             amount_minor,
             currency: "EUR".to_owned(),
             payload,
+            tool: None,
         },
         capability: Capability {
             dedup_by_key: true,

@@ -52,7 +52,7 @@ pub(crate) fn to_i64(value: u64) -> i64 {
 }
 
 /// The stored `type` codes of the compact layout: code `i + 1` is `TYPES[i]`. Append-only.
-pub(crate) const TYPES: [&str; 29] = [
+pub(crate) const TYPES: [&str; 30] = [
     "RunStarted",
     "RunDeadlineExtended",
     "StepRecorded",
@@ -82,6 +82,7 @@ pub(crate) const TYPES: [&str; 29] = [
     "IntentAbandoned",
     "FactsAdmitted",
     "FactsForgotten",
+    "ResendRefused",
 ];
 
 /// The stored code of an event type.
@@ -668,6 +669,7 @@ mod tests {
                 amount_minor: 4900,
                 currency: "EUR".to_owned(),
                 payload: json!({"amount_minor": 4900}),
+                tool: None,
             },
             run_id: RunId::new("96fb8b79-660d-46fa-a6cf-17002314e6cf"),
             capability: Capability {

@@ -1,4 +1,5 @@
-//! The metrics projection (schema version 7) and the figures `keel metrics` reads from it.
+//! The metrics projection (schema version 7; `refused` and `tool` since version 9) and the
+//! figures `keel metrics` reads from it.
 //!
 //! Owns the tables `intent_facts` and `run_facts`: one narrow row per intent and per run,
 //! derived from the entity's state and written by the writer in the transaction of every
@@ -92,6 +93,16 @@ pub(crate) fn put_intent_facts(
         definitive(intent.status).then_some(at),
         ambiguous_at(intent, now),
     ])?;
+    // Version 8's columns, written apart and only for an intent that has one: the version-7
+    // back-fill runs this function on a version-7 table, over logs that hold neither a
+    // `ResendRefused` nor a tool (both are newer than the table), so it never names them.
+    if intent.resends_refused > 0 || intent.definition.tool.is_some() {
+        conn.prepare_cached("UPDATE intent_facts SET refused = ?2, tool = ?3 WHERE intent = ?1")?.execute(params![
+            stream,
+            intent.resends_refused,
+            intent.definition.tool
+        ])?;
+    }
     Ok(())
 }
 
@@ -155,8 +166,8 @@ fn event_at(conn: &Connection, sql: &str, key: i64) -> Result<Option<DateTime<Ut
 pub enum Dimension {
     /// The intent's operation (`charge`, `refund`).
     Operation,
-    /// The workflow or agent that reserved it (`charge`, `agent:support`): the spine records
-    /// no tool name on an intent, so an agent's effect tools are told apart by their agent.
+    /// The agent tool whose call proposed it (`refund`); a workflow's own intent by its
+    /// operation, the tool a workflow calls (as its `intent` span's `tool.name` says).
     Tool,
     /// The run's `model`.
     Model,
@@ -173,7 +184,7 @@ impl Dimension {
     fn column(self) -> &'static str {
         match self {
             Self::Operation => "CASE i.kind WHEN 1 THEN 'charge' WHEN 2 THEN 'refund' END",
-            Self::Tool => "r.workflow",
+            Self::Tool => "coalesce(i.tool, CASE i.kind WHEN 1 THEN 'charge' WHEN 2 THEN 'refund' END)",
             Self::Model => "r.model",
             Self::Prompt => "r.prompt",
             Self::Policy => "r.policy",
@@ -181,12 +192,17 @@ impl Dimension {
         }
     }
 
-    /// The same over `run_facts r` alone: a run's operation is that of its first intent.
+    /// The same over `run_facts r` alone: a run's operation and tool are those of its first
+    /// intent (none for a run that reserved none).
     fn run_column(self) -> &'static str {
         match self {
             Self::Operation => {
                 "(SELECT CASE i.kind WHEN 1 THEN 'charge' WHEN 2 THEN 'refund' END FROM intent_facts i \
                  WHERE i.run = r.run ORDER BY i.intent LIMIT 1)"
+            }
+            Self::Tool => {
+                "(SELECT coalesce(i.tool, CASE i.kind WHEN 1 THEN 'charge' WHEN 2 THEN 'refund' END) \
+                 FROM intent_facts i WHERE i.run = r.run ORDER BY i.intent LIMIT 1)"
             }
             other => other.column(),
         }
@@ -208,6 +224,8 @@ pub struct Segment {
     pub ambiguous: u64,
     /// Proposals of a validated intent answered from the log (`IntentDeduplicated`).
     pub deduplicated: u64,
+    /// Proposals by another run while no new attempt could come of them (`ResendRefused`).
+    pub refused_resends: u64,
     /// Validated by a lookup after an unknown outcome: a resend the reconciliation prevented.
     pub reconciled_found: u64,
     /// Runs started in the window.
@@ -231,10 +249,10 @@ impl Segment {
         ratio(self.ambiguous, self.intents)
     }
 
-    /// Repeated effects the log prevented: deduplications and reconciliations that found
-    /// the effect.
+    /// Repeated effects the log prevented: deduplications, refused resends and
+    /// reconciliations that found the effect.
     pub fn retries_prevented(&self) -> u64 {
-        self.deduplicated + self.reconciled_found
+        self.deduplicated + self.refused_resends + self.reconciled_found
     }
 
     /// Model cost over validated intents (minor units; tools and reconciliations cost
@@ -290,7 +308,7 @@ pub(crate) fn figures(
     let intents = format!(
         "SELECT {key}, count(*), sum(i.status = 4), sum(i.status = 4 AND i.evidence IN (1, 2)), \
          sum(i.ambiguous_at IS NOT NULL AND (i.status = 8 OR i.ambiguous_at <= ?2)), sum(i.dedups), \
-         sum(i.status = 4 AND i.evidence = 2) \
+         sum(i.status = 4 AND i.evidence = 2), sum(i.refused) \
          FROM intent_facts i JOIN run_facts r ON r.run = i.run WHERE i.reserved_at >= ?1 GROUP BY 1"
     );
     let mut statement = conn.prepare(&intents)?;
@@ -304,6 +322,7 @@ pub(crate) fn figures(
         segment.ambiguous = row.get(4)?;
         segment.deduplicated = row.get(5)?;
         segment.reconciled_found = row.get(6)?;
+        segment.refused_resends = row.get(7)?;
     }
     let settle = format!(
         "SELECT {key}, (i.settled_at - i.reserved_at) / 1000 FROM intent_facts i JOIN run_facts r ON r.run = i.run \

@@ -454,6 +454,18 @@ CREATE INDEX runs_sleeping ON runs (wake_at) WHERE wake_at IS NOT NULL;
 CREATE INDEX runs_awake ON runs (stream) WHERE finished = 0 AND wake_at IS NULL;
 "#;
 
+/// Version 9: the metrics projection counts refused resends (`ResendRefused`, a new event)
+/// and names the agent tool that proposed each intent (`IntentDefinition::tool`, a new
+/// field): every file before it has neither, so 0 and NULL are every old row's exact values.
+const V9: &str = r#"
+-- Another run's proposals of the intent while no new attempt could come of them: the
+-- intent's `resends_refused` (`keel metrics`: retries prevented).
+ALTER TABLE intent_facts ADD COLUMN refused INTEGER NOT NULL DEFAULT 0 CHECK (refused >= 0);
+-- The agent tool whose call proposed the intent; NULL for a workflow's own intent
+-- (`keel metrics --by tool` reads its operation then).
+ALTER TABLE intent_facts ADD COLUMN tool TEXT;
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -472,6 +484,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V6, then: None },
     Migration { sql: V7, then: Some(crate::metrics::backfill) },
     Migration { sql: V8, then: Some(crate::rebuild::wake_timers) },
+    Migration { sql: V9, then: None },
 ];
 
 /// The schema version this build writes and reads.

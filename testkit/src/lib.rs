@@ -55,6 +55,7 @@
 //!                 currency: "EUR".to_owned(),
 //!                 payload: json!({"invoice": input.invoice, "cents": input.cents}),
 //!                 payment_method: ctx.secret("card"),
+//!                 tool: None,
 //!             }).await?;
 //!             end_with(&outcome)
 //!         })

@@ -13,12 +13,16 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use testkit::sample::CARD_TOKEN;
 
-/// Runs `keel --db DB --json ARGS` with exactly `env` added (no key inherited from the host);
+/// Runs `keel --db DB --json ARGS` with exactly `env` added (no key nor OpenTelemetry
+/// endpoint inherited from the host);
 /// returns the exit code, stdout and stderr.
 pub(crate) fn keel_raw(db: &Path, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command.arg("--db").arg(db).arg("--json").env_remove("KEEL_DB").env_remove("KEEL_PROVIDER_URL");
     command.env_remove("ANTHROPIC_API_KEY").env_remove("OPENAI_API_KEY");
+    for otel in ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SERVICE_NAME"] {
+        command.env_remove(otel);
+    }
     for (name, value) in env {
         command.env(name, value);
     }

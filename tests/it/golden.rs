@@ -118,6 +118,7 @@ fn every_variant() -> Vec<StoredEvent> {
             amount_minor: amount,
             currency: "EUR".into(),
             payload: json!({"id": id, "amount": amount}),
+            tool: None,
         },
         capability: cap,
         approval_required: false,
@@ -280,6 +281,7 @@ fn run_cancelled() -> Vec<StoredEvent> {
             amount_minor: 1_200,
             currency: "EUR".into(),
             payload,
+            tool: None,
         },
         capability: Capability {
             dedup_by_key: true,
@@ -372,6 +374,7 @@ fn abandoned() -> Vec<StoredEvent> {
             amount_minor: 2_500,
             currency: "EUR".into(),
             payload: json!({"id": id}),
+            tool: None,
         },
         capability: Capability {
             dedup_by_key: true,
@@ -413,6 +416,60 @@ fn abandoned() -> Vec<StoredEvent> {
     log.events()
 }
 
+/// A charge whose answer was lost, proposed again by two other runs: two `ResendRefused`.
+fn resend_refused() -> Vec<StoredEvent> {
+    let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0).single().expect("valid")));
+    let log = MemoryLog::new(clock.clone());
+    let key = IntentKey::new(EffectKind::Charge, TENANT, "golden_resend_refused");
+    let payload = json!({"id": "golden_resend_refused", "amount": 3_100});
+    let spec = || IntentSpec {
+        definition: IntentDefinition {
+            key: key.clone(),
+            kind: EffectKind::Charge,
+            tenant: TENANT.into(),
+            intent_id: "golden_resend_refused".into(),
+            order_id: "order_golden_resend_refused".into(),
+            business_ref: "order_golden_resend_refused".into(),
+            fingerprint: engine::canonical::fingerprint(&payload),
+            amount_minor: 3_100,
+            currency: "EUR".into(),
+            payload: payload.clone(),
+            tool: None,
+        },
+        capability: Capability {
+            dedup_by_key: true,
+            lookup: true,
+            key_window_ms: 86_400_000,
+            consistency_window_ms: 0,
+            request_timeout_ms: 0,
+        },
+        approval_required: false,
+    };
+    let propose = |run: &str| {
+        let run = RunId::new(run);
+        let start = RunStart {
+            run_id: run.clone(),
+            workflow: "charge".into(),
+            input: json!({"note": "the same charge, again"}),
+            deadline_at: Utc.with_ymd_and_hms(2026, 12, 2, 9, 0, 0).single().expect("valid"),
+            limits: RunLimits::default(),
+            versions: engine::event::RunVersions::default(),
+            owner: None,
+        };
+        let reserve = Action::Reserve { run_id: run.clone(), position: 0, spec: spec(), start_attempt: true };
+        log.execute_now(&Command::new(Cause::command("golden").for_run(&run), reserve).starting(Some(start)))
+            .unwrap_or_else(|e| panic!("accepted: {e}"));
+    };
+    propose("golden-resend-1");
+    let lost = CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "no answer".into() };
+    let outcome = Action::RecordOutcome { key: key.clone(), attempt: 1, outcome: lost };
+    log.execute_now(&Command::new(Cause::command("golden"), outcome)).unwrap_or_else(|e| panic!("recorded: {e}"));
+    clock.advance_ms(100);
+    propose("golden-resend-2");
+    propose("golden-resend-3");
+    log.events()
+}
+
 /// Seed 001's sequence on the log: controlled facts admitted, corrected, forgotten.
 fn facts_and_releases() -> Vec<StoredEvent> {
     use engine::facts::{ConversationId, declarations};
@@ -444,6 +501,7 @@ fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
     seen.extend(check("run_cancelled_v1", run_cancelled));
     seen.extend(check("abandoned_v1", abandoned));
     seen.extend(check("facts_v1", facts_and_releases));
+    seen.extend(check("resend_refused_v1", resend_refused));
     let all = [
         "RunStarted",
         "StepRecorded",
@@ -470,6 +528,7 @@ fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
         "IntentAbandoned",
         "FactsAdmitted",
         "FactsForgotten",
+        "ResendRefused",
     ];
     for variant in all {
         assert!(seen.contains(&variant), "the golden logs hold no {variant}");

@@ -18,6 +18,7 @@ mod metrics;
 mod model;
 mod money;
 mod operator;
+mod otel;
 mod policy;
 mod serve;
 mod teeth;

@@ -86,6 +86,17 @@ fn metrics_count_every_known_outcome_exactly() {
     let charge = segment(&by_op, "charge");
     assert_eq!((charge["intents"].as_u64(), charge["validated"].as_u64()), (Some(4), Some(2)), "{by_op}");
 
+    let (code, by_tool, _) = keel(&db, None, &["metrics", "--by", "tool"]);
+    assert_eq!(code, 0, "{by_tool}");
+    let charge = segment(&by_tool, "charge");
+    assert_eq!(
+        (charge["intents"].as_u64(), charge["runs"].as_u64()),
+        (Some(4), Some(4)),
+        "a workflow's own charges by their operation; a run under its first intent's tool: {by_tool}"
+    );
+    let runs: u64 = by_tool["segments"].as_array().expect("segments").iter().filter_map(|s| s["runs"].as_u64()).sum();
+    assert_eq!(runs, 8, "the runs that reserved nothing of their own are counted too: {by_tool}");
+
     let (code, by_model, _) = keel(&db, None, &["metrics", "--by", "model"]);
     assert_eq!(code, 0, "{by_model}");
     let scripted = segment(&by_model, "scripted");
@@ -128,4 +139,51 @@ fn metrics_speak_prometheus_and_refuse_what_they_cannot_do() {
     let (code, _, stderr) = keel(&missing, None, &["metrics"]);
     assert_eq!(code, 64, "a missing log is refused: {stderr}");
     assert!(!missing.exists(), "and not created");
+}
+
+#[test]
+fn a_charge_proposed_again_while_its_answer_is_lost_is_a_refused_resend_in_every_format() {
+    let (dir, db) = temp();
+    let plan = r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":1500}]}"#;
+    let sim = start_sim(dir.path(), Some(plan));
+    let url = Some(sim.url());
+    let timeout = ["--provider-timeout-ms", "300"];
+    let args = [&timeout[..], &charge_on("metrics_refused_resend", "order_r1", "2500")].concat();
+    let (code, first, _) = keel(&db, url, &args);
+    assert_eq!((code, first["status"].as_str()), (2, Some("outcome_unknown")), "{first}");
+    let (code, again, stderr) = keel(&db, url, &args);
+    assert_ne!(code, 0, "the second charge is not a success of its own: {again} {stderr}");
+    let key = first["intent_key"].as_str().expect("a key");
+    assert_eq!(again["intent_key"], key, "the same intent: {again}");
+    assert_eq!(provider_sim::list_effects(&dir.path().join("sim.db")).expect("effects").len(), 1, "one request");
+
+    let (code, report, stderr) = keel(&db, None, &["metrics"]);
+    assert_eq!(code, 0, "{report} {stderr}");
+    let prevented = &report["segments"][0]["retries_prevented"];
+    assert_eq!(prevented["refused_resends"], 1, "{report}");
+    assert_eq!(prevented["deduplicated"], 0, "{report}");
+    assert_eq!(prevented["total"], 1, "{report}");
+    let (code, shown, _) = keel(&db, None, &["show", key]);
+    assert_eq!(code, 0, "{shown}");
+    let types: Vec<&str> =
+        shown["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).collect();
+    assert!(types.contains(&"ResendRefused"), "{types:?}");
+    let (code, verify, _) = keel(&db, None, &["verify"]);
+    assert_eq!(code, 0, "the rebuilt rows agree with the count: {verify}");
+
+    let text = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("--db")
+            .arg(&db)
+            .args(args)
+            .output()
+            .expect("keel runs");
+        assert!(output.status.success(), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let human = text(&["metrics"]);
+    assert!(human.contains("(0 deduplicated, 1 refused as a resend, 0 found by reconciliation)"), "{human}");
+    let prometheus = text(&["metrics", "--prometheus"]);
+    assert!(prometheus.contains("\nkeel_resends_refused 1\n"), "{prometheus}");
+    assert!(prometheus.contains("\nkeel_retries_prevented 1\n"), "{prometheus}");
 }

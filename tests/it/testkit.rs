@@ -56,6 +56,7 @@ impl Workflow for PayInvoice {
                     currency: "EUR".to_owned(),
                     payload: json!({"invoice": input.invoice, "cents": input.cents, "supplier": input.supplier}),
                     payment_method: ctx.secret("card"),
+                    tool: None,
                 })
                 .await?;
             end_with(&outcome)

@@ -254,6 +254,7 @@ impl EffectInput {
             currency: self.currency.clone(),
             payload: Value::Object(payload),
             payment_method,
+            tool: None,
         }
     }
 }

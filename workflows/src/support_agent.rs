@@ -297,7 +297,9 @@ pub fn spine_limits(approval_threshold_minor: i64) -> RunLimits {
 }
 
 /// Starts or resumes one support run over `case`. `limits` and `capabilities` apply only to
-/// a new run. The journal's run must have been started with [`spine_limits`].
+/// a new run. The journal's run must have been started with `spine` ([`spine_limits`], as
+/// the operator's policy set it): its approval threshold binds the refunds, its policy stamp
+/// names the run's `policy.version`.
 pub async fn run(
     env: AgentEnv<'_>,
     transport: &dyn ModelTransport,
@@ -305,8 +307,9 @@ pub async fn run(
     case: &Case,
     gate: &Arc<IntentGate>,
     (limits, capabilities): (AgentLimits, BTreeSet<String>),
-    approval_threshold_minor: i64,
+    spine: &RunLimits,
 ) -> Result<RunOutcome, AgentError> {
+    let approval_threshold_minor = spine.approval_threshold_minor.unwrap_or(APPROVAL_THRESHOLD_DEFAULT_MINOR);
     let registry = registry(run_id, case, gate, approval_threshold_minor);
     let spec = RunSpec {
         run_id: run_id.to_owned(),
@@ -315,6 +318,7 @@ pub async fn run(
         prompt: PROMPT.to_owned(),
         limits,
         capabilities,
+        policy_version: spine.policy.as_ref().map(|stamp| stamp.version.clone()),
     };
     let env = AgentEnv { gate: Some(&**gate), ..env };
     agent::run(env, transport, &registry, &spec, &is_complete).await

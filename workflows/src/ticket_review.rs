@@ -203,6 +203,7 @@ pub async fn run(
         prompt: PROMPT.to_owned(),
         limits,
         capabilities,
+        policy_version: None,
     };
     agent::run(env, transport, &registry, &spec, &is_complete).await
 }

@@ -441,6 +441,7 @@ async fn recovery_turns_an_in_flight_attempt_unknown_exactly_once() {
             amount_minor: 1000,
             currency: "EUR".into(),
             payload: json!({}),
+            tool: None,
         },
         capability: stripe(),
         approval_required: false,

@@ -121,6 +121,7 @@ impl Workflow for Unchecked {
                 currency: text("currency"),
                 payload: input.clone(),
                 payment_method: (kind == EffectKind::Charge).then(|| Secret::new(CARD_TOKEN)),
+                tool: None,
             };
             let outcome = ctx.intent(request).await?;
             end_with(&outcome)

@@ -92,7 +92,7 @@ impl Desk {
             &scenario.case(),
             &self.gate,
             (support_agent::limits(), support_agent::all_capabilities()),
-            support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR,
+            &support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR),
         )
         .await
         .expect("the run ends with an outcome")
@@ -199,6 +199,7 @@ async fn three_identical_refunds_of_the_whole_order_make_one_refund() {
     assert_eq!(refunds.len(), 1, "8990, 8990 and 8990.0 are one canonical call: one key");
     assert_eq!(refunds[0].status, IntentStatus::Validated);
     assert_eq!(refunds[0].duplicates_suppressed, 2, "the ledger deduplicated the other two");
+    assert_eq!(refunds[0].definition.tool.as_deref(), Some("refund"), "the guard names the proposing tool");
 }
 
 #[tokio::test]
@@ -301,6 +302,7 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         prompt: "Refund 9.00.".into(),
         limits: AgentLimits::default(),
         capabilities: ["order.refund".to_owned()].into(),
+        policy_version: None,
     };
     let refunded = |state: &AgentState| state.tool_succeeded("refund");
     agent::run(env, &transport, &registry, &spec, &refunded).await.expect("the run ends with an outcome")

@@ -78,7 +78,8 @@ enum Command {
     /// Example: keel-provider-sim serve --db sim.db --faults fixtures/faults/decline.json
     #[command(after_long_help = FAULTS_HELP)]
     Serve(ServeArgs),
-    /// List every effect the simulator performed, in commit order.
+    /// List every effect the simulator performed, in commit order, with the W3C traceparent
+    /// of the request that made it (`-` when it carried none).
     ///
     /// Safe while a server is running on the same database.
     ///
@@ -238,19 +239,20 @@ fn effects(args: &EffectsArgs) -> ExitCode {
 fn write_table(out: &mut impl std::io::Write, effects: &[super::EffectRecord]) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<35} {:<6} {:>12} {:<4} {:<20} {:<24} IDEMPOTENCY_KEY",
-        "ID", "KIND", "AMOUNT_MINOR", "CUR", "ORDER_ID", "CREATED_AT"
+        "{:<35} {:<6} {:>12} {:<4} {:<20} {:<24} {:<55} IDEMPOTENCY_KEY",
+        "ID", "KIND", "AMOUNT_MINOR", "CUR", "ORDER_ID", "CREATED_AT", "TRACEPARENT"
     )?;
     for e in effects {
         writeln!(
             out,
-            "{:<35} {:<6} {:>12} {:<4} {:<20} {:<24} {}",
+            "{:<35} {:<6} {:>12} {:<4} {:<20} {:<24} {:<55} {}",
             e.id,
             e.kind.as_str(),
             e.amount_minor,
             e.currency,
             e.order_id,
             e.created_at,
+            e.traceparent.as_deref().unwrap_or("-"),
             e.idempotency_key
         )?;
     }

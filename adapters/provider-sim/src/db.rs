@@ -1,7 +1,8 @@
 //! The simulator's durable state: one SQLite file.
 //!
-//! Owns the schema (effects and idempotency records), the one transaction that claims an
-//! idempotency key together with its effect, and recovery of records left in flight by a
+//! Owns the schema (effects, with the `traceparent` their request carried, and idempotency
+//! records; a file older than the `traceparent` column gets it at open), the one transaction
+//! that claims an idempotency key together with its effect, and recovery of records left in flight by a
 //! killed simulator. It must never decide faults or speak HTTP, and it must never commit an
 //! idempotency record without its effect or an effect without its record (except in
 //! no-idempotency mode, where there are no records at all).
@@ -41,7 +42,8 @@ CREATE TABLE IF NOT EXISTS effects (
     intent_id       TEXT NOT NULL,
     tenant          TEXT NOT NULL,
     created_at      TEXT NOT NULL,
-    created_at_ms   INTEGER NOT NULL
+    created_at_ms   INTEGER NOT NULL,
+    traceparent     TEXT
 ) STRICT;
 -- Lookup by key answers the oldest effect for the key (several exist only without idempotency).
 CREATE INDEX IF NOT EXISTS effects_by_key ON effects (idempotency_key, created_at_ms);
@@ -96,6 +98,7 @@ impl Db {
         let conn = Connection::open(path).map_err(|source| Error::Open { path: path.display().to_string(), source })?;
         configure(&conn)?;
         conn.execute_batch(SCHEMA)?;
+        add_traceparent(&conn)?;
         // Recovery runs before the server accepts anything, so no request can see a
         // half-recovered state.
         let deleted = conn.execute("DELETE FROM idempotency WHERE state = 'in_flight' AND effect_id IS NULL", [])?;
@@ -219,7 +222,21 @@ fn configure(conn: &Connection) -> Result<(), Error> {
     Ok(())
 }
 
-const SELECT_EFFECT: &str = "SELECT id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms FROM effects";
+/// A file made before effects recorded their `traceparent` gets the column (NULL in its old
+/// rows); `CREATE TABLE IF NOT EXISTS` leaves an existing table as it is.
+fn add_traceparent(conn: &Connection) -> Result<(), Error> {
+    let has: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info('effects') WHERE name = 'traceparent'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has {
+        conn.execute_batch("ALTER TABLE effects ADD COLUMN traceparent TEXT")?;
+    }
+    Ok(())
+}
+
+const SELECT_EFFECT: &str = "SELECT id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent FROM effects";
 
 /// Reads one effect row. The outer `Result` is SQLite's, the inner one a row that breaks the
 /// schema's promises.
@@ -241,13 +258,14 @@ fn read_effect(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<EffectRecord,
         tenant: row.get(7)?,
         created_at: row.get(8)?,
         created_at_ms: row.get(9)?,
+        traceparent: row.get(10)?,
     }))
 }
 
 fn insert_effect(tx: &rusqlite::Transaction<'_>, e: &EffectRecord) -> Result<(), Error> {
     tx.execute(
-        "INSERT INTO effects (id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+        "INSERT INTO effects (id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params![
             e.id,
             e.idempotency_key,
@@ -258,7 +276,8 @@ fn insert_effect(tx: &rusqlite::Transaction<'_>, e: &EffectRecord) -> Result<(),
             e.intent_id,
             e.tenant,
             e.created_at,
-            e.created_at_ms
+            e.created_at_ms,
+            e.traceparent
         ],
     )?;
     Ok(())

@@ -214,6 +214,7 @@ async fn effect(state: State, operation: Operation, headers: &HeaderMap, body: &
             tenant: parsed.metadata.tenant,
             created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
             created_at_ms: now.timestamp_millis(),
+            traceparent: traceparent(headers),
         })
     };
 
@@ -264,6 +265,32 @@ async fn effect(state: State, operation: Operation, headers: &HeaderMap, body: &
     }
 }
 
+/// The request's W3C `traceparent` when it is well formed (version `00`, a 32-digit trace id
+/// and a 16-digit span id in lower-case hex, neither all zeros, two digits of flags, joined by
+/// `-`); anything else is ignored, as a provider ignores a header it cannot read: it never
+/// fails the request.
+fn traceparent(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?;
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |part: &str, len: usize| {
+        part.len() == len && part.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let nonzero = |part: &str| part.bytes().any(|b| b != b'0');
+    match parts.as_slice() {
+        [version, trace, span, flags]
+            if *version == "00"
+                && hex(trace, 32)
+                && hex(span, 16)
+                && hex(flags, 2)
+                && nonzero(trace)
+                && nonzero(span) =>
+        {
+            Some(value.to_owned())
+        }
+        _ => None,
+    }
+}
+
 /// Waits `ms`, or less if the server is shutting down.
 async fn hold(ms: u64, mut shutdown: watch::Receiver<bool>) {
     if ms == 0 {
@@ -276,7 +303,7 @@ async fn hold(ms: u64, mut shutdown: watch::Receiver<bool>) {
     }
 }
 
-async fn lookup(state: Extract<State>, Path(key): Path<String>) -> Response {
+async fn lookup(state: Extract<State>, headers: HeaderMap, Path(key): Path<String>) -> Response {
     let state = state.0;
     if !state.inner.lookup {
         return error(
@@ -287,7 +314,7 @@ async fn lookup(state: Extract<State>, Path(key): Path<String>) -> Response {
         );
     }
     let fault = state.decide(Operation::Lookup);
-    tracing::debug!(key = %key, fault = fault.map(|f| f.name()), "lookup");
+    tracing::debug!(key = %key, fault = fault.map(|f| f.name()), traceparent = ?headers.get("traceparent"), "lookup");
     if fault == Some(Fault::LookupUnavailable) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -40,6 +40,7 @@
 //! | missing `Idempotency-Key`, malformed body (a repeated key included), an amount outside 1..=`engine::limits::AMOUNT_MINOR_MAX` | 400 `invalid_request_error` (nothing stored) |
 //! | `GET /v1/effects/{percent-encoded key}` | 200 the effect's object, or 404 `not_found`; 501 `not_supported` with `--no-lookup` |
 //! | `GET /v1/effects` | 200 `{"object": "list", "data": [effect records]}` |
+//! | any of the above with a W3C `traceparent` header | the same answer; a charge or refund that makes an effect records the header beside it (`EffectRecord::traceparent`; a malformed one is ignored, as a provider would) |
 //! | `GET /health` | 200 |
 //!
 //! Errors have the shape `{"error": {"type", "code", "message"}}`.
@@ -168,6 +169,9 @@ pub struct EffectRecord {
     pub created_at: String,
     /// The same instant in Unix milliseconds (drives the consistency window).
     pub created_at_ms: i64,
+    /// The W3C `traceparent` the request that made the effect carried, when it carried a
+    /// well-formed one: the caller's span, so the effect can be found in the caller's trace.
+    pub traceparent: Option<String>,
 }
 
 impl EffectRecord {

@@ -261,6 +261,7 @@ async fn run_timed(
         prompt: "Handle ticket 42.".into(),
         limits,
         capabilities: ["ticket.read", "order.refund"].into_iter().map(String::from).collect(),
+        policy_version: None,
     };
     let outcome = agent::run(env, transport, &registry, &spec, completion).await.expect("no internal error");
     Checked {

@@ -6,3 +6,4 @@ mod faults;
 mod idempotency;
 mod restart;
 mod support;
+mod trace_context;

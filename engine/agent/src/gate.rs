@@ -122,13 +122,15 @@ pub enum EffectOutcome {
 
 /// Guard steps 8 (intent reservation) and 9 (approval), implemented by the spine.
 pub trait EffectGate: Send + Sync {
-    /// Reserves key + fingerprint (+ money, + cumulative invariants) for `run_id`.
+    /// Reserves key + fingerprint (+ money, + cumulative invariants) for `run_id`, proposed
+    /// by a call of the registry's tool `tool` (recorded on the intent).
     /// `approval_required` is the tool's policy for this call; the reservation requires a
     /// human when it, or the spine's own rule, says so (the stricter wins), and its ticket
     /// says which.
     fn reserve<'a>(
         &'a self,
         run_id: &'a str,
+        tool: &'a str,
         intent: &'a EffectIntent,
         approval_required: bool,
     ) -> BoxFuture<'a, GateDecision>;
@@ -166,6 +168,7 @@ impl EffectGate for MemoryGate {
     fn reserve<'a>(
         &'a self,
         _run_id: &'a str,
+        _tool: &'a str,
         intent: &'a EffectIntent,
         approval_required: bool,
     ) -> BoxFuture<'a, GateDecision> {

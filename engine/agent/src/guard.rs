@@ -407,7 +407,7 @@ impl Registry {
                 return Ok(Invoked::Recorded);
             };
             let run_id = scope.state().header().run_id.clone();
-            let reserved = match gate.reserve(&run_id, intent, approval.requires(intent.amount_minor)).await {
+            let reserved = match gate.reserve(&run_id, &tool, intent, approval.requires(intent.amount_minor)).await {
                 GateDecision::Proceed(reserved) => reserved,
                 GateDecision::Deduplicated { content } => {
                     scope

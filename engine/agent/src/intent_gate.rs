@@ -38,7 +38,7 @@ impl IntentGate {
         executor::drive_intent(&self.runtime, self.cause.clone(), &key).await
     }
 
-    async fn reserve(&self, run_id: &str, intent: &EffectIntent, approval_required: bool) -> GateDecision {
+    async fn reserve(&self, run_id: &str, tool: &str, intent: &EffectIntent, approval_required: bool) -> GateDecision {
         let refused = |code: &str, message: String| GateDecision::Refused { code: code.to_owned(), message };
         if intent.operation != EffectKind::Refund.as_str() {
             return refused(
@@ -59,6 +59,7 @@ impl IntentGate {
             currency,
             payload: intent.payload.clone(),
             payment_method: None,
+            tool: Some(tool.to_owned()),
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));
         match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval_required).await {
@@ -117,10 +118,11 @@ impl EffectGate for IntentGate {
     fn reserve<'a>(
         &'a self,
         run_id: &'a str,
+        tool: &'a str,
         intent: &'a EffectIntent,
         approval_required: bool,
     ) -> BoxFuture<'a, GateDecision> {
-        Box::pin(self.reserve(run_id, intent, approval_required))
+        Box::pin(self.reserve(run_id, tool, intent, approval_required))
     }
 
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, _intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {

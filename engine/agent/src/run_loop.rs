@@ -87,6 +87,9 @@ pub struct RunSpec {
     pub limits: AgentLimits,
     /// Granted capabilities.
     pub capabilities: BTreeSet<String>,
+    /// The operator's policy version the run is decided under (`policy.version` on its span),
+    /// when its host has one.
+    pub policy_version: Option<String>,
 }
 
 /// The host's own completion condition, over the run's recorded facts.
@@ -105,7 +108,7 @@ pub async fn run(
         "agent.run",
         agent.run.id = %spec.run_id,
         prompt.version = %super::journal::prompt_version(&spec.system, &spec.prompt),
-        policy.version = tracing::field::Empty,
+        policy.version = spec.policy_version.as_deref(),
         release.version = env!("CARGO_PKG_VERSION"),
     );
     async move {

@@ -56,6 +56,7 @@ pub(super) fn intent_spec(
             amount_minor: request.amount_minor,
             currency: request.currency.clone(),
             payload: request.payload.clone(),
+            tool: request.tool.clone(),
         },
         capability: runtime.provider.capability(),
         approval_required,

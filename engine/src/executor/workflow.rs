@@ -97,6 +97,9 @@ pub struct IntentRequest {
     pub payload: Value,
     /// The payment method, when the effect needs one.
     pub payment_method: Option<Secret>,
+    /// The agent tool proposing it, recorded on the intent (`keel metrics --by tool`); `None`
+    /// for a workflow's own intent.
+    pub tool: Option<String>,
 }
 
 /// Maps an intent's outcome to the end of a single-intent workflow: an intent awaiting

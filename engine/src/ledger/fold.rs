@@ -106,6 +106,7 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 note: None,
                 released: None,
                 duplicates_suppressed: 0,
+                resends_refused: 0,
                 not_sent: 0,
                 latest_not_sent: false,
                 latest_attempt_run: None,
@@ -345,6 +346,13 @@ fn apply_to_intent(intent: &mut Intent, event: &Event, at: DateTime<Utc>) -> Res
     match event {
         Event::IntentDeduplicated { .. } => {
             intent.duplicates_suppressed += 1;
+        }
+        Event::ResendRefused { .. } => {
+            if intent.status.refuses_resend() {
+                intent.resends_refused += 1;
+            } else {
+                return Err("a resend refused while the intent could take one");
+            }
         }
         Event::ApprovalGranted { fingerprint, by, expires_at, .. } => {
             if intent.status != S::AwaitingApproval {

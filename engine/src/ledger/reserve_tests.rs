@@ -104,6 +104,7 @@ impl Proposal {
             amount_minor: self.amount_minor,
             currency: self.currency.into(),
             payload,
+            tool: None,
         };
         let spec = IntentSpec { definition, capability: stripe(), approval_required: false };
         let run_id = RunId::new(self.run);
@@ -334,10 +335,22 @@ fn rows() -> Vec<Row> {
             expect: Appends(&["RunStarted", "StepRecorded", "IntentDeduplicated"]),
         },
         Row {
-            name: "the same key and payload, in flight, from another run: linked, nothing sent",
+            name: "the same key and payload, in flight, from another run: linked, a resend refused, nothing sent",
             given: vec![(charge("c1", "o1", 4_900), InFlight)],
             proposal: charge("c1", "o1", 4_900).in_run("again"),
-            expect: Appends(&["RunStarted", "StepRecorded"]),
+            expect: Appends(&["RunStarted", "StepRecorded", "ResendRefused"]),
+        },
+        Row {
+            name: "the same key and payload, declined, from another run: linked, a resend refused",
+            given: vec![(charge("c1", "o1", 4_900), Declined)],
+            proposal: charge("c1", "o1", 4_900).in_run("again"),
+            expect: Appends(&["RunStarted", "StepRecorded", "ResendRefused"]),
+        },
+        Row {
+            name: "the same key and payload, declined, from its own run: nothing written",
+            given: vec![(charge("c1", "o1", 4_900), Declined)],
+            proposal: charge("c1", "o1", 4_900),
+            expect: Appends(&[]),
         },
         Row {
             name: "the same key and payload, in flight, from its own run: nothing written",

@@ -61,6 +61,20 @@ impl IntentStatus {
         }
     }
 
+    /// Whether another run's proposal of an intent in this status is a resend Keel refuses
+    /// (`ResendRefused`): an attempt went out and its effect is not proven (in flight,
+    /// unknown, reconciling, escalated), or the intent ended without an effect (declined,
+    /// cancelled, rejected). A validated intent's is a deduplication; a reserved or
+    /// approval-awaiting one has sent nothing yet. Every status is named, so a new one must be
+    /// placed here.
+    pub fn refuses_resend(self) -> bool {
+        match self {
+            Self::Attempting | Self::OutcomeUnknown | Self::Reconciling | Self::Escalated => true,
+            Self::Declined | Self::Cancelled | Self::Rejected => true,
+            Self::Validated | Self::Reserved | Self::AwaitingApproval => false,
+        }
+    }
+
     /// Parses a name produced by [`IntentStatus::as_str`].
     pub fn parse(text: &str) -> Option<Self> {
         ALL_STATUSES.iter().copied().find(|s| s.as_str() == text)
@@ -139,6 +153,10 @@ pub struct Intent {
     pub released: Option<crate::event::ReleaseReason>,
     /// Times the same key and fingerprint were proposed again after validation.
     pub duplicates_suppressed: u32,
+    /// Times another run proposed it again while it could take no new attempt from it
+    /// (`ResendRefused`; absent from rows written before the count).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resends_refused: u32,
     /// Attempts proven never sent (`AttemptNotSent`): they made no effect, so they do not
     /// count against `attempts_max`.
     #[serde(default, skip_serializing_if = "is_zero")]

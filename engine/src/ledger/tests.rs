@@ -92,6 +92,7 @@ impl Fixture {
                 amount_minor: 4_900,
                 currency: "EUR".into(),
                 payload,
+                tool: None,
             },
             capability: self.capability,
             approval_required: self.approval_required,

@@ -100,6 +100,7 @@ fn spec(intent: u8, refund: bool, order: u8, reference: u8, amount: u16) -> Inte
             amount_minor: i64::from(amount),
             currency: "EUR".to_owned(),
             payload,
+            tool: None,
         },
         capability: Capability {
             dedup_by_key: intent % 3 != 2,

@@ -116,6 +116,7 @@ fn a_version_2_file_migrates_keeps_verifying_and_continues_its_chain() {
             amount_minor: 4_900,
             currency: "EUR".to_owned(),
             payload,
+            tool: None,
         },
         capability: Capability {
             dedup_by_key: true,
@@ -364,4 +365,55 @@ fn version_8_fills_the_fire_time_of_runs_waiting_on_a_timer_and_resume_reads_it(
     assert!(report.is_ok(), "{:?}", report.first_mismatch());
     let version: i64 = fixture.raw().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
     assert_eq!(version, SCHEMA_VERSION);
+}
+
+#[test]
+fn version_9_counts_refused_resends_and_names_the_proposing_tool_on_a_version_8_file() {
+    use crate::support::{Fixture, charge, outcome, start_and_reserve, start_attempt};
+    use engine::provider::{CallOutcome, UnknownReason};
+    use store::metrics::Dimension;
+    let mut fixture = Fixture::new();
+    fixture.store.execute_blocking(start_and_reserve("r1", charge("v8_lost_0001", 1_000))).expect("reserved");
+    fixture.store.execute_blocking(start_attempt("r1", "v8_lost_0001")).expect("attempt");
+    let lost = CallOutcome::Unknown { reason: UnknownReason::Timeout, detail: "lost".into() };
+    fixture.store.execute_blocking(outcome("v8_lost_0001", 1, lost)).expect("unknown");
+    fixture.store.shutdown().expect("shutdown");
+
+    // The same file as version 8 had it: no column for either.
+    let raw = fixture.raw();
+    raw.execute_batch(
+        "ALTER TABLE intent_facts DROP COLUMN refused; ALTER TABLE intent_facts DROP COLUMN tool; \
+         PRAGMA user_version = 8;",
+    )
+    .expect("back to v8");
+    drop(raw);
+    fixture.reopen();
+    let old: (i64, Option<String>) = fixture
+        .raw()
+        .query_row("SELECT refused, tool FROM intent_facts", [], |row| Ok((row.get(0)?, row.get(1)?)))
+        .expect("the old row has both columns");
+    assert_eq!(old, (0, None), "the event and the field are newer than the row: 0 and none are exact");
+
+    // Another run proposes the unknown charge again; an agent's tool proposes another.
+    fixture.store.execute_blocking(start_and_reserve("r2", charge("v8_lost_0001", 1_000))).expect("answered");
+    let mut credit = charge("v8_credit_0002", 500);
+    credit.definition.tool = Some("issue_credit".to_owned());
+    fixture.store.execute_blocking(start_and_reserve("r3", credit)).expect("reserved");
+    fixture.store.shutdown().expect("shutdown");
+    let version: i64 = fixture.raw().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+    assert_eq!(version, SCHEMA_VERSION);
+    let reader = Reader::open(&fixture.path).expect("reader");
+    let all = reader.metrics(None, None, start()).expect("figures");
+    assert_eq!((all[0].refused_resends, all[0].retries_prevented()), (1, 1), "{all:?}");
+    let by_tool = reader.metrics(None, Some(Dimension::Tool), start()).expect("figures");
+    let segments: Vec<(Option<&str>, u64, u64)> =
+        by_tool.iter().map(|s| (s.value.as_deref(), s.intents, s.refused_resends)).collect();
+    assert_eq!(
+        segments,
+        [(None, 0, 0), (Some("charge"), 1, 1), (Some("issue_credit"), 1, 0)],
+        "a workflow's charge by its operation, the agent's by its tool; the run that only proposed again \
+         reserved nothing"
+    );
+    let report = reader.verify().expect("verify runs");
+    assert!(report.is_ok(), "the rebuilt rows agree: {report:?}");
 }

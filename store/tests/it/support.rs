@@ -110,6 +110,7 @@ pub fn charge(id: &str, amount_minor: i64) -> IntentSpec {
             amount_minor,
             currency: "EUR".to_owned(),
             payload,
+            tool: None,
         },
         capability: capability(),
         approval_required: false,

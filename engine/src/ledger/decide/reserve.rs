@@ -79,13 +79,19 @@ impl Decider<'_> {
                 ),
             ));
         }
-        if &existing.run_id != run_id {
+        let another_run = &existing.run_id != run_id;
+        if another_run {
             self.check_position(run_id, run, position)?;
             self.push(journal_link(run_id, position, key));
         }
         // Proposed again once its effect is proven: a repetition prevented, worth a fact.
         if existing.status == IntentStatus::Validated {
             self.push(Event::IntentDeduplicated { key: key.clone(), run_id: run_id.clone() });
+        }
+        // Proposed again by another run while no new attempt may come of it: a resend refused,
+        // worth a fact too. The run that reserved it polls and resumes without writing one.
+        if another_run && existing.status.refuses_resend() {
+            self.push(Event::ResendRefused { key: key.clone(), run_id: run_id.clone() });
         }
         Ok(self.answer(key, false))
     }
