@@ -611,6 +611,7 @@ fn sleeping(ctx: &Context, until: DateTime<Utc>) -> RunOutcome {
         intent: None,
         rejection: None,
         output: json!({ "status": "suspended", "wakes_at": when, "details": [detail] }),
+        taken_over: false,
     }
 }
 
