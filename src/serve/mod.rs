@@ -3,8 +3,9 @@
 //! Owns the long-lived process: one [`Node`] (one store, so the writer's group commit is
 //! shared by every request, one provider client, one executor), the key table, readers for
 //! the queries, recovery before `/readyz` says ready, and the graceful stop. The routes and
-//! their handlers are in `api`, the error shape in `error`, the body door in `body`, keys,
-//! roles and rates in `auth`.
+//! their handlers are in `api` (effects, intents, decisions) and `reads` (runs, traces,
+//! metrics), the error shape in `error`, the body door in `body`, keys, roles and rates in
+//! `auth`.
 //!
 //! # Start
 //!
@@ -28,6 +29,7 @@ mod auth;
 mod body;
 mod error;
 mod openapi;
+mod reads;
 
 use crate::output::Output;
 use crate::policy::Loaded;
@@ -107,6 +109,11 @@ fn routes() -> Vec<(Method, &'static str, MethodRouter<Arc<Server>>)> {
         (Method::POST, "/v1/intents/{key}/resolve", post(api::resolve)),
         (Method::POST, "/v1/intents/{key}/approve", post(api::approve)),
         (Method::POST, "/v1/intents/{key}/deny", post(api::deny)),
+        (Method::GET, "/v1/runs", get(reads::runs)),
+        (Method::GET, "/v1/runs/{id}", get(reads::run)),
+        (Method::GET, "/v1/runs/{id}/trace", get(reads::trace)),
+        (Method::GET, "/v1/metrics", get(reads::metrics)),
+        (Method::GET, "/metrics", get(reads::prometheus)),
     ]
 }
 
