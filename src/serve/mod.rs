@@ -5,7 +5,7 @@
 //! the queries, recovery before `/readyz` says ready, and the graceful stop. The routes and
 //! their handlers are in `api` (effects, intents, decisions) and `reads` (runs, traces,
 //! metrics), the error shape in `error`, the body door in `body`, keys, roles and rates in
-//! `auth`.
+//! `auth`, the operator console in `console`.
 //!
 //! # Start
 //!
@@ -27,6 +27,7 @@
 mod api;
 mod auth;
 mod body;
+mod console;
 mod error;
 mod openapi;
 mod reads;
@@ -77,6 +78,8 @@ pub struct Server {
     ready: AtomicBool,
     /// Read connections, reused across requests (one is opened when none is free).
     readers: Mutex<Vec<store::Reader>>,
+    /// The console's sessions.
+    sessions: console::Sessions,
 }
 
 impl Server {
@@ -117,10 +120,12 @@ fn routes() -> Vec<(Method, &'static str, MethodRouter<Arc<Server>>)> {
     ]
 }
 
-/// The router of [`routes`], on `server`.
+/// The router of [`routes`] and the console's pages (`console::routes`: HTML for people, not
+/// part of the API's document), on `server`.
 fn router(server: Arc<Server>) -> Router {
     routes()
         .into_iter()
+        .chain(console::routes())
         .fold(Router::new(), |router, (_, path, handler)| router.route(path, handler))
         .fallback(api::no_route)
         .method_not_allowed_fallback(api::no_method)
@@ -162,6 +167,7 @@ pub async fn run(
         policy,
         ready: AtomicBool::new(false),
         readers: Mutex::new(Vec::new()),
+        sessions: console::Sessions::default(),
     });
     outln!("listening on http://{local}");
     std::io::stdout().flush()?;
