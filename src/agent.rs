@@ -819,19 +819,7 @@ fn approval_context(db: &Path, plan: &Plan, key: &str) -> Result<Option<Approval
         .map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))?;
     let Some(intent) = reader.intent_state(&key)? else { return Ok(None) };
     let definition = &intent.definition;
-    let others = reader.order_intents(&definition.tenant, &definition.order_id)?;
-    let refunds =
-        others.iter().filter(|i| i.definition.kind == engine::provider::EffectKind::Refund && i.key() != &key);
-    let (mut refunded, mut held) = (0i64, 0i64);
-    for other in refunds {
-        match other.status {
-            engine::ledger::IntentStatus::Validated => {
-                refunded = refunded.saturating_add(other.definition.amount_minor)
-            }
-            _ if other.money_committed() => held = held.saturating_add(other.definition.amount_minor),
-            _ => {}
-        }
-    }
+    let (refunded, held) = crate::ops::refunded_on_order(&reader, &intent)?;
     Ok(Some(ApprovalContext {
         intent_key: key.as_str().to_owned(),
         amount_minor: definition.amount_minor,

@@ -154,8 +154,9 @@ fn new_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..16].to_owned()
 }
 
-/// A secret: two UUIDv4s from the OS generator, 244 random bits in 64 hex digits.
-fn new_secret() -> String {
+/// A secret: two UUIDv4s from the OS generator, 244 random bits in 64 hex digits. The
+/// console's session ids and CSRF tokens are made the same way.
+pub fn new_secret() -> String {
     format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
 }
 
@@ -189,6 +190,16 @@ impl Refused {
 pub fn authenticate(book: &KeyBook, authorization: Option<&str>) -> Result<Result<ApiKey, Refused>, store::Error> {
     let Some(header) = authorization else { return Ok(Err(Refused::Missing)) };
     let Some(token) = header.strip_prefix("Bearer ").map(str::trim) else { return Ok(Err(Refused::Invalid)) };
+    check_token(book, token)
+}
+
+/// The key a secret token (`keel_<id>_<secret>`, as `keel keys create` printed it) proves, if
+/// any: what a bearer header carries, and what the console's login form takes.
+///
+/// # Errors
+///
+/// The store's, when the key table cannot be read.
+pub fn check_token(book: &KeyBook, token: &str) -> Result<Result<ApiKey, Refused>, store::Error> {
     let Some((id, secret)) = token.strip_prefix(TOKEN_PREFIX).and_then(|rest| rest.split_once('_')) else {
         return Ok(Err(Refused::Invalid));
     };
@@ -203,7 +214,7 @@ pub fn authenticate(book: &KeyBook, authorization: Option<&str>) -> Result<Resul
 }
 
 /// Whether `a == b`, in a time that depends on their lengths only (both are 64 hex digits).
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -8,6 +8,7 @@
 use crate::exit;
 use crate::output::{Failure, Outcome, Output};
 use crate::wiring::SystemClock;
+use chrono::{DateTime, Utc};
 use engine::clock::Clock as _;
 use serde::Serialize;
 use store::metrics::{BUDGET_STOPS, Dimension, Segment};
@@ -56,43 +57,68 @@ impl By {
 
 /// One segment's figures as `--json` prints them.
 #[derive(Serialize)]
-struct Figures {
+pub struct Figures {
     /// The segment's value (`null` when unsegmented or unrecorded).
-    segment: Option<String>,
-    intents: u64,
-    validated: u64,
-    verified: u64,
-    outcome_verification_rate: Option<f64>,
-    ambiguous: u64,
-    ambiguous_outcome_rate: Option<f64>,
-    retries_prevented: RetriesPrevented,
-    runs: u64,
-    cost_minor: i64,
-    cost_per_validated_intent_minor: Option<f64>,
-    runs_stopped_by_budget: std::collections::BTreeMap<&'static str, u64>,
-    time_to_definitive_outcome_ms: Quantiles,
+    pub segment: Option<String>,
+    /// Intents reserved.
+    pub intents: u64,
+    /// Intents validated.
+    pub validated: u64,
+    /// Validated intents proven by a receipt or a lookup.
+    pub verified: u64,
+    /// `verified / validated`.
+    pub outcome_verification_rate: Option<f64>,
+    /// Intents unknown past their reconciliation window.
+    pub ambiguous: u64,
+    /// `ambiguous / intents`.
+    pub ambiguous_outcome_rate: Option<f64>,
+    /// Effects a retry would have repeated.
+    pub retries_prevented: RetriesPrevented,
+    /// Runs started.
+    pub runs: u64,
+    /// Model cost, minor units.
+    pub cost_minor: i64,
+    /// `cost_minor / validated`.
+    pub cost_per_validated_intent_minor: Option<f64>,
+    /// Runs stopped by each budget.
+    pub runs_stopped_by_budget: std::collections::BTreeMap<&'static str, u64>,
+    /// From reservation to a definitive outcome.
+    pub time_to_definitive_outcome_ms: Quantiles,
 }
 
+/// See [`Figures::retries_prevented`].
 #[derive(Serialize)]
-struct RetriesPrevented {
-    total: u64,
-    deduplicated: u64,
-    refused_resends: u64,
-    reconciliation_found_effect: u64,
+pub struct RetriesPrevented {
+    /// The three below.
+    pub total: u64,
+    /// Re-submissions answered with the stored outcome.
+    pub deduplicated: u64,
+    /// Proposals by another run while no new attempt could come of them.
+    pub refused_resends: u64,
+    /// Reconciliations that found the effect a resend would have repeated.
+    pub reconciliation_found_effect: u64,
 }
 
+/// See [`Figures::time_to_definitive_outcome_ms`].
 #[derive(Serialize)]
-struct Quantiles {
-    count: usize,
-    p50: Option<i64>,
-    p99: Option<i64>,
+pub struct Quantiles {
+    /// Intents measured.
+    pub count: usize,
+    /// Median.
+    pub p50: Option<i64>,
+    /// 99th percentile.
+    pub p99: Option<i64>,
 }
 
+/// The figures, by segment: what `keel metrics --json` prints and `GET /v1/metrics` answers.
 #[derive(Serialize)]
-struct Report {
-    since: Option<String>,
-    by: Option<&'static str>,
-    segments: Vec<Figures>,
+pub struct Report {
+    /// The window's start, when bounded.
+    pub since: Option<String>,
+    /// What the segments are (`null` when unsegmented).
+    pub by: Option<&'static str>,
+    /// One entry per segment (one when unsegmented).
+    pub segments: Vec<Figures>,
 }
 
 fn figures(segment: &Segment) -> Figures {
@@ -133,18 +159,37 @@ pub fn check_format(out: &Output, prometheus: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The figures at `now` of the intents reserved and runs started since `since`, segmented
+/// `by`, only `tenant`'s when given (the API's and the console's: a key sees its own tenant's
+/// figures). One pass over the metrics projection's narrow rows.
+///
+/// # Errors
+///
+/// The log's, when it cannot be read.
+pub fn report(
+    reader: &store::Reader,
+    since: Option<DateTime<Utc>>,
+    by: Option<By>,
+    tenant: Option<&str>,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Report> {
+    let segments = reader.metrics(since, by.map(By::dimension), tenant, now)?;
+    Ok(Report {
+        since: since.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+        by: by.map(By::name),
+        segments: segments.iter().map(figures).collect(),
+    })
+}
+
 /// `keel metrics`.
 pub fn show(reader: &store::Reader, out: &Output, since: Option<&str>, by: Option<By>, prometheus: bool) -> Outcome {
     let now = SystemClock.now();
     let since = since.map(|s| crate::runs::parse_since(s, now)).transpose()?;
-    let segments = reader.metrics(since, by.map(By::dimension), now)?;
-    let report = Report {
-        since: since.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
-        by: by.map(By::name),
-        segments: segments.iter().map(figures).collect(),
-    };
+    let report = report(reader, since, by, None, now)?;
     if prometheus {
-        print_prometheus(&report);
+        for line in prometheus_lines(&report) {
+            outln!("{line}");
+        }
         return Ok(exit::OK);
     }
     out.emit(&report, || print_human(&report));
@@ -207,19 +252,22 @@ fn print_human(report: &Report) {
     }
 }
 
-/// The Prometheus text exposition format: one gauge family per figure, labelled by segment.
-fn print_prometheus(report: &Report) {
+/// The Prometheus text exposition format, one line each: one gauge family per figure
+/// (`# HELP`, `# TYPE`, then a sample per segment), labelled by segment — what `keel metrics
+/// --prometheus` prints and `GET /metrics` answers.
+pub fn prometheus_lines(report: &Report) -> Vec<String> {
+    let mut lines = Vec::new();
     let label = |figures: &Figures| match (report.by, &figures.segment) {
         (Some(by), Some(value)) => format!("{{{by}=\"{}\"}}", value.replace('\\', "\\\\").replace('"', "\\\"")),
         (Some(by), None) => format!("{{{by}=\"\"}}"),
         (None, _) => String::new(),
     };
-    let family = |name: &str, help: &str, value: &dyn Fn(&Figures) -> Option<String>| {
-        outln!("# HELP keel_{name} {help}");
-        outln!("# TYPE keel_{name} gauge");
+    let mut family = |name: &str, help: &str, value: &dyn Fn(&Figures) -> Option<String>| {
+        lines.push(format!("# HELP keel_{name} {help}"));
+        lines.push(format!("# TYPE keel_{name} gauge"));
         for figures in &report.segments {
             if let Some(value) = value(figures) {
-                outln!("keel_{name}{} {value}", label(figures));
+                lines.push(format!("keel_{name}{} {value}", label(figures)));
             }
         }
     };
@@ -240,18 +288,6 @@ fn print_prometheus(report: &Report) {
     family("cost_per_validated_intent_minor", "Model cost per validated intent, minor units.", &|f| {
         f.cost_per_validated_intent_minor.map(|c| c.to_string())
     });
-    outln!("# HELP keel_runs_stopped_by_budget Runs stopped by each budget.");
-    outln!("# TYPE keel_runs_stopped_by_budget gauge");
-    for figures in &report.segments {
-        let base = label(figures);
-        for (status, count) in &figures.runs_stopped_by_budget {
-            let labels = match base.strip_suffix('}') {
-                Some(open) => format!("{open},budget=\"{status}\"}}"),
-                None => format!("{{budget=\"{status}\"}}"),
-            };
-            outln!("keel_runs_stopped_by_budget{labels} {count}");
-        }
-    }
     family("time_to_definitive_outcome_p50_ms", "Median time from reservation to a definitive outcome.", &|f| {
         f.time_to_definitive_outcome_ms.p50.map(|v| v.to_string())
     });
@@ -260,4 +296,17 @@ fn print_prometheus(report: &Report) {
         "99th percentile time from reservation to a definitive outcome.",
         &|f| f.time_to_definitive_outcome_ms.p99.map(|v| v.to_string()),
     );
+    lines.push("# HELP keel_runs_stopped_by_budget Runs stopped by each budget.".to_owned());
+    lines.push("# TYPE keel_runs_stopped_by_budget gauge".to_owned());
+    for figures in &report.segments {
+        let base = label(figures);
+        for (status, count) in &figures.runs_stopped_by_budget {
+            let labels = match base.strip_suffix('}') {
+                Some(open) => format!("{open},budget=\"{status}\"}}"),
+                None => format!("{{budget=\"{status}\"}}"),
+            };
+            lines.push(format!("keel_runs_stopped_by_budget{labels} {count}"));
+        }
+    }
+    lines
 }

@@ -242,8 +242,8 @@ pub fn list_intents(reader: &store::Reader, out: &Output, state: Option<IntentSt
     Ok(exit::OK)
 }
 
-/// What one event says, in a few words, for `keel show`'s history.
-fn describe(event: &Event) -> String {
+/// What one event says, in a few words, for `keel show`'s history (and the console's).
+pub fn describe(event: &Event) -> String {
     match event {
         Event::IntentReserved { intent, approval_required, .. } => format!(
             "{}{}",
@@ -403,6 +403,29 @@ pub fn intent_document(reader: &store::Reader, key: &IntentKey) -> anyhow::Resul
         "events": history,
     });
     Ok(Some(IntentDocument { intent, events, waiting, document: name_intent_keys(document) }))
+}
+
+/// What the other refunds of `intent`'s order already took: `(validated, held)` in minor
+/// units — held is what refunds still pending keep reserved. What a human approving a refund
+/// must see (seed 002), in `keel agent run` and on the console's approval page.
+///
+/// # Errors
+///
+/// The log's, when it cannot be read.
+pub fn refunded_on_order(reader: &store::Reader, intent: &Intent) -> anyhow::Result<(i64, i64)> {
+    let definition = &intent.definition;
+    let others = reader.order_intents(&definition.tenant, &definition.order_id)?;
+    let refunds =
+        others.iter().filter(|i| i.definition.kind == engine::provider::EffectKind::Refund && i.key() != intent.key());
+    let (mut refunded, mut held) = (0i64, 0i64);
+    for other in refunds {
+        match other.status {
+            IntentStatus::Validated => refunded = refunded.saturating_add(other.definition.amount_minor),
+            _ if other.money_committed() => held = held.saturating_add(other.definition.amount_minor),
+            _ => {}
+        }
+    }
+    Ok((refunded, held))
 }
 
 /// `keel reconcile KEY|--due`.

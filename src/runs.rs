@@ -30,7 +30,7 @@ fn known_statuses() -> String {
 }
 
 /// A `--status` value.
-fn parse_status(name: &str) -> Result<RunState, Failure> {
+pub(crate) fn parse_status(name: &str) -> Result<RunState, Failure> {
     if name == "running" {
         return Ok(RunState::Running);
     }
@@ -116,11 +116,15 @@ pub fn list(reader: &store::Reader, out: &Output, filter: &RunFilter) -> Outcome
 
 /// One budget of a run: what it allows, what is used, what is left.
 #[derive(Debug, Serialize)]
-struct Budget {
-    name: String,
-    used: i64,
-    max: Option<i64>,
-    remaining: Option<i64>,
+pub struct Budget {
+    /// What it bounds (`cost_minor`, `attempts KEY`, `model_calls`…).
+    pub name: String,
+    /// How much is used.
+    pub used: i64,
+    /// The bound, when there is one.
+    pub max: Option<i64>,
+    /// What is left of it.
+    pub remaining: Option<i64>,
 }
 
 impl Budget {
@@ -135,10 +139,10 @@ fn int(value: impl TryInto<i64>) -> i64 {
 }
 
 /// An agent run's facts, folded (its own stream).
-fn agent_state(reader: &store::Reader, run_id: &RunId) -> Result<Option<AgentState>, Failure> {
+fn agent_state(reader: &store::Reader, run_id: &RunId) -> anyhow::Result<Option<AgentState>> {
     let Some(history) = reader.history(run_id)? else { return Ok(None) };
     let facts: Result<Vec<AgentEvent>, _> = history.agent_entries.into_iter().map(serde_json::from_value).collect();
-    let facts = facts.map_err(|e| Failure::Internal(format!("run {run_id}: its agent facts do not decode: {e}")))?;
+    let facts = facts.map_err(|e| anyhow::anyhow!("run {run_id}: its agent facts do not decode: {e}"))?;
     Ok(Some(AgentState::from_events(&facts)))
 }
 
@@ -188,19 +192,37 @@ fn budgets(run: &Run, intents: &[Intent], agent: Option<&AgentState>, now: DateT
     out
 }
 
-/// `keel run show RUN_ID`.
-pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
+/// One run as `keel run show` renders it.
+pub struct RunShown {
+    /// Its state.
+    pub run: Run,
+    /// The intents it reserved.
+    pub intents: Vec<Intent>,
+    /// An agent run's facts, folded.
+    pub agent: Option<AgentState>,
+    /// Every budget, used and left.
+    pub budgets: Vec<Budget>,
+    /// What `keel run show --json` prints (and `GET /v1/runs/{id}` answers).
+    pub document: serde_json::Value,
+}
+
+/// One run's state, intents, budgets at `now` and JSON document; `None` when no run has the
+/// id. Reads the run's and its intents' rows (and an agent run's own stream).
+///
+/// # Errors
+///
+/// The log's, when it cannot be read; an agent fact that does not decode.
+pub fn run_document(reader: &store::Reader, run_id: &RunId, now: DateTime<Utc>) -> anyhow::Result<Option<RunShown>> {
     let Some((run, intents)) = reader.run_state(run_id)? else {
-        return Err(Failure::NotFound(format!("no run {run_id} in this log")));
+        return Ok(None);
     };
     let agent = if run.is_agent() { agent_state(reader, run_id)? } else { None };
-    let budgets = budgets(&run, &intents, agent.as_ref(), SystemClock.now());
-    let status = run.status.map_or("running", |s| s.as_str());
+    let budgets = budgets(&run, &intents, agent.as_ref(), now);
     let rows: Vec<store::IntentRow> = intents.iter().map(store::IntentRow::from_intent).collect();
     let document = json!({
         "run_id": run.run_id,
         "workflow": run.workflow,
-        "status": status,
+        "status": run.status.map_or("running", |s| s.as_str()),
         "stop": run.status.map(|s| json!({"status": s.as_str(), "detail": run.detail})),
         "started_at": run.started_at,
         "deadline_at": run.deadline_at,
@@ -213,7 +235,17 @@ pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
         "budgets": budgets,
         "intents": rows,
     });
-    out.emit(&name_intent_keys(document), || {
+    Ok(Some(RunShown { run, intents, agent, budgets, document: name_intent_keys(document) }))
+}
+
+/// `keel run show RUN_ID`.
+pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
+    let Some(RunShown { run, intents, agent, budgets, document }) = run_document(reader, run_id, SystemClock.now())?
+    else {
+        return Err(Failure::NotFound(format!("no run {run_id} in this log")));
+    };
+    let status = run.status.map_or("running", |s| s.as_str());
+    out.emit(&document, || {
         outln!("run {}: {status}", run.run_id);
         outln!("  workflow {}, started {}, deadline {}", run.workflow, when(run.started_at), when(run.deadline_at));
         match (run.status, &run.detail) {

@@ -18,44 +18,58 @@ use std::collections::BTreeMap;
 
 /// One node of the tree: an event, what it says, and what it caused.
 #[derive(Serialize)]
-struct Node {
-    seq: u64,
+pub struct Node {
+    /// The event's global sequence.
+    pub seq: u64,
     /// The event's type (`AttemptStarted`; an agent fact's own type, e.g. `ModelCallReserved`).
-    event: String,
-    stream: String,
-    at: String,
+    pub event: String,
+    /// Its stream.
+    pub stream: String,
+    /// When, RFC 3339 to the millisecond.
+    pub at: String,
     /// Milliseconds from this event to its last descendant (0 for a leaf).
-    duration_ms: i64,
-    actor: String,
+    pub duration_ms: i64,
+    /// Who caused it.
+    pub actor: String,
     /// What it says, in a few words (`attempt 1`, `lookup found`, `tool refund_order`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    detail: Option<String>,
+    pub detail: Option<String>,
     /// Its entity's status after it: the intent's, or the run's once it finished.
     #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<String>,
+    pub status: Option<String>,
     /// An agent run's counters after it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    budget: Option<Counters>,
-    children: Vec<Node>,
+    pub budget: Option<Counters>,
+    /// What it caused.
+    pub children: Vec<Node>,
     #[serde(skip)]
     at_time: DateTime<Utc>,
 }
 
 /// An agent run's budget counters after one of its facts.
 #[derive(Clone, Serialize)]
-struct Counters {
-    model_calls: u32,
-    tool_calls: u32,
-    input_tokens: u64,
-    output_tokens: u64,
-    cost_minor: i64,
-    schema_corrections: u32,
+pub struct Counters {
+    /// Model calls.
+    pub model_calls: u32,
+    /// Tool calls.
+    pub tool_calls: u32,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Model cost, minor units.
+    pub cost_minor: i64,
+    /// Schema corrections.
+    pub schema_corrections: u32,
 }
 
+/// A run's causal tree: what `keel trace --json` prints and `GET /v1/runs/{id}/trace` answers.
 #[derive(Serialize)]
-struct Trace {
-    run_id: String,
-    roots: Vec<Node>,
+pub struct Trace {
+    /// The run.
+    pub run_id: String,
+    /// The events with no recorded parent among the run's and its intents'.
+    pub roots: Vec<Node>,
 }
 
 /// One event, described, before it is placed in the tree.
@@ -88,7 +102,7 @@ fn describe_intent_event(event: &Event) -> Option<String> {
 
 /// The run's events and its intents' events, in global order, each described with the state
 /// of its entity right after it.
-fn described(run: Vec<StoredEvent>, intents: Vec<Vec<StoredEvent>>) -> Result<Vec<Described>, Failure> {
+fn described(run: Vec<StoredEvent>, intents: Vec<Vec<StoredEvent>>) -> anyhow::Result<Vec<Described>> {
     let mut out = Vec::new();
     let mut agent = AgentState::default();
     let mut is_agent = false;
@@ -98,10 +112,9 @@ fn described(run: Vec<StoredEvent>, intents: Vec<Vec<StoredEvent>>) -> Result<Ve
         let mut budget = None;
         match &stored.event {
             Event::AgentRecorded { event, .. } => {
-                let fact: AgentEvent = serde_json::from_value(event.clone()).map_err(|e| {
-                    Failure::Internal(format!("event {}: an agent fact that does not decode: {e}", stored.seq))
-                })?;
-                agent.try_apply(&fact).map_err(|e| Failure::Internal(format!("event {}: {e}", stored.seq)))?;
+                let fact: AgentEvent = serde_json::from_value(event.clone())
+                    .map_err(|e| anyhow::anyhow!("event {}: an agent fact that does not decode: {e}", stored.seq))?;
+                agent.try_apply(&fact).map_err(|e| anyhow::anyhow!("event {}: {e}", stored.seq))?;
                 is_agent = true;
                 name = fact.type_name().to_owned();
                 detail = match &fact {
@@ -135,7 +148,7 @@ fn described(run: Vec<StoredEvent>, intents: Vec<Vec<StoredEvent>>) -> Result<Ve
     for stream in intents {
         for end in 1..=stream.len() {
             let intent = fold::intent(&stream[..end])
-                .map_err(|e| Failure::Internal(format!("the intent's stream does not fold: {e:?}")))?;
+                .map_err(|e| anyhow::anyhow!("the intent's stream does not fold: {e:?}"))?;
             let stored = stream[end - 1].clone();
             let detail = describe_intent_event(&stored.event);
             out.push(Described {
@@ -187,17 +200,29 @@ fn tree(events: Vec<Described>) -> Vec<Node> {
     roots.into_iter().map(|root| build(root, &mut children)).collect()
 }
 
-/// `keel trace RUN_ID`.
-pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
+/// The causal tree of `run_id`; `None` when no run has the id. Reads the run's stream and
+/// its intents' streams.
+///
+/// # Errors
+///
+/// The log's; an event that does not decode or fold.
+pub fn build(reader: &store::Reader, run_id: &RunId) -> anyhow::Result<Option<Trace>> {
     let Some((_, intents)) = reader.run_state(run_id)? else {
-        return Err(Failure::NotFound(format!("no run with id {run_id} (keel runs lists them)")));
+        return Ok(None);
     };
     let run = reader.stream(&run_id.stream())?;
     let mut streams = Vec::new();
     for intent in &intents {
         streams.push(reader.stream(&intent.key().stream())?);
     }
-    let trace = Trace { run_id: run_id.to_string(), roots: tree(described(run, streams)?) };
+    Ok(Some(Trace { run_id: run_id.to_string(), roots: tree(described(run, streams)?) }))
+}
+
+/// `keel trace RUN_ID`.
+pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
+    let Some(trace) = build(reader, run_id)? else {
+        return Err(Failure::NotFound(format!("no run with id {run_id} (keel runs lists them)")));
+    };
     out.emit(&trace, || {
         for root in &trace.roots {
             print_node(root, 0);

@@ -390,6 +390,26 @@ const _: () = assert!(OTLP_BATCH_SPANS_MAX <= OTLP_QUEUE_SPANS_MAX);
 // The flush at exit lets one export in progress finish.
 const _: () = assert!(OTLP_EXPORT_TIMEOUT_MS < OTLP_SHUTDOWN_MS);
 
+/// How long a console session lasts from its login, in milliseconds: a working day. Past
+/// it the operator logs in again (the key is also re-checked on every request, so a revoked
+/// key's session ends at its next page). Enforced by `serve::console::session`.
+pub const CONSOLE_SESSION_TTL_MS: u64 = 8 * 3_600_000;
+
+/// How long a login form's session (no key yet, only its CSRF token) lasts: ten minutes to
+/// paste a key, and such sessions are the first evicted when the table is full.
+pub const CONSOLE_LOGIN_TTL_MS: u64 = 10 * 60_000;
+
+/// Most console sessions held at once (signed in or not): each is a few hundred bytes. When
+/// full, expired ones go first, then the one expiring soonest (a login form's before any
+/// signed-in operator's), so a flood of login forms cannot grow memory.
+pub const CONSOLE_SESSIONS_MAX: usize = 10_000;
+
+/// Intents one state's section of the console's intents page lists (the count shows them
+/// all; the API pages through the rest).
+pub const CONSOLE_LIST_MAX: usize = 50;
+
+const _: () = assert!(CONSOLE_LOGIN_TTL_MS < CONSOLE_SESSION_TTL_MS);
+const _: () = assert!(CONSOLE_LIST_MAX <= API_PAGE_LIMIT_MAX);
 const _: () = assert!(API_PAGE_LIMIT_DEFAULT <= API_PAGE_LIMIT_MAX);
 const _: () = assert!(API_RATE_PER_S_DEFAULT <= API_RATE_PER_S_MAX);
 const _: () = assert!(API_RATE_BURST_S >= 1);

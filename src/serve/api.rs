@@ -164,7 +164,7 @@ pub struct ListQuery {
 }
 
 /// Whether recovery is done; every `/v1` route waits for it.
-fn ready(server: &Server) -> Result<(), ApiError> {
+pub(super) fn ready(server: &Server) -> Result<(), ApiError> {
     if server.ready.load(Ordering::Acquire) {
         Ok(())
     } else {
@@ -173,7 +173,7 @@ fn ready(server: &Server) -> Result<(), ApiError> {
     }
 }
 
-fn authorized(server: &Server, headers: &HeaderMap, need: Need) -> Result<ApiKey, ApiError> {
+pub(super) fn authorized(server: &Server, headers: &HeaderMap, need: Need) -> Result<ApiKey, ApiError> {
     ready(server)?;
     authorize(&server.keys, &server.buckets, headers, need)
 }
@@ -365,7 +365,7 @@ fn tenant_of(key: &IntentKey) -> &str {
     key.as_str().split(':').nth(1).unwrap_or_default()
 }
 
-fn not_found(key: &str) -> ApiError {
+pub(super) fn not_found(key: &str) -> ApiError {
     ApiError::new(Code::NotFound, format!("no intent with key {key}"))
 }
 
@@ -373,14 +373,20 @@ fn not_found(key: &str) -> ApiError {
 /// not found, exactly like an intent that does not exist.
 fn own_key(path: Result<Path<String>, PathRejection>, key: &ApiKey) -> Result<IntentKey, ApiError> {
     let Path(text) = path.map_err(|error| ApiError::new(Code::InvalidArguments, error.body_text()))?;
-    let intent_key = IntentKey::parse(&text).ok_or_else(|| {
+    own_intent(&text, key)
+}
+
+/// `text` as an intent key of `key`'s tenant: another tenant's is not found (the console's
+/// paths meet the same wall).
+pub(super) fn own_intent(text: &str, key: &ApiKey) -> Result<IntentKey, ApiError> {
+    let intent_key = IntentKey::parse(text).ok_or_else(|| {
         ApiError::new(
             Code::InvalidArguments,
             format!("{text:?} is not an intent key (expected operation:tenant:intent_id, operation charge or refund)"),
         )
     })?;
     if tenant_of(&intent_key) != key.tenant {
-        return Err(not_found(&text));
+        return Err(not_found(text));
     }
     Ok(intent_key)
 }
@@ -596,13 +602,30 @@ async fn decide(
 ) -> Result<Response, ApiError> {
     let key = authorized(server, &headers, Need::Operate)?;
     let intent_key = own_key(path, &key)?;
-    let exists = server.read(|reader| Ok(reader.intent(&intent_key)?.is_some())).map_err(|e| ApiError::internal(&e))?;
+    let exists = intent_exists(server, &intent_key)?;
     // The body is checked before the intent is looked for, so a malformed request is a 400
     // whether or not the intent exists.
     let asked = checked_body(decision, &headers, body).await?;
     if !exists {
         return Err(not_found(intent_key.as_str()));
     }
+    Ok(Json(carry_out(server, &key, intent_key, asked).await?).into_response())
+}
+
+/// Whether the log holds `intent_key`.
+pub(super) fn intent_exists(server: &Server, intent_key: &IntentKey) -> Result<bool, ApiError> {
+    server.read(|reader| Ok(reader.intent(intent_key)?.is_some())).map_err(|e| ApiError::internal(&e))
+}
+
+/// Carries out a checked decision on an existing intent of `key`'s tenant, recorded under
+/// `key`'s name: the executor path both the API and the console's forms take. Returns the
+/// intent after it (a reconciliation's outcome for `Reconcile`).
+pub(super) async fn carry_out(
+    server: &Server,
+    key: &ApiKey,
+    intent_key: IntentKey,
+    asked: Asked,
+) -> Result<Value, ApiError> {
     let cause = Cause::operator(&key.name);
     let by = key.name.clone();
     let log = &*server.node.executor.runtime().log;
@@ -610,7 +633,7 @@ async fn decide(
         Asked::Reconcile => {
             let outcome = server.node.executor.reconcile(&intent_key, cause).await.map_err(workflow_error)?;
             let document = serde_json::to_value(&outcome).map_err(|e| ApiError::internal(&e))?;
-            return Ok(Json(name_intent_keys(document)).into_response());
+            return Ok(name_intent_keys(document));
         }
         Asked::Cancel { reason } => {
             log.ask(Ask::cancel(cause, intent_key, by, reason)).await.map(|a| a.intent).map_err(WorkflowError::from)
@@ -627,16 +650,13 @@ async fn decide(
         }
     };
     match asked {
-        Ok(intent) => {
-            Ok(Json(name_intent_keys(serde_json::to_value(&intent).map_err(|e| ApiError::internal(&e))?))
-                .into_response())
-        }
+        Ok(intent) => Ok(name_intent_keys(serde_json::to_value(&intent).map_err(|e| ApiError::internal(&e))?)),
         Err(error) => Err(workflow_error(error)),
     }
 }
 
 /// An operator decision's body, checked: what the decision asks for.
-enum Asked {
+pub(super) enum Asked {
     Reconcile,
     Cancel { reason: String },
     Deny { reason: String },
@@ -681,7 +701,7 @@ async fn checked_body(decision: Decision, headers: &HeaderMap, body: Body) -> Re
     })
 }
 
-fn nonempty(field: &str, value: &str) -> Result<(), ApiError> {
+pub(super) fn nonempty(field: &str, value: &str) -> Result<(), ApiError> {
     if value.trim().is_empty() {
         return Err(ApiError::new(Code::InvalidArguments, format!("{field}: required, and not blank")));
     }

@@ -1,7 +1,7 @@
 //! Who may do what: the key a request presents, its role, its rate.
 //!
 //! Owns [`Need`] (what a route asks of a key), [`authorize`] (authenticate through
-//! `crate::keys`, then the per-key token bucket, then the role) and [`Buckets`]. Roles do not
+//! `crate::keys`, then [`admit`]: the per-key token bucket, then the role) and [`Buckets`]. Roles do not
 //! nest upwards: `read` reads; `submit` reads and charges or refunds; `operator` reads and
 //! makes operator decisions. It never looks at a request's body and never names the tenant of
 //! an intent: handlers compare that with the key's own.
@@ -27,7 +27,8 @@ pub enum Need {
 }
 
 impl Need {
-    fn allows(self, role: Role) -> bool {
+    /// Whether a key of `role` may do what this asks.
+    pub fn allows(self, role: Role) -> bool {
         match self {
             Self::Read => true,
             Self::Submit => role == Role::Submit,
@@ -94,6 +95,16 @@ pub fn authorize(book: &KeyBook, buckets: &Buckets, headers: &HeaderMap, need: N
         Some(Err(_)) => return Err(refused(Refused::Invalid)),
     };
     let key = keys::authenticate(book, authorization).map_err(|error| ApiError::internal(&error))?.map_err(refused)?;
+    admit(buckets, key, need)
+}
+
+/// An authenticated `key`, if its rate allows one more request and its role what `need` asks:
+/// the part of [`authorize`] the console shares (its key comes from a session, not a header).
+///
+/// # Errors
+///
+/// 429 with `Retry-After`, 403 (the wrong role).
+pub fn admit(buckets: &Buckets, key: ApiKey, need: Need) -> Result<ApiKey, ApiError> {
     if let Err(seconds) = buckets.take(&key.id, Instant::now()) {
         return Err(ApiError::new(
             Code::RateLimited,

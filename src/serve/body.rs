@@ -4,7 +4,8 @@
 //! (415), reads at most `API_BODY_MAX_BYTES` (413), parses with `engine::canonical::
 //! parse_strict` — the reader every other door uses, which refuses duplicate keys and
 //! nesting deeper than `JSON_DEPTH_MAX` — and decodes into the handler's request type, whose
-//! `deny_unknown_fields` refuses any field it does not name (400). It never repairs input.
+//! `deny_unknown_fields` refuses any field it does not name (400). The console's forms meet
+//! the same door with their own media type ([`form`]). It never repairs input.
 
 use super::error::{ApiError, Code};
 use axum::body::Body;
@@ -12,17 +13,17 @@ use axum::http::{HeaderMap, header};
 use engine::limits::API_BODY_MAX_BYTES;
 use serde::de::DeserializeOwned;
 
-/// Whether the request declares a JSON body (`application/json`, any parameters).
-fn declares_json(headers: &HeaderMap) -> bool {
+/// Whether the request declares a body of `media` (any parameters).
+fn declares(headers: &HeaderMap, media: &str) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
-        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+        .is_some_and(|declared| declared.trim().eq_ignore_ascii_case(media))
 }
 
-/// Reads the body (at most `API_BODY_MAX_BYTES`) as text; `None` when it is empty.
-async fn text(headers: &HeaderMap, body: Body) -> Result<Option<String>, ApiError> {
+/// Reads the body, at most `API_BODY_MAX_BYTES`.
+async fn bytes(headers: &HeaderMap, body: Body) -> Result<axum::body::Bytes, ApiError> {
     let too_large =
         || ApiError::new(Code::BodyTooLarge, format!("the request body is larger than {API_BODY_MAX_BYTES} bytes"));
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
@@ -30,11 +31,16 @@ async fn text(headers: &HeaderMap, body: Body) -> Result<Option<String>, ApiErro
         return Err(too_large());
     }
     // On a well-formed request the only failure is the limit (a chunked body past it).
-    let bytes = axum::body::to_bytes(body, API_BODY_MAX_BYTES).await.map_err(|_| too_large())?;
+    axum::body::to_bytes(body, API_BODY_MAX_BYTES).await.map_err(|_| too_large())
+}
+
+/// Reads the body (at most `API_BODY_MAX_BYTES`) as text; `None` when it is empty.
+async fn text(headers: &HeaderMap, body: Body) -> Result<Option<String>, ApiError> {
+    let bytes = bytes(headers, body).await?;
     if bytes.is_empty() {
         return Ok(None);
     }
-    if !declares_json(headers) {
+    if !declares(headers, "application/json") {
         return Err(ApiError::new(
             Code::UnsupportedMediaType,
             "the request body must be JSON, declared `Content-Type: application/json`",
@@ -68,4 +74,52 @@ pub async fn json<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Resul
 /// A request whose body may be empty (an operator decision with nothing to add).
 pub async fn json_or_empty<T: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<T, ApiError> {
     decode(headers, body, true).await
+}
+
+/// A console form's body, read but not yet decoded: its CSRF field is checked before
+/// anything else is.
+pub struct Form {
+    pairs: Vec<(String, String)>,
+}
+
+impl Form {
+    /// The value of `name`, when the form carries it exactly once.
+    pub fn field(&self, name: &str) -> Option<&str> {
+        let mut values = self.pairs.iter().filter(|(field, _)| field == name).map(|(_, value)| value.as_str());
+        match (values.next(), values.next()) {
+            (Some(value), None) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// The fields as URL-encoded `bytes` carry them.
+    pub fn parse(bytes: &[u8]) -> Self {
+        Self {
+            pairs: form_urlencoded::parse(bytes).map(|(name, value)| (name.into_owned(), value.into_owned())).collect(),
+        }
+    }
+
+    /// The form's fields but `csrf` (which the console checks first, through [`Form::field`])
+    /// as `T`, whose `deny_unknown_fields` refuses a field it does not name, and whose derive
+    /// refuses one named twice (400).
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        let map =
+            self.pairs.iter().filter(|(name, _)| name != "csrf").map(|(name, value)| (name.as_str(), value.as_str()));
+        T::deserialize(serde::de::value::MapDeserializer::new(map)).map_err(|error: serde::de::value::Error| {
+            ApiError::new(Code::InvalidArguments, format!("the form does not fit: {error}"))
+        })
+    }
+}
+
+/// A form body: declared `application/x-www-form-urlencoded` (415), at most
+/// `API_BODY_MAX_BYTES` (413), URL-encoded UTF-8 (400).
+pub async fn form(headers: &HeaderMap, body: Body) -> Result<Form, ApiError> {
+    let bytes = bytes(headers, body).await?;
+    if !declares(headers, "application/x-www-form-urlencoded") {
+        return Err(ApiError::new(
+            Code::UnsupportedMediaType,
+            "a form must be declared `Content-Type: application/x-www-form-urlencoded`",
+        ));
+    }
+    Ok(Form::parse(&bytes))
 }

@@ -129,6 +129,16 @@ impl ApiError {
         self
     }
 
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.code.status()
+    }
+
+    /// Its sentence for a human.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// An internal failure: logged in full, shown as a generic message (the store's text may
     /// name files and rows a client has no business seeing).
     pub fn internal(error: &dyn std::fmt::Display) -> Self {

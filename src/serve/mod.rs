@@ -3,8 +3,9 @@
 //! Owns the long-lived process: one [`Node`] (one store, so the writer's group commit is
 //! shared by every request, one provider client, one executor), the key table, readers for
 //! the queries, recovery before `/readyz` says ready, and the graceful stop. The routes and
-//! their handlers are in `api`, the error shape in `error`, the body door in `body`, keys,
-//! roles and rates in `auth`.
+//! their handlers are in `api` (effects, intents, decisions) and `reads` (runs, traces,
+//! metrics), the error shape in `error`, the body door in `body`, keys, roles and rates in
+//! `auth`, the operator console in `console`.
 //!
 //! # Start
 //!
@@ -26,8 +27,10 @@
 mod api;
 mod auth;
 mod body;
+mod console;
 mod error;
 mod openapi;
+mod reads;
 
 use crate::output::Output;
 use crate::policy::Loaded;
@@ -75,6 +78,8 @@ pub struct Server {
     ready: AtomicBool,
     /// Read connections, reused across requests (one is opened when none is free).
     readers: Mutex<Vec<store::Reader>>,
+    /// The console's sessions.
+    sessions: console::Sessions,
 }
 
 impl Server {
@@ -107,13 +112,20 @@ fn routes() -> Vec<(Method, &'static str, MethodRouter<Arc<Server>>)> {
         (Method::POST, "/v1/intents/{key}/resolve", post(api::resolve)),
         (Method::POST, "/v1/intents/{key}/approve", post(api::approve)),
         (Method::POST, "/v1/intents/{key}/deny", post(api::deny)),
+        (Method::GET, "/v1/runs", get(reads::runs)),
+        (Method::GET, "/v1/runs/{id}", get(reads::run)),
+        (Method::GET, "/v1/runs/{id}/trace", get(reads::trace)),
+        (Method::GET, "/v1/metrics", get(reads::metrics)),
+        (Method::GET, "/metrics", get(reads::prometheus)),
     ]
 }
 
-/// The router of [`routes`], on `server`.
+/// The router of [`routes`] and the console's pages (`console::routes`: HTML for people, not
+/// part of the API's document), on `server`.
 fn router(server: Arc<Server>) -> Router {
     routes()
         .into_iter()
+        .chain(console::routes())
         .fold(Router::new(), |router, (_, path, handler)| router.route(path, handler))
         .fallback(api::no_route)
         .method_not_allowed_fallback(api::no_method)
@@ -155,6 +167,7 @@ pub async fn run(
         policy,
         ready: AtomicBool::new(false),
         readers: Mutex::new(Vec::new()),
+        sessions: console::Sessions::default(),
     });
     outln!("listening on http://{local}");
     std::io::stdout().flush()?;

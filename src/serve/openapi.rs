@@ -6,8 +6,8 @@
 //! read. The route table in the parent module is checked against it both ways by a test. It
 //! never builds a route itself.
 
-use super::api;
 use super::error::{ErrorBody, ErrorFields};
+use super::{api, reads};
 use axum::Json;
 use std::sync::OnceLock;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -33,6 +33,11 @@ use utoipa::{Modify, OpenApi};
         api::deny,
         api::healthz,
         api::readyz,
+        reads::runs,
+        reads::run,
+        reads::trace,
+        reads::metrics,
+        reads::prometheus,
         document
     ),
     components(schemas(

@@ -295,24 +295,41 @@ pub const BUDGET_STOPS: [RunStatus; 7] = [
 ];
 
 /// Seed 004's figures over the intents reserved and runs started at or after `since`, at
-/// `now`, by segment (one unsegmented row when `by` is `None`), in segment order.
+/// `now`, by segment (one unsegmented row when `by` is `None`), in segment order; only one
+/// tenant's intents and runs when `tenant` is given (a run is a tenant's as
+/// `rows::tenant_runs_page` says: it reserved intents, all of that tenant).
 pub(crate) fn figures(
     conn: &Connection,
     since: Option<DateTime<Utc>>,
     by: Option<Dimension>,
+    tenant: Option<&str>,
     now: DateTime<Utc>,
 ) -> Result<Vec<Segment>> {
     let since = since.map_or(i64::MIN, micros);
     let key = by.map_or("NULL", Dimension::column);
+    // Every query takes the same parameters: `?1` since, `?2` now, `?3` the tenant (NULL
+    // unscoped), `?4`..`?7` its intents' stream-name ranges (unused numbers bind nothing).
+    let [a, b, c, d] = tenant.map(crate::rows::tenant_ranges).unwrap_or_default();
+    let within = |name: &str| format!("(({name} >= ?4 AND {name} < ?5) OR ({name} >= ?6 AND {name} < ?7))");
+    let intent_scope = format!("(?3 IS NULL OR i.intent IN (SELECT id FROM streams s WHERE {}))", within("s.name"));
+    let run_scope = format!(
+        "(?3 IS NULL OR (r.run IN (SELECT i.run FROM intents i JOIN streams si ON si.id = i.stream WHERE {}) \
+         AND NOT EXISTS (SELECT 1 FROM intents j JOIN streams sj ON sj.id = j.stream \
+         WHERE j.run = r.run AND NOT {})))",
+        within("si.name"),
+        within("sj.name")
+    );
+    let bound = params![since, micros(now), tenant, a, b, c, d];
     let mut segments: BTreeMap<Option<String>, Segment> = BTreeMap::new();
     let intents = format!(
         "SELECT {key}, count(*), sum(i.status = 4), sum(i.status = 4 AND i.evidence IN (1, 2)), \
          sum(i.ambiguous_at IS NOT NULL AND (i.status = 8 OR i.ambiguous_at <= ?2)), sum(i.dedups), \
          sum(i.status = 4 AND i.evidence = 2), sum(i.refused) \
-         FROM intent_facts i JOIN run_facts r ON r.run = i.run WHERE i.reserved_at >= ?1 GROUP BY 1"
+         FROM intent_facts i JOIN run_facts r ON r.run = i.run WHERE i.reserved_at >= ?1 AND {intent_scope} \
+         GROUP BY 1"
     );
     let mut statement = conn.prepare(&intents)?;
-    let mut rows = statement.query(params![since, micros(now)])?;
+    let mut rows = statement.query(bound)?;
     while let Some(row) = rows.next()? {
         let value: Option<String> = row.get(0)?;
         let segment = segments.entry(value.clone()).or_insert_with(|| Segment { value, ..Segment::default() });
@@ -326,10 +343,10 @@ pub(crate) fn figures(
     }
     let settle = format!(
         "SELECT {key}, (i.settled_at - i.reserved_at) / 1000 FROM intent_facts i JOIN run_facts r ON r.run = i.run \
-         WHERE i.reserved_at >= ?1 AND i.settled_at IS NOT NULL"
+         WHERE i.reserved_at >= ?1 AND i.settled_at IS NOT NULL AND {intent_scope}"
     );
     let mut statement = conn.prepare(&settle)?;
-    let mut rows = statement.query(params![since])?;
+    let mut rows = statement.query(bound)?;
     while let Some(row) = rows.next()? {
         let value: Option<String> = row.get(0)?;
         let segment = segments.entry(value.clone()).or_insert_with(|| Segment { value, ..Segment::default() });
@@ -337,10 +354,11 @@ pub(crate) fn figures(
     }
     let run_key = by.map_or("NULL", Dimension::run_column);
     let runs = format!(
-        "SELECT {run_key}, r.status, count(*), sum(r.cost_minor) FROM run_facts r WHERE r.started_at >= ?1 GROUP BY 1, 2"
+        "SELECT {run_key}, r.status, count(*), sum(r.cost_minor) FROM run_facts r \
+         WHERE r.started_at >= ?1 AND {run_scope} GROUP BY 1, 2"
     );
     let mut statement = conn.prepare(&runs)?;
-    let mut rows = statement.query(params![since])?;
+    let mut rows = statement.query(bound)?;
     while let Some(row) = rows.next()? {
         let value: Option<String> = row.get(0)?;
         let status: Option<String> = row.get(1)?;

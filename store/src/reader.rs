@@ -308,6 +308,47 @@ impl Reader {
             .collect())
     }
 
+    /// How many of `tenant`'s intents are in each status; statuses with none are absent. Its
+    /// cost is the tenant's intents' index entries, never the log.
+    ///
+    /// # Errors
+    ///
+    /// The database's, or [`Error::Corrupt`] for a status code it does not know.
+    pub fn intent_counts(&self, tenant: &str) -> Result<Vec<(IntentStatus, u64)>> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        rows::tenant_intent_counts(&snapshot, tenant)
+    }
+
+    /// One page of `tenant`'s runs after `after` (`None` for the first page), in id order, at
+    /// most `limit`, only those in `state` when given. A run is a tenant's when it reserved at
+    /// least one intent and every one is that tenant's; a run that reserved none is no
+    /// tenant's. The cost is the tenant's intents' index entries and the runs read, never
+    /// the log.
+    ///
+    /// # Errors
+    ///
+    /// The database's, or [`Error::Corrupt`] for a row that does not decode.
+    pub fn runs_page(
+        &self,
+        tenant: &str,
+        state: Option<RunState>,
+        after: Option<&RunId>,
+        limit: usize,
+    ) -> Result<Vec<RunRow>> {
+        let after = after.map(|run_id| run_id.stream().as_str().to_owned()).unwrap_or_default();
+        let snapshot = self.conn.unchecked_transaction()?;
+        let keep = |run: &Run| match state {
+            None => true,
+            Some(RunState::Running) => run.status.is_none(),
+            Some(RunState::Finished(status)) => run.status == Some(status),
+        };
+        let mut out = Vec::new();
+        for (stream, run) in rows::tenant_runs_page(&snapshot, tenant, &after, limit, &keep)? {
+            out.push(RunRow::from_run(&run, &run_intents(&snapshot, stream)?));
+        }
+        Ok(out)
+    }
+
     /// One intent's row.
     pub fn intent(&self, key: &IntentKey) -> Result<Option<IntentRow>> {
         let snapshot = self.conn.unchecked_transaction()?;
@@ -347,15 +388,17 @@ impl Reader {
     }
 
     /// Seed 004's figures (see [`crate::metrics`]) at `now`, over the intents reserved and
-    /// the runs started at or after `since`, by segment.
+    /// the runs started at or after `since`, by segment; only `tenant`'s intents and runs when
+    /// given (a run is a tenant's as [`Reader::runs_page`] says).
     pub fn metrics(
         &self,
         since: Option<chrono::DateTime<chrono::Utc>>,
         by: Option<crate::metrics::Dimension>,
+        tenant: Option<&str>,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<crate::metrics::Segment>> {
         let snapshot = self.conn.unchecked_transaction()?;
-        crate::metrics::figures(&snapshot, since, by, now)
+        crate::metrics::figures(&snapshot, since, by, tenant, now)
     }
 
     /// One run's state and the intents it reserved, from their rows.

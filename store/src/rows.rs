@@ -405,6 +405,15 @@ pub(crate) fn intents_listed(conn: &Connection, status: Option<IntentStatus>) ->
     Ok(out)
 }
 
+/// The stream names of one tenant's intents: `[intent:charge:T:, intent:charge:T;)` and the
+/// same for refunds (`;` is the character after `:`), as the four bounds of two ranges of the
+/// `streams` name index.
+pub(crate) fn tenant_ranges(tenant: &str) -> [String; 4] {
+    let from = |kind: EffectKind| format!("intent:{}:{tenant}:", kind.as_str());
+    let to = |kind: EffectKind| format!("intent:{}:{tenant};", kind.as_str());
+    [from(EffectKind::Charge), to(EffectKind::Charge), from(EffectKind::Refund), to(EffectKind::Refund)]
+}
+
 /// One tenant's intents after `after` (a stream name; `""` for the first page), in key order,
 /// at most `limit`, only those with `status` when given. Two range scans of the `streams`
 /// name index (the tenant's charges, then its refunds): the cost is the page, not the log.
@@ -415,13 +424,7 @@ pub(crate) fn tenant_intents_page(
     after: &str,
     limit: usize,
 ) -> Result<Vec<Intent>> {
-    // `;` is the character after `:`: `[intent:charge:T:, intent:charge:T;)` is every
-    // stream of the tenant's charges.
-    let range = |kind: EffectKind| {
-        (format!("intent:{}:{tenant}:", kind.as_str()), format!("intent:{}:{tenant};", kind.as_str()))
-    };
-    let (charges_from, charges_to) = range(EffectKind::Charge);
-    let (refunds_from, refunds_to) = range(EffectKind::Refund);
+    let [charges_from, charges_to, refunds_from, refunds_to] = tenant_ranges(tenant);
     let sql = format!(
         "{INTENT_SELECT} WHERE ((s.name >= ?1 AND s.name < ?2) OR (s.name >= ?3 AND s.name < ?4)) \
          AND s.name > ?5 AND (?6 = 0 OR i.status = ?6) ORDER BY s.name LIMIT ?7"
@@ -435,6 +438,69 @@ pub(crate) fn tenant_intents_page(
         )?
         .collect::<rusqlite::Result<_>>()?;
     records.into_iter().map(|record| record.decode(conn)).collect()
+}
+
+/// How many of one tenant's intents are in each status (statuses with none are absent). The
+/// same two ranges as [`tenant_intents_page`]: the cost is the tenant's intents' index
+/// entries, never the log.
+pub(crate) fn tenant_intent_counts(conn: &Connection, tenant: &str) -> Result<Vec<(IntentStatus, u64)>> {
+    let [charges_from, charges_to, refunds_from, refunds_to] = tenant_ranges(tenant);
+    let mut statement = conn.prepare_cached(
+        "SELECT i.status, count(*) FROM intents i JOIN streams s ON s.id = i.stream \
+         WHERE (s.name >= ?1 AND s.name < ?2) OR (s.name >= ?3 AND s.name < ?4) GROUP BY i.status",
+    )?;
+    let counts: Vec<(i64, i64)> = statement
+        .query_map(params![charges_from, charges_to, refunds_from, refunds_to], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    counts
+        .into_iter()
+        .map(|(code, count)| {
+            let status = engine::ledger::ALL_STATUSES
+                .iter()
+                .copied()
+                .find(|status| status_code(*status) == code)
+                .ok_or_else(|| Error::corrupt(0, format!("an intent row with status code {code}")))?;
+            Ok((status, u64::try_from(count).unwrap_or(0)))
+        })
+        .collect()
+}
+
+/// One tenant's runs after `after` (a run stream name; `""` for the first page), in id
+/// order, the first `limit` that `keep` keeps. A run is a tenant's when it reserved at least
+/// one intent and every intent it reserved is that tenant's (a run that reserved none belongs
+/// to no tenant). Read through the tenant's intents' name ranges and `intents_by_run`; rows
+/// are decoded one at a time and the scan stops at `limit`, so the cost is the tenant's
+/// intents' index entries plus the runs read, never the log.
+pub(crate) fn tenant_runs_page(
+    conn: &Connection,
+    tenant: &str,
+    after: &str,
+    limit: usize,
+    keep: &dyn Fn(&Run) -> bool,
+) -> Result<Vec<(i64, Run)>> {
+    let [charges_from, charges_to, refunds_from, refunds_to] = tenant_ranges(tenant);
+    let tenants = |name: &str| format!("(({name} >= ?1 AND {name} < ?2) OR ({name} >= ?3 AND {name} < ?4))");
+    let sql = format!(
+        "{RUN_SELECT} WHERE s.name > ?5 \
+         AND r.stream IN (SELECT i.run FROM intents i JOIN streams si ON si.id = i.stream WHERE {}) \
+         AND NOT EXISTS (SELECT 1 FROM intents j JOIN streams sj ON sj.id = j.stream \
+                         WHERE j.run = r.stream AND NOT {}) \
+         ORDER BY s.name",
+        tenants("si.name"),
+        tenants("sj.name")
+    );
+    let mut statement = conn.prepare_cached(&sql)?;
+    let mut rows =
+        statement.query_map(params![charges_from, charges_to, refunds_from, refunds_to, after], RunRecord::from_row)?;
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let Some(record) = rows.next().transpose()? else { break };
+        let run = record.decode()?;
+        if keep(&run) {
+            out.push((record.stream, run));
+        }
+    }
+    Ok(out)
 }
 
 /// Every run, in id order.

@@ -9,6 +9,7 @@ mod agent_recovery;
 mod approvals;
 mod cli;
 mod concurrency;
+mod console;
 mod crash;
 mod facts;
 mod golden;

@@ -10,16 +10,17 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use testkit::sample::{CARD_TOKEN, TENANT};
 
-const OTHER_TENANT: &str = "9b2d1e4f-0a3c-4e5b-8f6a-7c8d9e0f1a2b";
+pub(crate) const OTHER_TENANT: &str = "9b2d1e4f-0a3c-4e5b-8f6a-7c8d9e0f1a2b";
 
 /// A `keel serve` child on a free port, stopped (SIGTERM) when dropped.
-struct Serve {
+pub(crate) struct Serve {
     child: Child,
-    addr: String,
+    /// `127.0.0.1:PORT`.
+    pub(crate) addr: String,
 }
 
 impl Serve {
-    fn start(db: &Path, sim: &Process, extra: &[&str]) -> Self {
+    pub(crate) fn start(db: &Path, sim: &Process, extra: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
             .arg("--db")
             .arg(db)
@@ -45,7 +46,25 @@ impl Serve {
     }
 
     /// One request; the status, the headers (lower-case names) and the body as JSON.
-    fn call(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> (u16, String, Value) {
+    pub(crate) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, String, Value) {
+        let (status, head, body) = self.call_text(method, path, headers, body);
+        (status, head, serde_json::from_str(&body).unwrap_or(Value::Null))
+    }
+
+    /// One request; the status, the headers (lower-case names) and the body as text.
+    pub(crate) fn call_text(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, String, String) {
         let mut stream = std::net::TcpStream::connect(&self.addr).expect("connects");
         let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", self.addr);
         for (name, value) in headers {
@@ -59,7 +78,7 @@ impl Serve {
         let answer = String::from_utf8_lossy(&answer).to_string();
         let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
         let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{answer:?}"));
-        (status, head.to_ascii_lowercase(), serde_json::from_str(body).unwrap_or(Value::Null))
+        (status, head.to_ascii_lowercase(), body.to_owned())
     }
 
     /// SIGTERM, then the exit code.
@@ -85,27 +104,27 @@ impl Drop for Serve {
 }
 
 /// `keel keys create`; returns the secret.
-fn create_key(db: &Path, tenant: &str, role: &str, name: &str) -> String {
+pub(crate) fn create_key(db: &Path, tenant: &str, role: &str, name: &str) -> String {
     let (code, out, err) =
         crate::cli::keel(db, None, &["keys", "create", "--tenant", tenant, "--role", role, "--name", name]);
     assert_eq!(code, 0, "{out} {err}");
     out["secret"].as_str().expect("the secret is printed once").to_owned()
 }
 
-fn bearer(secret: &str) -> String {
+pub(crate) fn bearer(secret: &str) -> String {
     format!("Bearer {secret}")
 }
 
-fn charge_body(order: &str, amount: i64) -> String {
+pub(crate) fn charge_body(order: &str, amount: i64) -> String {
     json!({"order_id": order, "amount_minor": amount, "currency": "EUR", "payment_method_token": CARD_TOKEN})
         .to_string()
 }
 
-fn event_count(db: &Path) -> usize {
+pub(crate) fn event_count(db: &Path) -> usize {
     store::Reader::open(db).expect("a reader").events_since(0).expect("events").len()
 }
 
-fn effects(dir: &Path) -> usize {
+pub(crate) fn effects(dir: &Path) -> usize {
     provider_sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects").len()
 }
 
@@ -484,7 +503,7 @@ fn the_openapi_document_is_served_and_every_route_it_names_answers() {
     let key = format!("charge:{TENANT}:openapi_probe_01");
     for (path, item) in paths {
         for method in item.as_object().expect("a path item").keys() {
-            let concrete = path.replace("{key}", &key);
+            let concrete = path.replace("{key}", &key).replace("{id}", "openapi_probe_run");
             let (status, _, answer) = serve.call(&method.to_uppercase(), &concrete, &[], None);
             let code = answer["error"]["code"].as_str().unwrap_or_default();
             assert!(
@@ -603,4 +622,92 @@ fn each_request_is_held_to_its_tenants_policy_and_records_it() {
     let (status, _, answer) = post(&other, "policy_other_001", &charge_body("o-other-1", 1_001));
     assert_eq!(status, 200, "{answer}");
     assert_eq!(effects(dir.path()), 2);
+}
+
+#[test]
+fn runs_traces_and_metrics_are_read_behind_a_key_and_the_tenant_wall() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let submit = bearer(&create_key(&db, TENANT, "submit", "svc"));
+    let reader = bearer(&create_key(&db, TENANT, "read", "dash"));
+    let stranger = bearer(&create_key(&db, OTHER_TENANT, "operator", "ops-other"));
+    let serve = Serve::start(&db, &sim, &[]);
+    let mut run_ids = Vec::new();
+    for (i, id) in ["read_runs_0001", "read_runs_0002"].into_iter().enumerate() {
+        let headers =
+            [("Authorization", submit.as_str()), ("Idempotency-Key", id), ("Content-Type", "application/json")];
+        let (status, _, out) =
+            serve.call("POST", "/v1/charges", &headers, Some(&charge_body(&format!("o-run-{i}"), 700)));
+        assert_eq!(status, 200, "{out}");
+        run_ids.push(out["run_id"].as_str().expect("a run id").to_owned());
+    }
+    run_ids.sort();
+    let before = event_count(&db);
+
+    // Paged in id order, like the intents.
+    let (status, _, first) = serve.call("GET", "/v1/runs?limit=1", &[("Authorization", &reader)], None);
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["runs"][0]["run_id"].as_str(), Some(run_ids[0].as_str()), "{first}");
+    let cursor = first["next_cursor"].as_str().expect("a second page");
+    let (_, _, second) =
+        serve.call("GET", &format!("/v1/runs?limit=1&cursor={cursor}"), &[("Authorization", &reader)], None);
+    assert_eq!(second["runs"][0]["run_id"].as_str(), Some(run_ids[1].as_str()), "{second}");
+    assert!(second["next_cursor"].is_null(), "{second}");
+    let (_, _, finished) = serve.call("GET", "/v1/runs?status=completed", &[("Authorization", &reader)], None);
+    assert_eq!(finished["runs"].as_array().map(Vec::len), Some(2), "{finished}");
+    let (_, _, running) = serve.call("GET", "/v1/runs?status=running", &[("Authorization", &reader)], None);
+    assert_eq!(running["runs"].as_array().map(Vec::len), Some(0), "{running}");
+
+    // One run, its trace; another tenant's key finds neither.
+    let path = format!("/v1/runs/{}", run_ids[0]);
+    let (status, _, shown) = serve.call("GET", &path, &[("Authorization", &reader)], None);
+    assert_eq!((status, shown["run_id"].as_str()), (200, Some(run_ids[0].as_str())), "{shown}");
+    assert_eq!(shown["intents"].as_array().map(Vec::len), Some(1), "{shown}");
+    let (status, _, trace) = serve.call("GET", &format!("{path}/trace"), &[("Authorization", &reader)], None);
+    assert_eq!(status, 200, "{trace}");
+    assert_eq!(trace["roots"][0]["event"], "RunStarted", "{trace}");
+    for probe in [path.clone(), format!("{path}/trace"), "/v1/runs/no-such-run".to_owned()] {
+        let (status, _, answer) = serve.call("GET", &probe, &[("Authorization", &stranger)], None);
+        assert_eq!((status, error_code(status, &answer).as_str()), (404, "not_found"), "{probe}: {answer}");
+    }
+    let (_, _, theirs) = serve.call("GET", "/v1/runs", &[("Authorization", &stranger)], None);
+    assert_eq!(theirs["runs"].as_array().map(Vec::len), Some(0), "{theirs}");
+
+    // The figures are the key's tenant's.
+    let (status, _, figures) = serve.call("GET", "/v1/metrics?by=operation", &[("Authorization", &reader)], None);
+    assert_eq!(status, 200, "{figures}");
+    assert_eq!(
+        (figures["segments"][0]["segment"].as_str(), figures["segments"][0]["intents"].as_u64()),
+        (Some("charge"), Some(2))
+    );
+    let (_, _, theirs) = serve.call("GET", "/v1/metrics", &[("Authorization", &stranger)], None);
+    assert_eq!(theirs["segments"][0]["intents"], 0, "another tenant's figures are its own: {theirs}");
+    let (status, head, text) = serve.call_text("GET", "/metrics", &[("Authorization", &reader)], None);
+    assert_eq!(status, 200, "{text}");
+    assert!(head.contains("content-type: text/plain; version=0.0.4"), "{head}");
+    for line in [
+        "# HELP keel_intents Intents reserved.",
+        "# TYPE keel_intents gauge",
+        "keel_intents 2",
+        "keel_intents_validated 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in {text}");
+    }
+    assert!(text.lines().filter(|l| !l.starts_with('#')).all(|l| l.starts_with("keel_")), "{text}");
+
+    for (path, auth, status, code) in [
+        ("/v1/runs?status=happy", reader.as_str(), 400, "invalid_arguments"),
+        ("/v1/runs?limit=0", reader.as_str(), 400, "invalid_arguments"),
+        ("/v1/runs?cursor=zz", reader.as_str(), 400, "invalid_arguments"),
+        ("/v1/runs?colour=red", reader.as_str(), 400, "invalid_arguments"),
+        ("/v1/metrics?by=colour", reader.as_str(), 400, "invalid_arguments"),
+        ("/v1/metrics?since=yesterday", reader.as_str(), 400, "invalid_arguments"),
+        ("/v1/runs", "Bearer keel_nope_nope", 401, "invalid_api_key"),
+    ] {
+        let (got, _, answer) = serve.call("GET", path, &[("Authorization", auth)], None);
+        assert_eq!((got, error_code(got, &answer).as_str()), (status, code), "{path}: {answer}");
+    }
+    let (status, _, answer) = serve.call("GET", "/metrics", &[], None);
+    assert_eq!((status, error_code(status, &answer).as_str()), (401, "missing_api_key"), "{answer}");
+    assert_eq!(event_count(&db), before, "reading wrote nothing");
 }

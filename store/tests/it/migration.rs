@@ -296,7 +296,7 @@ fn version_7_fills_the_metrics_rows_of_a_version_6_file_as_the_writer_writes_the
     let version: i64 = raw.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
     assert_eq!(version, SCHEMA_VERSION);
     assert_eq!(facts(&raw), written, "the back-fill writes what the writer wrote");
-    let segments = Reader::open(&fixture.path).expect("reader").metrics(None, None, start()).expect("figures");
+    let segments = Reader::open(&fixture.path).expect("reader").metrics(None, None, None, start()).expect("figures");
     assert_eq!((segments[0].intents, segments[0].validated, segments[0].runs), (3, 1, 3));
     assert_eq!(
         segments[0].settle_ms,

@@ -1,0 +1,182 @@
+//! The console's server-side sessions and their CSRF tokens.
+//!
+//! Owns [`Sessions`]: a bounded table from a random session id (the cookie's value) to the
+//! key signed in — `None` for a login form's session, which only carries the CSRF token the
+//! form posts back — the session's own CSRF token and its expiry. Ids and tokens are
+//! `keys::new_secret`'s 244 random bits; a login replaces the form's session with a new id
+//! (the id a browser held before signing in is never the signed-in one). The cookie is
+//! `HttpOnly; SameSite=Strict; Path=/` (no `Secure`: `keel serve` has no TLS yet; it must be
+//! added with it). It never stores a key's secret, only the key's public id, and never decides
+//! what a key may do.
+
+use crate::keys::{constant_time_eq, new_secret};
+use axum::http::{HeaderMap, header};
+use engine::limits::{CONSOLE_LOGIN_TTL_MS, CONSOLE_SESSION_TTL_MS, CONSOLE_SESSIONS_MAX};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The cookie's name.
+const COOKIE: &str = "keel_session";
+
+/// One session.
+struct Session {
+    /// The signed-in key's public id; `None` for a login form's session.
+    key_id: Option<String>,
+    csrf: String,
+    expires: Instant,
+}
+
+/// What a request's cookie names, while it lasts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Current {
+    /// The session id (the cookie's value).
+    pub id: String,
+    /// The signed-in key's public id; `None` before login.
+    pub key_id: Option<String>,
+    /// The token every form of this session posts back.
+    pub csrf: String,
+}
+
+impl Current {
+    /// Whether `presented` (a form's `csrf` field) is this session's token.
+    pub fn csrf_matches(&self, presented: Option<&str>) -> bool {
+        presented.is_some_and(|token| constant_time_eq(token.as_bytes(), self.csrf.as_bytes()))
+    }
+}
+
+/// Every live session, at most `CONSOLE_SESSIONS_MAX`.
+#[derive(Default)]
+pub struct Sessions {
+    live: Mutex<HashMap<String, Session>>,
+}
+
+impl Sessions {
+    /// The session `headers`' cookie names, if it exists and has not expired at `now` (an
+    /// expired one is dropped).
+    pub fn current(&self, headers: &HeaderMap, now: Instant) -> Option<Current> {
+        let id = cookie(headers)?;
+        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match live.get(&id) {
+            Some(session) if session.expires > now => {
+                Some(Current { id, key_id: session.key_id.clone(), csrf: session.csrf.clone() })
+            }
+            Some(_) => {
+                live.remove(&id);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// A login form's session: no key, a CSRF token, `CONSOLE_LOGIN_TTL_MS` to live.
+    pub fn begin(&self, now: Instant) -> Current {
+        self.insert(None, now + Duration::from_millis(CONSOLE_LOGIN_TTL_MS), now)
+    }
+
+    /// Signs `key_id` in: `previous` (the login form's session) ends and a new session, with a
+    /// new id and token, lives `CONSOLE_SESSION_TTL_MS`.
+    pub fn sign_in(&self, previous: &Current, key_id: &str, now: Instant) -> Current {
+        self.end(previous);
+        self.insert(Some(key_id.to_owned()), now + Duration::from_millis(CONSOLE_SESSION_TTL_MS), now)
+    }
+
+    /// Ends `session` (logout, or its key was revoked).
+    pub fn end(&self, session: &Current) {
+        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&session.id);
+    }
+
+    fn insert(&self, key_id: Option<String>, expires: Instant, now: Instant) -> Current {
+        let mut live = self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if live.len() >= CONSOLE_SESSIONS_MAX {
+            live.retain(|_, session| session.expires > now);
+        }
+        if live.len() >= CONSOLE_SESSIONS_MAX {
+            // Login forms live minutes, signed-in sessions hours: the soonest to expire is a
+            // login form's whenever one is held.
+            let soonest = live.iter().min_by_key(|(_, session)| session.expires).map(|(id, _)| id.clone());
+            if let Some(id) = soonest {
+                live.remove(&id);
+            }
+        }
+        let current = Current { id: new_secret(), key_id: key_id.clone(), csrf: new_secret() };
+        live.insert(current.id.clone(), Session { key_id, csrf: current.csrf.clone(), expires });
+        current
+    }
+}
+
+/// The session id a request's `Cookie` headers carry.
+fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, value)| value.to_owned())
+}
+
+/// The `Set-Cookie` value that gives the browser `session`.
+pub fn set_cookie(session: &Current) -> String {
+    format!("{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/", session.id)
+}
+
+/// The `Set-Cookie` value that makes the browser forget its session.
+pub fn clear_cookie() -> String {
+    format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Sessions, set_cookie};
+    use axum::http::{HeaderMap, HeaderValue, header};
+    use engine::limits::{CONSOLE_LOGIN_TTL_MS, CONSOLE_SESSION_TTL_MS};
+    use std::time::Duration;
+    use tokio::time::Instant;
+
+    fn with_cookie(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::COOKIE, HeaderValue::from_str(value).expect("a header value"));
+        headers
+    }
+
+    #[test]
+    fn a_login_replaces_the_form_s_session_and_each_expires_on_time() {
+        let sessions = Sessions::default();
+        let start = Instant::now();
+        let form = sessions.begin(start);
+        let cookie = set_cookie(&form);
+        assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"));
+        let headers = with_cookie(&format!("other=1; keel_session={}", form.id));
+        assert_eq!(sessions.current(&headers, start).as_ref(), Some(&form));
+        let login_ttl = Duration::from_millis(CONSOLE_LOGIN_TTL_MS);
+        assert_eq!(sessions.current(&headers, start + login_ttl), None, "a login form's session expires");
+
+        let form = sessions.begin(start);
+        let signed = sessions.sign_in(&form, "key-id", start);
+        assert_ne!((&signed.id, &signed.csrf), (&form.id, &form.csrf), "a new id and token at login");
+        assert_eq!(sessions.current(&with_cookie(&format!("keel_session={}", form.id)), start), None);
+        let headers = with_cookie(&format!("keel_session={}", signed.id));
+        let ttl = Duration::from_millis(CONSOLE_SESSION_TTL_MS);
+        assert_eq!(
+            sessions.current(&headers, start + ttl - Duration::from_millis(1)).map(|c| c.key_id),
+            Some(Some("key-id".to_owned()))
+        );
+        assert_eq!(sessions.current(&headers, start + ttl), None, "a session expires");
+        assert_eq!(sessions.current(&with_cookie("keel_session=forged"), start), None);
+    }
+
+    #[test]
+    fn a_csrf_token_matches_only_itself() {
+        let sessions = Sessions::default();
+        let current = sessions.begin(Instant::now());
+        assert!(current.csrf_matches(Some(&current.csrf.clone())));
+        assert!(!current.csrf_matches(None));
+        assert!(!current.csrf_matches(Some("")));
+        let mut wrong = current.csrf.clone();
+        wrong.replace_range(0..1, if wrong.starts_with('0') { "1" } else { "0" });
+        assert!(!current.csrf_matches(Some(&wrong)));
+    }
+}
