@@ -403,9 +403,9 @@ fn version_9_counts_refused_resends_and_names_the_proposing_tool_on_a_version_8_
     let version: i64 = fixture.raw().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
     assert_eq!(version, SCHEMA_VERSION);
     let reader = Reader::open(&fixture.path).expect("reader");
-    let all = reader.metrics(None, None, start()).expect("figures");
+    let all = reader.metrics(None, None, None, start()).expect("figures");
     assert_eq!((all[0].refused_resends, all[0].retries_prevented()), (1, 1), "{all:?}");
-    let by_tool = reader.metrics(None, Some(Dimension::Tool), start()).expect("figures");
+    let by_tool = reader.metrics(None, Some(Dimension::Tool), None, start()).expect("figures");
     let segments: Vec<(Option<&str>, u64, u64)> =
         by_tool.iter().map(|s| (s.value.as_deref(), s.intents, s.refused_resends)).collect();
     assert_eq!(
