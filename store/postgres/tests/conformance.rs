@@ -541,7 +541,11 @@ fn postgres_a_recovery_that_raced_an_answer_on_a_range_read_runs_again_never_for
     let mut watcher = admin(&url);
     let mut waiting = || -> i64 {
         watcher
-            .query_one("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted", &[])
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )
             .expect("reads pg_locks")
             .get(0)
     };
