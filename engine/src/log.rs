@@ -4,8 +4,8 @@
 //! sends a [`Command`] and gets back the [`Reply`] once the command's events are committed,
 //! or the [`Refusal`] that wrote nothing — and [`Asking`], the typed way through that door:
 //! an [`Ask<A>`] built by one constructor per kind of request answers with its own type `A`
-//! ([`IntentAnswer`], [`Run`], [`RunHistory`], …), so no caller picks a [`Reply`] apart. The `store` crate implements it; the engine never
-//! names SQL. Implementations must decide each command against a ledger that includes every
+//! ([`IntentAnswer`], [`Run`], [`RunHistory`], …), so no caller picks a [`Reply`] apart. The `store` (SQLite) and `store-postgres` crates
+//! implement it; the engine never names SQL. Implementations must decide each command against a ledger that includes every
 //! event committed before it (by any process), and answer only after the commit.
 
 use crate::event::{Cause, IntentKey, RunId, RunStatus, SignalName};

@@ -31,3 +31,10 @@ pub mod cluster;
 pub use error::{Error, Result};
 pub use reader::{Mismatch, PgReader, VERIFY_MISMATCHES_MAX, VerifyReport};
 pub use writer::{Options, PgLog, WriterStats};
+
+/// The key of the transaction-scoped advisory lock (`pg_advisory_xact_lock`) a command takes
+/// before it reads `stream`'s entity: what an operator looks for in `pg_locks`, and what a
+/// test holds to stop a command at that read.
+pub fn stream_lock_key(stream: &engine::event::StreamId) -> i64 {
+    locks::Lock::Stream(stream).key()
+}

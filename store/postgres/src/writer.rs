@@ -7,6 +7,9 @@
 //! commands on one entity serialise on its lock (`crate::tx`). There is no global lock and
 //! no global head row: sequences come from `events_seq`, the chain is per stream.
 //!
+//! It never decides nor folds anything itself: every decision is `engine::ledger::decide`'s,
+//! every fold `engine::ledger::fold::apply`'s, every seal `engine::append::seal`'s.
+//!
 //! # One command
 //!
 //! `BEGIN` (READ COMMITTED) → decide over [`Tx`] (locks taken on read) → seal with the

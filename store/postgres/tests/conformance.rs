@@ -140,6 +140,7 @@ conformance!(
     a_stale_token_is_fenced_but_its_definitive_answer_is_recorded,
     a_takeover_after_expiry_makes_in_flight_attempts_unknown_never_resent,
     a_charge_and_its_refund_run_end_to_end_through_the_executor,
+    late_answers_racing_a_takeover_make_one_history_never_a_fork,
 );
 
 fn two_workers_reserving_one_key_make_exactly_one_reservation(backend: Backend) {
@@ -319,6 +320,48 @@ fn a_takeover_after_expiry_makes_in_flight_attempts_unknown_never_resent(backend
     pair.checks.verify().unwrap_or_else(|report| panic!("{backend:?}: {report}"));
 }
 
+fn late_answers_racing_a_takeover_make_one_history_never_a_fork(backend: Backend) {
+    const INTENTS: usize = 8;
+    let pair = backend.open("late_vs_takeover");
+    let (dead, taker) = (LeaseOwner::named("dead"), LeaseOwner::named("taker"));
+    let ids: Vec<String> = (0..INTENTS).map(|n| format!("late-{n:02}")).collect();
+    runtime().block_on(async {
+        for (n, id) in ids.iter().enumerate() {
+            leased_attempt(&pair.a, &format!("run-late-{n}"), id, &dead).await;
+        }
+        pair.clock.advance_ms(i64::try_from(engine::limits::LEASE_TTL_DEFAULT_MS).expect("small") + 1);
+        // The presumed-dead worker's answers arrive while the other worker recovers its runs.
+        let answers = ids.iter().map(|id| {
+            let log = pair.a.clone();
+            let command = succeed(id, 1, 500);
+            tokio::spawn(async move { log.execute(command).await })
+        });
+        let answers: Vec<_> = answers.collect();
+        let recover = Command::new(Cause::recovery(), Action::Recover { owner: taker.clone(), run: None });
+        let recovered = pair.b.execute(recover).await;
+        assert!(matches!(recovered, Ok(Reply::Recovered(_))), "{backend:?}: {recovered:?}");
+        for answer in answers {
+            match answer.await.expect("no panic") {
+                Ok(_) | Err(LogError::Refused(_)) => {}
+                Err(other) => panic!("{backend:?}: an answer is recorded or refused, never lost: {other}"),
+            }
+        }
+    });
+    for id in &ids {
+        let events = pair.checks.stream(&key(id).stream());
+        let started = events.iter().filter(|e| matches!(e.event, Event::AttemptStarted { .. })).count();
+        assert_eq!(started, 1, "{backend:?}: {id} never resent");
+        let answered = events.iter().any(|e| {
+            matches!(
+                e.event,
+                Event::IntentValidated { .. } | Event::LateAnswerRecorded { .. } | Event::ReconciliationResolved { .. }
+            )
+        });
+        assert!(answered, "{backend:?}: {id}: the definitive answer is recorded whichever came first: {events:?}");
+    }
+    pair.checks.verify().unwrap_or_else(|report| panic!("{backend:?}: {report}"));
+}
+
 const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 
 fn request(run_id: &str) -> RunRequest {
@@ -474,6 +517,62 @@ fn postgres_events_are_append_only_and_a_tampered_event_is_reported_by_verify() 
         "{report}: {:?}",
         report.mismatches
     );
+}
+
+#[test]
+fn postgres_a_recovery_that_raced_an_answer_on_a_range_read_runs_again_never_forks() {
+    let url = pg_url("stale_range");
+    let clock = Arc::new(ManualClock::new(start()));
+    let (answering, recovering) = (pg_open(&url, &clock), pg_open(&url, &clock));
+    let rt = runtime();
+    let answering_log: Arc<dyn EventLog> = Arc::new(answering.clone());
+    rt.block_on(leased_attempt(&answering_log, "run-raced", "raced", &LeaseOwner::named("dead")));
+    clock.advance_ms(i64::try_from(engine::limits::LEASE_TTL_DEFAULT_MS).expect("small") + 1);
+    // Hold the run's lock: the recovery reads the in-flight intent (a range read, no lock),
+    // then stops at the run's lock…
+    let mut holder = admin(&url);
+    let run_lock = store_postgres::stream_lock_key(&RunId::new("run-raced").stream());
+    holder.execute("SELECT pg_advisory_lock($1)", &[&run_lock]).expect("holds the run's lock");
+    let recover = Command::new(Cause::recovery(), Action::Recover { owner: LeaseOwner::named("taker"), run: None });
+    let recovery = {
+        let log = recovering.clone();
+        rt.spawn(async move { log.execute(recover).await })
+    };
+    let mut watcher = admin(&url);
+    let mut waiting = || -> i64 {
+        watcher
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )
+            .expect("reads pg_locks")
+            .get(0)
+    };
+    for _ in 0..500 {
+        if waiting() > 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(waiting(), 1, "the recovery waits at the run's lock");
+    // …while the attempt's answer commits on the intent's stream.
+    let (answered, _) = intent_of(rt.block_on(answering.execute(succeed("raced", 1, 500))));
+    assert_eq!(answered.status, IntentStatus::Validated);
+    holder.execute("SELECT pg_advisory_unlock($1)", &[&run_lock]).expect("releases");
+    match rt.block_on(recovery).expect("no panic") {
+        Ok(Reply::Recovered(recovery)) => {
+            assert!(recovery.recovered.is_empty(), "run again, it finds nothing in flight: {recovery:?}");
+        }
+        other => panic!("the recovery answers, got {other:?}"),
+    }
+    assert!(recovering.stats().retries >= 1, "its first attempt collided and ran again: {:?}", recovering.stats());
+    let events = PgChecks(url.clone()).stream(&key("raced").stream());
+    assert!(
+        !events.iter().any(|e| matches!(e.event, Event::OutcomeUnknown { .. })),
+        "no crash recorded over the answer"
+    );
+    PgChecks(url).verify().unwrap_or_else(|report| panic!("{report}"));
 }
 
 // ---- A COMMIT whose answer is lost ------------------------------------------------------
