@@ -205,6 +205,7 @@ pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
         "started_at": run.started_at,
         "deadline_at": run.deadline_at,
         "cancel_requested": run.cancel_requested,
+        "wakes_at": run.wake_at,
         "limits": {
             "spine": run.limits,
             "agent": agent.as_ref().and_then(|s| s.header.as_ref()).map(|h| &h.limits),
@@ -223,6 +224,9 @@ pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
         }
         if let Some(request) = &run.cancel_requested {
             outln!("  cancel requested by {} at {}: {}", request.by, when(request.at), request.reason);
+        }
+        if let Some(at) = run.wake_at {
+            outln!("  waits on its timer until {}: `keel resume` continues it from then on", when(at));
         }
         if let Some(header) = agent.as_ref().and_then(|s| s.header.as_ref()) {
             let grants: Vec<&str> = header.capabilities.iter().map(String::as_str).collect();
