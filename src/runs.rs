@@ -2,10 +2,11 @@
 //! the operator's view of runs.
 //!
 //! Owns the translation between flags and run queries (a status parsed into the engine's
-//! `RunStatus`, a workflow, a time), the rendering of a run with its budgets, and the
-//! operator's cancellation of a run and the signals an operator delivers. Every read is of entity rows (`runs`, `intents`) or of
-//! one run's own stream (an agent run's facts, for its budgets): never the whole log. It
-//! never decides whether a run may be cancelled (the ledger does).
+//! `RunStatus`, a workflow, a time), the rendering of a run with its budgets, the operator's
+//! cancellation of a run and the signals an operator delivers. Every read is of entity rows
+//! (`runs`, `intents`) or of one run's own stream (an agent run's facts, for its budgets):
+//! never the whole log. It never decides whether a run may be cancelled or signalled (the
+//! ledger does).
 
 use crate::exit;
 use crate::ops::{money, when};
