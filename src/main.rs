@@ -501,7 +501,8 @@ enum Command {
     ///
     /// The payload is strict JSON (a repeated key is refused), at most 16 KiB; without one
     /// it is null. An unknown run or a bad name or payload is a usage error (64), a finished
-    /// run a refusal (2); either way nothing is written.
+    /// run or an agent run (which waits for no signal) a refusal (2); either way nothing is
+    /// written.
     Signal {
         /// The run id (printed by `keel refund`, listed by `keel runs --status running`).
         run_id: String,

@@ -2,10 +2,11 @@
 //! the operator's view of runs.
 //!
 //! Owns the translation between flags and run queries (a status parsed into the engine's
-//! `RunStatus`, a workflow, a time), the rendering of a run with its budgets, and the
-//! operator's cancellation of a run and the signals an operator delivers. Every read is of entity rows (`runs`, `intents`) or of
-//! one run's own stream (an agent run's facts, for its budgets): never the whole log. It
-//! never decides whether a run may be cancelled (the ledger does).
+//! `RunStatus`, a workflow, a time), the rendering of a run with its budgets, the operator's
+//! cancellation of a run and the signals an operator delivers. Every read is of entity rows
+//! (`runs`, `intents`) or of one run's own stream (an agent run's facts, for its budgets):
+//! never the whole log. It never decides whether a run may be cancelled or signalled (the
+//! ledger does).
 
 use crate::exit;
 use crate::ops::{money, when};
@@ -227,6 +228,7 @@ pub fn run_document(reader: &store::Reader, run_id: &RunId, now: DateTime<Utc>) 
         "started_at": run.started_at,
         "deadline_at": run.deadline_at,
         "cancel_requested": run.cancel_requested,
+        "wakes_at": run.wake_at,
         "limits": {
             "spine": run.limits,
             "agent": agent.as_ref().and_then(|s| s.header.as_ref()).map(|h| &h.limits),
@@ -255,6 +257,9 @@ pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
         }
         if let Some(request) = &run.cancel_requested {
             outln!("  cancel requested by {} at {}: {}", request.by, when(request.at), request.reason);
+        }
+        if let Some(at) = run.wake_at {
+            outln!("  waits on its timer until {}: `keel resume` continues it from then on", when(at));
         }
         if let Some(header) = agent.as_ref().and_then(|s| s.header.as_ref()) {
             let grants: Vec<&str> = header.capabilities.iter().map(String::as_str).collect();

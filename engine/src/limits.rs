@@ -96,8 +96,8 @@ pub const SHUTDOWN_GRACE_MS: u64 = 10_000;
 
 /// The longest wait a workflow's durable timer (`Context::sleep`) spends asleep in its
 /// process. A longer one suspends the run instead: its fire time is already durable
-/// (`TimerStarted`), so `keel resume` (or `keel worker`) continues it at or after that
-/// instant, and no process stays blocked for hours holding a lease. A wait this short
+/// (`TimerStarted`), so `keel resume` (and any resume pass sharing its path) continues it at
+/// or after that instant, and no process stays blocked for hours holding a lease. A wait this short
 /// costs less asleep than a suspension does (a lease given back, a resume pass, a replay),
 /// and a process that dies during it is resumed like any other crash — its fire time is
 /// durable either way. Enforced by `Context::sleep`.

@@ -69,6 +69,8 @@ fn a_refund_killed_while_its_timer_waits_resumes_only_once_the_timer_fired() {
     assert_eq!(early["resumed"], json!([]), "{early}");
     assert_eq!(early["sleeping"][0]["run_id"], json!(run_id), "{early}");
     assert_eq!(instant(&early["sleeping"][0]["wakes_at"]), fire_at, "the fire time recorded, not a fresh one");
+    let (_, shown, _) = keel(&db, None, &["run", "show", run_id.as_str()]);
+    assert_eq!(instant(&shown["wakes_at"]), fire_at, "`keel run show` says until when: {shown}");
     let (_, intents, _) = keel(&db, None, &["intents"]);
     let refunds = intents.as_array().into_iter().flatten().filter(|i| i["kind"] == "refund").count();
     assert_eq!(refunds, 0, "nothing is reserved while the run waits: {intents}");

@@ -707,3 +707,30 @@ async fn a_timer_past_the_run_deadline_is_refused_before_anything_is_written() {
     assert!(!out.written);
     assert!(h.log.events().is_empty(), "no timer recorded that could never fire in time");
 }
+
+#[tokio::test]
+async fn a_signal_for_an_agent_run_is_refused_writing_nothing() {
+    let h = Harness::new(stripe());
+    let run_id = RunId::new("agent-run");
+    let start = engine::ledger::AgentRunStart {
+        workflow: "ticket-review".into(),
+        deadline_at: engine::clock::checked_plus_ms(h.clock.now(), 60_000).expect("an instant"),
+        input: json!({}),
+        limits: limits(),
+        versions: Default::default(),
+        owner: None,
+    };
+    let batch = Action::RecordAgentEntries {
+        run_id: run_id.clone(),
+        position: 0,
+        entries: vec![json!({"type": "agent_run_started"})],
+        start: Some(start),
+        spine: Vec::new(),
+    };
+    h.command(batch).await.expect("an agent run starts");
+    let before = h.log.events().len();
+    let name = SignalName::parse("go").expect("a valid name");
+    let refused = h.command(Action::DeliverSignal { run_id, name, payload: json!(1) }).await;
+    assert!(matches!(refused, Err(LogError::Refused(Refusal::SignalToAgentRun(_)))), "{refused:?}");
+    assert_eq!(h.log.events().len(), before, "nothing written");
+}

@@ -45,11 +45,14 @@
 //!
 //! `run` folds the journal first. A recorded answer is never requested again; a call
 //! reserved before a crash stays counted, with its hold. A run that started on a script (a
-//! transcript) is resumed only on the same one: another stops it `nondeterministic_replay`. A tool call reserved without a result consumed its
-//! budget: a read tool's is recorded `interrupted`; an effect tool's goes back through guard
-//! steps 8–11, where the spine finds the same intent (same key, same fingerprint) and knows
-//! whether an attempt was sent — an attempt in flight at a crash is reconciled, never resent
-//! blindly; an effect tool that cannot be continued stops the run `outcome_unknown`.
+//! transcript) is resumed only on the same one, and with the same tools: another script, or
+//! a registry whose tools differ, stops it `nondeterministic_replay` (naming the model call
+//! after which replay diverged), never an internal error. A tool call reserved without a
+//! result consumed its budget: a read tool's is recorded `interrupted`; an effect tool's goes
+//! back through guard steps 8–11, where the spine finds the same intent (same key, same
+//! fingerprint) and knows whether an attempt was sent — an attempt in flight at a crash is
+//! reconciled, never resent blindly; an effect tool that cannot be continued stops the run
+//! `outcome_unknown`.
 //!
 //! # Suspending
 //!

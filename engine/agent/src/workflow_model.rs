@@ -200,17 +200,23 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// A transport that counts its calls and answers 100 output tokens; it can be told to
-    /// die (panic, as a killed process would stop) during its first call.
+    /// die (panic, as a killed process would stop) during its first call, or to fail every
+    /// call as an unreachable provider does.
     struct Counting {
         calls: AtomicUsize,
         die_on_first: bool,
+        unavailable: bool,
     }
 
     impl ModelTransport for Counting {
         fn complete<'a>(&'a self, _: &'a ModelRequest) -> BoxFuture<'a, Result<ModelResponse, TransportError>> {
             let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
             assert!(!(self.die_on_first && call == 1), "the process dies during its first model call");
+            let unavailable = self.unavailable;
             Box::pin(async move {
+                if unavailable {
+                    return Err(TransportError::Unavailable { detail: "connection refused".into() });
+                }
                 Ok(ModelResponse {
                     id: Some(format!("msg_{call}")),
                     model: "m".into(),
@@ -308,7 +314,7 @@ mod tests {
     #[tokio::test]
     async fn an_answer_journaled_before_a_crash_is_never_asked_again_and_its_tokens_stay_spent() {
         let clock = clock();
-        let transport = Arc::new(Counting { calls: AtomicUsize::new(0), die_on_first: false });
+        let transport = Arc::new(Counting { calls: AtomicUsize::new(0), die_on_first: false, unavailable: false });
         let log = Arc::new(MemoryLog::new(clock.clone()));
         let armed = Failpoints::armed(Point::AfterCallAnswered, 1, Arc::new(|p| panic!("crash at {p}")));
         let first = executor(log.clone(), clock.clone(), &transport, 150).with_failpoints(armed);
@@ -333,7 +339,7 @@ mod tests {
     #[tokio::test]
     async fn a_try_the_process_died_during_stays_counted_and_the_call_is_reserved_again() {
         let clock = clock();
-        let dying = Arc::new(Counting { calls: AtomicUsize::new(0), die_on_first: true });
+        let dying = Arc::new(Counting { calls: AtomicUsize::new(0), die_on_first: true, unavailable: false });
         let log = Arc::new(MemoryLog::new(clock.clone()));
         let first = executor(log.clone(), clock.clone(), &dying, 250);
         let log = crash(&log, &clock, async move {
@@ -342,7 +348,7 @@ mod tests {
         .await;
         assert_eq!(steps(&log), vec!["reserve:first"], "the reservation was durable before the call");
 
-        let transport = Arc::new(Counting { calls: AtomicUsize::new(0), die_on_first: false });
+        let transport = Arc::new(Counting { calls: AtomicUsize::new(0), die_on_first: false, unavailable: false });
         let resumed = executor(log.clone(), clock.clone(), &transport, 250);
         let run = log.ledger().run(&RunId::new("run-1")).expect("the run").clone();
         let outcome = resumed.resume(&run, Cause::command("resume")).await.expect("resumes");
@@ -351,6 +357,32 @@ mod tests {
         assert_eq!(outcome.status.as_str(), "token_budget", "{}", outcome.output);
         assert_eq!(steps(&log), vec!["reserve:first", "reserve:first", "answer:first"]);
         assert_eq!(transport.calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failed_call_is_journaled_replayed_as_failed_and_its_hold_stays_spent() {
+        let clock = clock();
+        let down = Arc::new(Counting { calls: AtomicUsize::new(0), die_on_first: false, unavailable: true });
+        let log = Arc::new(MemoryLog::new(clock.clone()));
+        let armed = Failpoints::armed(Point::AfterCallAnswered, 1, Arc::new(|p| panic!("crash at {p}")));
+        let first = executor(log.clone(), clock.clone(), &down, 150).with_failpoints(armed);
+        let log = crash(&log, &clock, async move {
+            let _ = first.start("two-questions", &json!({}), request()).await;
+        })
+        .await;
+        let failed = log.events().into_iter().find_map(|e| match e.event {
+            Event::StepRecorded { name, output, .. } if name == "answer:first" => Some(output),
+            _ => None,
+        });
+        assert_eq!(failed.map(|o| o["outcome"].clone()), Some(json!("failed")), "the failure is journaled");
+        // Resumed with a provider that is back: the failure is replayed, not retried, and its
+        // hold (100) stays spent, so the second call (100 more) is over the 150 budget.
+        let up = Arc::new(Counting { calls: AtomicUsize::new(0), die_on_first: false, unavailable: false });
+        let resumed = executor(log.clone(), clock.clone(), &up, 150);
+        let run = log.ledger().run(&RunId::new("run-1")).expect("the run").clone();
+        let outcome = resumed.resume(&run, Cause::command("resume")).await.expect("resumes");
+        assert_eq!(outcome.status.as_str(), "token_budget", "{}", outcome.output);
+        assert_eq!((down.calls.load(Ordering::SeqCst), up.calls.load(Ordering::SeqCst)), (1, 0));
     }
 
     #[test]

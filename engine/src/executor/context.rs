@@ -1,8 +1,8 @@
 //! The journaled context a workflow runs in.
 //!
 //! Owns [`Context`] and its journaled operations — [`Context::step`], [`Context::sleep`],
-//! [`Context::wait_signal`], [`Context::intent`], [`Context::billed_call`] — and [`Billed`]. Each takes the next position in the run's
-//! journal: replayed, a recorded position returns its recorded output and does nothing; the
+//! [`Context::wait_signal`], [`Context::intent`], [`Context::billed_call`] — and [`Billed`].
+//! Each takes the next position in the run's journal: replayed, a recorded position returns its recorded output and does nothing; the
 //! first unrecorded one proceeds. Asked for another step than the one recorded, it stops the
 //! run `nondeterministic_replay`, never silently. Time is read and waited on through the
 //! runtime's [`crate::clock::Clock`], never tokio's timer directly, so tests drive it.

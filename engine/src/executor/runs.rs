@@ -1,11 +1,13 @@
 //! The run executor: starts runs, resumes them by replay, recovers what a dead process left
 //! in flight, and reconciles what is due.
 //!
-//! Owns [`Executor`], [`RunRequest`], [`ResumeReport`], [`LeftAlone`] and [`Asleep`]. Every run it
-//! drives it drives under the run's lease — the one this process holds, or one it claims
-//! and gives back — and a run another live process holds is left to it and reported, never
-//! touched. Agent runs are not resumed here: they need their transport and tools, and
-//! `keel agent resume` continues them.
+//! Owns [`Executor`], [`RunRequest`], [`ResumeReport`], [`LeftAlone`] and [`Asleep`]. Every
+//! run it drives it drives under the run's lease — the one this process holds, or one it
+//! claims and gives back — and a run another live process holds is left to it and reported,
+//! never touched. A run that waits on a durable timer not yet fired is not replayed either: a
+//! resume pass reports it asleep, with when it wakes, and takes it on once it is due. Agent
+//! runs are not resumed here: they need their transport and tools, and `keel agent resume`
+//! continues them.
 
 use super::context::Context;
 use super::driver::Leased;

@@ -690,6 +690,12 @@ pub enum Refusal {
         /// What the provider says.
         provider_says: String,
     },
+    /// A signal for an agent run: the harness waits for no signal (what an agent run waits
+    /// on is an approval, given with `keel approve`).
+    #[error(
+        "run {0} is an agent run: it waits for no signal (an approval it waits on is given with `keel approve KEY`)"
+    )]
+    SignalToAgentRun(RunId),
     /// A signal's payload is larger than a signal may carry.
     #[error("run {run_id}: the signal's payload is {bytes} bytes as canonical JSON, above the {max}-byte limit")]
     SignalTooLarge {

@@ -125,6 +125,9 @@ impl Decider<'_> {
         payload: &Value,
     ) -> Result<ReplyTarget, Refusal> {
         self.open_run(run_id, None)?;
+        if self.view.run(run_id).is_some_and(|run| run.is_agent()) {
+            return Err(Refusal::SignalToAgentRun(run_id.clone()));
+        }
         let bytes = crate::canonical::to_string(payload).len();
         if bytes > limits::SIGNAL_PAYLOAD_MAX_BYTES {
             return Err(Refusal::SignalTooLarge {
