@@ -63,6 +63,14 @@ impl Clock for ManualClock {
     }
 }
 
+/// `at` in whole microseconds since the epoch, rounded up: how a store's indexed column keeps
+/// a fire time (from a clock that may count nanoseconds) so that, against a decision's instant
+/// (whole microseconds), `column <= now` says exactly what `at <= now` says.
+pub fn micros_rounded_up(at: DateTime<Utc>) -> i64 {
+    let floor = at.timestamp_micros();
+    if at.timestamp_subsec_nanos().is_multiple_of(1_000) { floor } else { floor.saturating_add(1) }
+}
+
 /// Milliseconds from `from` to `to`, zero when `to` is not later. Never panics: any two
 /// instants are less than `i64::MAX` milliseconds apart.
 pub fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> u64 {

@@ -125,12 +125,10 @@ pub(crate) fn put_run(conn: &Connection, stream: i64, run: &Run) -> Result<()> {
     Ok(())
 }
 
-/// A timer's fire time as the `wake_at` column holds it: microseconds, rounded up, so that
-/// against a decision's instant (whole microseconds) `wake_at <= now` says exactly what
-/// `fire_at <= now` says (a fire time comes from a clock that may count nanoseconds).
+/// A timer's fire time as the `wake_at` column holds it: microseconds, rounded up
+/// ([`engine::clock::micros_rounded_up`]).
 fn wake_micros(fire_at: chrono::DateTime<chrono::Utc>) -> i64 {
-    let floor = micros(fire_at);
-    if fire_at.timestamp_subsec_nanos().is_multiple_of(1_000) { floor } else { floor.saturating_add(1) }
+    engine::clock::micros_rounded_up(fire_at)
 }
 
 /// Writes a run's row as version 3's migration lays it out, before version 8 added

@@ -222,9 +222,30 @@ pub(crate) fn due_rows(client: &mut impl GenericClient, now: DateTime<Utc>, limi
     intent_rows(client, "due_at <= $1 ORDER BY due_at, key LIMIT $2", &[&now, &to_i64(limit as u64)])
 }
 
-/// Runs not finished, in id order, at most `limit` (`runs_unfinished`).
-pub(crate) fn unfinished_rows(client: &mut impl GenericClient, limit: usize) -> Result<Vec<EntityRow>> {
-    run_rows(client, "NOT finished ORDER BY run_id LIMIT $1", &[&to_i64(limit as u64)])
+/// Runs not finished that may go on at `now` — no timer, or one that fired — in id order, at
+/// most `limit` (`runs_awake`, `runs_sleeping`).
+pub(crate) fn awake_rows(client: &mut impl GenericClient, now: DateTime<Utc>, limit: usize) -> Result<Vec<EntityRow>> {
+    let now = now.timestamp_micros();
+    run_rows(
+        client,
+        "(NOT finished AND wake_at IS NULL) OR wake_at <= $1 ORDER BY run_id LIMIT $2",
+        &[&now, &to_i64(limit as u64)],
+    )
+}
+
+/// Runs whose timer fires after `now`, soonest first, at most `limit` (`runs_sleeping`).
+pub(crate) fn sleeping_rows(
+    client: &mut impl GenericClient,
+    now: DateTime<Utc>,
+    limit: usize,
+) -> Result<Vec<EntityRow>> {
+    let now = now.timestamp_micros();
+    run_rows(client, "wake_at > $1 ORDER BY wake_at, run_id LIMIT $2", &[&now, &to_i64(limit as u64)])
+}
+
+/// A run's `wake_at` column: its timer's fire time while it waits on one.
+fn wake_column(run: &Run) -> Option<i64> {
+    run.wake_at.filter(|_| run.status.is_none()).map(engine::clock::micros_rounded_up)
 }
 
 /// When an intent's reconciliation falls due, as `intents.due_at` indexes it: only while its
@@ -268,10 +289,10 @@ pub(crate) fn put_intent(
 pub(crate) fn put_run(client: &mut impl GenericClient, run: &Run, stream_len: u64) -> Result<()> {
     let state = serde_json::to_string(run).expect("a run serializes: plain fields");
     client.execute(
-        "INSERT INTO runs (run_id, finished, stream_len, state) VALUES ($1, $2, $3, $4) \
+        "INSERT INTO runs (run_id, finished, stream_len, state, wake_at) VALUES ($1, $2, $3, $4, $5) \
          ON CONFLICT (run_id) DO UPDATE SET finished = excluded.finished, stream_len = excluded.stream_len, \
-         state = excluded.state",
-        &[&run.run_id.as_str(), &run.status.is_some(), &to_i64(stream_len), &state],
+         state = excluded.state, wake_at = excluded.wake_at",
+        &[&run.run_id.as_str(), &run.status.is_some(), &to_i64(stream_len), &state, &wake_column(run)],
     )?;
     Ok(())
 }
@@ -307,10 +328,14 @@ pub(crate) fn intent_columns_differ(
         .map(|(column, found, expected)| format!("column {column} is {found} in the table, {expected} by its state")))
 }
 
-/// Whether a run row's `finished` column says something else than its state.
+/// Which indexed column of a run's row (`finished`, `wake_at`) says something else than its
+/// state, if one does.
 pub(crate) fn run_columns_differ(client: &mut impl GenericClient, run: &Run) -> Result<Option<String>> {
-    let finished: bool =
-        client.query_one("SELECT finished FROM runs WHERE run_id = $1", &[&run.run_id.as_str()])?.get(0);
-    Ok((finished != run.status.is_some())
-        .then(|| format!("column finished is {finished} in the table, {} by its state", run.status.is_some())))
+    let row = client.query_one("SELECT finished, wake_at FROM runs WHERE run_id = $1", &[&run.run_id.as_str()])?;
+    let (finished, wake_at): (bool, Option<i64>) = (row.get(0), row.get(1));
+    if finished != run.status.is_some() {
+        return Ok(Some(format!("column finished is {finished} in the table, {} by its state", run.status.is_some())));
+    }
+    let expected = wake_column(run);
+    Ok((wake_at != expected).then(|| format!("column wake_at is {wake_at:?} in the table, {expected:?} by its state")))
 }

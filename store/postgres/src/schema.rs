@@ -67,10 +67,16 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         run_id     text PRIMARY KEY,
         finished   boolean NOT NULL,
         stream_len bigint NOT NULL,
-        state      text NOT NULL
+        state      text NOT NULL,
+        -- When the run's durable timer fires while it waits on one (microseconds since the
+        -- epoch, rounded up: `engine::clock::micros_rounded_up` of its state's `wake_at`);
+        -- NULL without a timer and once it finished.
+        wake_at    bigint
     );
-    -- View::unfinished_runs, in id order.
-    CREATE INDEX runs_unfinished ON runs (run_id) WHERE NOT finished;
+    -- View::awake_runs: unfinished runs waiting on no timer, in id order ...
+    CREATE INDEX runs_awake ON runs (run_id) WHERE NOT finished AND wake_at IS NULL;
+    -- ... and those whose timer fired; View::sleeping_runs: those whose timer has not.
+    CREATE INDEX runs_sleeping ON runs (wake_at) WHERE wake_at IS NOT NULL;
 
     CREATE TABLE leases (
         run_id     text PRIMARY KEY,

@@ -288,8 +288,14 @@ impl View for Tx<'_, '_> {
         self.or_note(read, Vec::new()).into_iter().map(|intent| intent.key().clone()).collect()
     }
 
-    fn unfinished_runs(&self, limit: usize) -> Vec<Run> {
-        let read = self.with(|tx| rows::unfinished_rows(tx, limit));
+    fn awake_runs(&self, now: chrono::DateTime<chrono::Utc>, limit: usize) -> Vec<Run> {
+        let read = self.with(|tx| rows::awake_rows(tx, now, limit));
+        let read = read.and_then(|read| self.ranged(read).iter().map(EntityRow::run).collect());
+        self.or_note(read, Vec::new())
+    }
+
+    fn sleeping_runs(&self, now: chrono::DateTime<chrono::Utc>, limit: usize) -> Vec<Run> {
+        let read = self.with(|tx| rows::sleeping_rows(tx, now, limit));
         let read = read.and_then(|read| self.ranged(read).iter().map(EntityRow::run).collect());
         self.or_note(read, Vec::new())
     }

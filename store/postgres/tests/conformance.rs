@@ -186,6 +186,7 @@ fn refund(id: &str, charge_id: &str, amount_minor: i64, currency: &str) -> Inten
             amount_minor,
             currency: currency.to_owned(),
             payload,
+            tool: None,
         },
         capability: capability(),
         approval_required: false,
