@@ -331,10 +331,11 @@ fn version_8_fills_the_fire_time_of_runs_waiting_on_a_timer_and_resume_reads_it(
     fixture.store.execute_blocking(start_only).expect("a run without a timer");
     fixture.store.shutdown().expect("shutdown");
 
-    // The same file as version 7 had it: no column, no indexes.
+    // The same file as version 7 had it: no column, no indexes (nor version 9's columns).
     let raw = fixture.raw();
     raw.execute_batch(
-        "DROP INDEX runs_sleeping; DROP INDEX runs_awake; ALTER TABLE runs DROP COLUMN wake_at; PRAGMA user_version = 7;",
+        "DROP INDEX runs_sleeping; DROP INDEX runs_awake; ALTER TABLE runs DROP COLUMN wake_at; \
+         ALTER TABLE intent_facts DROP COLUMN refused; ALTER TABLE intent_facts DROP COLUMN tool; PRAGMA user_version = 7;",
     )
     .expect("back to v7");
     drop(raw);
