@@ -1143,7 +1143,8 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "serve")?;
             let policy = cli.policy.load().map_err(output::Failure::Usage)?;
-            Ok(serve::run(db, setting.durability, &setting.provider, policy, &out, args).await?)
+            let tls = args.tls().map_err(|e| output::Failure::Usage(e.to_string()))?;
+            Ok(serve::run(db, setting.durability, &setting.provider, policy, &out, args, tls).await?)
         }
         Command::Keys { command } => {
             existing_log(db, CreateFlag { create: true })?;

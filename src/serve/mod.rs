@@ -31,6 +31,7 @@ mod console;
 mod error;
 mod openapi;
 mod reads;
+mod tls;
 
 use crate::output::Output;
 use crate::policy::Loaded;
@@ -53,9 +54,16 @@ use store::keys::KeyBook;
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Where to listen. Port 0 picks a free port; the address is printed as
-    /// `listening on http://ADDR`.
+    /// `listening on http://ADDR` (`https://` with `--tls-cert`).
     #[arg(long, default_value = "127.0.0.1:8080")]
     addr: SocketAddr,
+    /// Serve HTTPS with this certificate chain (PEM, the server's certificate first); needs
+    /// `--tls-key`. The console's cookie is then `Secure`.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key of `--tls-cert` (PEM: PKCS#8, PKCS#1 or SEC1); needs `--tls-cert`.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// Requests per second each API key may make (a token bucket holding two seconds of it;
     /// past it 429 with Retry-After).
     #[arg(long, default_value_t = API_RATE_PER_S_DEFAULT,
@@ -64,6 +72,22 @@ pub struct ServeArgs {
     /// The limits of every run a request starts.
     #[command(flatten)]
     limits: LimitArgs,
+}
+
+impl ServeArgs {
+    /// The TLS configuration `--tls-cert` and `--tls-key` name, checked; `None` for plain HTTP.
+    ///
+    /// # Errors
+    ///
+    /// A file missing or unreadable, no certificate or key in it, or a pair that does not
+    /// belong together: the caller refuses to start (nothing listens, nothing is opened).
+    pub fn tls(&self) -> Result<Option<tls::Tls>, tls::TlsError> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => tls::Tls::load(cert, key).map(Some),
+            // clap requires both or neither.
+            _ => Ok(None),
+        }
+    }
 }
 
 /// What every handler shares.
@@ -151,6 +175,7 @@ pub async fn run(
     policy: Loaded,
     out: &Output,
     args: ServeArgs,
+    tls: Option<tls::Tls>,
 ) -> anyhow::Result<u8> {
     // The operator's rules differ by tenant: each request is held to its tenant's
     // (`api::effect`), not the node to one tenant's.
@@ -167,21 +192,24 @@ pub async fn run(
         policy,
         ready: AtomicBool::new(false),
         readers: Mutex::new(Vec::new()),
-        sessions: console::Sessions::default(),
+        sessions: console::Sessions::new(tls.is_some()),
     });
-    outln!("listening on http://{local}");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    outln!("listening on {scheme}://{local}");
     std::io::stdout().flush()?;
 
     let stopping = Arc::new(tokio::sync::Notify::new());
     let notify = Arc::clone(&stopping);
     let app = router(Arc::clone(&server));
+    let stop = async move {
+        stop_signal().await;
+        notify.notify_one();
+    };
     let serving = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                stop_signal().await;
-                notify.notify_one();
-            })
-            .await
+        match tls {
+            Some(tls) => tls::serve(listener, app, tls, stop).await,
+            None => axum::serve(listener, app).with_graceful_shutdown(stop).await.context("the server failed"),
+        }
     });
 
     let report = server.node.executor.recover_and_resume(Cause::command("serve")).await?;
@@ -198,7 +226,7 @@ pub async fn run(
         tokio::time::sleep(std::time::Duration::from_millis(SHUTDOWN_GRACE_MS)).await;
     };
     tokio::select! {
-        served = serving => served.context("the server task failed")?.context("the server failed")?,
+        served = serving => served.context("the server task failed")??,
         () = grace => errln!("keel serve: requests still in flight after the grace period; stopping anyway"),
     }
     let runtime = server.node.executor.runtime();

@@ -711,3 +711,126 @@ fn runs_traces_and_metrics_are_read_behind_a_key_and_the_tenant_wall() {
     assert_eq!((status, error_code(status, &answer).as_str()), (401, "missing_api_key"), "{answer}");
     assert_eq!(event_count(&db), before, "reading wrote nothing");
 }
+
+/// A self-signed certificate for `localhost` and its key, written as PEM files in `dir`.
+fn self_signed(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let certified =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("a self-signed certificate");
+    let (cert, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+    let pem = certified.cert.pem();
+    std::fs::write(&cert, &pem).expect("the certificate is written");
+    std::fs::write(&key, certified.signing_key.serialize_pem()).expect("the key is written");
+    (cert, key, pem)
+}
+
+#[test]
+fn with_a_certificate_it_serves_https_only_and_the_console_cookie_is_secure() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let reader = create_key(&db, TENANT, "read", "dash");
+    let (cert, key, pem) = self_signed(dir.path(), "server");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--db")
+        .arg(&db)
+        .args(["--provider", sim.url(), "serve", "--addr", "127.0.0.1:0", "--tls-cert"])
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("keel serve starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line).expect("the first line");
+    let addr: std::net::SocketAddr =
+        line.trim().strip_prefix("listening on https://").unwrap_or_else(|| panic!("{line:?}")).parse().expect("addr");
+
+    // Plain HTTP to the TLS port gets no HTTP answer.
+    let mut plain = std::net::TcpStream::connect(addr).expect("connects");
+    plain.set_read_timeout(Some(std::time::Duration::from_secs(5))).expect("a timeout");
+    plain.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").expect("writes");
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer);
+    assert!(!answer.starts_with(b"HTTP/1.1"), "plain HTTP is not answered: {:?}", String::from_utf8_lossy(&answer));
+
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(pem.as_bytes()).expect("the test's certificate"))
+        .resolve("localhost", addr)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client trusting the test's certificate");
+    let base = format!("https://localhost:{}", addr.port());
+    let (ready, runs, cookie) = runtime.block_on(async {
+        let mut ready = 0;
+        for _ in 0..200 {
+            ready = client.get(format!("{base}/readyz")).send().await.expect("HTTPS answers").status().as_u16();
+            if ready == 200 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        let runs = client.get(format!("{base}/v1/runs")).bearer_auth(&reader).send().await.expect("runs");
+        let login = client.get(format!("{base}/console/login")).send().await.expect("the login page");
+        let cookie = login.headers().get("set-cookie").map(|v| v.to_str().expect("ascii").to_owned());
+        (ready, runs.status().as_u16(), cookie)
+    });
+    assert_eq!((ready, runs), (200, 200), "the API answers over TLS");
+    let cookie = cookie.expect("the login page gives a session");
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Secure"), "{cookie}");
+    assert_eq!(terminate(child.id()), 0, "SIGTERM delivered");
+    assert_eq!(child.wait().expect("keel serve exits").code(), Some(0), "a graceful stop over TLS too");
+}
+
+#[test]
+fn a_certificate_that_cannot_serve_is_refused_at_start_naming_the_file() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    create_key(&db, TENANT, "read", "dash");
+    let (cert, key, _) = self_signed(dir.path(), "server");
+    let (_, other_key, _) = self_signed(dir.path(), "other");
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "hello").expect("written");
+    let missing = dir.path().join("missing.crt");
+    let path = |p: &Path| p.to_str().expect("utf-8 temp path").to_owned();
+    let cases: Vec<(&str, Vec<String>, String)> = vec![
+        (
+            "a missing certificate file",
+            vec!["--tls-cert".into(), path(&missing), "--tls-key".into(), path(&key)],
+            path(&missing),
+        ),
+        (
+            "a file that is not PEM",
+            vec!["--tls-cert".into(), path(&not_pem), "--tls-key".into(), path(&key)],
+            path(&not_pem),
+        ),
+        (
+            "a key that is not PEM",
+            vec!["--tls-cert".into(), path(&cert), "--tls-key".into(), path(&not_pem)],
+            path(&not_pem),
+        ),
+        (
+            "another certificate's key",
+            vec!["--tls-cert".into(), path(&cert), "--tls-key".into(), path(&other_key)],
+            path(&other_key),
+        ),
+        ("a certificate without its key", vec!["--tls-cert".into(), path(&cert)], "--tls-key".into()),
+        ("a key without its certificate", vec!["--tls-key".into(), path(&key)], "--tls-cert".into()),
+    ];
+    let before = event_count(&db);
+    for (what, flags, named) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+            .arg("--db")
+            .arg(&db)
+            .args(["--provider", sim.url(), "serve", "--addr", "127.0.0.1:0"])
+            .args(&flags)
+            .output()
+            .expect("keel serve runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{what}: {stderr}");
+        assert!(stderr.contains(&named), "{what}: the message names {named}: {stderr}");
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("listening"), "{what}: nothing listened");
+        assert!(!stderr.contains("PRIVATE KEY"), "{what}: no key material echoed: {stderr}");
+    }
+    assert_eq!(event_count(&db), before, "nothing was written");
+}

@@ -50,7 +50,7 @@ use engine::limits::{APPROVAL_TTL_DEFAULT_MS, CONSOLE_LIST_MAX};
 use engine::provider::LookupOutcome;
 use html::{Html, bar_chart, page, segment};
 use serde::Deserialize;
-use session::{Current, clear_cookie, set_cookie};
+use session::Current;
 use std::sync::Arc;
 use store::keys::{ApiKey, Role};
 use tokio::time::Instant;
@@ -223,8 +223,8 @@ async fn stylesheet() -> Response {
     response
 }
 
-/// The login form, with `message` above it.
-fn login_page(status: StatusCode, session: &Current, message: Option<&str>, fresh: bool) -> Response {
+/// The login form, with `message` above it; `cookie` gives the browser a new session.
+fn login_page(status: StatusCode, session: &Current, message: Option<&str>, cookie: Option<String>) -> Response {
     let mut body = Html::new();
     body.tag("<h1>Log in</h1>");
     if let Some(message) = message {
@@ -237,7 +237,7 @@ fn login_page(status: StatusCode, session: &Current, message: Option<&str>, fres
         .csrf(&session.csrf)
         .tag("<label>API key <input type=\"password\" name=\"secret\" id=\"secret\" autocomplete=\"off\"></label>")
         .tag("<button type=\"submit\" id=\"login\">Log in</button></form>");
-    respond(status, page("Log in", None, body), fresh.then(|| set_cookie(session)))
+    respond(status, page("Log in", None, body), cookie)
 }
 
 /// `GET /console/login`.
@@ -245,8 +245,11 @@ async fn login_form(State(server): Shared, headers: HeaderMap) -> Response {
     let now = Instant::now();
     match server.sessions.current(&headers, now) {
         Some(session) if session.key_id.is_some() => redirect("/console/intents", None),
-        Some(session) => login_page(StatusCode::OK, &session, None, false),
-        None => login_page(StatusCode::OK, &server.sessions.begin(now), None, true),
+        Some(session) => login_page(StatusCode::OK, &session, None, None),
+        None => {
+            let session = server.sessions.begin(now);
+            login_page(StatusCode::OK, &session, None, Some(server.sessions.set_cookie(&session)))
+        }
     }
 }
 
@@ -271,7 +274,7 @@ async fn login(State(server): Shared, headers: HeaderMap, body: Body) -> Result<
         return Err(forbidden("the form's CSRF token is missing or not this session's: reload the page"));
     }
     let LoginForm { secret } = form.decode()?;
-    let refuse = |status, message: &str| Ok(login_page(status, &session, Some(message), false));
+    let refuse = |status, message: &str| Ok(login_page(status, &session, Some(message), None));
     let key = match check_token(&server.keys, secret.trim()).map_err(|error| internal(&error))? {
         Ok(key) => key,
         Err(Refused::Revoked) => return refuse(StatusCode::UNAUTHORIZED, "That key was revoked."),
@@ -287,7 +290,7 @@ async fn login(State(server): Shared, headers: HeaderMap, body: Body) -> Result<
     }
     let signed = server.sessions.sign_in(&session, &key.id, now);
     tracing::info!(key = %key.name, "keel serve: console login");
-    Ok(redirect("/console/intents", Some(set_cookie(&signed))))
+    Ok(redirect("/console/intents", Some(server.sessions.set_cookie(&signed))))
 }
 
 /// `POST /console/logout`.
@@ -301,7 +304,7 @@ async fn logout(State(server): Shared, headers: HeaderMap, body: Body) -> Result
         return Err(Refusal::Page(StatusCode::FORBIDDEN, "the form's CSRF token is missing or wrong".to_owned()));
     }
     server.sessions.end(&session);
-    Ok(redirect("/console/login", Some(clear_cookie())))
+    Ok(redirect("/console/login", Some(server.sessions.clear_cookie())))
 }
 
 fn intent_path(key: &str) -> String {

@@ -5,8 +5,8 @@
 //! form posts back — the session's own CSRF token and its expiry. Ids and tokens are
 //! `keys::new_secret`'s 244 random bits; a login replaces the form's session with a new id
 //! (the id a browser held before signing in is never the signed-in one). The cookie is
-//! `HttpOnly; SameSite=Strict; Path=/` (no `Secure`: `keel serve` has no TLS yet; it must be
-//! added with it). It never stores a key's secret, only the key's public id, and never decides
+//! `HttpOnly; SameSite=Strict; Path=/`, plus `Secure` when `keel serve` speaks TLS (a browser
+//! then never sends it over plain HTTP). It never stores a key's secret, only the key's public id, and never decides
 //! what a key may do.
 
 use crate::keys::{constant_time_eq, new_secret};
@@ -50,9 +50,30 @@ impl Current {
 #[derive(Default)]
 pub struct Sessions {
     live: Mutex<HashMap<String, Session>>,
+    /// The server speaks TLS: its cookies are `Secure`.
+    secure: bool,
 }
 
 impl Sessions {
+    /// No session yet; `secure` when the server speaks TLS (its cookies are then `Secure`).
+    pub fn new(secure: bool) -> Self {
+        Self { live: Mutex::default(), secure }
+    }
+
+    /// The `Set-Cookie` value that gives the browser `session`.
+    pub fn set_cookie(&self, session: &Current) -> String {
+        format!("{COOKIE}={}; {}", session.id, self.attributes())
+    }
+
+    /// The `Set-Cookie` value that makes the browser forget its session.
+    pub fn clear_cookie(&self) -> String {
+        format!("{COOKIE}=; {}; Max-Age=0", self.attributes())
+    }
+
+    fn attributes(&self) -> &'static str {
+        if self.secure { "HttpOnly; SameSite=Strict; Path=/; Secure" } else { "HttpOnly; SameSite=Strict; Path=/" }
+    }
+
     /// The session `headers`' cookie names, if it exists and has not expired at `now` (an
     /// expired one is dropped).
     pub fn current(&self, headers: &HeaderMap, now: Instant) -> Option<Current> {
@@ -118,19 +139,9 @@ fn cookie(headers: &HeaderMap) -> Option<String> {
         .map(|(_, value)| value.to_owned())
 }
 
-/// The `Set-Cookie` value that gives the browser `session`.
-pub fn set_cookie(session: &Current) -> String {
-    format!("{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/", session.id)
-}
-
-/// The `Set-Cookie` value that makes the browser forget its session.
-pub fn clear_cookie() -> String {
-    format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0")
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Sessions, set_cookie};
+    use super::Sessions;
     use axum::http::{HeaderMap, HeaderValue, header};
     use engine::limits::{CONSOLE_LOGIN_TTL_MS, CONSOLE_SESSION_TTL_MS};
     use std::time::Duration;
@@ -147,8 +158,11 @@ mod tests {
         let sessions = Sessions::default();
         let start = Instant::now();
         let form = sessions.begin(start);
-        let cookie = set_cookie(&form);
+        let cookie = sessions.set_cookie(&form);
         assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict") && cookie.contains("Path=/"));
+        assert!(!cookie.contains("Secure"), "plain HTTP: a Secure cookie would never come back");
+        let over_tls = Sessions::new(true);
+        assert!(over_tls.set_cookie(&form).ends_with("; Secure") && over_tls.clear_cookie().contains("; Secure;"));
         let headers = with_cookie(&format!("other=1; keel_session={}", form.id));
         assert_eq!(sessions.current(&headers, start).as_ref(), Some(&form));
         let login_ttl = Duration::from_millis(CONSOLE_LOGIN_TTL_MS);
