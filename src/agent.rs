@@ -532,6 +532,18 @@ pub struct AgentResumed {
 }
 
 impl AgentResumed {
+    /// An agent run left as it is, saying why.
+    pub fn not_resumed(run: &engine::ledger::Run, why: &str) -> Self {
+        Self {
+            run_id: run.run_id.to_string(),
+            workflow: run.workflow.clone(),
+            status: "not_resumed".into(),
+            model_calls: 0,
+            tool_calls: 0,
+            detail: Some(why.to_owned()),
+        }
+    }
+
     /// The one line `keel resume` prints for it.
     pub fn summary(&self) -> String {
         let detail = self.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();

@@ -12,10 +12,12 @@
 #[macro_use]
 mod output;
 mod agent;
+mod backend;
 mod facts;
 mod harness;
 mod keys;
 mod metrics;
+mod on_postgres;
 mod ops;
 mod policy;
 mod runs;
@@ -45,10 +47,18 @@ use std::process::ExitCode;
 #[derive(Parser, Debug)]
 #[command(name = "keel", version, propagate_version = true, max_term_width = 100, subcommand_required = true)]
 pub struct Cli {
-    /// The event log (SQLite). Only commands that write new work create it; the others
-    /// refuse a missing one unless given --create.
-    #[arg(long, global = true, env = "KEEL_DB", default_value = "./keel.db")]
-    db: PathBuf,
+    /// The event log (SQLite) [default: ./keel.db]. Only commands that write new work
+    /// create it; the others refuse a missing one unless given --create. The same as
+    /// `--store sqlite:PATH`.
+    #[arg(long, global = true, env = "KEEL_DB", value_name = "PATH")]
+    db: Option<PathBuf>,
+
+    /// Where the event log lives: `sqlite:PATH` (the embedded default, as --db PATH) or
+    /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`, for many workers on many machines.
+    /// On PostgreSQL: charge, refund, resume, reconcile, worker, show, verify and bench; the
+    /// password is never printed.
+    #[arg(long, global = true, env = "KEEL_STORE", value_name = "STORE", hide_env_values = true)]
+    store: Option<String>,
 
     /// Print one JSON document instead of the human rendering.
     #[arg(long, global = true)]
@@ -748,9 +758,18 @@ enum Command {
         /// Number of the first charge (`bench_intent_N`): to extend a kept log with new ones.
         #[arg(long, default_value_t = 0)]
         first: usize,
-        /// Durability of the benchmark's appends: `full` (fsync per commit) or `normal`.
+        /// Durability of the benchmark's appends: `full` (fsync per commit) or `normal`
+        /// (SQLite's; PostgreSQL commits as its server is set up).
         #[arg(long, value_parser = ["full", "normal"], default_value = "full")]
         durability: String,
+        /// `keel bench` processes on one store, each with --concurrency callers on its own
+        /// range of keys; each one's figures are reported and the total (1 to 64).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+        processes: u64,
+        /// Bench in the store given (--store, --db) as it is, instead of a fresh one next to
+        /// it (what each process of --processes is told).
+        #[arg(long, hide = true, conflicts_with = "keep")]
+        in_place: bool,
     },
     /// Measure `keel serve` under concurrent HTTP clients (loopback, a real server and
     /// simulator child, distinct keys, then a re-submission pass), next to `keel bench` at the
@@ -972,6 +991,16 @@ fn policy_rules(
     Ok((rules, loaded.stamp))
 }
 
+/// A refund's workflow input: its fields, and what it waits for first.
+fn refund_input(effect: &EffectArgs, hold: HoldArgs) -> Result<serde_json::Value, output::Failure> {
+    let mut input = ops::effect_input(effect, None).map_err(output::Failure::Usage)?;
+    if let Some(map) = input.as_object_mut() {
+        map.extend(hold.after_signal.map(|name| ("after_signal".to_owned(), name.into())));
+        map.extend(hold.delay_ms.map(|ms| ("delay_ms".to_owned(), ms.into())));
+    }
+    Ok(input)
+}
+
 /// What a command's store and provider options come to.
 struct Setting {
     durability: store::Durability,
@@ -980,8 +1009,13 @@ struct Setting {
 
 async fn dispatch(cli: Cli) -> output::Outcome {
     let out = output::Output { json: cli.json };
+    let location = backend::locate(cli.store.as_deref(), cli.db.as_deref()).map_err(output::Failure::Usage)?;
+    let db = match location {
+        backend::Location::Sqlite(path) => path,
+        backend::Location::Postgres(url) => return on_postgres::dispatch(cli, &url, &out).await,
+    };
+    let db = db.as_path();
     let before = cli.before;
-    let db = cli.db.as_path();
     // Each command's store and provider options over those given before the subcommand.
     let setting = |store: Option<&StoreFlags>, provider: Option<&ProviderFlags>| {
         wiring::init_lease_ttl(before.lease_ttl_ms(store));
@@ -1018,11 +1052,7 @@ async fn dispatch(cli: Cli) -> output::Outcome {
         Command::Refund { effect, hold, limits, store, provider } => {
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "refund")?;
-            let mut input = ops::effect_input(&effect, None).map_err(output::Failure::Usage)?;
-            if let Some(map) = input.as_object_mut() {
-                map.extend(hold.after_signal.map(|name| ("after_signal".to_owned(), name.into())));
-                map.extend(hold.delay_ms.map(|ms| ("delay_ms".to_owned(), ms.into())));
-            }
+            let input = refund_input(&effect, hold)?;
             let (rules, stamp) = policy_rules(&cli.policy, EffectKind::Refund, &input, &limits)?;
             let node = wiring::Node::open(db, setting.durability, &setting.provider, Some(rules.clone()))?;
             ops::run_effect(&node, &out, "refund", &input, &limits, (&rules, stamp)).await
@@ -1089,25 +1119,10 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             existing_log(db, create)?;
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "worker")?;
-            let settings = worker::Settings {
-                concurrency: usize::try_from(concurrency)
-                    .expect("--concurrency is at most WORKER_CONCURRENCY_MAX, which is a usize"),
-                poll: std::time::Duration::from_millis(poll_ms),
-                health: std::time::Duration::from_millis(health_ms),
-                grace: std::time::Duration::from_millis(grace_ms),
-                once,
-            };
+            let settings = worker::Settings::from_flags(concurrency, poll_ms, health_ms, grace_ms, once);
             let node = wiring::Node::open(db, setting.durability, &setting.provider, None)?;
             let agents = std::sync::Arc::new(agent::Resumer::new(db, setting.durability, &setting.provider));
-            let stop = async {
-                let mut terminate = wiring::sigterm();
-                // A SIGINT handler that cannot be installed disables its branch (SIGTERM still stops).
-                tokio::select! {
-                    Ok(()) = tokio::signal::ctrl_c() => {}
-                    () = terminate.recv() => {}
-                }
-            };
-            let outcome = worker::Worker::new(node.executor.clone(), agents, settings).run(&out, stop).await;
+            let outcome = worker::Worker::new(node.executor.clone(), agents, settings).run(&out, worker::stop()).await;
             node.shutdown()?;
             outcome
         }
@@ -1159,9 +1174,11 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             ops::verify(&ops::reader(db, create)?, &out)
         }
         Command::Demo { dir, keep } => Ok(harness::demo::run(&out, dir, keep).await?),
-        Command::Bench { intents, concurrency, keep, first, durability } => {
-            let args = harness::bench::Args { intents, concurrency, keep, first };
-            Ok(harness::bench::run(&out, db, wiring::durability(&durability), args).await?)
+        Command::Bench { intents, concurrency, keep, first, durability, processes, in_place } => {
+            let processes = usize::try_from(processes).expect("--processes is at most 64");
+            let args = harness::bench::Args { intents, concurrency, keep, first, processes, in_place };
+            let location = backend::Location::Sqlite(db.to_owned());
+            Ok(harness::bench::run(&out, &location, wiring::durability(&durability), args).await?)
         }
         Command::ServeBench { intents, concurrency, spawned, max_seconds, dir } => {
             let args = harness::serve_bench::Args { intents, concurrency, spawned, max_seconds, dir };

@@ -6,7 +6,7 @@
 //! ledger does).
 
 use crate::output::{Failure, Outcome, Output, name_intent_keys, plural};
-use crate::wiring::{Node, open_store};
+use crate::wiring::{Backend, Node, open_store};
 use crate::{EffectArgs, LimitArgs, ProviderArgs, exit};
 use engine::event::{AfterLookup, Cause, Event, IntentKey, RunId};
 use engine::executor::{IntentOutcome, RunOutcome, RunRequest, WorkflowError};
@@ -74,8 +74,8 @@ fn instant(at: chrono::DateTime<chrono::Utc>) -> String {
 }
 
 /// Runs one charge or refund workflow and prints its outcome.
-pub async fn run_effect(
-    node: &Node,
+pub async fn run_effect<B: Backend>(
+    node: &Node<B>,
     out: &Output,
     workflow: &str,
     input: &Value,
@@ -310,7 +310,22 @@ pub fn describe(event: &Event) -> String {
 
 /// `keel show KEY`.
 pub fn show(reader: &store::Reader, out: &Output, key: &IntentKey) -> Outcome {
-    let Some(IntentDocument { intent, events, waiting, document }) = intent_document(reader, key)? else {
+    print_intent_document(out, key, intent_document(reader, key)?)
+}
+
+/// `keel show KEY` on PostgreSQL (no vault there: a charge waiting for its payment method
+/// waits for its caller).
+pub fn show_postgres(reader: &mut store_postgres::PgReader, out: &Output, key: &IntentKey) -> Outcome {
+    let Some(intent) = reader.intent(key)? else {
+        return print_intent_document(out, key, None);
+    };
+    let events = reader.stream(&key.stream())?;
+    let waiting = crate::stuck::waiting_without_vault(&intent, engine::clock::Clock::now(&crate::wiring::SystemClock));
+    print_intent_document(out, key, Some(IntentDocument::new(key, intent, events, waiting)))
+}
+
+fn print_intent_document(out: &Output, key: &IntentKey, document: Option<IntentDocument>) -> Outcome {
+    let Some(IntentDocument { intent, events, waiting, document }) = document else {
         return Err(Failure::NotFound(format!("no intent with key {key} in this log")));
     };
     out.emit(&document, || {
@@ -378,31 +393,42 @@ pub fn intent_document(reader: &store::Reader, key: &IntentKey) -> anyhow::Resul
     };
     let events = reader.stream(&key.stream())?;
     let waiting = crate::stuck::waiting(reader, &intent, engine::clock::Clock::now(&crate::wiring::SystemClock))?;
-    let history: Vec<Value> = events
-        .iter()
-        .map(|e| {
-            json!({
-                "seq": e.seq,
-                "stream_seq": e.stream_seq,
-                "at": e.at,
-                "type": e.event.type_name(),
-                "cause": e.cause,
-                "payload": e.event.payload(),
+    Ok(Some(IntentDocument::new(key, intent, events, waiting)))
+}
+
+impl IntentDocument {
+    fn new(
+        key: &IntentKey,
+        intent: Intent,
+        events: Vec<engine::event::StoredEvent>,
+        waiting: Option<crate::stuck::Waiting>,
+    ) -> Self {
+        let history: Vec<Value> = events
+            .iter()
+            .map(|e| {
+                json!({
+                    "seq": e.seq,
+                    "stream_seq": e.stream_seq,
+                    "at": e.at,
+                    "type": e.event.type_name(),
+                    "cause": e.cause,
+                    "payload": e.event.payload(),
+                })
             })
-        })
-        .collect();
-    let document = json!({
-        "intent_key": key.as_str(),
-        "status": intent.status.as_str(),
-        "source": intent.source,
-        "code": intent.decline_code.as_deref().or(intent.abandoned.then(|| engine::ledger::RejectCode::Abandoned.as_str())),
-        "attempts": intent.attempts,
-        "reconciliations": intent.reconciliations,
-        "waiting": waiting,
-        "intent": intent,
-        "events": history,
-    });
-    Ok(Some(IntentDocument { intent, events, waiting, document: name_intent_keys(document) }))
+            .collect();
+        let document = json!({
+            "intent_key": key.as_str(),
+            "status": intent.status.as_str(),
+            "source": intent.source,
+            "code": intent.decline_code.as_deref().or(intent.abandoned.then(|| engine::ledger::RejectCode::Abandoned.as_str())),
+            "attempts": intent.attempts,
+            "reconciliations": intent.reconciliations,
+            "waiting": waiting,
+            "intent": intent,
+            "events": history,
+        });
+        IntentDocument { intent, events, waiting, document: name_intent_keys(document) }
+    }
 }
 
 /// What the other refunds of `intent`'s order already took: `(validated, held)` in minor
@@ -429,7 +455,7 @@ pub fn refunded_on_order(reader: &store::Reader, intent: &Intent) -> anyhow::Res
 }
 
 /// `keel reconcile KEY|--due`.
-pub async fn reconcile(node: &Node, out: &Output, key: Option<&IntentKey>, due: bool) -> Outcome {
+pub async fn reconcile<B: Backend>(node: &Node<B>, out: &Output, key: Option<&IntentKey>, due: bool) -> Outcome {
     let cause = Cause::command("reconcile");
     let outcomes = match key.filter(|_| !due) {
         None => node.executor.reconcile_due(cause).await,
@@ -463,9 +489,36 @@ pub async fn resume(db: &Path, durability: store::Durability, provider: &Provide
     node.shutdown()?;
     let report = report.map_err(workflow_failure)?;
     let agents = crate::agent::resume_unfinished(db, durability, provider).await?;
-    let mut document = serde_json::to_value(&report)?;
+    print_resume(out, &report, &agents)
+}
+
+/// `keel resume` on PostgreSQL: the workflow runs and reconciliations. Its agent runs are
+/// listed `not_resumed` (agent runs run on SQLite only for now), never skipped unsaid.
+pub async fn resume_postgres(node: &Node<store_postgres::PgLog>, out: &Output) -> Outcome {
+    let cause = Cause::command("resume");
+    let report = node.executor.recover_and_resume(cause.clone()).await;
+    let snapshot = node.executor.runtime().log.ask(engine::log::Ask::snapshot(cause)).await;
+    node.shutdown()?;
+    let report = report.map_err(workflow_failure)?;
+    let snapshot = snapshot.map_err(|error| workflow_failure(error.into()))?;
+    let agents: Vec<crate::agent::AgentResumed> = snapshot
+        .unfinished
+        .iter()
+        .chain(&snapshot.sleeping)
+        .filter(|run| run.is_agent())
+        .map(|run| crate::agent::AgentResumed::not_resumed(run, crate::on_postgres::AGENT_RUNS_ON_SQLITE_ONLY))
+        .collect();
+    print_resume(out, &report, &agents)
+}
+
+fn print_resume(
+    out: &Output,
+    report: &engine::executor::ResumeReport,
+    agents: &[crate::agent::AgentResumed],
+) -> Outcome {
+    let mut document = serde_json::to_value(report)?;
     if let Some(map) = document.as_object_mut() {
-        map.insert("agent_runs".into(), serde_json::to_value(&agents)?);
+        map.insert("agent_runs".into(), serde_json::to_value(agents)?);
     }
     out.emit(&name_intent_keys(document), || {
         outln!(
@@ -491,7 +544,7 @@ pub async fn resume(db: &Path, durability: store::Durability, provider: &Provide
             let at = instant(run.wakes_at);
             outln!("  run {}: asleep, its timer fires at {at} (a `keel resume` from then on continues it)", run.run_id);
         }
-        for run in &agents {
+        for run in agents {
             outln!("  agent run {} ({}): {}", run.run_id, run.workflow, run.summary());
         }
         report.reconciled.iter().for_each(print_outcome);
@@ -659,14 +712,47 @@ pub fn verify(reader: &store::Reader, out: &Output) -> Outcome {
         progress.set(step.done);
     })?;
     progress.finish();
-    out.emit(&name_intent_keys(serde_json::to_value(&report)?), || match report.first_mismatch() {
+    let checked = Checked { events: report.events, intents: report.intents, runs: report.runs, chain: "hash chain" };
+    print_verify(out, &report, checked, report.first_mismatch(), report.mismatch_count)
+}
+
+/// `keel verify` on PostgreSQL: every stream's chain, every row against its stream replayed.
+pub fn verify_postgres(reader: &mut store_postgres::PgReader, out: &Output) -> Outcome {
+    let report = reader.verify()?;
+    let checked = Checked {
+        events: report.events,
+        intents: report.intents,
+        runs: report.runs,
+        chain: "every stream's hash chain",
+    };
+    print_verify(out, &report, checked, report.first_mismatch(), report.mismatch_count)
+}
+
+/// What a `verify` report counted, for its line.
+struct Checked {
+    events: u64,
+    intents: u64,
+    runs: u64,
+    /// What chain was checked: the log's, or each stream's.
+    chain: &'static str,
+}
+
+fn print_verify(
+    out: &Output,
+    report: &impl serde::Serialize,
+    checked: Checked,
+    first: Option<&impl std::fmt::Display>,
+    mismatches: u64,
+) -> Outcome {
+    out.emit(&name_intent_keys(serde_json::to_value(report)?), || match first {
         None => outln!(
-            "ok: {}, hash chain intact, {} and {} match their replay",
-            plural(report.events, "event"),
-            plural(report.intents, "intent"),
-            plural(report.runs, "run")
+            "ok: {}, {} intact, {} and {} match their replay",
+            plural(checked.events, "event"),
+            checked.chain,
+            plural(checked.intents, "intent"),
+            plural(checked.runs, "run")
         ),
-        Some(mismatch) => outln!("FAILED ({}), first: {mismatch}", plural(report.mismatch_count, "mismatch")),
+        Some(mismatch) => outln!("FAILED ({}), first: {mismatch}", plural(mismatches, "mismatch")),
     });
-    Ok(if report.is_ok() { exit::OK } else { exit::INTERNAL })
+    Ok(if first.is_none() { exit::OK } else { exit::INTERNAL })
 }

@@ -57,6 +57,13 @@ pub fn waiting(reader: &store::Reader, intent: &Intent, now: DateTime<Utc>) -> a
     Ok(Some(Waiting::Caller(format!("waits for its caller: {}", unsealed.waiting_reason()))))
 }
 
+/// [`waiting`] on a log without a vault (PostgreSQL's, for now): only its caller can send it.
+pub fn waiting_without_vault(intent: &Intent, now: DateTime<Utc>) -> Option<Waiting> {
+    intent
+        .waits_for_payment_method(now)
+        .then(|| Waiting::Caller(format!("waits for its caller: {}", Unsealed::NoVault.waiting_reason())))
+}
+
 /// [`waiting`] for each row of a listing, reading the full state of the reserved and unknown
 /// charges only (the others cannot wait for their caller).
 ///

@@ -3,7 +3,9 @@
 //! Owns [`SystemClock`] (the one reader of the system clock in Keel's own crates), the
 //! tracing subscriber (logs on stderr, and spans over OTLP through `telemetry`),
 //! [`ProcProbe`] and this process's lease identity ([`lessee`]), the lease renewal loop, and
-//! [`Node`], everything a command needs to run workflows. It never decides anything.
+//! [`Node`], everything a command needs to run workflows, over one [`Backend`]: SQLite's
+//! `store::Store` (the default) or PostgreSQL's `PgLog` ([`open_postgres`]). It never decides
+//! anything.
 
 use crate::ProviderArgs;
 use crate::telemetry::Otlp;
@@ -278,30 +280,125 @@ impl PaymentProvider for NoProvider {
     }
 }
 
-/// Everything a command that runs workflows needs.
-pub struct Node {
+/// A log backend as a [`Node`] holds it: the event log its executor writes through, and how
+/// it is shut down. SQLite's `store::Store` (the embedded default, untouched) and
+/// PostgreSQL's `PgLog`.
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// The log, as the executor and the lease renewal loop write to it.
+    fn event_log(&self) -> Arc<dyn engine::log::EventLog>;
+    /// Lets the log finish every queued command, then closes it.
+    fn close(&self) -> anyhow::Result<()>;
+    /// Transactions committed that wrote something, so far.
+    fn commits(&self) -> u64;
+    /// Events written so far, when the backend counts them (SQLite does).
+    fn events(&self) -> Option<u64>;
+}
+
+impl Backend for store::Store {
+    fn event_log(&self) -> Arc<dyn engine::log::EventLog> {
+        Arc::new(self.clone())
+    }
+    fn close(&self) -> anyhow::Result<()> {
+        Ok(self.shutdown()?)
+    }
+    fn commits(&self) -> u64 {
+        self.stats().commits
+    }
+    fn events(&self) -> Option<u64> {
+        Some(self.stats().events)
+    }
+}
+
+impl Backend for store_postgres::PgLog {
+    fn event_log(&self) -> Arc<dyn engine::log::EventLog> {
+        Arc::new(self.clone())
+    }
+    fn close(&self) -> anyhow::Result<()> {
+        postgres_blocking(|| self.shutdown());
+        Ok(())
+    }
+    fn commits(&self) -> u64 {
+        self.stats().commits
+    }
+    fn events(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// Connects to the PostgreSQL log at `url` (migrating its schema) with `writers`
+/// connections (default `PG_WRITERS_DEFAULT`), this process's lease time to live and owner
+/// probe. The error names the server and database, never the password.
+pub fn open_postgres(url: &crate::backend::PgUrl, writers: Option<usize>) -> anyhow::Result<store_postgres::PgLog> {
+    let options = store_postgres::Options {
+        writers: writers.unwrap_or(engine::limits::PG_WRITERS_DEFAULT),
+        lease_ttl_ms: lease_ttl_ms(),
+        owner_probe: Arc::new(ProcProbe),
+    };
+    postgres_blocking(|| store_postgres::PgLog::open(&url.url(), options, Arc::new(SystemClock)))
+        .with_context(|| format!("cannot open the event log in PostgreSQL at {} ({url})", url.server()))
+}
+
+/// Runs `f`, which connects to PostgreSQL or drops a connection, off the async runtime's
+/// worker: the synchronous client runs a runtime of its own, which may not start (nor stop)
+/// inside another. Outside any runtime, `f` just runs.
+pub fn postgres_blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => tokio::task::block_in_place(f),
+        Err(_) => f(),
+    }
+}
+
+/// The HTTP payment provider the flags name (its URL is required).
+pub fn http_provider(provider: &ProviderArgs) -> anyhow::Result<Arc<dyn PaymentProvider>> {
+    let url = provider.url.clone().context(
+        "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. a `keel-provider-sim serve` address)",
+    )?;
+    let config = HttpProviderConfig {
+        capability: capability(provider),
+        request_timeout_ms: provider.timeout_ms,
+        current_trace: Some(crate::telemetry::current_trace),
+        ..HttpProviderConfig::new(url)
+    };
+    Ok(Arc::new(HttpProvider::new(config)?))
+}
+
+/// Everything a command that runs workflows needs, over one log backend (SQLite unless said).
+pub struct Node<B: Backend = store::Store> {
     /// The event log.
-    pub store: store::Store,
+    pub store: B,
     /// The executor over the store and the provider.
     pub executor: Executor,
     /// The lease renewal loop, stopped with the node.
     keeper: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Node {
+impl<B: Backend> Drop for Node<B> {
     fn drop(&mut self) {
         self.keeper.abort();
     }
 }
 
-impl Node {
+impl<B: Backend> Node<B> {
     /// Stops the lease renewal loop, then lets the store finish every queued command.
     pub fn shutdown(&self) -> anyhow::Result<()> {
         self.keeper.abort();
-        self.store.shutdown()?;
-        Ok(())
+        self.store.close()
     }
 
+    /// A node over an open backend and an already-built provider: the built-in workflows,
+    /// this process's failpoints, lease identity and renewal loop.
+    pub fn over(store: B, provider: Arc<dyn PaymentProvider>, rules: Option<engine::policy::Rules>) -> Self {
+        let log = store.event_log();
+        let keeper = keep_leases(Arc::clone(&log));
+        let runtime = Runtime { log, provider, clock: Arc::new(SystemClock), lessee: lessee() };
+        let executor = Executor::new(runtime, workflows::builtin(rules))
+            .with_failpoints(failpoints())
+            .with_abandon_after(crate::vault::abandon_after_ms());
+        Self { store, executor, keeper }
+    }
+}
+
+impl Node {
     /// Opens the log and connects to the provider (the provider URL is required).
     pub fn open(
         db: &Path,
@@ -309,17 +406,7 @@ impl Node {
         provider: &ProviderArgs,
         rules: Option<engine::policy::Rules>,
     ) -> anyhow::Result<Self> {
-        let url = provider.url.clone().context(
-            "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. a `keel-provider-sim serve` address)",
-        )?;
-        let config = HttpProviderConfig {
-            capability: capability(provider),
-            request_timeout_ms: provider.timeout_ms,
-            current_trace: Some(crate::telemetry::current_trace),
-            ..HttpProviderConfig::new(url)
-        };
-        let provider: Arc<dyn PaymentProvider> = Arc::new(HttpProvider::new(config)?);
-        Self::with_provider(db, durability, provider, rules)
+        Self::with_provider(db, durability, http_provider(provider)?, rules)
     }
 
     /// A node over an open store for commands that never reach a payment provider (the
@@ -337,13 +424,6 @@ impl Node {
         provider: Arc<dyn PaymentProvider>,
         rules: Option<engine::policy::Rules>,
     ) -> anyhow::Result<Self> {
-        let store = open_store(db, durability)?;
-        let log: Arc<dyn engine::log::EventLog> = Arc::new(store.clone());
-        let keeper = keep_leases(Arc::clone(&log));
-        let runtime = Runtime { log, provider, clock: Arc::new(SystemClock), lessee: lessee() };
-        let executor = Executor::new(runtime, workflows::builtin(rules))
-            .with_failpoints(failpoints())
-            .with_abandon_after(crate::vault::abandon_after_ms());
-        Ok(Self { store, executor, keeper })
+        Ok(Self::over(open_store(db, durability)?, provider, rules))
     }
 }

@@ -76,6 +76,30 @@ pub struct Settings {
     pub once: bool,
 }
 
+impl Settings {
+    /// The settings from `keel worker`'s flags (clap keeps each within its bounds).
+    pub fn from_flags(concurrency: u64, poll_ms: u64, health_ms: u64, grace_ms: u64, once: bool) -> Self {
+        Self {
+            concurrency: usize::try_from(concurrency)
+                .expect("--concurrency is at most WORKER_CONCURRENCY_MAX, which is a usize"),
+            poll: Duration::from_millis(poll_ms),
+            health: Duration::from_millis(health_ms),
+            grace: Duration::from_millis(grace_ms),
+            once,
+        }
+    }
+}
+
+/// Resolves at the first SIGTERM or SIGINT: what stops a worker.
+pub async fn stop() {
+    let mut terminate = crate::wiring::sigterm();
+    // A SIGINT handler that cannot be installed disables its branch (SIGTERM still stops).
+    tokio::select! {
+        Ok(()) = tokio::signal::ctrl_c() => {}
+        () = terminate.recv() => {}
+    }
+}
+
 /// One unit of work: what the worker does for one run under its lease.
 #[derive(Clone, Debug)]
 enum Unit {

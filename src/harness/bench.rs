@@ -1,44 +1,53 @@
-//! `keel bench`: the charge workflow end to end at full durability.
+//! `keel bench`: the charge workflow end to end at full durability, on SQLite or PostgreSQL.
 //!
 //! Owns the benchmark driver: N charges from C concurrent callers through the real store
-//! (group commit, fsync per commit at `full`) against an in-process zero-latency provider,
+//! (SQLite: group commit, fsync per commit at `full`; PostgreSQL: its pool of writers) in a
+//! fresh store of its own (a new file, a new database), against an in-process zero-latency provider,
 //! then every charge re-submitted to check that no new effect happens. It reports
 //! throughput, latency percentiles, commits (fsyncs) per intent, the re-submission pass's
-//! deduplications per second and, with `--keep`, the log's bytes per charge. Nothing here is
+//! deduplications per second and, with `--keep`, the log's bytes per charge. With
+//! `--processes N` it starts N `keel bench --in-place` processes on that one store, each on
+//! its own range of keys, and reports each one's figures and the total. Nothing here is
 //! asserted as a timing; it only measures.
 //!
 //! [`build`] is the same first pass without the re-submission, which the scale benchmark
 //! (`super::scale`) uses to grow its logs; [`leave_in_flight`] writes charges whose provider
 //! never answers and exits once every attempt is durable, as a crash would leave them.
 
+use crate::backend::{Location, PgUrl};
 use crate::exit;
 use crate::output::{Output, Progress};
-use crate::wiring::Node;
+use crate::wiring::{Backend, Node};
+use anyhow::Context as _;
 use engine::event::{Cause, RunId, RunLimits};
 use engine::executor::{IntentOutcome, RunRequest, ValidatedBy};
 use engine::memory::MemoryProvider;
 use engine::provider::{BoxFuture, CallOutcome, Capability, EffectKind, EffectRequest, LookupOutcome, PaymentProvider};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// The benchmark's figures.
-#[derive(Debug, Serialize)]
+/// The benchmark's figures, for one process.
+#[derive(Debug, Serialize, Deserialize)]
 struct Report {
+    backend: LogKind,
     intents: usize,
     concurrency: usize,
     durability: String,
     seconds: f64,
     intents_per_s: f64,
-    events: u64,
-    events_per_s: f64,
+    /// Events written (SQLite counts them; PostgreSQL's writers do not).
+    events: Option<u64>,
+    events_per_s: Option<f64>,
     p50_ms: f64,
     p99_ms: f64,
     commits: u64,
-    fsyncs_per_intent: f64,
+    /// Commits per intent: fsyncs per intent at `full` on SQLite.
+    commits_per_intent: f64,
     validated: usize,
     resubmitted_deduplicated: usize,
     dedups_per_s: f64,
@@ -48,16 +57,57 @@ struct Report {
     effects_after_resubmission: usize,
 }
 
+impl Report {
+    /// Whether every charge validated once, and every re-submission made no new effect.
+    fn ok(&self) -> bool {
+        self.validated == self.intents
+            && self.resubmitted_deduplicated == self.intents
+            && self.effects_after_first_pass == self.intents
+            && self.effects_after_resubmission == self.effects_after_first_pass
+    }
+}
+
+/// Which backend a report measured.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum LogKind {
+    Sqlite,
+    Postgres,
+}
+
+/// The figures of `--processes N`: each process's, and the total.
+#[derive(Debug, Serialize)]
+struct Processes {
+    backend: LogKind,
+    processes: usize,
+    concurrency_each: usize,
+    intents: usize,
+    /// The slowest process's first pass: the total rate is over it.
+    seconds: f64,
+    /// Every process's charges over the slowest one's time.
+    intents_per_s: f64,
+    /// The processes' own rates, summed (above the total when they did not overlap fully).
+    intents_per_s_summed: f64,
+    /// The worst process's p99.
+    p99_ms_max: f64,
+    per_process: Vec<Report>,
+}
+
 /// What `keel bench` was asked.
 pub struct Args {
-    /// Charges to make.
+    /// Charges to make (split over the processes).
     pub intents: usize,
-    /// Concurrent callers.
+    /// Concurrent callers (in each process).
     pub concurrency: usize,
     /// Leave the log at this path (extending it if it exists) instead of a temporary file.
     pub keep: Option<PathBuf>,
     /// Number of the first charge (`bench_intent_<first>`), to extend a kept log.
     pub first: usize,
+    /// `keel bench` processes on one store, each on its own range of keys.
+    pub processes: usize,
+    /// Bench in the store given, as it is, instead of a fresh one (what each process of
+    /// `--processes` is told).
+    pub in_place: bool,
 }
 
 /// The charge inputs `first .. first + count`.
@@ -89,23 +139,144 @@ fn file_bytes(db: &Path) -> u64 {
         .sum()
 }
 
-/// Runs the benchmark in a fresh database next to `db` (never in it), or in `--keep`'s.
-pub async fn run(out: &Output, db: &Path, durability: store::Durability, args: Args) -> anyhow::Result<u8> {
-    let Args { intents, concurrency, keep, first } = args;
-    if intents == 0 || concurrency == 0 {
-        return Ok(out.usage_error("--intents and --concurrency must be at least 1"));
-    }
-    let dir = db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let bench_db = keep.clone().unwrap_or_else(|| dir.join(format!("keel-bench-{}.db", uuid::Uuid::new_v4())));
-    let provider = Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like()));
-    let node = Arc::new(Node::with_provider(&bench_db, durability, provider.clone(), None)?);
-    let inputs = inputs(first, intents);
+/// The store one benchmark runs in, and what is removed once it is over.
+struct Fresh {
+    location: Location,
+    made: Made,
+}
 
+/// What a benchmark made for itself.
+enum Made {
+    /// Nothing: `--in-place`, or `--keep`'s file.
+    Nothing,
+    /// A SQLite file next to the log named.
+    File(PathBuf),
+    /// A database on the PostgreSQL server named (dropped through `server`'s database).
+    Database { server: PgUrl, name: String },
+}
+
+impl Fresh {
+    /// A new SQLite file next to `db` (never `db`), `--keep`'s path, or a new database on
+    /// the PostgreSQL server of `url`; or the store itself with `--in-place`. Its schema is
+    /// made here, once, before any process of `--processes` opens it.
+    fn make(
+        location: &Location,
+        keep: Option<&Path>,
+        in_place: bool,
+        durability: store::Durability,
+    ) -> anyhow::Result<Self> {
+        let fresh = match (location, keep) {
+            _ if in_place => Self { location: location.clone(), made: Made::Nothing },
+            (Location::Sqlite(_), Some(path)) => {
+                Self { location: Location::Sqlite(path.to_owned()), made: Made::Nothing }
+            }
+            (Location::Sqlite(db), None) => {
+                let dir = db.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                let path = dir.join(format!("keel-bench-{}.db", uuid::Uuid::new_v4()));
+                Self { location: Location::Sqlite(path.clone()), made: Made::File(path) }
+            }
+            (Location::Postgres(url), _) => {
+                let name = format!("keel_bench_{}", uuid::Uuid::new_v4().simple());
+                store_postgres::admin::create_database(&url.url(), &name).with_context(|| {
+                    format!("cannot create the benchmark's database on {} (it needs CREATEDB)", url.server())
+                })?;
+                let location = Location::Postgres(url.with_database(&name));
+                Self { location, made: Made::Database { server: url.clone(), name } }
+            }
+        };
+        match &fresh.location {
+            Location::Sqlite(path) => crate::wiring::open_store(path, durability)?.shutdown()?,
+            Location::Postgres(url) => crate::wiring::open_postgres(url, Some(1))?.shutdown(),
+        }
+        Ok(fresh)
+    }
+
+    fn remove(&self) {
+        match &self.made {
+            Made::Nothing => {}
+            Made::File(path) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+                }
+            }
+            Made::Database { server, name } => {
+                if let Err(error) = store_postgres::admin::drop_database(&server.url(), name) {
+                    errln!("keel bench: could not drop its database {name}: {error}");
+                }
+            }
+        }
+    }
+}
+
+/// Runs the benchmark in a fresh store next to `location` (never in it), in `--keep`'s, or
+/// with `--in-place` in `location` itself; over `--processes` processes when more than one.
+pub async fn run(out: &Output, location: &Location, durability: store::Durability, args: Args) -> anyhow::Result<u8> {
+    if args.intents == 0 || args.concurrency == 0 || args.processes == 0 {
+        return Ok(out.usage_error("--intents, --concurrency and --processes must be at least 1"));
+    }
+    if args.processes > args.intents {
+        return Ok(out.usage_error("--processes must not be above --intents: each process charges at least one"));
+    }
+    if let (Location::Postgres(url), Some(_)) = (location, &args.keep) {
+        return Ok(out.usage_error(&format!(
+            "--keep PATH keeps a SQLite file: on PostgreSQL, bench in a database of your own with --store {url} \
+             --in-place"
+        )));
+    }
+    let fresh =
+        crate::wiring::postgres_blocking(|| Fresh::make(location, args.keep.as_deref(), args.in_place, durability))?;
+    let result = if args.processes > 1 {
+        across_processes(out, &fresh.location, durability, &args).await
+    } else {
+        one_process(out, &fresh.location, durability, &args).await
+    };
+    crate::wiring::postgres_blocking(|| fresh.remove());
+    result
+}
+
+/// One process: both passes, the report.
+async fn one_process(
+    out: &Output,
+    location: &Location,
+    durability: store::Durability,
+    args: &Args,
+) -> anyhow::Result<u8> {
+    let provider = Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like()));
+    let report = match location {
+        Location::Sqlite(path) => {
+            let node = Node::with_provider(path, durability, provider.clone(), None)?;
+            let mut report = measure(out, node, &provider, args, (LogKind::Sqlite, durability)).await?;
+            report.kept_bytes = args.keep.as_deref().map(file_bytes);
+            report
+        }
+        Location::Postgres(url) => {
+            let node = Node::over(crate::wiring::open_postgres(url, None)?, provider.clone(), None);
+            measure(out, node, &provider, args, (LogKind::Postgres, durability)).await?
+        }
+    };
+    let ok = report.ok();
+    out.emit(&report, || print_report(&report, args.keep.as_deref()));
+    Ok(if ok { exit::OK } else { exit::INTERNAL })
+}
+
+/// Both passes over `node`.
+async fn measure<B: Backend>(
+    out: &Output,
+    node: Node<B>,
+    provider: &Arc<MemoryProvider>,
+    args: &Args,
+    (backend, durability): (LogKind, store::Durability),
+) -> anyhow::Result<Report> {
+    let Args { intents, concurrency, first, .. } = *args;
+    let node = Arc::new(node);
+    let inputs = inputs(first, intents);
+    let (commits_before, events_before) = (node.store.commits(), node.store.events());
     let progress = out.progress(intents as u64, "bench: charging");
     let (first_pass, latencies, seconds) =
         pass(&node, &inputs, concurrency, Expect::Validated, progress.clone()).await?;
     progress.phase("bench: re-submitting", intents as u64);
-    let stats = node.store.stats();
+    let commits = node.store.commits() - commits_before;
+    let events = node.store.events().zip(events_before).map(|(after, before)| after - before);
     let effects_first = provider.effect_count();
     let (deduplicated, _, dedup_seconds) =
         pass(&node, &inputs, concurrency, Expect::Deduplicated, progress.clone()).await?;
@@ -113,57 +284,144 @@ pub async fn run(out: &Output, db: &Path, durability: store::Durability, args: A
     let effects_after = provider.effect_count();
     node.shutdown()?;
     drop(node);
-    let kept_bytes = keep.as_ref().map(|path| file_bytes(path));
-    if keep.is_none() {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", bench_db.display()));
-        }
-    }
-
     let mut sorted = latencies;
     sorted.sort();
     let percentile = |p: f64| {
         sorted.get(((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
     };
-    let report = Report {
+    Ok(Report {
+        backend,
         intents,
         concurrency,
         durability: format!("{durability:?}").to_lowercase(),
         seconds,
         intents_per_s: intents as f64 / seconds,
-        events: stats.events,
-        events_per_s: stats.events as f64 / seconds,
+        events,
+        events_per_s: events.map(|events| events as f64 / seconds),
         p50_ms: percentile(0.50),
         p99_ms: percentile(0.99),
-        commits: stats.commits,
-        fsyncs_per_intent: stats.commits as f64 / intents as f64,
+        commits,
+        commits_per_intent: commits as f64 / intents as f64,
         validated: first_pass,
         resubmitted_deduplicated: deduplicated,
         dedups_per_s: deduplicated as f64 / dedup_seconds,
-        kept_bytes,
+        kept_bytes: None,
         effects_after_first_pass: effects_first,
         effects_after_resubmission: effects_after,
+    })
+}
+
+fn print_report(report: &Report, keep: Option<&Path>) {
+    let backend = match report.backend {
+        LogKind::Sqlite => "SQLite",
+        LogKind::Postgres => "PostgreSQL",
     };
-    let ok =
-        first_pass == intents && deduplicated == intents && effects_first == intents && effects_after == effects_first;
-    out.emit(&report, || {
-        outln!("keel bench: {intents} charges, concurrency {concurrency}, durability {}", report.durability);
+    outln!(
+        "keel bench: {} charges on {backend}, concurrency {}, durability {}",
+        report.intents,
+        report.concurrency,
+        report.durability
+    );
+    match report.events_per_s {
+        Some(events_per_s) => {
+            outln!("  {:.0} intents/s, {events_per_s:.0} events/s over {:.2} s", report.intents_per_s, report.seconds)
+        }
+        None => outln!("  {:.0} intents/s over {:.2} s", report.intents_per_s, report.seconds),
+    }
+    outln!("  latency p50 {:.2} ms, p99 {:.2} ms", report.p50_ms, report.p99_ms);
+    outln!("  {} commits = {:.3} per intent", report.commits, report.commits_per_intent);
+    outln!(
+        "  re-submission: {}/{} deduplicated ({:.0}/s), effects {} → {} {}",
+        report.resubmitted_deduplicated,
+        report.intents,
+        report.dedups_per_s,
+        report.effects_after_first_pass,
+        report.effects_after_resubmission,
+        if report.ok() { "(no new effect)" } else { "(MISMATCH)" }
+    );
+    if let (Some(path), Some(bytes)) = (keep, report.kept_bytes) {
+        outln!("  kept {} ({bytes} bytes, both passes' events)", path.display());
+    }
+}
+
+/// `--processes N`: N `keel bench --in-place` children on `location`, each on its own range
+/// of keys, started together; their reports, and the total.
+async fn across_processes(
+    out: &Output,
+    location: &Location,
+    durability: store::Durability,
+    args: &Args,
+) -> anyhow::Result<u8> {
+    let exe = std::env::current_exe().context("cannot find the keel binary to start the processes")?;
+    let (each, extra) = (args.intents / args.processes, args.intents % args.processes);
+    let mut children = Vec::with_capacity(args.processes);
+    let mut first = args.first;
+    for index in 0..args.processes {
+        let intents = each + usize::from(index < extra);
+        let mut command = tokio::process::Command::new(&exe);
+        command
+            .args(["bench", "--in-place", "--json"])
+            .args(["--intents", &intents.to_string(), "--first", &first.to_string()])
+            .args(["--concurrency", &args.concurrency.to_string()])
+            .args(["--durability", &format!("{durability:?}").to_lowercase()])
+            // The store goes by the environment: a password never shows in the process list.
+            .env(
+                "KEEL_STORE",
+                match location {
+                    Location::Sqlite(path) => format!("sqlite:{}", path.display()),
+                    Location::Postgres(url) => url.url(),
+                },
+            )
+            .env_remove("KEEL_DB")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        children.push(command.spawn().context("cannot start a bench process")?);
+        first += intents;
+    }
+    let mut reports = Vec::with_capacity(children.len());
+    for child in children {
+        let output = child.wait_with_output().await?;
+        let report: Report = serde_json::from_slice(&output.stdout)
+            .with_context(|| format!("a bench process ended {} without its report", output.status))?;
+        reports.push(report);
+    }
+    let seconds = reports.iter().map(|r| r.seconds).fold(0.0, f64::max);
+    let total = Processes {
+        backend: reports[0].backend,
+        processes: reports.len(),
+        concurrency_each: args.concurrency,
+        intents: reports.iter().map(|r| r.intents).sum(),
+        seconds,
+        intents_per_s: reports.iter().map(|r| r.intents).sum::<usize>() as f64 / seconds,
+        intents_per_s_summed: reports.iter().map(|r| r.intents_per_s).sum(),
+        p99_ms_max: reports.iter().map(|r| r.p99_ms).fold(0.0, f64::max),
+        per_process: reports,
+    };
+    let ok = total.per_process.iter().all(Report::ok);
+    out.emit(&total, || {
         outln!(
-            "  {:.0} intents/s, {:.0} events/s over {:.2} s",
-            report.intents_per_s, report.events_per_s, report.seconds
+            "keel bench: {} processes × concurrency {}, {} charges: {:.0} intents/s in all over {:.2} s (their own \
+             rates sum to {:.0}/s), worst p99 {:.2} ms",
+            total.processes,
+            total.concurrency_each,
+            total.intents,
+            total.intents_per_s,
+            total.seconds,
+            total.intents_per_s_summed,
+            total.p99_ms_max
         );
-        outln!("  latency p50 {:.2} ms, p99 {:.2} ms", report.p50_ms, report.p99_ms);
-        outln!(
-            "  {} commits = {:.3} fsyncs per intent ({} events)",
-            report.commits, report.fsyncs_per_intent, report.events
-        );
-        outln!(
-            "  re-submission: {deduplicated}/{intents} deduplicated ({:.0}/s), effects {effects_first} → {effects_after} {}",
-            report.dedups_per_s,
-            if ok { "(no new effect)" } else { "(MISMATCH)" }
-        );
-        if let (Some(path), Some(bytes)) = (&keep, kept_bytes) {
-            outln!("  kept {} ({bytes} bytes, both passes' events)", path.display());
+        for (index, report) in total.per_process.iter().enumerate() {
+            outln!(
+                "  process {}: {:.0} intents/s over {:.2} s, p50 {:.2} ms, p99 {:.2} ms{}",
+                index + 1,
+                report.intents_per_s,
+                report.seconds,
+                report.p50_ms,
+                report.p99_ms,
+                if report.ok() { "" } else { " (MISMATCH)" }
+            );
         }
     });
     Ok(if ok { exit::OK } else { exit::INTERNAL })
@@ -256,8 +514,8 @@ impl Expect {
 }
 
 /// Runs every input once from `concurrency` callers; counts the outcomes that meet `expect`.
-async fn pass(
-    node: &Arc<Node>,
+async fn pass<B: Backend>(
+    node: &Arc<Node<B>>,
     inputs: &Arc<Vec<serde_json::Value>>,
     concurrency: usize,
     expect: Expect,

@@ -21,6 +21,7 @@ mod money;
 mod operator;
 mod otel;
 mod policy;
+mod postgres;
 mod serve;
 mod teeth;
 mod testkit;

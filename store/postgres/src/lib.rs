@@ -11,12 +11,14 @@
 //! - [`PgReader`] — reads outside any command: a stream, an intent, a run, the whole-log
 //!   [`Ledger`](engine::ledger::Ledger), and [`PgReader::verify`] ([`VerifyReport`]).
 //! - [`Options`], [`Error`], [`schema::SCHEMA_VERSION`].
+//! - [`admin`]: a fresh database on a log's server (what `keel bench` runs in).
 //!
 //! The chain is per stream (`engine::append::Chaining::PerStream`): `store/FORMAT.md`
 //! ("PostgreSQL") says what tamper evidence that keeps and what it does not.
 //!
 //! The `cluster` feature adds [`cluster`], a throwaway PostgreSQL for tests.
 
+pub mod admin;
 mod error;
 mod locks;
 mod reader;

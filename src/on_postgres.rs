@@ -1,0 +1,118 @@
+//! The commands that run on a PostgreSQL log (`--store postgres://…`): charge, refund,
+//! resume, reconcile, worker, show, verify and bench.
+//!
+//! Owns the dispatch of a parsed command when the log is in PostgreSQL: each supported
+//! command opens a `PgLog` (or a `PgReader`) and runs the same `ops`, `worker` and `harness`
+//! code the SQLite path runs. It must never fall back to SQLite: every other command, and a
+//! vault key (the vault is SQLite's for now), is a usage error naming what does run here.
+
+use crate::backend::PgUrl;
+use crate::output::{Failure, Outcome, Output};
+use crate::wiring::{self, Node};
+use crate::{Cli, Command, harness, ops, policy_rules, refund_input, required_provider, worker};
+use anyhow::Context as _;
+use engine::event::RunId;
+use engine::provider::{BoxFuture, EffectKind};
+use std::sync::Arc;
+use store_postgres::PgLog;
+
+/// The commands that run on PostgreSQL today, as the usage error lists them.
+pub const SUPPORTED: &str = "charge, refund, resume, reconcile, worker, show, verify and bench";
+
+/// Why an agent run found on PostgreSQL is left as it is.
+pub const AGENT_RUNS_ON_SQLITE_ONLY: &str = "agent runs run on SQLite only for now: nothing was done for it";
+
+/// Runs `cli`'s command on the PostgreSQL log at `url`.
+pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
+    if crate::vault::key().is_some() {
+        return Err(Failure::Usage(format!(
+            "the payment-method vault is SQLite-only for now: drop the vault key (KEEL_VAULT_KEY, --vault-key-file) \
+             to use --store {url}"
+        )));
+    }
+    let before = cli.before;
+    let provider_of = |store: Option<&crate::StoreFlags>, provider: Option<&crate::ProviderFlags>| {
+        wiring::init_lease_ttl(before.lease_ttl_ms(store));
+        before.provider(provider)
+    };
+    match cli.command {
+        Command::Charge { effect, payment_method_token, limits, store, provider } => {
+            let provider = provider_of(Some(&store), Some(&provider));
+            required_provider(&provider, "charge")?;
+            let input = ops::effect_input(&effect, payment_method_token.as_deref()).map_err(Failure::Usage)?;
+            let (rules, stamp) = policy_rules(&cli.policy, EffectKind::Charge, &input, &limits)?;
+            let node = node(url, &provider, Some(rules.clone()))?;
+            ops::run_effect(&node, out, "charge", &input, &limits, (&rules, stamp)).await
+        }
+        Command::Refund { effect, hold, limits, store, provider } => {
+            let provider = provider_of(Some(&store), Some(&provider));
+            required_provider(&provider, "refund")?;
+            let input = refund_input(&effect, hold)?;
+            let (rules, stamp) = policy_rules(&cli.policy, EffectKind::Refund, &input, &limits)?;
+            let node = node(url, &provider, Some(rules.clone()))?;
+            ops::run_effect(&node, out, "refund", &input, &limits, (&rules, stamp)).await
+        }
+        Command::Reconcile { key, due, create: _, store, provider } => {
+            let key = key.as_deref().map(ops::parse_key).transpose()?;
+            let provider = provider_of(Some(&store), Some(&provider));
+            required_provider(&provider, "reconcile")?;
+            ops::reconcile(&node(url, &provider, None)?, out, key.as_ref(), due).await
+        }
+        Command::Resume { create: _, store, provider } => {
+            let provider = provider_of(Some(&store), Some(&provider));
+            required_provider(&provider, "resume")?;
+            ops::resume_postgres(&node(url, &provider, None)?, out).await
+        }
+        Command::Worker { concurrency, poll_ms, health_ms, grace_ms, once, create: _, store, provider } => {
+            let provider = provider_of(Some(&store), Some(&provider));
+            required_provider(&provider, "worker")?;
+            let settings = worker::Settings::from_flags(concurrency, poll_ms, health_ms, grace_ms, once);
+            let node = node(url, &provider, None)?;
+            let worker = worker::Worker::new(node.executor.clone(), Arc::new(SqliteOnlyAgents), settings);
+            let outcome = worker.run(out, worker::stop()).await;
+            node.shutdown()?;
+            outcome
+        }
+        Command::Show { key, create: _ } => {
+            let key = ops::parse_key(&key)?;
+            wiring::postgres_blocking(|| ops::show_postgres(&mut reader(url)?, out, &key))
+        }
+        Command::Verify { create: _ } => wiring::postgres_blocking(|| ops::verify_postgres(&mut reader(url)?, out)),
+        Command::Bench { intents, concurrency, keep, first, durability, processes, in_place } => {
+            let processes = usize::try_from(processes).expect("--processes is at most 64");
+            let args = harness::bench::Args { intents, concurrency, keep, first, processes, in_place };
+            let location = crate::backend::Location::Postgres(url.clone());
+            Ok(harness::bench::run(out, &location, wiring::durability(&durability), args).await?)
+        }
+        _ => Err(Failure::Usage(format!(
+            "this command does not run on PostgreSQL yet (the ones that do: {SUPPORTED}); give it a SQLite log: \
+             --store sqlite:PATH or --db PATH"
+        ))),
+    }
+}
+
+/// A node over the PostgreSQL log at `url`, reaching the provider the flags name.
+fn node(
+    url: &PgUrl,
+    provider: &crate::ProviderArgs,
+    rules: Option<engine::policy::Rules>,
+) -> anyhow::Result<Node<PgLog>> {
+    Ok(Node::over(wiring::open_postgres(url, None)?, wiring::http_provider(provider)?, rules))
+}
+
+/// A reader on the PostgreSQL log at `url`, its schema migrated first (one connection).
+fn reader(url: &PgUrl) -> anyhow::Result<store_postgres::PgReader> {
+    wiring::open_postgres(url, Some(1))?.shutdown();
+    store_postgres::PgReader::open(&url.url())
+        .with_context(|| format!("cannot read the event log in PostgreSQL at {} ({url})", url.server()))
+}
+
+/// The agent runs of a PostgreSQL log, as `keel worker` meets them: left as they are, saying
+/// why (agent runs run on SQLite only for now).
+struct SqliteOnlyAgents;
+
+impl worker::AgentRuns for SqliteOnlyAgents {
+    fn resume<'a>(&'a self, _run_id: &'a RunId) -> BoxFuture<'a, Result<Option<String>, Failure>> {
+        Box::pin(async { Ok(Some(AGENT_RUNS_ON_SQLITE_ONLY.to_owned())) })
+    }
+}

@@ -1,0 +1,306 @@
+//! Keel on PostgreSQL through the real binary (`--store postgres://…`), on a throwaway
+//! cluster the suite starts itself (installed when missing; one that cannot start fails the
+//! test, never skips): a charge, its re-submission, refunds, `show` and `verify`; a charge
+//! killed mid-attempt finished by `keel worker --once`; two workers on one database sharing
+//! crashed runs; and every bad store argument refused, writing nothing, never printing a
+//! password.
+
+use crate::cli::{charge_args, start_sim, temp};
+use engine::event::{Event, IntentKey};
+use engine::ledger::IntentStatus;
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use store_postgres::PgReader;
+use testkit::sample::TENANT;
+
+/// A fresh database on the suite's cluster.
+fn database(label: &str) -> String {
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|e| panic!("{e}"));
+    cluster.database(label).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `keel --json --store STORE [--provider URL] ARGS`, the environment cleared of Keel's.
+fn keel(store: &str, provider: Option<&str>, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command.args(["--json", "--store", store]);
+    if let Some(url) = provider {
+        command.args(["--provider", url, "--provider-consistency-window-ms", "0"]);
+    }
+    command.args(args);
+    for var in ["KEEL_PROVIDER_URL", "KEEL_DB", "KEEL_STORE", "KEEL_FAILPOINT", "KEEL_LEASE_TTL_MS", "KEEL_VAULT_KEY"] {
+        command.env_remove(var);
+    }
+    command
+}
+
+/// Runs it: exit code, stdout as JSON (`null` when it is not), stderr.
+fn run(mut command: Command) -> (i32, Value, String) {
+    let output = command.output().expect("keel runs");
+    let stdout = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    (output.status.code().unwrap_or(-1), stdout, String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+fn key(kind: &str, id: &str) -> IntentKey {
+    IntentKey::parse(&format!("{kind}:{TENANT}:{id}")).expect("a key")
+}
+
+fn reader(url: &str) -> PgReader {
+    PgReader::open(url).expect("a reader connects")
+}
+
+fn intent_status(url: &str, key: &IntentKey) -> Option<IntentStatus> {
+    reader(url).intent(key).expect("reads").map(|intent| intent.status)
+}
+
+fn effects_on(dir: &Path, key: &IntentKey) -> usize {
+    let effects = provider_sim::list_effects(&dir.join("sim.db")).expect("the simulator's effects");
+    effects.iter().filter(|e| e.idempotency_key == key.as_str()).count()
+}
+
+fn verify_clean(url: &str) {
+    let report = reader(url).verify().expect("verify reads");
+    assert!(report.is_ok(), "{report}");
+}
+
+fn refund_args<'a>(intent_id: &'a str, amount: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["refund", "--tenant", TENANT, "--intent-id", intent_id, "--order", "order_1842"];
+    args.extend(["--amount-minor", amount, "--currency", "EUR"]);
+    args
+}
+
+/// Runs `args` with `failpoint` armed: the process must abort there.
+fn crash(url: &str, provider: &str, args: &[&str], failpoint: &str) {
+    let output = keel(url, Some(provider), args).env("KEEL_FAILPOINT", failpoint).output().expect("keel runs");
+    assert_eq!(
+        output.status.signal(),
+        Some(libc::SIGABRT),
+        "keel must abort at {failpoint}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn summary(output: &Output) -> Value {
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|_| {
+        panic!(
+            "one JSON summary, got {:?} (stderr {:?})",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+#[test]
+fn charge_resubmission_refunds_show_and_verify_run_on_postgres() {
+    let url = database("cli");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    let charge = key("charge", "order_1842_charge");
+
+    let (code, first, stderr) = run(keel(&url, Some(sim.url()), &charge_args("order_1842_charge", "4900")));
+    assert_eq!(code, 0, "{first} {stderr}");
+    assert_eq!((first["status"].as_str(), first["source"].as_str()), (Some("validated"), Some("provider")), "{first}");
+    let (code, again, _) = run(keel(&url, Some(sim.url()), &charge_args("order_1842_charge", "4900")));
+    assert_eq!((code, again["source"].as_str()), (0, Some("deduplicated")), "{again}");
+    assert_eq!(effects_on(dir.path(), &charge), 1, "the re-submission made no second effect");
+
+    let (code, refund, _) = run(keel(&url, Some(sim.url()), &refund_args("order_1842_refund_1", "1000")));
+    assert_eq!((code, refund["status"].as_str()), (0, Some("validated")), "{refund}");
+    let (code, over, _) = run(keel(&url, Some(sim.url()), &refund_args("order_1842_refund_2", "3901")));
+    assert_eq!((code, over["status"].as_str()), (2, Some("rejected")), "refunds above the charge: {over}");
+    let refused = key("refund", "order_1842_refund_2");
+    assert_eq!(effects_on(dir.path(), &refused), 0, "never sent");
+    let held = reader(&url).intent(&refused).expect("reads").is_some_and(|intent| intent.money_committed());
+    assert!(!held, "the refused refund holds no money");
+
+    let (code, shown, _) = run(keel(&url, None, &["show", charge.as_str()]));
+    assert_eq!((code, shown["status"].as_str()), (0, Some("validated")), "{shown}");
+    let types: Vec<&str> =
+        shown["events"].as_array().expect("events").iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(types, ["IntentReserved", "AttemptStarted", "IntentValidated", "IntentDeduplicated"]);
+    let (code, missing, _) = run(keel(&url, None, &["show", key("charge", "order_0000_nothing").as_str()]));
+    assert_eq!((code, missing["reason"].as_str()), (64, Some("not_found")), "{missing}");
+
+    let (code, verified, stderr) = run(keel(&url, None, &["verify"]));
+    assert_eq!(code, 0, "{verified} {stderr}");
+    assert_eq!(verified["mismatch_count"], 0, "{verified}");
+    assert!(verified["events"].as_u64().is_some_and(|n| n > 0), "{verified}");
+}
+
+#[test]
+fn a_charge_killed_mid_attempt_on_postgres_is_finished_by_one_worker_pass_with_one_effect() {
+    let url = database("crash");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    crash(&url, sim.url(), &charge_args("order_1842_charge", "4900"), "after_provider_answer");
+    let charge = key("charge", "order_1842_charge");
+    assert_eq!(intent_status(&url, &charge), Some(IntentStatus::Attempting), "the attempt was left in flight");
+
+    let output = keel(&url, Some(sim.url()), &["worker", "--once", "--poll-ms", "50"]).output().expect("runs");
+    let done = summary(&output);
+    assert_eq!(output.status.code(), Some(0), "{done:#}");
+    assert_eq!(done["recovered"], 1, "the dead attempt is recorded interrupted once: {done:#}");
+    assert_eq!(done["leases_held"], 0, "{done:#}");
+    assert_eq!(intent_status(&url, &charge), Some(IntentStatus::Validated));
+    assert_eq!(effects_on(dir.path(), &charge), 1, "reconciled by lookup, never resent");
+    let events: Vec<Event> =
+        reader(&url).stream(&charge.stream()).expect("reads").into_iter().map(|e| e.event).collect();
+    assert_eq!(events.iter().filter(|e| matches!(e, Event::AttemptStarted { .. })).count(), 1, "{events:#?}");
+    verify_clean(&url);
+}
+
+#[test]
+fn two_workers_on_one_postgres_database_finish_every_crashed_run_once() {
+    let url = database("two_workers");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    let ids: Vec<String> = (0..8).map(|n| format!("order_{}_charge", 2000 + n)).collect();
+    for (n, id) in ids.iter().enumerate() {
+        let order = format!("order_{}", 2000 + n);
+        let mut args = charge_args(id, "4900");
+        args[6] = &order;
+        crash(&url, sim.url(), &args, "after_provider_answer");
+    }
+    let spawn = || {
+        keel(&url, Some(sim.url()), &["worker", "--once", "--concurrency", "2", "--poll-ms", "50"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("a worker starts")
+    };
+    let (first, second) = (spawn(), spawn());
+    let mut units = Vec::new();
+    for worker in [first, second] {
+        let output = worker.wait_with_output().expect("the worker ends");
+        let done = summary(&output);
+        assert_eq!(output.status.code(), Some(0), "{done:#}\n{}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(done["leases_held"], 0, "{done:#}");
+        units.extend(done["units"].as_array().expect("units").iter().cloned());
+    }
+    for id in &ids {
+        let charge = key("charge", id);
+        assert_eq!(intent_status(&url, &charge), Some(IntentStatus::Validated), "{charge}");
+        assert_eq!(effects_on(dir.path(), &charge), 1, "one effect on {charge}");
+    }
+    let ledger = reader(&url).ledger().expect("folds");
+    let mut finishes = Vec::new();
+    for run in ledger.runs() {
+        let events = reader(&url).stream(&run.run_id.stream()).expect("reads");
+        let finished = events.iter().filter(|e| matches!(e.event, Event::RunFinished { .. })).count();
+        finishes.push((run.run_id.to_string(), finished));
+    }
+    assert_eq!(finishes.len(), ids.len(), "{finishes:?}");
+    assert!(finishes.iter().all(|(_, n)| *n == 1), "every run finished once: {finishes:?}");
+    let held: Vec<(String, u64)> =
+        units.iter().filter_map(|unit| Some((unit["run_id"].as_str()?.to_owned(), unit["token"].as_u64()?))).collect();
+    let distinct: BTreeSet<&(String, u64)> = held.iter().collect();
+    assert_eq!(distinct.len(), held.len(), "a run was held twice under one token: {units:#?}");
+    verify_clean(&url);
+}
+
+/// Events in the database at `url`, as `keel verify` counts them.
+fn event_count(url: &str) -> u64 {
+    let (code, verified, stderr) = run(keel(url, None, &["verify"]));
+    assert_eq!(code, 0, "{stderr}");
+    verified["events"].as_u64().expect("verify counts events")
+}
+
+#[test]
+fn every_bad_store_argument_is_a_usage_error_that_writes_nothing_and_never_prints_a_password() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let url = database("bad_store");
+    let secret = "hunter2-never-printed";
+    let with_password = url.replacen("postgres://postgres@", &format!("postgres://postgres:{secret}@"), 1);
+    let charge = charge_args("order_1842_charge", "4900");
+    let no_log = db.to_str().expect("a utf-8 path");
+    let other = format!("sqlite:{}", dir.path().join("other.db").display());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            ["--store", "mysql://keel:hunter2-never-printed@h/k"]
+                .iter()
+                .copied()
+                .chain(charge.iter().copied())
+                .collect(),
+            "sqlite:PATH",
+        ),
+        (["--store", "keel.db"].iter().copied().chain(charge.iter().copied()).collect(), "postgres://"),
+        (["--store", "sqlite:"].iter().copied().chain(charge.iter().copied()).collect(), "sqlite:PATH"),
+        (
+            ["--store", "postgres://keel:hunter2-never-printed@h:port/k"]
+                .iter()
+                .copied()
+                .chain(charge.iter().copied())
+                .collect(),
+            "postgres://",
+        ),
+        (
+            ["--store", &other, "--db", no_log].iter().copied().chain(charge.iter().copied()).collect(),
+            "two different logs",
+        ),
+        (
+            ["--store", &with_password, "--db", no_log].iter().copied().chain(charge.iter().copied()).collect(),
+            "two different logs",
+        ),
+        (
+            vec!["--store", &with_password, "intents"],
+            "charge, refund, resume, reconcile, worker, show, verify and bench",
+        ),
+        (
+            vec!["--store", &with_password, "cancel", "charge:t:order_1842_charge", "--by", "ana", "--reason", "r"],
+            "does not run on PostgreSQL",
+        ),
+    ];
+    for (args, named) in &cases {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command.args(["--provider", sim.url()]).args(args);
+        for var in ["KEEL_PROVIDER_URL", "KEEL_DB", "KEEL_STORE", "KEEL_VAULT_KEY"] {
+            command.env_remove(var);
+        }
+        let output = command.output().expect("runs");
+        let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(named), "{args:?} says {named:?}: {stderr}");
+        assert!(!stderr.contains(secret) && !stdout.contains(secret), "{args:?} printed the password: {stderr}");
+        assert!(!db.exists() && !dir.path().join("other.db").exists(), "{args:?} wrote no SQLite log");
+    }
+    // KEEL_STORE is read as --store is.
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["--provider", sim.url(), "intents"])
+        .env("KEEL_STORE", &with_password)
+        .env_remove("KEEL_DB")
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(64), "{}", String::from_utf8_lossy(&output.stderr));
+    // A vault key with a PostgreSQL store: the vault is SQLite's for now.
+    let key = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    let (code, _, stderr) = run({
+        let mut command = keel(&with_password, Some(sim.url()), &charge);
+        command.env("KEEL_VAULT_KEY", key);
+        command
+    });
+    assert_eq!(code, 64, "{stderr}");
+    assert!(stderr.contains("SQLite-only") && !stderr.contains(secret), "{stderr}");
+    assert_eq!(event_count(&url), 0, "nothing was written to the PostgreSQL log");
+
+    // An unreachable server: named by host and port, the password never printed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("its address").port();
+    let down = format!("postgres://keel:{secret}@127.0.0.1:{port}/keel");
+    let (code, out, stderr) = run(keel(&down, Some(sim.url()), &charge));
+    assert_eq!(code, 1, "an unreachable server is an error: {stderr}");
+    assert_eq!(out["status"], "error", "{out}");
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "names the server: {stderr}");
+    assert!(!stderr.contains(secret) && !out.to_string().contains(secret), "{stderr}");
+    assert_eq!(effects_on(dir.path(), &key_of_charge()), 0, "nothing reached the provider");
+
+    // A password in a reachable URL is not printed either (the cluster trusts local users).
+    let (code, verified, stderr) = run(keel(&with_password, None, &["verify"]));
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!verified.to_string().contains(secret) && !stderr.contains(secret));
+}
+
+fn key_of_charge() -> IntentKey {
+    key("charge", "order_1842_charge")
+}
