@@ -3,8 +3,11 @@
 //! Owns [`Kit`], a harness that runs your [`Workflow`]s against the provider simulator
 //! (`provider_sim`, in process, over real HTTP) and a real SQLite event log, under a
 //! **seeded schedule** of crashes at every event boundary ([`engine::failpoints::Point`]) and
-//! provider faults (timeouts after the effect, 5xx, lost answers, lying or lagging lookups,
-//! declines); restarts after every crash (a second crash may hit the recovery itself); heals
+//! provider faults — every fault kind the simulator knows (`provider_sim::faults::Fault::ALL`:
+//! failures before the effect, 5xx, timeouts after it, slow answers on both sides of the
+//! request timeout, declines, lagging, lying or unavailable lookups) at a provider of a drawn
+//! capability tier ([`Tier`]: with or without idempotency, with or without lookup); restarts
+//! after every crash (a second crash may hit the recovery itself); heals
 //! the provider; runs reconciliation passes; and then checks Keel's invariants over the log
 //! and the simulator's own count of effects ([`invariants`]). A failing seed is printed and
 //! replayed with `KEEL_SEED=<seed>`. [`sample`] holds the tenant and card token that Keel's
@@ -83,6 +86,7 @@ use engine::failpoints::{Failpoints, Point};
 use engine::lease::{LeaseOwner, Lessee, SoleSurvivor};
 use engine::provider::PaymentProvider;
 pub use invariants::{Effect, Report};
+use provider_sim::faults::Fault;
 use provider_sim::{Config, FaultPlan, Rng, Server};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -96,6 +100,28 @@ pub const SEED_ENV: &str = "KEEL_SEED";
 /// The provider's per-request timeout inside the kit: short, so a held answer (a timeout
 /// after the effect) costs little wall time.
 pub const REQUEST_TIMEOUT_MS: u64 = 250;
+
+/// The consistency window the kit's provider declares, and the simulator plays on every
+/// lookup (a lookup of a younger effect answers "absent").
+pub const CONSISTENCY_WINDOW_MS: u64 = 100;
+
+/// The provider's capability tier (SPEC, "Provider capability"): whether it honours
+/// `Idempotency-Key` and whether it can look an effect up. The simulator plays it, and the
+/// provider client declares it, so Keel acts on the truth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tier {
+    /// The provider deduplicates on the idempotency key.
+    pub idempotency: bool,
+    /// The provider answers lookups by key.
+    pub lookup: bool,
+}
+
+impl Tier {
+    /// Its short name, as `Capability::tier` spells it.
+    pub fn name(self) -> &'static str {
+        engine::provider::Capability { dedup_by_key: self.idempotency, lookup: self.lookup, ..stripe_like() }.tier()
+    }
+}
 
 /// One request the kit submits: a workflow name and its raw input (secrets included: the
 /// kit re-submits it, as a caller would after an ambiguous answer).
@@ -121,6 +147,7 @@ pub struct Kit {
     fault_probability: f64,
     reconciliation_passes: u32,
     limits: RunLimits,
+    tier: Option<Tier>,
 }
 
 /// What one seed did and what the checks found.
@@ -136,6 +163,10 @@ pub struct SeedReport {
     pub points: Vec<&'static str>,
     /// Mismatch probes made.
     pub mismatch_probes: u64,
+    /// The provider tier played (`dedup+lookup`, `lookup`, `dedup`, `none`).
+    pub tier: &'static str,
+    /// The fault kinds the plan drew, by name.
+    pub faults: Vec<&'static str>,
     /// The invariants.
     pub report: Report,
 }
@@ -176,6 +207,7 @@ impl Kit {
             crash_probability: 0.5,
             fault_probability: 0.2,
             reconciliation_passes: 6,
+            tier: None,
             limits: RunLimits {
                 cost_minor_max: None,
                 attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
@@ -225,6 +257,13 @@ impl Kit {
     /// unreconciled (invariant 9).
     pub fn reconciliation_passes(mut self, passes: u32) -> Self {
         self.reconciliation_passes = passes;
+        self
+    }
+
+    /// Plays this provider tier in every seed (by default each seed draws one: without
+    /// idempotency one seed in four, without lookup one in five).
+    pub fn tier(mut self, tier: Tier) -> Self {
+        self.tier = Some(tier);
         self
     }
 
@@ -322,38 +361,63 @@ impl<'k> SeedRun<'k> {
                 recovery_crashes: 0,
                 points: Vec::new(),
                 mismatch_probes: 0,
+                tier: "",
+                faults: Vec::new(),
                 report: Report::default(),
             },
         }
     }
 
-    fn plan(&mut self) -> Result<FaultPlan, String> {
+    /// Draws the provider this seed plays: its tier (unless the kit fixes it) and a fault
+    /// plan over every fault kind the simulator knows.
+    fn provider(&mut self) -> Result<(Tier, FaultPlan), String> {
+        let tier =
+            self.kit.tier.unwrap_or_else(|| Tier { idempotency: self.rng.chance(0.75), lookup: self.rng.chance(0.8) });
         let p = self.kit.fault_probability;
         let mut rules = Vec::new();
-        for (operation, fault, ms) in [
-            ("any", "timeout_after_effect", Some(REQUEST_TIMEOUT_MS * 2)),
-            ("any", "unavailable", None),
-            ("any", "fail_before_effect", None),
-            ("charge", "decline", None),
-            ("lookup", "lookup_unavailable", None),
-            ("lookup", "lookup_lies", None),
-        ] {
+        let mut window = None;
+        for fault in Fault::ALL {
+            // Exhaustive on purpose: a fault kind the simulator learns does not compile here
+            // until the schedule draws it.
+            let (operation, ms) = match fault {
+                Fault::FailBeforeEffect | Fault::Unavailable | Fault::LookupUnavailable => ("any", None),
+                Fault::TimeoutAfterEffect { .. } => ("any", Some(REQUEST_TIMEOUT_MS * 2)),
+                // Slow answers land on both sides of the request timeout: some are awaited,
+                // some arrive after Keel stopped waiting (an unknown outcome to reconcile).
+                Fault::Slow { .. } => ("any", Some(REQUEST_TIMEOUT_MS / 5 + self.rng.below(REQUEST_TIMEOUT_MS * 2))),
+                Fault::Decline => ("charge", None),
+                // The declared consistency window, on every lookup: the last rule, so that
+                // the others still fire.
+                Fault::LookupAbsentForMs { .. } => {
+                    window = Some(json!({"operation": "lookup", "fault": fault.name(), "ms": CONSISTENCY_WINDOW_MS}));
+                    self.out.faults.push(fault.name());
+                    continue;
+                }
+                // SPEC, tier (b): without deduplication a resend follows a proven absence, and
+                // the proof is the lookup's word; a lookup that lies is outside what Keel can
+                // promise for such a provider, so it is drawn only where a key deduplicates.
+                Fault::LookupLies if !tier.idempotency => continue,
+                Fault::LookupLies => ("lookup", None),
+            };
             if self.rng.chance(0.7) {
-                let mut rule = json!({"operation": operation, "fault": fault, "probability": p / 2.0});
+                let mut rule = json!({"operation": operation, "fault": fault.name(), "probability": p / 2.0});
                 if let Some(ms) = ms {
                     rule["ms"] = json!(ms);
                 }
                 rules.push(rule);
+                self.out.faults.push(fault.name());
             }
         }
-        rules.push(json!({"operation": "lookup", "fault": "lookup_absent_for_ms", "ms": 100}));
-        FaultPlan::from_json(&json!({"seed": self.seed, "rules": rules}).to_string()).map_err(|e| e.to_string())
+        rules.extend(window);
+        let plan = FaultPlan::from_json(&json!({"seed": self.seed, "rules": rules}).to_string());
+        Ok((tier, plan.map_err(|e| e.to_string())?))
     }
 
     async fn run(mut self) -> Result<SeedReport, String> {
-        let plan = self.plan()?;
-        let mut sim = start_sim(&self.sim_db, plan).await?;
-        let provider = provider_for(&sim)?;
+        let (tier, plan) = self.provider()?;
+        self.out.tier = tier.name();
+        let mut sim = start_sim(&self.sim_db, plan, tier).await?;
+        let provider = provider_for(&sim, tier)?;
 
         // The workload: every submission once or twice, in a seeded order.
         let mut schedule: Vec<Submission> = Vec::new();
@@ -381,8 +445,8 @@ impl<'k> SeedRun<'k> {
 
         // Heal the provider, then let Keel finish what it may.
         sim.shutdown().await.map_err(|e| format!("simulator shutdown: {e}"))?;
-        sim = start_sim(&self.sim_db, FaultPlan::none()).await?;
-        let provider = provider_for(&sim)?;
+        sim = start_sim(&self.sim_db, FaultPlan::none(), tier).await?;
+        let provider = provider_for(&sim, tier)?;
         for _ in 0..self.kit.reconciliation_passes {
             self.clock.advance_ms(120_000);
             let executor = self.executor(&provider, Failpoints::disarmed())?;
@@ -577,13 +641,20 @@ fn events(db: &Path) -> Result<u64, String> {
     Ok(reader.events_since(0).map_err(|e| e.to_string())?.len() as u64)
 }
 
-async fn start_sim(db: &Path, faults: FaultPlan) -> Result<Server, String> {
-    Server::start(Config { faults, ..Config::new(db) }).await.map_err(|e| format!("simulator: {e}"))
+async fn start_sim(db: &Path, faults: FaultPlan, tier: Tier) -> Result<Server, String> {
+    let config = Config { faults, idempotency: tier.idempotency, lookup: tier.lookup, ..Config::new(db) };
+    Server::start(config).await.map_err(|e| format!("simulator: {e}"))
 }
 
-fn provider_for(sim: &Server) -> Result<Arc<dyn PaymentProvider>, String> {
+fn provider_for(sim: &Server, tier: Tier) -> Result<Arc<dyn PaymentProvider>, String> {
+    let capability = engine::provider::Capability {
+        dedup_by_key: tier.idempotency,
+        lookup: tier.lookup,
+        consistency_window_ms: CONSISTENCY_WINDOW_MS,
+        ..stripe_like()
+    };
     let config = HttpProviderConfig {
-        capability: engine::provider::Capability { consistency_window_ms: 100, ..stripe_like() },
+        capability,
         request_timeout_ms: REQUEST_TIMEOUT_MS,
         ..HttpProviderConfig::new(sim.base_url())
     };
