@@ -75,20 +75,22 @@
 //! ```
 
 pub mod invariants;
+mod kill;
 pub mod sample;
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
 use chrono::{TimeZone, Utc};
-use engine::clock::ManualClock;
+use engine::clock::{Clock as _, ManualClock};
 use engine::event::{Cause, RunId, RunLimits};
 use engine::executor::{Executor, Registered, RunOutcome, RunRequest, Runtime};
 use engine::failpoints::{Failpoints, Point};
 use engine::lease::{LeaseOwner, Lessee, SoleSurvivor};
 use engine::provider::PaymentProvider;
 pub use invariants::{Effect, Report};
+use kill::{Kill, Part};
 use provider_sim::faults::Fault;
 use provider_sim::{Config, FaultPlan, Rng, Server};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -96,6 +98,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The environment variable that replays one seed: `KEEL_SEED=1234 cargo test …`.
 pub const SEED_ENV: &str = "KEEL_SEED";
+
+/// The longest seeded delay before a child is SIGKILLed, in ms: a child re-executes the test
+/// binary, opens the log and runs one submission in tens of milliseconds, so kills land
+/// before, during and after its attempts.
+const KILL_DELAY_MAX_MS: u64 = 400;
 
 /// The provider's per-request timeout inside the kit: short, so a held answer (a timeout
 /// after the effect) costs little wall time.
@@ -108,7 +115,7 @@ pub const CONSISTENCY_WINDOW_MS: u64 = 100;
 /// The provider's capability tier (SPEC, "Provider capability"): whether it honours
 /// `Idempotency-Key` and whether it can look an effect up. The simulator plays it, and the
 /// provider client declares it, so Keel acts on the truth.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tier {
     /// The provider deduplicates on the idempotency key.
     pub idempotency: bool,
@@ -148,6 +155,7 @@ pub struct Kit {
     reconciliation_passes: u32,
     limits: RunLimits,
     tier: Option<Tier>,
+    killing: Option<String>,
 }
 
 /// What one seed did and what the checks found.
@@ -155,8 +163,10 @@ pub struct Kit {
 pub struct SeedReport {
     /// The seed.
     pub seed: u64,
-    /// Crashes injected (including crashes during recovery).
+    /// Crashes injected (including crashes during recovery), real kills included.
     pub crashes: u64,
+    /// Of which were SIGKILLs of a child process ([`Kit::killing`]).
+    pub kills: u64,
     /// Of which crashed a recovery.
     pub recovery_crashes: u64,
     /// Crash points that fired, by name.
@@ -208,6 +218,7 @@ impl Kit {
             fault_probability: 0.2,
             reconciliation_passes: 6,
             tier: None,
+            killing: None,
             limits: RunLimits {
                 cost_minor_max: None,
                 attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
@@ -267,6 +278,22 @@ impl Kit {
         self
     }
 
+    /// Runs every submission, and every recovery after a kill, in a child process that the
+    /// kit SIGKILLs at seeded moments — after a seeded delay, or the moment the child reports
+    /// it reached a seeded failpoint — instead of panicking at failpoints in this process.
+    ///
+    /// A child is this test binary re-executed (`std::env::current_exe()`) on the one test
+    /// `test` names, exactly as libtest spells it (`module::test_name`, the path the test
+    /// output prints). That test builds the same kit and calls [`Kit::run`], which finds the
+    /// child's order in its environment (`KEEL_KIT_CHILD`), opens the same SQLite log, plays
+    /// its part and exits the process; so the test must build the kit the same way every time
+    /// and call `run` before anything else that matters. A name that does not run the test
+    /// is reported, never taken for a pass.
+    pub fn killing(mut self, test: &str) -> Self {
+        self.killing = Some(test.to_owned());
+        self
+    }
+
     /// The limits of every run.
     pub fn limits(mut self, limits: RunLimits) -> Self {
         self.limits = limits;
@@ -280,6 +307,9 @@ impl Kit {
     ///
     /// The first failing seed.
     pub fn run(&self) -> Result<Vec<SeedReport>, Failure> {
+        if let Some(order) = kill::order_from_env() {
+            kill::serve(self, order);
+        }
         let seeds: Vec<u64> = match std::env::var(SEED_ENV).ok().and_then(|s| s.trim().parse().ok()) {
             Some(seed) => vec![seed],
             None => (self.first_seed..self.first_seed + self.seeds).collect(),
@@ -334,6 +364,9 @@ struct SeedRun<'k> {
     runs: u64,
     /// Executors opened so far: each is a "process" with its own lease owner.
     processes: u64,
+    /// The provider tier this seed plays, and where the simulator listens.
+    tier: Tier,
+    sim_url: String,
     out: SeedReport,
 }
 
@@ -355,9 +388,12 @@ impl<'k> SeedRun<'k> {
             sim_db: dir.join("provider-sim.db"),
             runs: 0,
             processes: 0,
+            tier: Tier { idempotency: true, lookup: true },
+            sim_url: String::new(),
             out: SeedReport {
                 seed,
                 crashes: 0,
+                kills: 0,
                 recovery_crashes: 0,
                 points: Vec::new(),
                 mismatch_probes: 0,
@@ -415,28 +451,42 @@ impl<'k> SeedRun<'k> {
 
     async fn run(mut self) -> Result<SeedReport, String> {
         let (tier, plan) = self.provider()?;
-        self.out.tier = tier.name();
+        (self.tier, self.out.tier) = (tier, tier.name());
         let mut sim = start_sim(&self.sim_db, plan, tier).await?;
-        let provider = provider_for(&sim, tier)?;
+        self.sim_url = sim.base_url();
+        let provider = provider_at(&self.sim_url, tier)?;
+        if self.kit.killing.is_some() {
+            // The log exists before the first child, so the parent can read it between kills.
+            shut(self.executor(&provider, Failpoints::disarmed())?.1);
+        }
 
         // The workload: every submission once or twice, in a seeded order.
-        let mut schedule: Vec<Submission> = Vec::new();
-        for submission in &self.kit.submissions {
-            schedule.push(submission.clone());
+        let mut schedule: Vec<usize> = Vec::new();
+        for index in 0..self.kit.submissions.len() {
+            schedule.push(index);
             if self.rng.chance(0.4) {
-                schedule.push(submission.clone());
+                schedule.push(index);
             }
         }
         for i in (1..schedule.len()).rev() {
             let j = self.rng.below(i as u64 + 1) as usize;
             schedule.swap(i, j);
         }
-        for submission in &schedule {
+        for index in schedule {
+            let submission = &self.kit.submissions[index];
             self.clock.advance_ms(self.rng.below(3_000) as i64);
-            let crash = self.rng.chance(self.kit.crash_probability).then(|| self.pick_point(false));
-            match self.start(&provider, submission, crash).await? {
-                Step::Done(_) => {}
-                Step::Crashed => self.restart(&provider).await?,
+            if let Some(test) = &self.kit.killing {
+                self.runs += 1;
+                let run_id = format!("testkit-{}-{}", self.seed, self.runs);
+                let may_kill = self.rng.chance(self.kit.crash_probability);
+                if self.in_child(test, Part::Start { submission: index, run_id }, may_kill).await? {
+                    self.restart_in_children(test).await?;
+                }
+            } else {
+                let crash = self.rng.chance(self.kit.crash_probability).then(|| self.pick_point(false));
+                if let Step::Crashed = self.start(&provider, submission, crash).await? {
+                    self.restart(&provider).await?;
+                }
             }
             if self.kit.mismatch.is_some() && self.rng.chance(0.3) {
                 self.probe_mismatch(&provider, submission).await?;
@@ -446,7 +496,7 @@ impl<'k> SeedRun<'k> {
         // Heal the provider, then let Keel finish what it may.
         sim.shutdown().await.map_err(|e| format!("simulator shutdown: {e}"))?;
         sim = start_sim(&self.sim_db, FaultPlan::none(), tier).await?;
-        let provider = provider_for(&sim, tier)?;
+        let provider = provider_at(&sim.base_url(), tier)?;
         for _ in 0..self.kit.reconciliation_passes {
             self.clock.advance_ms(120_000);
             let executor = self.executor(&provider, Failpoints::disarmed())?;
@@ -476,29 +526,60 @@ impl<'k> SeedRun<'k> {
         (point, 1 + self.rng.below(2) as u32)
     }
 
-    /// A new "process" on the same files: its own store, executor and lease owner. Every
-    /// earlier one crashed or stopped, so the probe proves their leases' holders dead.
+    /// A new "process" on the same files: its own store, executor and lease owner.
     fn executor(
         &mut self,
         provider: &Arc<dyn PaymentProvider>,
         failpoints: Failpoints,
     ) -> Result<(Executor, store::Store), String> {
         self.processes += 1;
-        let owner = LeaseOwner::named(&format!("kit-process-{}", self.processes));
-        let options = store::Options {
-            durability: store::Durability::Normal,
-            failpoints: failpoints.clone(),
-            owner_probe: Arc::new(SoleSurvivor(owner.clone())),
-            ..Default::default()
+        open_process(self.kit, &self.keel_db, self.clock.clone(), provider, failpoints, self.processes)
+    }
+
+    /// Runs `part` in a child process, SIGKILLed at a seeded moment when `may_kill`: after a
+    /// seeded delay, or the moment it reaches a seeded failpoint. True when it was killed.
+    async fn in_child(&mut self, test: &str, part: Part, may_kill: bool) -> Result<bool, String> {
+        let recovering = matches!(part, Part::Recover);
+        let (kill, point) = match (may_kill, self.rng.chance(0.5)) {
+            (false, _) => (Kill::Never, None),
+            (true, true) => (Kill::After(self.rng.below(KILL_DELAY_MAX_MS)), None),
+            (true, false) => (Kill::AtPoint, Some(self.pick_point(recovering))),
         };
-        let store = store::Store::open(&self.keel_db, options, self.clock.clone()).map_err(|e| e.to_string())?;
-        let runtime = Runtime {
-            log: Arc::new(store.clone()),
-            provider: provider.clone(),
-            clock: self.clock.clone(),
-            lessee: Lessee::new(owner),
+        self.processes += 1;
+        let order = kill::Order {
+            keel_db: self.keel_db.clone(),
+            provider_url: self.sim_url.clone(),
+            tier: self.tier,
+            now: self.clock.now(),
+            process: self.processes,
+            point: point.map(|(point, nth)| (point.name().to_owned(), nth)),
+            part,
         };
-        Ok((Executor::new(runtime, self.kit.workflows.clone()).with_failpoints(failpoints), store))
+        let test = test.to_owned();
+        let supervised = tokio::task::spawn_blocking(move || kill::supervise(&test, &order, kill)).await;
+        let killed = supervised.map_err(|e| format!("the child's supervisor panicked: {e}"))??;
+        // The child's clock moved on its own (its timers and backoffs): the next process
+        // starts no earlier than the last event it wrote.
+        let reader = store::Reader::open(&self.keel_db).map_err(|e| e.to_string())?;
+        if let Some(last) = reader.events_since(0).map_err(|e| e.to_string())?.last() {
+            self.clock.advance_ms((last.at - self.clock.now()).num_milliseconds().max(0));
+        }
+        if killed {
+            self.out.kills += 1;
+            self.note_crash(point, recovering);
+        }
+        Ok(killed)
+    }
+
+    /// After a kill: recovery in a child, which may itself be killed (then again).
+    async fn restart_in_children(&mut self, test: &str) -> Result<(), String> {
+        for round in 0..4 {
+            let may_kill = round < 3 && self.rng.chance(0.3);
+            if !self.in_child(test, Part::Recover, may_kill).await? {
+                return Ok(());
+            }
+        }
+        Err("recovery was killed four times in a row with no kill left armed".to_owned())
     }
 
     fn armed(&mut self, crash: Option<(Point, u32)>) -> (Failpoints, Arc<AtomicBool>) {
@@ -641,22 +722,43 @@ fn events(db: &Path) -> Result<u64, String> {
     Ok(reader.events_since(0).map_err(|e| e.to_string())?.len() as u64)
 }
 
+/// A new "process" on the kit's files — its own store, executor and lease owner number
+/// `process`. Every earlier one crashed, was killed or stopped, so the probe proves their
+/// leases' holders dead.
+fn open_process(
+    kit: &Kit,
+    keel_db: &Path,
+    clock: Arc<ManualClock>,
+    provider: &Arc<dyn PaymentProvider>,
+    failpoints: Failpoints,
+    process: u64,
+) -> Result<(Executor, store::Store), String> {
+    let owner = LeaseOwner::named(&format!("kit-process-{process}"));
+    let options = store::Options {
+        durability: store::Durability::Normal,
+        failpoints: failpoints.clone(),
+        owner_probe: Arc::new(SoleSurvivor(owner.clone())),
+        ..Default::default()
+    };
+    let store = store::Store::open(keel_db, options, clock.clone()).map_err(|e| e.to_string())?;
+    let runtime =
+        Runtime { log: Arc::new(store.clone()), provider: provider.clone(), clock, lessee: Lessee::new(owner) };
+    Ok((Executor::new(runtime, kit.workflows.clone()).with_failpoints(failpoints), store))
+}
+
 async fn start_sim(db: &Path, faults: FaultPlan, tier: Tier) -> Result<Server, String> {
     let config = Config { faults, idempotency: tier.idempotency, lookup: tier.lookup, ..Config::new(db) };
     Server::start(config).await.map_err(|e| format!("simulator: {e}"))
 }
 
-fn provider_for(sim: &Server, tier: Tier) -> Result<Arc<dyn PaymentProvider>, String> {
+fn provider_at(base_url: &str, tier: Tier) -> Result<Arc<dyn PaymentProvider>, String> {
     let capability = engine::provider::Capability {
         dedup_by_key: tier.idempotency,
         lookup: tier.lookup,
         consistency_window_ms: CONSISTENCY_WINDOW_MS,
         ..stripe_like()
     };
-    let config = HttpProviderConfig {
-        capability,
-        request_timeout_ms: REQUEST_TIMEOUT_MS,
-        ..HttpProviderConfig::new(sim.base_url())
-    };
+    let config =
+        HttpProviderConfig { capability, request_timeout_ms: REQUEST_TIMEOUT_MS, ..HttpProviderConfig::new(base_url) };
     Ok(Arc::new(HttpProvider::new(config).map_err(|e| e.to_string())?))
 }

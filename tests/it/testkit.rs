@@ -126,3 +126,30 @@ fn keels_charge_and_refund_keep_every_invariant_under_seeded_crashes() {
         .seeds(100, 6);
     kit.run().unwrap_or_else(|failure| panic!("{failure}"));
 }
+
+/// Real kills: every submission and every recovery runs in a child process (this test
+/// binary, re-executed on this very test) that the kit SIGKILLs after a seeded delay or at a
+/// seeded failpoint; then it restarts, heals, reconciles and checks the invariants.
+#[test]
+fn a_users_invoice_workflow_keeps_every_invariant_under_real_sigkills() {
+    let kit = invoices(testkit::Kit::new(vec![Registered::new(PayInvoice)]))
+        .killing("testkit::a_users_invoice_workflow_keeps_every_invariant_under_real_sigkills")
+        .crash_probability(0.7)
+        .seeds(300, 3);
+    let reports = kit.run().unwrap_or_else(|failure| panic!("{failure}"));
+    let kills: u64 = reports.iter().map(|r| r.kills).sum();
+    assert!(kills > 0, "the schedule SIGKILLed a child: {reports:?}");
+    assert!(reports.iter().all(|r| r.report.effects <= r.report.intents), "{reports:?}");
+}
+
+/// A kit told to re-execute a test that does not exist reports it rather than pass with
+/// nothing run.
+#[test]
+fn a_killing_kit_that_names_no_test_says_so() {
+    let kit = invoices(testkit::Kit::new(vec![Registered::new(PayInvoice)]))
+        .killing("testkit::no_such_test")
+        .crash_probability(0.0)
+        .seeds(1, 1);
+    let failure = kit.run().expect_err("the child never played its part");
+    assert!(failure.message.contains("without playing its part"), "{failure}");
+}
