@@ -11,7 +11,7 @@
 //! | 2 | the key is the intent key, always | each effect's key is `IntentKey::new(kind, tenant, intent_id)` and names a reserved intent |
 //! | 3 | write-ahead | each key has at least as many committed `AttemptStarted` as effects |
 //! | 4 | no blind resend | attempt n > 1 follows a proven absence (`AttemptNotSent`, lookup `resend_allowed`) or a key-deduplicating provider without lookup; one `OutcomeUnknown` per attempt |
-//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), and no attempt starts after its run's deadline (time) |
+//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls and input and output tokens stay within the limits its journal's header recorded |
 //! | 6 | replay is deterministic | two folds of the log render identically; `verify` (files) passes |
 //! | 8 | refunds ≤ charged | after every event, per order: refunds reserved, unknown or validated ≤ validated charges; and the provider's refunds ≤ its charges |
 //! | 9 | liveness | at the end no intent is left `attempting`, `outcome_unknown` or `reconciling` |
@@ -175,6 +175,7 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
     let mut attempts_started: HashMap<IntentKey, u64> = HashMap::new();
     let mut resend_licensed: HashMap<IntentKey, bool> = HashMap::new();
     let mut unknowns: HashMap<(IntentKey, u32), u32> = HashMap::new();
+    let mut agents: HashMap<engine::event::RunId, agent::AgentState> = HashMap::new();
     for stored in events {
         let key = stored.event.intent_key();
         let before = key.and_then(|k| ledger.intent(k)).cloned();
@@ -208,6 +209,9 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
         }
         ledger.apply(stored);
         within_budgets(&ledger, stored, &mut report);
+        if let Event::AgentRecorded { run_id, event } = &stored.event {
+            within_agent_budgets(agents.entry(run_id.clone()).or_default(), stored.seq, event, &mut report);
+        }
         let (Some(key), Some(before)) = (key, before) else { continue };
         let Some(after) = ledger.intent(key) else { continue };
         if before.money_committed() && !after.money_committed() && !releases(&stored.event) {
@@ -347,6 +351,36 @@ fn within_budgets(ledger: &Ledger, stored: &StoredEvent, report: &mut Report) {
             "seq {}: attempt {attempt} of {key} started at {} after its run's deadline {}",
             stored.seq, stored.at, starter.deadline_at
         ));
+    }
+}
+
+/// Invariant 5 for an agent run: folding its journal fact by fact, its model calls, tool
+/// calls and input and output tokens stay within the limits its header recorded — a resumed
+/// run that started counting again would pass them.
+fn within_agent_budgets(state: &mut agent::AgentState, seq: u64, fact: &serde_json::Value, report: &mut Report) {
+    let applied = serde_json::from_value::<agent::AgentEvent>(fact.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|fact| state.try_apply(&fact));
+    if let Err(why) = applied {
+        report.verify_failures += 1;
+        report.note(format!("seq {seq}: an agent fact does not fold: {why}"));
+        return;
+    }
+    let Some(header) = &state.header else { return };
+    let limits = &header.limits;
+    let over = [
+        ("model calls", u64::from(state.model_calls), Some(u64::from(limits.model_calls_max))),
+        ("tool calls", u64::from(state.tool_calls), Some(u64::from(limits.tool_calls_max))),
+        ("input tokens", state.input_tokens, limits.input_tokens_max),
+        ("output tokens", state.output_tokens, limits.output_tokens_max),
+    ];
+    for (dimension, spent, max) in over {
+        if let Some(max) = max
+            && spent > max
+        {
+            report.budget_refills += 1;
+            report.note(format!("seq {seq}: agent run {} spent {spent} {dimension} of {max} allowed", header.run_id));
+        }
     }
 }
 
