@@ -13,11 +13,30 @@
 //! replayed with `KEEL_SEED=<seed>`. [`sample`] holds the tenant and card token that Keel's
 //! own suites, the README and `keel demo` share.
 //!
-//! A crash here is a panic raised by the armed failpoint — in the executor's task or in the
-//! store's writer thread — after which the kit drops every handle and reopens the log from
-//! the file, so the next process sees exactly the committed prefix. (The `keel` binary arms
-//! the same points with `std::process::abort()`; Keel's own suite also SIGKILLs real
-//! processes.)
+//! By default a crash is a panic raised by the armed failpoint — in the executor's task or in
+//! the store's writer thread — after which the kit drops every handle and reopens the log from
+//! the file, so the next process sees exactly the committed prefix. With
+//! [`Kit::killing`] it is a real SIGKILL: every submission and every recovery runs in a child
+//! process (your test binary re-executed on the one test you name, whose `kit.run()` plays the
+//! child's part and exits), killed after a seeded delay or the moment it reports reaching a
+//! seeded failpoint. Give it the test's path as `cargo test` prints it:
+//!
+//! ```text
+//! #[test]
+//! fn invoices_under_real_kills() {
+//!     let kit = testkit::Kit::new(vec![Registered::new(PayInvoice)])
+//!         .submit("pay_invoice", json!({"invoice": "inv_2041", "cents": 12_000, "card": "pm_card_visa_4242"}))
+//!         .killing("billing::invoices_under_real_kills");
+//!     kit.run().unwrap_or_else(|failure| panic!("{failure}"));
+//! }
+//! ```
+//!
+//! A failing seed prints itself, its report and how to replay it:
+//!
+//! ```text
+//! testkit: seed 5 failed: 1 invariant violation(s) — replay with KEEL_SEED=5
+//! $ KEEL_SEED=5 cargo test --test it -- billing::invoices_under_real_kills
+//! ```
 //!
 //! # Example
 //!
