@@ -11,7 +11,7 @@
 //! | 2 | the key is the intent key, always | each effect's key is `IntentKey::new(kind, tenant, intent_id)` and names a reserved intent |
 //! | 3 | write-ahead | each key has at least as many committed `AttemptStarted` as effects |
 //! | 4 | no blind resend | attempt n > 1 follows a proven absence (`AttemptNotSent`, lookup `resend_allowed`) or a key-deduplicating provider without lookup; one `OutcomeUnknown` per attempt |
-//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), and no run's remaining budget goes negative |
+//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls and input and output tokens stay within the limits its journal's header recorded |
 //! | 6 | replay is deterministic | two folds of the log render identically; `verify` (files) passes |
 //! | 8 | refunds ≤ charged | after every event, per order: refunds reserved, unknown or validated ≤ validated charges; and the provider's refunds ≤ its charges |
 //! | 9 | liveness | at the end no intent is left `attempting`, `outcome_unknown` or `reconciling` |
@@ -100,7 +100,8 @@ pub struct Report {
     pub write_ahead_violations: u64,
     /// 4: attempts sent again without a proven absence, or unknowns recorded twice.
     pub blind_resends: u64,
-    /// 5: money released without a release fact, or a run's budget below zero.
+    /// 5: money released without a release fact, a run's budget below zero, a spent counter
+    /// past its limit, an attempt after its run's deadline.
     pub budget_refills: u64,
     /// 6: two folds of the log that differ, or `verify` failures.
     pub verify_failures: u64,
@@ -174,6 +175,7 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
     let mut attempts_started: HashMap<IntentKey, u64> = HashMap::new();
     let mut resend_licensed: HashMap<IntentKey, bool> = HashMap::new();
     let mut unknowns: HashMap<(IntentKey, u32), u32> = HashMap::new();
+    let mut agents: HashMap<engine::event::RunId, agent::AgentState> = HashMap::new();
     for stored in events {
         let key = stored.event.intent_key();
         let before = key.and_then(|k| ledger.intent(k)).cloned();
@@ -206,6 +208,10 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
             _ => {}
         }
         ledger.apply(stored);
+        within_budgets(&ledger, stored, &mut report);
+        if let Event::AgentRecorded { run_id, event } = &stored.event {
+            within_agent_budgets(agents.entry(run_id.clone()).or_default(), stored.seq, event, &mut report);
+        }
         let (Some(key), Some(before)) = (key, before) else { continue };
         let Some(after) = ledger.intent(key) else { continue };
         if before.money_committed() && !after.money_committed() && !releases(&stored.event) {
@@ -309,6 +315,75 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
     report
 }
 
+/// Invariant 5 for every spent counter, not only money. The counters are folds of an
+/// append-only log, so a restart cannot lower them; what a refill does — a process that
+/// rebuilt a count from zero, or from anything but the log — is spend past a limit. So after
+/// every event: attempts (those proven never sent aside) and reconciliations per intent,
+/// network retries and reconciliations per run stay within their limits, and time: no attempt
+/// starts after its run's deadline.
+fn within_budgets(ledger: &Ledger, stored: &StoredEvent, report: &mut Report) {
+    use engine::ledger::View as _;
+    let Some(intent) = stored.event.intent_key().and_then(|key| ledger.intent(key)) else { return };
+    let key = intent.key().as_str();
+    let mut spend = |entity: &str, dimension: &str, spent: u32, max: u32| {
+        if spent > max {
+            report.budget_refills += 1;
+            report.note(format!("seq {}: {entity} spent {spent} {dimension} of {max} allowed", stored.seq));
+        }
+    };
+    spend(key, "attempts", intent.attempts_spent(), intent.attempts_max);
+    spend(key, "reconciliations", intent.reconciliations, intent.reconciliations_max);
+    let Some(run) = ledger.run(&intent.run_id) else { return };
+    let run_id = run.run_id.as_str();
+    let network_max = run.limits.network_retries_max.unwrap_or(engine::limits::NETWORK_RETRIES_PER_RUN_MAX);
+    spend(run_id, "network retries", run.network_retries, network_max);
+    if let Some(max) = run.limits.reconciliations_max {
+        let spent = ledger.run_intents(&run.run_id).iter().fold(0u32, |sum, i| sum.saturating_add(i.reconciliations));
+        spend(run_id, "run reconciliations", spent, max);
+    }
+    // The run that started the attempt (a re-submission's own run may resend another's intent).
+    if let Event::AttemptStarted { attempt, .. } = &stored.event
+        && let Some(starter) = intent.latest_attempt_run.as_ref().and_then(|id| ledger.run(id))
+        && stored.at > starter.deadline_at
+    {
+        report.budget_refills += 1;
+        report.note(format!(
+            "seq {}: attempt {attempt} of {key} started at {} after its run's deadline {}",
+            stored.seq, stored.at, starter.deadline_at
+        ));
+    }
+}
+
+/// Invariant 5 for an agent run: folding its journal fact by fact, its model calls, tool
+/// calls and input and output tokens stay within the limits its header recorded — a resumed
+/// run that started counting again would pass them.
+fn within_agent_budgets(state: &mut agent::AgentState, seq: u64, fact: &serde_json::Value, report: &mut Report) {
+    let applied = serde_json::from_value::<agent::AgentEvent>(fact.clone())
+        .map_err(|e| e.to_string())
+        .and_then(|fact| state.try_apply(&fact));
+    if let Err(why) = applied {
+        report.verify_failures += 1;
+        report.note(format!("seq {seq}: an agent fact does not fold: {why}"));
+        return;
+    }
+    let Some(header) = &state.header else { return };
+    let limits = &header.limits;
+    let over = [
+        ("model calls", u64::from(state.model_calls), Some(u64::from(limits.model_calls_max))),
+        ("tool calls", u64::from(state.tool_calls), Some(u64::from(limits.tool_calls_max))),
+        ("input tokens", state.input_tokens, limits.input_tokens_max),
+        ("output tokens", state.output_tokens, limits.output_tokens_max),
+    ];
+    for (dimension, spent, max) in over {
+        if let Some(max) = max
+            && spent > max
+        {
+            report.budget_refills += 1;
+            report.note(format!("seq {seq}: agent run {} spent {spent} {dimension} of {max} allowed", header.run_id));
+        }
+    }
+}
+
 /// Whether an event is one that may release an intent's money.
 fn releases(event: &Event) -> bool {
     matches!(
@@ -361,4 +436,86 @@ pub fn check_files(keel_db: &Path, sim_db: &Path) -> Result<Report, Unreadable> 
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone as _;
+    use engine::clock::ManualClock;
+    use engine::event::{Cause, RunId, RunLimits};
+    use engine::executor::{Executor, RunRequest, Runtime};
+    use engine::lease::{LeaseOwner, Lessee};
+    use engine::memory::{MemoryLog, MemoryProvider};
+    use std::sync::Arc;
+
+    /// A real history: one charge, validated at its first attempt.
+    fn charged() -> (Vec<StoredEvent>, Vec<Effect>) {
+        let start = chrono::Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).single().expect("a valid instant");
+        let clock = Arc::new(ManualClock::new(start));
+        let (log, provider) = (
+            Arc::new(MemoryLog::new(clock.clone())),
+            Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like())),
+        );
+        let runtime = Runtime {
+            log: log.clone(),
+            provider: provider.clone(),
+            clock,
+            lessee: Lessee::new(LeaseOwner::named("t")),
+        };
+        let executor = Executor::new(runtime, workflows::builtin(None));
+        let input = serde_json::json!({"tenant_id": crate::sample::TENANT, "intent_id": "order_1_charge",
+            "order_id": "order_1", "amount_minor": 500, "currency": "EUR", "payment_method_token": crate::sample::CARD_TOKEN});
+        let limits = RunLimits {
+            cost_minor_max: None,
+            attempts_per_intent_max: 3,
+            reconciliations_per_intent_max: 3,
+            approval_threshold_minor: None,
+            policy: None,
+            network_retries_max: None,
+            reconciliations_max: None,
+        };
+        let request = RunRequest { run_id: RunId::new("r1"), limits, deadline_ms: 60_000, cause: Cause::command("t") };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        runtime.block_on(executor.start("charge", &input, request)).expect("the charge runs");
+        (log.events(), provider.effects().into_iter().map(Effect::from).collect())
+    }
+
+    #[test]
+    fn a_real_history_spends_within_every_budget() {
+        let (events, effects) = charged();
+        let report = check(&events, &effects);
+        assert!(report.is_ok(), "{report:?}");
+        assert_eq!(report.effects, 1);
+    }
+
+    #[test]
+    fn an_attempt_counter_refilled_past_its_limit_is_caught() {
+        let (mut events, effects) = charged();
+        // Hand-made: the intent is reserved with no attempt left, yet an attempt follows — what
+        // a process that rebuilt its counter from zero after a restart would write.
+        for stored in &mut events {
+            if let Event::IntentReserved { attempts_max, .. } = &mut stored.event {
+                *attempts_max = 0;
+            }
+        }
+        let report = check(&events, &effects);
+        assert!(report.budget_refills >= 1, "{report:?}");
+        assert!(report.details.iter().any(|d| d.contains("1 attempts of 0 allowed")), "{report:?}");
+    }
+
+    #[test]
+    fn an_attempt_after_the_deadline_is_a_refilled_time_budget() {
+        let (mut events, effects) = charged();
+        let started = events.iter().find(|e| matches!(e.event, Event::AttemptStarted { .. })).map(|e| e.at);
+        let started = started.expect("the charge started an attempt");
+        for stored in &mut events {
+            if let Event::RunStarted { deadline_at, .. } = &mut stored.event {
+                *deadline_at = started - chrono::Duration::milliseconds(1);
+            }
+        }
+        let report = check(&events, &effects);
+        assert!(report.budget_refills >= 1, "{report:?}");
+        assert!(report.details.iter().any(|d| d.contains("after its run's deadline")), "{report:?}");
+    }
 }

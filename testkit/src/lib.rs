@@ -3,18 +3,40 @@
 //! Owns [`Kit`], a harness that runs your [`Workflow`]s against the provider simulator
 //! (`provider_sim`, in process, over real HTTP) and a real SQLite event log, under a
 //! **seeded schedule** of crashes at every event boundary ([`engine::failpoints::Point`]) and
-//! provider faults (timeouts after the effect, 5xx, lost answers, lying or lagging lookups,
-//! declines); restarts after every crash (a second crash may hit the recovery itself); heals
+//! provider faults — every fault kind the simulator knows (`provider_sim::faults::Fault::ALL`:
+//! failures before the effect, 5xx, timeouts after it, slow answers on both sides of the
+//! request timeout, declines, lagging, lying or unavailable lookups) at a provider of a drawn
+//! capability tier ([`Tier`]: with or without idempotency, with or without lookup); restarts
+//! after every crash (a second crash may hit the recovery itself); heals
 //! the provider; runs reconciliation passes; and then checks Keel's invariants over the log
 //! and the simulator's own count of effects ([`invariants`]). A failing seed is printed and
 //! replayed with `KEEL_SEED=<seed>`. [`sample`] holds the tenant and card token that Keel's
 //! own suites, the README and `keel demo` share.
 //!
-//! A crash here is a panic raised by the armed failpoint — in the executor's task or in the
-//! store's writer thread — after which the kit drops every handle and reopens the log from
-//! the file, so the next process sees exactly the committed prefix. (The `keel` binary arms
-//! the same points with `std::process::abort()`; Keel's own suite also SIGKILLs real
-//! processes.)
+//! By default a crash is a panic raised by the armed failpoint — in the executor's task or in
+//! the store's writer thread — after which the kit drops every handle and reopens the log from
+//! the file, so the next process sees exactly the committed prefix. With
+//! [`Kit::killing`] it is a real SIGKILL: every submission and every recovery runs in a child
+//! process (your test binary re-executed on the one test you name, whose `kit.run()` plays the
+//! child's part and exits), killed after a seeded delay or the moment it reports reaching a
+//! seeded failpoint. Give it the test's path as `cargo test` prints it:
+//!
+//! ```text
+//! #[test]
+//! fn invoices_under_real_kills() {
+//!     let kit = testkit::Kit::new(vec![Registered::new(PayInvoice)])
+//!         .submit("pay_invoice", json!({"invoice": "inv_2041", "cents": 12_000, "card": "pm_card_visa_4242"}))
+//!         .killing("billing::invoices_under_real_kills");
+//!     kit.run().unwrap_or_else(|failure| panic!("{failure}"));
+//! }
+//! ```
+//!
+//! A failing seed prints itself, its report and how to replay it:
+//!
+//! ```text
+//! testkit: seed 5 failed: 1 invariant violation(s) — replay with KEEL_SEED=5
+//! $ KEEL_SEED=5 cargo test --test it -- billing::invoices_under_real_kills
+//! ```
 //!
 //! # Example
 //!
@@ -72,19 +94,22 @@
 //! ```
 
 pub mod invariants;
+mod kill;
 pub mod sample;
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
 use chrono::{TimeZone, Utc};
-use engine::clock::ManualClock;
+use engine::clock::{Clock as _, ManualClock};
 use engine::event::{Cause, RunId, RunLimits};
 use engine::executor::{Executor, Registered, RunOutcome, RunRequest, Runtime};
 use engine::failpoints::{Failpoints, Point};
 use engine::lease::{LeaseOwner, Lessee, SoleSurvivor};
 use engine::provider::PaymentProvider;
 pub use invariants::{Effect, Report};
+use kill::{Kill, Part};
+use provider_sim::faults::Fault;
 use provider_sim::{Config, FaultPlan, Rng, Server};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,9 +118,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// The environment variable that replays one seed: `KEEL_SEED=1234 cargo test …`.
 pub const SEED_ENV: &str = "KEEL_SEED";
 
+/// The longest seeded delay before a child is SIGKILLed, in ms: a child re-executes the test
+/// binary, opens the log and runs one submission in tens of milliseconds, so kills land
+/// before, during and after its attempts.
+const KILL_DELAY_MAX_MS: u64 = 400;
+
 /// The provider's per-request timeout inside the kit: short, so a held answer (a timeout
 /// after the effect) costs little wall time.
 pub const REQUEST_TIMEOUT_MS: u64 = 250;
+
+/// The consistency window the kit's provider declares, and the simulator plays on every
+/// lookup (a lookup of a younger effect answers "absent").
+pub const CONSISTENCY_WINDOW_MS: u64 = 100;
+
+/// The provider's capability tier (SPEC, "Provider capability"): whether it honours
+/// `Idempotency-Key` and whether it can look an effect up. The simulator plays it, and the
+/// provider client declares it, so Keel acts on the truth.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tier {
+    /// The provider deduplicates on the idempotency key.
+    pub idempotency: bool,
+    /// The provider answers lookups by key.
+    pub lookup: bool,
+}
+
+impl Tier {
+    /// Its short name, as `Capability::tier` spells it.
+    pub fn name(self) -> &'static str {
+        engine::provider::Capability { dedup_by_key: self.idempotency, lookup: self.lookup, ..stripe_like() }.tier()
+    }
+}
 
 /// One request the kit submits: a workflow name and its raw input (secrets included: the
 /// kit re-submits it, as a caller would after an ambiguous answer).
@@ -121,6 +173,8 @@ pub struct Kit {
     fault_probability: f64,
     reconciliation_passes: u32,
     limits: RunLimits,
+    tier: Option<Tier>,
+    killing: Option<String>,
 }
 
 /// What one seed did and what the checks found.
@@ -128,14 +182,20 @@ pub struct Kit {
 pub struct SeedReport {
     /// The seed.
     pub seed: u64,
-    /// Crashes injected (including crashes during recovery).
+    /// Crashes injected (including crashes during recovery), real kills included.
     pub crashes: u64,
+    /// Of which were SIGKILLs of a child process ([`Kit::killing`]).
+    pub kills: u64,
     /// Of which crashed a recovery.
     pub recovery_crashes: u64,
     /// Crash points that fired, by name.
     pub points: Vec<&'static str>,
     /// Mismatch probes made.
     pub mismatch_probes: u64,
+    /// The provider tier played (`dedup+lookup`, `lookup`, `dedup`, `none`).
+    pub tier: &'static str,
+    /// The fault kinds the plan drew, by name.
+    pub faults: Vec<&'static str>,
     /// The invariants.
     pub report: Report,
 }
@@ -176,6 +236,8 @@ impl Kit {
             crash_probability: 0.5,
             fault_probability: 0.2,
             reconciliation_passes: 6,
+            tier: None,
+            killing: None,
             limits: RunLimits {
                 cost_minor_max: None,
                 attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
@@ -228,6 +290,29 @@ impl Kit {
         self
     }
 
+    /// Plays this provider tier in every seed (by default each seed draws one: without
+    /// idempotency one seed in four, without lookup one in five).
+    pub fn tier(mut self, tier: Tier) -> Self {
+        self.tier = Some(tier);
+        self
+    }
+
+    /// Runs every submission, and every recovery after a kill, in a child process that the
+    /// kit SIGKILLs at seeded moments — after a seeded delay, or the moment the child reports
+    /// it reached a seeded failpoint — instead of panicking at failpoints in this process.
+    ///
+    /// A child is this test binary re-executed (`std::env::current_exe()`) on the one test
+    /// `test` names, exactly as libtest spells it (`module::test_name`, the path the test
+    /// output prints). That test builds the same kit and calls [`Kit::run`], which finds the
+    /// child's order in its environment (`KEEL_KIT_CHILD`), opens the same SQLite log, plays
+    /// its part and exits the process; so the test must build the kit the same way every time
+    /// and call `run` before anything else that matters. A name that does not run the test
+    /// is reported, never taken for a pass.
+    pub fn killing(mut self, test: &str) -> Self {
+        self.killing = Some(test.to_owned());
+        self
+    }
+
     /// The limits of every run.
     pub fn limits(mut self, limits: RunLimits) -> Self {
         self.limits = limits;
@@ -241,6 +326,9 @@ impl Kit {
     ///
     /// The first failing seed.
     pub fn run(&self) -> Result<Vec<SeedReport>, Failure> {
+        if let Some(order) = kill::order_from_env() {
+            kill::serve(self, order);
+        }
         let seeds: Vec<u64> = match std::env::var(SEED_ENV).ok().and_then(|s| s.trim().parse().ok()) {
             Some(seed) => vec![seed],
             None => (self.first_seed..self.first_seed + self.seeds).collect(),
@@ -295,6 +383,9 @@ struct SeedRun<'k> {
     runs: u64,
     /// Executors opened so far: each is a "process" with its own lease owner.
     processes: u64,
+    /// The provider tier this seed plays, and where the simulator listens.
+    tier: Tier,
+    sim_url: String,
     out: SeedReport,
 }
 
@@ -316,63 +407,105 @@ impl<'k> SeedRun<'k> {
             sim_db: dir.join("provider-sim.db"),
             runs: 0,
             processes: 0,
+            tier: Tier { idempotency: true, lookup: true },
+            sim_url: String::new(),
             out: SeedReport {
                 seed,
                 crashes: 0,
+                kills: 0,
                 recovery_crashes: 0,
                 points: Vec::new(),
                 mismatch_probes: 0,
+                tier: "",
+                faults: Vec::new(),
                 report: Report::default(),
             },
         }
     }
 
-    fn plan(&mut self) -> Result<FaultPlan, String> {
+    /// Draws the provider this seed plays: its tier (unless the kit fixes it) and a fault
+    /// plan over every fault kind the simulator knows.
+    fn provider(&mut self) -> Result<(Tier, FaultPlan), String> {
+        let tier =
+            self.kit.tier.unwrap_or_else(|| Tier { idempotency: self.rng.chance(0.75), lookup: self.rng.chance(0.8) });
         let p = self.kit.fault_probability;
         let mut rules = Vec::new();
-        for (operation, fault, ms) in [
-            ("any", "timeout_after_effect", Some(REQUEST_TIMEOUT_MS * 2)),
-            ("any", "unavailable", None),
-            ("any", "fail_before_effect", None),
-            ("charge", "decline", None),
-            ("lookup", "lookup_unavailable", None),
-            ("lookup", "lookup_lies", None),
-        ] {
+        let mut window = None;
+        for fault in Fault::ALL {
+            // Exhaustive on purpose: a fault kind the simulator learns does not compile here
+            // until the schedule draws it.
+            let (operation, ms) = match fault {
+                Fault::FailBeforeEffect | Fault::Unavailable | Fault::LookupUnavailable => ("any", None),
+                Fault::TimeoutAfterEffect { .. } => ("any", Some(REQUEST_TIMEOUT_MS * 2)),
+                // Slow answers land on both sides of the request timeout: some are awaited,
+                // some arrive after Keel stopped waiting (an unknown outcome to reconcile).
+                Fault::Slow { .. } => ("any", Some(REQUEST_TIMEOUT_MS / 5 + self.rng.below(REQUEST_TIMEOUT_MS * 2))),
+                Fault::Decline => ("charge", None),
+                // The declared consistency window, on every lookup: the last rule, so that
+                // the others still fire.
+                Fault::LookupAbsentForMs { .. } => {
+                    window = Some(json!({"operation": "lookup", "fault": fault.name(), "ms": CONSISTENCY_WINDOW_MS}));
+                    self.out.faults.push(fault.name());
+                    continue;
+                }
+                // SPEC, tier (b): without deduplication a resend follows a proven absence, and
+                // the proof is the lookup's word; a lookup that lies is outside what Keel can
+                // promise for such a provider, so it is drawn only where a key deduplicates.
+                Fault::LookupLies if !tier.idempotency => continue,
+                Fault::LookupLies => ("lookup", None),
+            };
             if self.rng.chance(0.7) {
-                let mut rule = json!({"operation": operation, "fault": fault, "probability": p / 2.0});
+                let mut rule = json!({"operation": operation, "fault": fault.name(), "probability": p / 2.0});
                 if let Some(ms) = ms {
                     rule["ms"] = json!(ms);
                 }
                 rules.push(rule);
+                self.out.faults.push(fault.name());
             }
         }
-        rules.push(json!({"operation": "lookup", "fault": "lookup_absent_for_ms", "ms": 100}));
-        FaultPlan::from_json(&json!({"seed": self.seed, "rules": rules}).to_string()).map_err(|e| e.to_string())
+        rules.extend(window);
+        let plan = FaultPlan::from_json(&json!({"seed": self.seed, "rules": rules}).to_string());
+        Ok((tier, plan.map_err(|e| e.to_string())?))
     }
 
     async fn run(mut self) -> Result<SeedReport, String> {
-        let plan = self.plan()?;
-        let mut sim = start_sim(&self.sim_db, plan).await?;
-        let provider = provider_for(&sim)?;
+        let (tier, plan) = self.provider()?;
+        (self.tier, self.out.tier) = (tier, tier.name());
+        let mut sim = start_sim(&self.sim_db, plan, tier).await?;
+        self.sim_url = sim.base_url();
+        let provider = provider_at(&self.sim_url, tier)?;
+        if self.kit.killing.is_some() {
+            // The log exists before the first child, so the parent can read it between kills.
+            shut(self.executor(&provider, Failpoints::disarmed())?.1);
+        }
 
         // The workload: every submission once or twice, in a seeded order.
-        let mut schedule: Vec<Submission> = Vec::new();
-        for submission in &self.kit.submissions {
-            schedule.push(submission.clone());
+        let mut schedule: Vec<usize> = Vec::new();
+        for index in 0..self.kit.submissions.len() {
+            schedule.push(index);
             if self.rng.chance(0.4) {
-                schedule.push(submission.clone());
+                schedule.push(index);
             }
         }
         for i in (1..schedule.len()).rev() {
             let j = self.rng.below(i as u64 + 1) as usize;
             schedule.swap(i, j);
         }
-        for submission in &schedule {
+        for index in schedule {
+            let submission = &self.kit.submissions[index];
             self.clock.advance_ms(self.rng.below(3_000) as i64);
-            let crash = self.rng.chance(self.kit.crash_probability).then(|| self.pick_point(false));
-            match self.start(&provider, submission, crash).await? {
-                Step::Done(_) => {}
-                Step::Crashed => self.restart(&provider).await?,
+            if let Some(test) = &self.kit.killing {
+                self.runs += 1;
+                let run_id = format!("testkit-{}-{}", self.seed, self.runs);
+                let may_kill = self.rng.chance(self.kit.crash_probability);
+                if self.in_child(test, Part::Start { submission: index, run_id }, may_kill).await? {
+                    self.restart_in_children(test).await?;
+                }
+            } else {
+                let crash = self.rng.chance(self.kit.crash_probability).then(|| self.pick_point(false));
+                if let Step::Crashed = self.start(&provider, submission, crash).await? {
+                    self.restart(&provider).await?;
+                }
             }
             if self.kit.mismatch.is_some() && self.rng.chance(0.3) {
                 self.probe_mismatch(&provider, submission).await?;
@@ -381,8 +514,8 @@ impl<'k> SeedRun<'k> {
 
         // Heal the provider, then let Keel finish what it may.
         sim.shutdown().await.map_err(|e| format!("simulator shutdown: {e}"))?;
-        sim = start_sim(&self.sim_db, FaultPlan::none()).await?;
-        let provider = provider_for(&sim)?;
+        sim = start_sim(&self.sim_db, FaultPlan::none(), tier).await?;
+        let provider = provider_at(&sim.base_url(), tier)?;
         for _ in 0..self.kit.reconciliation_passes {
             self.clock.advance_ms(120_000);
             let executor = self.executor(&provider, Failpoints::disarmed())?;
@@ -412,29 +545,60 @@ impl<'k> SeedRun<'k> {
         (point, 1 + self.rng.below(2) as u32)
     }
 
-    /// A new "process" on the same files: its own store, executor and lease owner. Every
-    /// earlier one crashed or stopped, so the probe proves their leases' holders dead.
+    /// A new "process" on the same files: its own store, executor and lease owner.
     fn executor(
         &mut self,
         provider: &Arc<dyn PaymentProvider>,
         failpoints: Failpoints,
     ) -> Result<(Executor, store::Store), String> {
         self.processes += 1;
-        let owner = LeaseOwner::named(&format!("kit-process-{}", self.processes));
-        let options = store::Options {
-            durability: store::Durability::Normal,
-            failpoints: failpoints.clone(),
-            owner_probe: Arc::new(SoleSurvivor(owner.clone())),
-            ..Default::default()
+        open_process(self.kit, &self.keel_db, self.clock.clone(), provider, failpoints, self.processes)
+    }
+
+    /// Runs `part` in a child process, SIGKILLed at a seeded moment when `may_kill`: after a
+    /// seeded delay, or the moment it reaches a seeded failpoint. True when it was killed.
+    async fn in_child(&mut self, test: &str, part: Part, may_kill: bool) -> Result<bool, String> {
+        let recovering = matches!(part, Part::Recover);
+        let (kill, point) = match (may_kill, self.rng.chance(0.5)) {
+            (false, _) => (Kill::Never, None),
+            (true, true) => (Kill::After(self.rng.below(KILL_DELAY_MAX_MS)), None),
+            (true, false) => (Kill::AtPoint, Some(self.pick_point(recovering))),
         };
-        let store = store::Store::open(&self.keel_db, options, self.clock.clone()).map_err(|e| e.to_string())?;
-        let runtime = Runtime {
-            log: Arc::new(store.clone()),
-            provider: provider.clone(),
-            clock: self.clock.clone(),
-            lessee: Lessee::new(owner),
+        self.processes += 1;
+        let order = kill::Order {
+            keel_db: self.keel_db.clone(),
+            provider_url: self.sim_url.clone(),
+            tier: self.tier,
+            now: self.clock.now(),
+            process: self.processes,
+            point: point.map(|(point, nth)| (point.name().to_owned(), nth)),
+            part,
         };
-        Ok((Executor::new(runtime, self.kit.workflows.clone()).with_failpoints(failpoints), store))
+        let test = test.to_owned();
+        let supervised = tokio::task::spawn_blocking(move || kill::supervise(&test, &order, kill)).await;
+        let killed = supervised.map_err(|e| format!("the child's supervisor panicked: {e}"))??;
+        // The child's clock moved on its own (its timers and backoffs): the next process
+        // starts no earlier than the last event it wrote.
+        let reader = store::Reader::open(&self.keel_db).map_err(|e| e.to_string())?;
+        if let Some(last) = reader.events_since(0).map_err(|e| e.to_string())?.last() {
+            self.clock.advance_ms((last.at - self.clock.now()).num_milliseconds().max(0));
+        }
+        if killed {
+            self.out.kills += 1;
+            self.note_crash(point, recovering);
+        }
+        Ok(killed)
+    }
+
+    /// After a kill: recovery in a child, which may itself be killed (then again).
+    async fn restart_in_children(&mut self, test: &str) -> Result<(), String> {
+        for round in 0..4 {
+            let may_kill = round < 3 && self.rng.chance(0.3);
+            if !self.in_child(test, Part::Recover, may_kill).await? {
+                return Ok(());
+            }
+        }
+        Err("recovery was killed four times in a row with no kill left armed".to_owned())
     }
 
     fn armed(&mut self, crash: Option<(Point, u32)>) -> (Failpoints, Arc<AtomicBool>) {
@@ -577,15 +741,43 @@ fn events(db: &Path) -> Result<u64, String> {
     Ok(reader.events_since(0).map_err(|e| e.to_string())?.len() as u64)
 }
 
-async fn start_sim(db: &Path, faults: FaultPlan) -> Result<Server, String> {
-    Server::start(Config { faults, ..Config::new(db) }).await.map_err(|e| format!("simulator: {e}"))
+/// A new "process" on the kit's files — its own store, executor and lease owner number
+/// `process`. Every earlier one crashed, was killed or stopped, so the probe proves their
+/// leases' holders dead.
+fn open_process(
+    kit: &Kit,
+    keel_db: &Path,
+    clock: Arc<ManualClock>,
+    provider: &Arc<dyn PaymentProvider>,
+    failpoints: Failpoints,
+    process: u64,
+) -> Result<(Executor, store::Store), String> {
+    let owner = LeaseOwner::named(&format!("kit-process-{process}"));
+    let options = store::Options {
+        durability: store::Durability::Normal,
+        failpoints: failpoints.clone(),
+        owner_probe: Arc::new(SoleSurvivor(owner.clone())),
+        ..Default::default()
+    };
+    let store = store::Store::open(keel_db, options, clock.clone()).map_err(|e| e.to_string())?;
+    let runtime =
+        Runtime { log: Arc::new(store.clone()), provider: provider.clone(), clock, lessee: Lessee::new(owner) };
+    Ok((Executor::new(runtime, kit.workflows.clone()).with_failpoints(failpoints), store))
 }
 
-fn provider_for(sim: &Server) -> Result<Arc<dyn PaymentProvider>, String> {
-    let config = HttpProviderConfig {
-        capability: engine::provider::Capability { consistency_window_ms: 100, ..stripe_like() },
-        request_timeout_ms: REQUEST_TIMEOUT_MS,
-        ..HttpProviderConfig::new(sim.base_url())
+async fn start_sim(db: &Path, faults: FaultPlan, tier: Tier) -> Result<Server, String> {
+    let config = Config { faults, idempotency: tier.idempotency, lookup: tier.lookup, ..Config::new(db) };
+    Server::start(config).await.map_err(|e| format!("simulator: {e}"))
+}
+
+fn provider_at(base_url: &str, tier: Tier) -> Result<Arc<dyn PaymentProvider>, String> {
+    let capability = engine::provider::Capability {
+        dedup_by_key: tier.idempotency,
+        lookup: tier.lookup,
+        consistency_window_ms: CONSISTENCY_WINDOW_MS,
+        ..stripe_like()
     };
+    let config =
+        HttpProviderConfig { capability, request_timeout_ms: REQUEST_TIMEOUT_MS, ..HttpProviderConfig::new(base_url) };
     Ok(Arc::new(HttpProvider::new(config).map_err(|e| e.to_string())?))
 }

@@ -7,8 +7,10 @@ use engine::executor::{
 };
 use engine::ledger::RejectCode;
 use engine::provider::{BoxFuture, EffectKind, Secret};
+use provider_sim::faults::Fault;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use testkit::Tier;
 use testkit::sample::{CARD_TOKEN, TENANT};
 
 /// Pays a supplier invoice from a stored card: one intent per invoice, two lines of payload.
@@ -64,17 +66,21 @@ impl Workflow for PayInvoice {
     }
 }
 
+/// Four invoices, one of a single cent.
+fn invoices(kit: testkit::Kit) -> testkit::Kit {
+    kit.submit("pay_invoice", invoice("inv_0001", 12_000))
+        .submit("pay_invoice", invoice("inv_0002", 800))
+        .submit("pay_invoice", invoice("inv_0003", 55_500))
+        .submit("pay_invoice", invoice("inv_0004", 1))
+}
+
 fn invoice(id: &str, cents: i64) -> Value {
     json!({"invoice": id, "cents": cents, "supplier": "ACME Tools", "card": "pm_card_mastercard_5555"})
 }
 
 #[test]
 fn a_users_invoice_workflow_keeps_every_invariant_under_seeded_crashes() {
-    let kit = testkit::Kit::new(vec![Registered::new(PayInvoice)])
-        .submit("pay_invoice", invoice("inv_0001", 12_000))
-        .submit("pay_invoice", invoice("inv_0002", 800))
-        .submit("pay_invoice", invoice("inv_0003", 55_500))
-        .submit("pay_invoice", invoice("inv_0004", 1))
+    let kit = invoices(testkit::Kit::new(vec![Registered::new(PayInvoice)]))
         .mismatch(|input| {
             let mut other = input.clone();
             other["cents"] = json!(input["cents"].as_i64().unwrap_or_default() + 1);
@@ -85,6 +91,23 @@ fn a_users_invoice_workflow_keeps_every_invariant_under_seeded_crashes() {
     let crashes: u64 = reports.iter().map(|r| r.crashes).sum();
     assert!(crashes > 0, "the schedule crashed something: {reports:?}");
     assert!(reports.iter().all(|r| r.report.effects <= r.report.intents));
+    for fault in Fault::NAMES {
+        assert!(reports.iter().any(|r| r.faults.contains(&fault)), "no seed drew {fault}: {reports:?}");
+    }
+    assert!(reports.iter().any(|r| r.tier != "dedup+lookup"), "some seed played a weaker provider: {reports:?}");
+}
+
+/// SPEC, tier (b): a provider that ignores `Idempotency-Key` but answers lookups truthfully
+/// (within its declared consistency window) gets no second effect: Keel writes every attempt
+/// ahead and resends only on a proven absence.
+#[test]
+fn a_provider_without_idempotency_gets_one_effect_per_invoice() {
+    let kit = invoices(testkit::Kit::new(vec![Registered::new(PayInvoice)]))
+        .tier(Tier { idempotency: false, lookup: true })
+        .fault_probability(0.5)
+        .seeds(20, 6);
+    let reports = kit.run().unwrap_or_else(|failure| panic!("{failure}"));
+    assert!(reports.iter().all(|r| r.report.double_effects == 0 && r.tier == "lookup"), "{reports:?}");
 }
 
 #[test]
@@ -102,4 +125,31 @@ fn keels_charge_and_refund_keep_every_invariant_under_seeded_crashes() {
         .submit("refund", refund("order_7002_refund_1", "order_7002", 1_500))
         .seeds(100, 6);
     kit.run().unwrap_or_else(|failure| panic!("{failure}"));
+}
+
+/// Real kills: every submission and every recovery runs in a child process (this test
+/// binary, re-executed on this very test) that the kit SIGKILLs after a seeded delay or at a
+/// seeded failpoint; then it restarts, heals, reconciles and checks the invariants.
+#[test]
+fn a_users_invoice_workflow_keeps_every_invariant_under_real_sigkills() {
+    let kit = invoices(testkit::Kit::new(vec![Registered::new(PayInvoice)]))
+        .killing("testkit::a_users_invoice_workflow_keeps_every_invariant_under_real_sigkills")
+        .crash_probability(0.7)
+        .seeds(300, 3);
+    let reports = kit.run().unwrap_or_else(|failure| panic!("{failure}"));
+    let kills: u64 = reports.iter().map(|r| r.kills).sum();
+    assert!(kills > 0, "the schedule SIGKILLed a child: {reports:?}");
+    assert!(reports.iter().all(|r| r.report.effects <= r.report.intents), "{reports:?}");
+}
+
+/// A kit told to re-execute a test that does not exist reports it rather than pass with
+/// nothing run.
+#[test]
+fn a_killing_kit_that_names_no_test_says_so() {
+    let kit = invoices(testkit::Kit::new(vec![Registered::new(PayInvoice)]))
+        .killing("testkit::no_such_test")
+        .crash_probability(0.0)
+        .seeds(1, 1);
+    let failure = kit.run().expect_err("the child never played its part");
+    assert!(failure.message.contains("without playing its part"), "{failure}");
 }

@@ -199,6 +199,27 @@ fn an_agent_run_killed_mid_run_is_resumed_from_its_journal_by_one_pass() {
     assert!(units.iter().any(|u| u["kind"] == "agent_run" && u["result"] == "done"), "{summary:#}");
     assert_eq!(runs().iter().map(|r| r.status.as_str()).collect::<Vec<_>>(), ["completed"], "{summary:#}");
     assert!(leases(&db).iter().all(|(_, _, live)| !live), "no lease is left held: {:?}", leases(&db));
+    check_invariants(dir.path());
+
+    // The same history, hand-made into a refill: its header allows one model call fewer than
+    // the run made across the kill — what a resume that counted from zero would have written.
+    let mut events = store::Reader::open(&db).expect("opens").events_since(0).expect("reads");
+    let effects: Vec<testkit::Effect> =
+        provider_sim::list_effects(&dir.path().join("sim.db")).expect("effects").iter().map(Into::into).collect();
+    let calls = events
+        .iter()
+        .filter(|e| matches!(&e.event, Event::AgentRecorded { event, .. } if event["type"] == "ModelCallReserved"))
+        .count();
+    for stored in &mut events {
+        if let Event::AgentRecorded { event, .. } = &mut stored.event
+            && event["type"] == "AgentRunStarted"
+        {
+            event["limits"]["model_calls_max"] = serde_json::json!(calls - 1);
+        }
+    }
+    let report = testkit::invariants::check(&events, &effects);
+    assert!(report.budget_refills > 0, "{report:#?}");
+    assert!(report.details.iter().any(|d| d.contains("model calls of")), "{report:#?}");
 }
 
 #[test]

@@ -225,6 +225,20 @@ impl Fault {
         "lookup_unavailable",
     ];
 
+    /// One of every fault, with its default `ms`: what a schedule that must draw every kind
+    /// iterates (the test kit matches on each exhaustively, so a new kind added here does not
+    /// compile there until it is drawn).
+    pub const ALL: [Fault; 8] = [
+        Self::FailBeforeEffect,
+        Self::TimeoutAfterEffect { ms: TIMEOUT_AFTER_EFFECT_DEFAULT_MS },
+        Self::Unavailable,
+        Self::Decline,
+        Self::Slow { ms: SLOW_DEFAULT_MS },
+        Self::LookupAbsentForMs { ms: SLOW_DEFAULT_MS },
+        Self::LookupLies,
+        Self::LookupUnavailable,
+    ];
+
     /// The fault's name in plans.
     pub fn name(&self) -> &'static str {
         match self {
@@ -441,6 +455,11 @@ mod tests {
             Ok(plan) => panic!("plan {text} should be refused, got {plan:?}"),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn all_holds_every_named_fault_once_in_documentation_order() {
+        assert_eq!(Fault::ALL.map(|fault| fault.name()), Fault::NAMES);
     }
 
     #[test]
