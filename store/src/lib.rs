@@ -104,5 +104,6 @@ pub use projection::{IntentRow, RunRow};
 pub use reader::{Mismatch, Phase, Progress, Reader, RunFilter, RunState, VERIFY_MISMATCHES_MAX, VerifyReport};
 pub use schema::{
     BUSY_TIMEOUT_DEFAULT_MS, Durability, MIGRATIONS, Migration, Options, SCHEMA_VERSION, WAL_AUTOCHECKPOINT_PAGES,
+    WRITE_LOCK_PATIENCE_MS,
 };
 pub use writer::{Store, WriterStats};

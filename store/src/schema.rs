@@ -18,6 +18,14 @@ use std::time::Duration;
 // `engine::limits`.
 pub const BUSY_TIMEOUT_DEFAULT_MS: u64 = 5_000;
 
+/// How long the writer keeps asking for the write lock before a batch fails, in busy
+/// timeouts of [`Options::busy_timeout_ms`] each. SQLite's busy handler is not fair: with
+/// several processes writing one file under load, one of them can lose the lock for longer
+/// than one timeout while the others take turns. Nothing of the batch is written before the
+/// lock is held, so asking again is safe; past this the other side is taken to be stuck and
+/// the callers are told (`LogError::Unavailable`, nothing committed).
+pub const WRITE_LOCK_PATIENCE_MS: u64 = 60_000;
+
 /// What an acknowledged commit survives.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Durability {

@@ -118,6 +118,9 @@ pub struct WriterStats {
     pub refused: u64,
     /// Batches rolled back or whose commit failed.
     pub failed_batches: u64,
+    /// Times a batch found the write lock held by another process past one busy timeout and
+    /// asked again.
+    pub lock_waits: u64,
 }
 
 #[derive(Debug, Default)]
@@ -128,6 +131,7 @@ struct Counters {
     events: AtomicU64,
     refused: AtomicU64,
     failed_batches: AtomicU64,
+    lock_waits: AtomicU64,
 }
 
 type Answer = Result<Reply, LogError>;
@@ -283,6 +287,7 @@ impl Store {
             events: c.events.load(Ordering::Relaxed),
             refused: c.refused.load(Ordering::Relaxed),
             failed_batches: c.failed_batches.load(Ordering::Relaxed),
+            lock_waits: c.lock_waits.load(Ordering::Relaxed),
         }
     }
 
@@ -475,7 +480,7 @@ impl Writer {
         let not_committed = |error: Error| BatchFailure { error, maybe_committed: false };
         // IMMEDIATE takes the write lock now, so the catch-up below and every decision
         // after it see a log no other process can extend until we commit.
-        self.conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| not_committed(e.into()))?;
+        self.begin_immediate().map_err(not_committed)?;
         self.catch_up().map_err(not_committed)?;
         // Counted after the catch-up: events another process appended are not ours.
         let events_before = self.chain.last_seq;
@@ -500,6 +505,22 @@ impl Writer {
             self.counters.events.fetch_add(appended, Ordering::Relaxed);
         }
         Ok(decisions)
+    }
+
+    /// `BEGIN IMMEDIATE`, asked again while another process holds the write lock, up to
+    /// [`crate::WRITE_LOCK_PATIENCE_MS`]: each try waits one busy timeout in SQLite's handler,
+    /// and nothing is written before the lock is held.
+    fn begin_immediate(&self) -> Result<()> {
+        let patience = std::time::Instant::now() + std::time::Duration::from_millis(crate::WRITE_LOCK_PATIENCE_MS);
+        loop {
+            match self.conn.execute_batch("BEGIN IMMEDIATE").map_err(Error::from) {
+                Err(Error::Busy { detail }) if std::time::Instant::now() < patience => {
+                    self.counters.lock_waits.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%detail, "another process holds the event log's write lock; asking again");
+                }
+                other => return other,
+            }
+        }
     }
 
     fn append_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> Result<Vec<Outcome>> {

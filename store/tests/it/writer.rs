@@ -237,3 +237,39 @@ fn the_wal_is_checkpointed_off_the_writer_so_it_stays_bounded() {
     // And everything committed is in the database file or the WAL: nothing was lost.
     assert_eq!(fixture.event_count(), 1200 * 3);
 }
+
+#[test]
+fn a_batch_waits_out_another_process_holding_the_write_lock_past_one_busy_timeout() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("keel.db");
+    let clock = std::sync::Arc::new(engine::clock::ManualClock::new(start()));
+    let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
+    let store = store::Store::open(&path, options, clock).expect("the store opens");
+    // Another process takes the write lock and keeps it for many of the writer's busy timeouts.
+    let (held, release) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
+    let holder_path = path.clone();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(&holder_path).expect("a second connection");
+        conn.execute_batch("BEGIN IMMEDIATE").expect("the write lock");
+        held.0.send(()).expect("told");
+        release.1.recv().expect("released");
+        conn.execute_batch("COMMIT").expect("the lock given back");
+    });
+    held.1.recv().expect("the lock is held");
+    let answer = std::thread::scope(|scope| {
+        let pending = scope.spawn(|| store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))));
+        // Released only once the writer has asked again at least once: ordering, not timing.
+        // (A writer that gives up instead ends the caller: then there is nothing to wait for.)
+        while store.stats().lock_waits < 2 && !pending.is_finished() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        release.0.send(()).expect("release");
+        pending.join().expect("the caller returns")
+    });
+    holder.join().expect("the holder ends");
+    let (intent, fresh) = intent_of(answer);
+    assert!(fresh && intent.status == IntentStatus::Reserved, "the batch committed once the lock came back");
+    let stats = store.stats();
+    assert_eq!((stats.failed_batches, stats.events), (0, 3), "no batch failed, nothing lost: {stats:?}");
+    store.shutdown().expect("shutdown");
+}
