@@ -10,6 +10,8 @@
 //!   answers after `COMMIT` (see [`writer`](crate::writer) for failure and retries).
 //! - [`PgReader`] — reads outside any command: a stream, an intent, a run, the whole-log
 //!   [`Ledger`](engine::ledger::Ledger), and [`PgReader::verify`] ([`VerifyReport`]).
+//! - [`Import`] — a log decided elsewhere (SQLite), copied in bounded batches, each event
+//!   re-chained on its stream, resumable; [`Provenance`] says where a migrated log came from.
 //! - [`Options`], [`Error`], [`schema::SCHEMA_VERSION`].
 //!
 //! The chain is per stream (`engine::append::Chaining::PerStream`): `store/FORMAT.md`
@@ -18,6 +20,7 @@
 //! The `cluster` feature adds [`cluster`], a throwaway PostgreSQL for tests.
 
 mod error;
+pub mod import;
 mod locks;
 mod reader;
 mod rows;
@@ -29,6 +32,7 @@ pub mod writer;
 pub mod cluster;
 
 pub use error::{Error, Result};
+pub use import::{Import, Provenance, Source, Start};
 pub use reader::{Mismatch, PgReader, VERIFY_MISMATCHES_MAX, VerifyReport};
 pub use writer::{Options, PgLog, WriterStats};
 
