@@ -17,6 +17,7 @@ mod facts;
 mod harness;
 mod keys;
 mod metrics;
+mod migrate;
 mod on_postgres;
 mod ops;
 mod policy;
@@ -724,6 +725,28 @@ enum Command {
         #[command(subcommand)]
         command: keys::KeysCommand,
     },
+    /// Move this SQLite log (--db) into an empty PostgreSQL database: verify the log (one that
+    /// does not check is refused: exit 1, nothing written), copy every event stream by stream
+    /// — each keeps its seq, instant, type, cause and payload, chained anew on its stream —
+    /// build the entity rows by the same folds, then verify PostgreSQL and check that both
+    /// sides agree (events, every intent's and run's row).
+    ///
+    /// Stop every Keel process on the log first: leases are not copied. A target that holds
+    /// anything is refused (exit 64, nothing written), unless it is this same migration
+    /// interrupted: it then resumes where it stopped. A log whose vault holds payment methods
+    /// is refused unless --without-vault (PostgreSQL has no vault). Progress on a terminal.
+    ///
+    /// Example: keel --db keel.db migrate --to postgres://keel@db.internal/keel
+    Migrate {
+        /// The target database: postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE (its password
+        /// is never printed).
+        #[arg(long, value_name = "URL")]
+        to: String,
+        /// Migrate even though the vault holds payment methods, leaving them behind: those
+        /// charges can then be reconciled or escalated after a crash, never resent.
+        #[arg(long)]
+        without_vault: bool,
+    },
     /// Check the hash chain, rebuild every entity row by replaying its stream and compare,
     /// in bounded memory (progress on a terminal). The one command that reads the whole log.
     /// Exit 1 naming the first mismatch.
@@ -1168,6 +1191,14 @@ async fn dispatch(cli: Cli) -> output::Outcome {
         Command::Vault { command } => {
             existing_log(db, CreateFlag { create: false })?;
             Ok(vault::dispatch(db, &out, command, engine::clock::Clock::now(&wiring::SystemClock))?)
+        }
+        Command::Migrate { to, without_vault } => {
+            existing_log(db, CreateFlag { create: false })?;
+            let now = || engine::clock::Clock::now(&wiring::SystemClock);
+            let args = migrate::Args { to, without_vault };
+            // The PostgreSQL client blocks: on a thread of its own, off the async runtime.
+            std::thread::scope(|scope| scope.spawn(|| migrate::run(db, &args, &out, &now)).join())
+                .unwrap_or_else(|_| Err(output::Failure::Internal("the migration thread panicked".to_owned())))
         }
         Command::Verify { create } => {
             existing_log(db, create)?;

@@ -227,6 +227,42 @@ pub fn seal(
     Ok(sealed)
 }
 
+/// An event sealed by another log whose content no longer hashes to its own `hash`: it was
+/// changed after it was sealed, and must not be carried anywhere.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("event seq {seq} on stream {stream} does not hash to its own hash: changed after it was sealed")]
+pub struct NotItsHash {
+    /// The event's sequence.
+    pub seq: u64,
+    /// Its stream.
+    pub stream: StreamId,
+}
+
+/// An event already decided and sealed by one log, sealed again for a log that chains it
+/// after `prev_hash` (a migration from the global chain to the per-stream one): its `seq`,
+/// stream, `stream_seq`, instant, type, cause and payload are kept byte for byte; only
+/// `prev_hash` and `hash` are new. Nothing is decided: no number, no parent, no instant.
+///
+/// # Errors
+///
+/// [`NotItsHash`] when `stored`'s content does not hash, over its own `prev_hash`, to its
+/// own `hash`: what is carried is exactly what the old chain covered, or nothing.
+pub fn reseal(stored: StoredEvent, prev_hash: &str) -> Result<Sealed, NotItsHash> {
+    let at = stored.at.to_rfc3339_opts(SecondsFormat::Micros, true);
+    let cause = canonical::to_string(&serde_json::to_value(&stored.cause).expect("a cause serializes: plain fields"));
+    let payload = canonical::to_string(&stored.event.payload());
+    let hash_over = |prev: &str| {
+        let (stream, type_name) = (stored.stream.as_str(), stored.event.type_name());
+        chain_hash_encoded(prev, stored.seq, stream, stored.stream_seq, &at, type_name, &cause, &payload)
+    };
+    if hash_over(&stored.prev_hash) != stored.hash {
+        return Err(NotItsHash { seq: stored.seq, stream: stored.stream });
+    }
+    let hash = hash_over(prev_hash);
+    let stored = StoredEvent { prev_hash: prev_hash.to_owned(), hash, ..stored };
+    Ok(Sealed { stored, payload, cause, at })
+}
+
 /// [`chain_hash`] computed from the parts already encoded (`at` as stored, the canonical
 /// cause and payload), so an event is serialized once per append instead of twice.
 ///
@@ -274,6 +310,34 @@ mod tests {
 
     fn step(run: &RunId, position: u32, output: serde_json::Value) -> Event {
         Event::StepRecorded { run_id: run.clone(), position, name: "step é".to_owned(), output }
+    }
+
+    #[test]
+    fn a_resealed_event_keeps_its_content_and_refuses_a_changed_one() {
+        let at = DateTime::parse_from_rfc3339("2025-03-01T12:00:00.123456Z").expect("valid").to_utc();
+        let run = RunId::new("r1");
+        let cause = Cause::operator("ann").for_run(&run);
+        let mut lengths = |_: &StreamId| 0;
+        let mut ends = |_: Tail<'_>, _: End| None;
+        let last_hash = "ab".repeat(32);
+        let head = Head { last_seq: 40, last_hash: &last_hash };
+        let sealed =
+            seal(vec![step(&run, 0, json!({"b": 4.2e1}))], &cause, at, Chaining::Global(head), &mut lengths, &mut ends)
+                .expect("small payload");
+        let original = sealed[0].clone();
+        let moved = reseal(original.stored.clone(), GENESIS_HASH).expect("its own hash");
+        assert_eq!(
+            (moved.payload.as_str(), moved.cause.as_str(), moved.at.as_str()),
+            (original.payload.as_str(), original.cause.as_str(), original.at.as_str())
+        );
+        assert_eq!((moved.stored.seq, moved.stored.stream_seq, moved.stored.at), (41, 1, at));
+        assert_eq!(moved.stored.prev_hash, GENESIS_HASH);
+        let stored = &moved.stored;
+        assert_eq!(stored.hash, chain_hash(GENESIS_HASH, 41, &stored.stream, 1, at, &stored.cause, &stored.event));
+        assert_ne!(moved.stored.hash, original.stored.hash, "chained anew");
+        let mut changed = original.stored;
+        changed.at += chrono::TimeDelta::microseconds(1);
+        assert_eq!(reseal(changed, GENESIS_HASH), Err(NotItsHash { seq: 41, stream: run.stream() }));
     }
 
     #[test]

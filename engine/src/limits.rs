@@ -186,6 +186,13 @@ pub const PG_RETRY_BACKOFF_MAX_MS: u64 = 50;
 /// process is terminated and waited for again. Enforced by the store's commit resolution.
 pub const PG_COMMIT_RESOLVE_WAIT_MS: u64 = 5_000;
 
+/// Events one batch of an import into PostgreSQL (`keel migrate`) gathers before it commits:
+/// large enough that a commit's round trips are a small share of the copy, small enough that
+/// a batch's rows (a few KiB each) stay a few MiB in memory and an interrupted import redoes
+/// little. A stream is never split, so a batch holds at most this plus one stream. Enforced
+/// by `store_postgres::Import::push_stream`.
+pub const PG_IMPORT_BATCH_EVENTS: usize = 2_000;
+
 const _: () = assert!(PG_WRITERS_DEFAULT <= PG_WRITERS_MAX);
 const _: () = assert!(PG_COMMAND_ATTEMPTS_MAX >= 2);
 

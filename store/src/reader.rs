@@ -194,6 +194,51 @@ impl Reader {
         Ok(out)
     }
 
+    /// At most `limit` stream names after `after` (exclusive; `None` from the first), in name
+    /// order (code-point order: `facts:`, `intent:`, `run:`), through the names' unique index:
+    /// how a migration walks the log stream by stream in bounded memory. A name may have no
+    /// events (a run only named by a cause).
+    ///
+    /// # Errors
+    ///
+    /// SQLite's.
+    pub fn streams_after(&self, after: Option<&StreamId>, limit: usize) -> Result<Vec<StreamId>> {
+        let mut statement =
+            self.conn.prepare_cached("SELECT name FROM streams WHERE name > ?1 ORDER BY name LIMIT ?2")?;
+        let after = after.map_or("", StreamId::as_str);
+        let names = statement.query_map(rusqlite::params![after, codec::to_i64(limit as u64)], |row| row.get(0))?;
+        names.map(|name| Ok(StreamId::from_stored(name?))).collect()
+    }
+
+    /// One intent's entity row, decoded (one indexed read).
+    ///
+    /// # Errors
+    ///
+    /// SQLite's, or [`Error::Corrupt`] for a row that does not decode.
+    pub fn intent_entity(&self, key: &IntentKey) -> Result<Option<Intent>> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        Ok(rows::intent_by_key(&snapshot, key)?.map(|(_, intent)| intent))
+    }
+
+    /// One run's entity row, decoded (one indexed read).
+    ///
+    /// # Errors
+    ///
+    /// SQLite's, or [`Error::Corrupt`] for a row that does not decode.
+    pub fn run_entity(&self, run_id: &RunId) -> Result<Option<Run>> {
+        let snapshot = self.conn.unchecked_transaction()?;
+        Ok(rows::run_by_id(&snapshot, run_id)?.map(|(_, run)| run))
+    }
+
+    /// How many payment methods the vault holds (sealed, never opened here).
+    ///
+    /// # Errors
+    ///
+    /// SQLite's.
+    pub fn vault_entries(&self) -> Result<u64> {
+        count(&self.conn, "vault")
+    }
+
     /// One stream's events, in stream order, each decoded and hash-checked.
     pub fn stream(&self, stream: &StreamId) -> Result<Vec<StoredEvent>> {
         let snapshot = self.conn.unchecked_transaction()?;

@@ -16,6 +16,7 @@ mod golden;
 mod kills;
 mod leases;
 mod metrics;
+mod migrate;
 mod model;
 mod money;
 mod operator;

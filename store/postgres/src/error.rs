@@ -45,6 +45,47 @@ pub enum Error {
     /// A writer thread could not be started.
     #[error("could not start a writer thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// An import was asked into a log that already holds something else (nothing written).
+    #[error("the target log is not empty ({what}): a migration only goes into an empty database")]
+    NotEmpty {
+        /// What it holds.
+        what: String,
+    },
+    /// The log holds an unfinished import of another source (or of this one in another state).
+    #[error(
+        "the target holds an unfinished migration of another log (source head {}, {} events, {} copied)",
+        found.source_head, found.source_events, found.copied_events
+    )]
+    OtherImport {
+        /// The import found.
+        found: Box<crate::import::Provenance>,
+    },
+    /// The log's import already finished: it is an ordinary log now.
+    #[error(
+        "the target already holds a finished migration (source head {}, {} events, finished {})",
+        found.source_head, found.source_events, found.finished_at.map(|at| at.to_rfc3339()).unwrap_or_default()
+    )]
+    Imported {
+        /// The import found.
+        found: Box<crate::import::Provenance>,
+    },
+    /// The log is half imported: no writer may append before the import finishes.
+    #[error("the log is a migration still unfinished ({} of {} events copied): run `keel migrate` again to finish it",
+        found.copied_events, found.source_events)]
+    ImportUnfinished {
+        /// The import found.
+        found: Box<crate::import::Provenance>,
+    },
+    /// An imported stream would break its chain, its numbering or its fold.
+    #[error("import refused at seq {seq} on stream {stream}: {detail}")]
+    ImportRefused {
+        /// The event's sequence (0 when not tied to one).
+        seq: u64,
+        /// Its stream.
+        stream: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// The options are out of their bounds.
     #[error("invalid options: {0}")]
     Options(String),

@@ -10,6 +10,8 @@
 //!   answers after `COMMIT` (see [`writer`](crate::writer) for failure and retries).
 //! - [`PgReader`] — reads outside any command: a stream, an intent, a run, the whole-log
 //!   [`Ledger`](engine::ledger::Ledger), and [`PgReader::verify`] ([`VerifyReport`]).
+//! - [`Import`] — a log decided elsewhere (SQLite), copied in bounded batches, each event
+//!   re-chained on its stream, resumable; [`Provenance`] says where a migrated log came from.
 //! - [`Options`], [`Error`], [`schema::SCHEMA_VERSION`].
 //! - [`admin`]: a fresh database on a log's server (what `keel bench` runs in).
 //!
@@ -20,6 +22,7 @@
 
 pub mod admin;
 mod error;
+pub mod import;
 mod locks;
 mod reader;
 mod rows;
@@ -31,6 +34,7 @@ pub mod writer;
 pub mod cluster;
 
 pub use error::{Error, Result};
+pub use import::{Import, Provenance, Source, Start};
 pub use reader::{Mismatch, PgReader, VERIFY_MISMATCHES_MAX, VerifyReport};
 pub use writer::{Options, PgLog, WriterStats};
 

@@ -87,6 +87,9 @@ pub struct VerifyReport {
     pub mismatches: Vec<Mismatch>,
     /// How many mismatches were found in all.
     pub mismatch_count: u64,
+    /// Where the log came from when it was migrated (`keel migrate`): the source chain's head
+    /// hash, its event count, when the copy started and finished.
+    pub provenance: Option<crate::import::Provenance>,
 }
 
 impl VerifyReport {
@@ -193,7 +196,7 @@ impl PgReader {
     /// Only when the database cannot be read.
     pub fn verify(&mut self) -> Result<VerifyReport> {
         let mut tx = self.snapshot()?;
-        let mut report = VerifyReport::default();
+        let mut report = VerifyReport { provenance: crate::import::provenance(&mut tx)?, ..VerifyReport::default() };
         let streams: Vec<String> =
             tx.query("SELECT DISTINCT stream FROM events ORDER BY stream", &[])?.iter().map(|r| r.get(0)).collect();
         report.streams = streams.len() as u64;

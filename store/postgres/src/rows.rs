@@ -45,6 +45,32 @@ pub(crate) fn insert_event(client: &mut impl GenericClient, sealed: &Sealed) -> 
     Ok(())
 }
 
+/// Inserts sealed events in one statement (arrays unnested), as [`insert_event`] would one by
+/// one: what an import's batch writes.
+pub(crate) fn insert_events(client: &mut impl GenericClient, sealed: &[Sealed]) -> Result<()> {
+    let column = |f: fn(&Sealed) -> String| sealed.iter().map(f).collect::<Vec<String>>();
+    let seqs: Vec<i64> = sealed.iter().map(|s| to_i64(s.stored.seq)).collect();
+    let stream_seqs: Vec<i64> = sealed.iter().map(|s| to_i64(s.stored.stream_seq)).collect();
+    let ats: Vec<DateTime<Utc>> = sealed.iter().map(|s| s.stored.at).collect();
+    client.execute(
+        "INSERT INTO events (seq, stream, stream_seq, at, type, cause, payload, prev_hash, hash) \
+         SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::timestamptz[], $5::text[], $6::text[], \
+         $7::text[], $8::text[], $9::text[])",
+        &[
+            &seqs,
+            &column(|s| s.stored.stream.as_str().to_owned()),
+            &stream_seqs,
+            &ats,
+            &column(|s| s.stored.event.type_name().to_owned()),
+            &column(|s| s.cause.clone()),
+            &column(|s| s.payload.clone()),
+            &column(|s| s.stored.prev_hash.clone()),
+            &column(|s| s.stored.hash.clone()),
+        ],
+    )?;
+    Ok(())
+}
+
 /// One event row decoded; `Err` names what does not decode. The hash is not checked here:
 /// see [`check_hash`].
 pub(crate) fn decode_event(row: &Row) -> Result<StoredEvent> {

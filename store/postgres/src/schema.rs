@@ -92,6 +92,20 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         at timestamptz NOT NULL
     );
     ",
+    // Version 2: where a migrated log came from (`keel migrate`): one row, its progress while
+    // it is copied (`finished_at` NULL), its provenance after.
+    r"
+    CREATE TABLE keel_provenance (
+        id            smallint PRIMARY KEY CHECK (id = 1),
+        source        text NOT NULL,
+        source_head   text NOT NULL,
+        source_events bigint NOT NULL CHECK (source_events >= 0),
+        copied_events bigint NOT NULL CHECK (copied_events >= 0),
+        cursor        text,
+        started_at    timestamptz NOT NULL,
+        finished_at   timestamptz
+    );
+    ",
 ];
 
 /// Brings the database to [`SCHEMA_VERSION`]: creates `keel_meta` if missing, then applies

@@ -155,13 +155,18 @@ impl PgLog {
     /// # Errors
     ///
     /// [`Error::Options`] for a writer count outside `1..=PG_WRITERS_MAX`,
-    /// [`Error::SchemaTooNew`], PostgreSQL's when it cannot be reached.
+    /// [`Error::SchemaTooNew`], [`Error::ImportUnfinished`] for a log half migrated (a
+    /// writer there would number events the import is still copying), PostgreSQL's when it
+    /// cannot be reached.
     pub fn open(url: &str, options: Options, clock: Arc<dyn Clock>) -> Result<PgLog> {
         if !(1..=PG_WRITERS_MAX).contains(&options.writers) {
             return Err(Error::Options(format!("writers must be 1 to {PG_WRITERS_MAX}, not {}", options.writers)));
         }
         let mut first = connect(url)?;
         schema::migrate(&mut first)?;
+        if let Some(found) = crate::import::unfinished(&mut first)? {
+            return Err(Error::ImportUnfinished { found: Box::new(found) });
+        }
         let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
         let receiver = Arc::new(Mutex::new(receiver));
         let counters = Arc::new(Counters::default());

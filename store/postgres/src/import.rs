@@ -1,0 +1,314 @@
+//! Importing a log decided elsewhere: the PostgreSQL half of `keel migrate` (SQLite to
+//! PostgreSQL).
+//!
+//! Owns [`Import`] (the bounded batches, each one transaction), [`Source`] (what names the
+//! log being copied), [`Provenance`] (the `keel_provenance` row: where this log came from,
+//! how far its copy went) and [`unfinished`] (what `PgLog::open` asks before it writes).
+//!
+//! Events arrive whole stream by whole stream, already decided: each keeps its `seq`, its
+//! stream, its `stream_seq`, its instant, type, cause and payload byte for byte, and is
+//! chained anew on its stream (`engine::append::reseal`) — after its own hash was checked
+//! over the source's chain. Each stream's entity row is built by the fold the writers run
+//! (`fold::history` for a run, `fold::intent_alone` for an intent, whose network retries are
+//! added to the rows of the runs that made them: runs must come first). A batch of streams,
+//! its rows and the provenance row's progress commit together, so an interrupted import
+//! resumes after the last stream it committed.
+//!
+//! It must never decide anything (no number, no parent, no instant) nor write into a log
+//! that holds anything but this same import: a stream that would break its chain, its
+//! numbering or its fold is refused, and the whole batch with it.
+
+use crate::error::{Error, Result};
+use crate::rows;
+use chrono::{DateTime, Utc};
+use engine::append::Sealed;
+use engine::event::{GENESIS_HASH, RunId, StoredEvent, StreamId};
+use engine::limits::PG_IMPORT_BATCH_EVENTS;
+use postgres::{Client, Transaction};
+use serde::Serialize;
+
+/// The log being imported, as its own verification named it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The hash of its chain's last event (the genesis hash for an empty log).
+    pub head_hash: String,
+    /// How many events it holds.
+    pub events: u64,
+}
+
+/// The `keel_provenance` row: the log this one was imported from, and how far the copy went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Provenance {
+    /// What kind of log it came from (`sqlite`).
+    pub source: String,
+    /// The source chain's head hash when the import started.
+    pub source_head: String,
+    /// The source's event count.
+    pub source_events: u64,
+    /// Events copied so far.
+    pub copied_events: u64,
+    /// The last stream copied whole (in the caller's order), `None` before the first.
+    pub cursor: Option<String>,
+    /// When the import started.
+    pub started_at: DateTime<Utc>,
+    /// When it finished; `None` while it is unfinished.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// How [`Import::begin`] found the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Empty: the import starts from the first stream.
+    Fresh,
+    /// Holding this same import, interrupted: it goes on after `cursor`.
+    Resumed(Provenance),
+}
+
+/// An import in progress, on its own connection.
+pub struct Import {
+    client: Client,
+    provenance: Provenance,
+    /// Whole streams waiting for the next batch.
+    pending: Vec<Vec<StoredEvent>>,
+    pending_events: usize,
+}
+
+const PROVENANCE_COLUMNS: &str = "source, source_head, source_events, copied_events, cursor, started_at, finished_at";
+
+/// The provenance row, if the log has one.
+pub(crate) fn provenance(client: &mut impl postgres::GenericClient) -> Result<Option<Provenance>> {
+    let row = client.query_opt(&format!("SELECT {PROVENANCE_COLUMNS} FROM keel_provenance WHERE id = 1"), &[])?;
+    row.map(|row| {
+        let count = |i: usize, what: &str| {
+            u64::try_from(row.get::<_, i64>(i)).map_err(|_| Error::corrupt(0, format!("keel_provenance {what}")))
+        };
+        Ok(Provenance {
+            source: row.get(0),
+            source_head: row.get(1),
+            source_events: count(2, "source_events")?,
+            copied_events: count(3, "copied_events")?,
+            cursor: row.get(4),
+            started_at: row.get(5),
+            finished_at: row.get(6),
+        })
+    })
+    .transpose()
+}
+
+/// The unfinished import this log holds, if any: a log half imported must not be written to.
+///
+/// # Errors
+///
+/// PostgreSQL's.
+pub fn unfinished(client: &mut Client) -> Result<Option<Provenance>> {
+    Ok(provenance(client)?.filter(|found| found.finished_at.is_none()))
+}
+
+/// What the log holds besides an import, said in words; `None` when it is empty.
+fn contents(tx: &mut Transaction<'_>) -> Result<Option<String>> {
+    for table in ["events", "intents", "runs", "leases"] {
+        let any: bool = tx.query_one(&format!("SELECT EXISTS (SELECT 1 FROM {table})"), &[])?.get(0);
+        if any {
+            return Ok(Some(format!("its {table} table has rows")));
+        }
+    }
+    Ok(None)
+}
+
+fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).expect("counts and sequences stay below 2^63: PostgreSQL's bigint")
+}
+
+impl Import {
+    /// Connects to `url`, brings its schema up to date, and starts importing `source`: into
+    /// an empty log (a new provenance row, stamped `now`), or after the last stream an
+    /// interrupted import of the same source committed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotEmpty`] for a log holding anything else (nothing is written),
+    /// [`Error::OtherImport`] for one half-imported from another source (or another state of
+    /// this one), [`Error::Imported`] for one whose import already finished; PostgreSQL's.
+    pub fn begin(url: &str, source: &Source, now: DateTime<Utc>) -> Result<(Import, Start)> {
+        let mut client = crate::writer::connect(url)?;
+        crate::schema::migrate(&mut client)?;
+        let mut tx = client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&IMPORT_LOCK])?;
+        let start = match provenance(&mut tx)? {
+            Some(found) if found.finished_at.is_some() => return Err(Error::Imported { found: Box::new(found) }),
+            Some(found) if found.source_head != source.head_hash || found.source_events != source.events => {
+                return Err(Error::OtherImport { found: Box::new(found) });
+            }
+            Some(found) => Start::Resumed(found),
+            None => {
+                if let Some(what) = contents(&mut tx)? {
+                    return Err(Error::NotEmpty { what });
+                }
+                tx.execute(
+                    "INSERT INTO keel_provenance (id, source, source_head, source_events, copied_events, started_at) \
+                     VALUES (1, 'sqlite', $1, $2, 0, $3)",
+                    &[&source.head_hash, &to_i64(source.events), &now],
+                )?;
+                Start::Fresh
+            }
+        };
+        let provenance = provenance(&mut tx)?.expect("the row was read or written just above, in this transaction");
+        tx.commit()?;
+        Ok((Import { client, provenance, pending: Vec::new(), pending_events: 0 }, start))
+    }
+
+    /// Where the import stands (as last committed).
+    pub fn provenance(&self) -> &Provenance {
+        &self.provenance
+    }
+
+    /// Adds one whole stream, in stream order; commits a batch once `PG_IMPORT_BATCH_EVENTS`
+    /// events wait (a stream is never split: a larger one is a batch alone). An empty stream
+    /// (a name without events) is skipped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ImportRefused`] for a stream that would break its chain, its numbering or
+    /// its fold (the batch it was in is not written); PostgreSQL's.
+    pub fn push_stream(&mut self, events: Vec<StoredEvent>) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        self.pending_events += events.len();
+        self.pending.push(events);
+        if self.pending_events >= PG_IMPORT_BATCH_EVENTS { self.commit_pending() } else { Ok(()) }
+    }
+
+    /// Commits the streams waiting, their rows and the progress, in one transaction (the
+    /// import stays unfinished: [`Import::finish`] ends it, once the caller checked the copy).
+    ///
+    /// # Errors
+    ///
+    /// As [`Import::push_stream`]; [`Error::OtherImport`] when another process moved the
+    /// import on meanwhile (nothing of this batch is written).
+    pub fn commit_pending(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let streams = std::mem::take(&mut self.pending);
+        self.pending_events = 0;
+        let mut tx = self.client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&IMPORT_LOCK])?;
+        // Another process importing into the same log moved the cursor: refuse, never interleave.
+        let found = provenance(&mut tx)?.ok_or_else(|| Error::corrupt(0, "keel_provenance vanished"))?;
+        if found != self.provenance {
+            return Err(Error::OtherImport { found: Box::new(found) });
+        }
+        let mut copied = 0;
+        let mut cursor = None;
+        for events in streams {
+            copied += events.len() as u64;
+            cursor = Some(events[0].stream.as_str().to_owned());
+            write_stream(&mut tx, events)?;
+        }
+        let copied = self.provenance.copied_events + copied;
+        tx.execute(
+            "UPDATE keel_provenance SET copied_events = $1, cursor = $2 WHERE id = 1",
+            &[&to_i64(copied), &cursor],
+        )?;
+        // Whoever appends after the import numbers after every imported event.
+        tx.execute("SELECT setval('events_seq', (SELECT max(seq) FROM events))", &[])?;
+        tx.commit()?;
+        self.provenance.copied_events = copied;
+        self.provenance.cursor = cursor;
+        Ok(())
+    }
+
+    /// Commits what waits and marks the import finished at `now`: from then on the log is
+    /// an ordinary one, open to writers.
+    ///
+    /// # Errors
+    ///
+    /// As [`Import::push_stream`]; [`Error::ImportRefused`] when fewer or more events were
+    /// copied than the source holds.
+    pub fn finish(mut self, now: DateTime<Utc>) -> Result<Provenance> {
+        self.commit_pending()?;
+        let Provenance { copied_events, source_events, .. } = self.provenance;
+        if copied_events != source_events {
+            return Err(Error::ImportRefused {
+                seq: 0,
+                stream: String::new(),
+                detail: format!("{copied_events} events copied, the source holds {source_events}"),
+            });
+        }
+        self.client.execute("UPDATE keel_provenance SET finished_at = $1 WHERE id = 1", &[&now])?;
+        self.provenance.finished_at = Some(now);
+        Ok(self.provenance)
+    }
+}
+
+/// The advisory lock an import's transactions take: one import at a time per log. A
+/// negative constant of its own, like the migrations' (-7100).
+const IMPORT_LOCK: i64 = -7101;
+
+fn refused(stored: &StoredEvent, detail: impl Into<String>) -> Error {
+    Error::ImportRefused { seq: stored.seq, stream: stored.stream.as_str().to_owned(), detail: detail.into() }
+}
+
+/// Checks one stream's numbering, re-chains it, inserts it, and writes its entity row.
+fn write_stream(tx: &mut Transaction<'_>, events: Vec<StoredEvent>) -> Result<()> {
+    let stream = events[0].stream.clone();
+    if rows::stream_length(tx, &stream)? != 0 {
+        return Err(refused(&events[0], "the stream already holds events in the target"));
+    }
+    let mut sealed: Vec<Sealed> = Vec::with_capacity(events.len());
+    for (i, stored) in events.into_iter().enumerate() {
+        let previous = sealed.last().map(|s| &s.stored);
+        if stored.stream != stream || stored.event.stream() != stream {
+            return Err(refused(&stored, format!("not an event of stream {stream}")));
+        }
+        if stored.stream_seq != i as u64 + 1 {
+            return Err(refused(&stored, format!("stream_seq {}, expected {}", stored.stream_seq, i + 1)));
+        }
+        if stored.seq == 0 || previous.is_some_and(|p| p.seq >= stored.seq) {
+            return Err(refused(&stored, "a sequence not above its stream's previous one"));
+        }
+        let prev_hash = previous.map_or(GENESIS_HASH, |p| p.hash.as_str()).to_owned();
+        let seq = stored.seq;
+        sealed.push(engine::append::reseal(stored, &prev_hash).map_err(|e| Error::ImportRefused {
+            seq,
+            stream: stream.as_str().to_owned(),
+            detail: e.to_string(),
+        })?);
+    }
+    rows::insert_events(tx, &sealed)?;
+    let events: Vec<StoredEvent> = sealed.into_iter().map(|s| s.stored).collect();
+    write_entity(tx, &stream, &events)
+}
+
+/// The entity row of one stream, folded alone as the writers fold it.
+fn write_entity(tx: &mut Transaction<'_>, stream: &StreamId, events: &[StoredEvent]) -> Result<()> {
+    let first = &events[0];
+    let len = events.len() as u64;
+    let fold_refused = |e: engine::ledger::FoldError| refused(first, format!("the fold rejects seq {}: {e}", e.seq));
+    let name = stream.as_str();
+    if name.starts_with("run:") {
+        let run = engine::ledger::fold::history(events).map_err(fold_refused)?.run;
+        rows::put_run(tx, &run, len)
+    } else if name.starts_with("intent:") {
+        let (intent, retries) = engine::ledger::fold::intent_alone(events).map_err(fold_refused)?;
+        rows::put_intent(tx, &intent, first.seq, len)?;
+        for (run_id, n) in retries {
+            add_retries(tx, first, &run_id, n)?;
+        }
+        Ok(())
+    } else if name.starts_with("facts:") {
+        engine::facts::fold(events).map(drop).map_err(fold_refused)
+    } else {
+        Err(refused(first, "a stream of no known kind"))
+    }
+}
+
+/// Adds an intent's network retries to the row of the run that made them (imported before).
+fn add_retries(tx: &mut Transaction<'_>, first: &StoredEvent, run_id: &RunId, n: u32) -> Result<()> {
+    let row = rows::run_row(tx, run_id.as_str())?
+        .ok_or_else(|| refused(first, format!("a retry by run {run_id}, not imported before it")))?;
+    let mut run = row.run()?;
+    run.network_retries += n;
+    rows::put_run(tx, &run, row.stream_len)
+}
