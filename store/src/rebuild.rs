@@ -73,23 +73,7 @@ impl Entities for IntentAlone {
 }
 
 fn stand_in(run_id: &RunId) -> Run {
-    Run {
-        run_id: run_id.clone(),
-        workflow: String::new(),
-        started_at: chrono::DateTime::UNIX_EPOCH,
-        deadline_at: chrono::DateTime::UNIX_EPOCH,
-        limits: engine::event::RunLimits::default(),
-        status: None,
-        detail: None,
-        journal_len: 0,
-        wake_at: None,
-        agent_entries: 0,
-        network_retries: 0,
-        cancel_requested: None,
-        versions: engine::event::RunVersions::default(),
-        cost_minor: None,
-        last_seq: 0,
-    }
+    Run::stand_in(run_id, chrono::DateTime::UNIX_EPOCH)
 }
 
 /// Reads a stream's events in stream order, decoded (not hash-checked: the chain pass of

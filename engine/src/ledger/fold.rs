@@ -59,23 +59,15 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
             if entities.run_mut(run_id).is_some() {
                 return Err(fail("run started twice"));
             }
-            entities.insert_run(Run {
-                run_id: run_id.clone(),
-                workflow: workflow.clone(),
-                started_at: at,
-                deadline_at: *deadline_at,
-                limits: limits.clone(),
-                status: None,
-                detail: None,
-                journal_len: 0,
-                wake_at: None,
-                agent_entries: 0,
-                network_retries: 0,
-                cancel_requested: None,
-                versions: versions.clone(),
-                cost_minor: None,
-                last_seq: seq,
-            });
+            entities.insert_run(Run::started(
+                run_id.clone(),
+                workflow.clone(),
+                at,
+                *deadline_at,
+                limits.clone(),
+                versions.clone(),
+                seq,
+            ));
         }
         Event::IntentReserved { intent, run_id, capability, attempts_max, reconciliations_max, approval_required } => {
             if entities.has_intent(&intent.key) {
@@ -297,23 +289,7 @@ impl Entities for OneIntent {
     }
     fn run_mut(&mut self, run_id: &RunId) -> Option<&mut Run> {
         let at = self.at;
-        Some(self.runs.entry(run_id.clone()).or_insert_with(|| Run {
-            run_id: run_id.clone(),
-            workflow: String::new(),
-            started_at: at,
-            deadline_at: at,
-            limits: crate::event::RunLimits::default(),
-            status: None,
-            detail: None,
-            journal_len: 0,
-            wake_at: None,
-            agent_entries: 0,
-            network_retries: 0,
-            cancel_requested: None,
-            versions: crate::event::RunVersions::default(),
-            cost_minor: None,
-            last_seq: 0,
-        }))
+        Some(self.runs.entry(run_id.clone()).or_insert_with(|| Run::stand_in(run_id, at)))
     }
     fn insert_run(&mut self, run: Run) {
         self.runs.insert(run.run_id.clone(), run);

@@ -353,6 +353,41 @@ impl CancelRequest {
 }
 
 impl Run {
+    /// A run as its `RunStarted` makes it: nothing journaled, spent or asked for yet.
+    pub fn started(
+        run_id: RunId,
+        workflow: String,
+        started_at: DateTime<Utc>,
+        deadline_at: DateTime<Utc>,
+        limits: RunLimits,
+        versions: RunVersions,
+        last_seq: u64,
+    ) -> Self {
+        Self {
+            run_id,
+            workflow,
+            started_at,
+            deadline_at,
+            limits,
+            status: None,
+            detail: None,
+            journal_len: 0,
+            wake_at: None,
+            agent_entries: 0,
+            network_retries: 0,
+            cancel_requested: None,
+            versions,
+            cost_minor: None,
+            last_seq,
+        }
+    }
+
+    /// A stand-in for a run that lives on its own stream, for a fold of one intent's stream
+    /// alone: it only needs the run to exist (and counts the network retries made for it).
+    pub fn stand_in(run_id: &RunId, at: DateTime<Utc>) -> Self {
+        Self::started(run_id.clone(), String::new(), at, at, RunLimits::default(), RunVersions::default(), 0)
+    }
+
     /// Whether this is an agent run (resumed by `keel agent resume`, not by the workflow
     /// executor).
     pub fn is_agent(&self) -> bool {
