@@ -380,9 +380,14 @@ async fn across_processes(
         children.push(command.spawn().context("cannot start a bench process")?);
         first += intents;
     }
-    let mut reports = Vec::with_capacity(children.len());
+    // Every process ends before any report is read: one that failed leaves none writing to
+    // the store the caller then removes.
+    let mut outputs = Vec::with_capacity(children.len());
     for child in children {
-        let output = child.wait_with_output().await?;
+        outputs.push(child.wait_with_output().await?);
+    }
+    let mut reports = Vec::with_capacity(outputs.len());
+    for output in outputs {
         let report: Report = serde_json::from_slice(&output.stdout)
             .with_context(|| format!("a bench process ended {} without its report", output.status))?;
         reports.push(report);

@@ -1,7 +1,8 @@
 //! Keel on PostgreSQL through the real binary (`--store postgres://…`), on a throwaway
 //! cluster the suite starts itself (installed when missing; one that cannot start fails the
 //! test, never skips): a charge, its re-submission, refunds, `show` and `verify`; a charge
-//! killed mid-attempt finished by `keel worker --once`; two workers on one database sharing
+//! killed mid-attempt finished by `keel worker --once`, and by `keel resume` then `keel
+//! reconcile`; two workers on one database sharing
 //! crashed runs; and every bad store argument refused, writing nothing, never printing a
 //! password.
 
@@ -148,6 +149,29 @@ fn a_charge_killed_mid_attempt_on_postgres_is_finished_by_one_worker_pass_with_o
     let events: Vec<Event> =
         reader(&url).stream(&charge.stream()).expect("reads").into_iter().map(|e| e.event).collect();
     assert_eq!(events.iter().filter(|e| matches!(e, Event::AttemptStarted { .. })).count(), 1, "{events:#?}");
+    verify_clean(&url);
+}
+
+#[test]
+fn resume_and_reconcile_due_finish_a_crashed_charge_on_postgres() {
+    let url = database("resume");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    crash(&url, sim.url(), &charge_args("order_1842_charge", "4900"), "after_provider_answer");
+    let charge = key("charge", "order_1842_charge");
+
+    let (code, resumed, stderr) = run(keel(&url, Some(sim.url()), &["resume"]));
+    assert_eq!(code, 0, "{resumed} {stderr}");
+    assert_eq!(resumed["recovered"], serde_json::json!([charge.as_str()]), "{resumed:#}");
+    assert_eq!(intent_status(&url, &charge), Some(IntentStatus::Validated), "{resumed:#}");
+    assert_eq!(effects_on(dir.path(), &charge), 1, "reconciled by lookup, never resent");
+
+    let (code, due, stderr) = run(keel(&url, Some(sim.url()), &["reconcile", "--due"]));
+    assert_eq!((code, due.clone()), (0, serde_json::json!([])), "nothing is left due: {stderr}");
+    let (code, one, stderr) = run(keel(&url, Some(sim.url()), &["reconcile", charge.as_str()]));
+    assert_eq!(code, 0, "{one} {stderr}");
+    assert_eq!(one[0]["status"], "validated", "{one:#}");
+    assert_eq!(effects_on(dir.path(), &charge), 1);
     verify_clean(&url);
 }
 
