@@ -372,7 +372,7 @@ pub(super) fn not_found(key: &str) -> ApiError {
 /// The intent key in the path, if it is one of `key`'s tenant's: another tenant's intent is
 /// not found, exactly like an intent that does not exist.
 fn own_key(path: Result<Path<String>, PathRejection>, key: &ApiKey) -> Result<IntentKey, ApiError> {
-    let Path(text) = path.map_err(|error| ApiError::new(Code::InvalidArguments, error.body_text()))?;
+    let Path(text) = path?;
     own_intent(&text, key)
 }
 
@@ -407,7 +407,7 @@ pub async fn list(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let key = authorized(&server, &headers, Need::Read)?;
-    let Query(query) = query.map_err(|error| ApiError::new(Code::InvalidArguments, error.body_text()))?;
+    let Query(query) = query?;
     let status = match query.state.as_deref() {
         None | Some("") => None,
         Some(name) => Some(IntentStatus::parse(name).ok_or_else(|| {

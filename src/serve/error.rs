@@ -165,6 +165,21 @@ pub struct ErrorFields {
     pub details: Value,
 }
 
+/// A path segment axum could not extract: `invalid_arguments`, with axum's reason.
+impl From<axum::extract::rejection::PathRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::PathRejection) -> Self {
+        Self::new(Code::InvalidArguments, rejection.body_text())
+    }
+}
+
+/// A query string axum could not decode into the route's parameters: `invalid_arguments`,
+/// with axum's reason.
+impl From<axum::extract::rejection::QueryRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::QueryRejection) -> Self {
+        Self::new(Code::InvalidArguments, rejection.body_text())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.code.status();

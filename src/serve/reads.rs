@@ -67,7 +67,7 @@ fn no_run(run_id: &str) -> ApiError {
 
 /// The run id in the path, if the run is `key`'s tenant's.
 fn own_run(server: &Server, path: Result<Path<String>, PathRejection>, key: &ApiKey) -> Result<RunId, ApiError> {
-    let Path(text) = path.map_err(|error| ApiError::new(Code::InvalidArguments, error.body_text()))?;
+    let Path(text) = path?;
     let run_id = RunId::new(text);
     let intents = server
         .read(|reader| Ok(reader.run_state(&run_id)?.map(|(_, intents)| intents)))
@@ -103,7 +103,7 @@ pub async fn runs(
     query: Result<Query<RunsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let key = authorized(&server, &headers, Need::Read)?;
-    let Query(query) = query.map_err(|error| ApiError::new(Code::InvalidArguments, error.body_text()))?;
+    let Query(query) = query?;
     let state = match query.status.as_deref() {
         None | Some("") => None,
         Some(name) => Some(
@@ -193,7 +193,7 @@ pub async fn metrics(
     query: Result<Query<MetricsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let key = authorized(&server, &headers, Need::Read)?;
-    let Query(query) = query.map_err(|error| ApiError::new(Code::InvalidArguments, error.body_text()))?;
+    let Query(query) = query?;
     let now = SystemClock.now();
     let since = query
         .since
