@@ -136,6 +136,17 @@ pub(crate) struct CreateFlag {
     pub(crate) create: bool,
 }
 
+/// Who takes an operator's decision and why: both recorded with it.
+#[derive(Args, Debug, Clone)]
+struct Decided {
+    /// The operator's name (recorded).
+    #[arg(long)]
+    by: String,
+    /// Why (recorded).
+    #[arg(long)]
+    reason: String,
+}
+
 /// How to reach the payment provider.
 #[derive(Args, Debug, Clone, Default)]
 #[command(next_help_heading = "Payment provider")]
@@ -370,12 +381,8 @@ pub(crate) enum RunCommand {
     Cancel {
         /// The run id.
         run_id: String,
-        /// The operator's name (recorded).
-        #[arg(long)]
-        by: String,
-        /// Why (recorded).
-        #[arg(long)]
-        reason: String,
+        #[command(flatten)]
+        decided: Decided,
         #[command(flatten)]
         create: CreateFlag,
         #[command(flatten)]
@@ -624,12 +631,8 @@ enum Command {
     Cancel {
         /// The intent key.
         key: String,
-        /// The operator's name (recorded).
-        #[arg(long)]
-        by: String,
-        /// Why (recorded).
-        #[arg(long)]
-        reason: String,
+        #[command(flatten)]
+        decided: Decided,
         #[command(flatten)]
         create: CreateFlag,
         #[command(flatten)]
@@ -655,12 +658,8 @@ enum Command {
         /// Record the resolution even though the provider contradicts it, for this reason.
         #[arg(long = "override", value_name = "REASON")]
         override_reason: Option<String>,
-        /// The operator's name (recorded).
-        #[arg(long)]
-        by: String,
-        /// Why (recorded).
-        #[arg(long)]
-        reason: String,
+        #[command(flatten)]
+        decided: Decided,
         #[command(flatten)]
         create: CreateFlag,
         #[command(flatten)]
@@ -691,12 +690,8 @@ enum Command {
     Deny {
         /// The intent key.
         key: String,
-        /// The approver's name (recorded).
-        #[arg(long)]
-        by: String,
-        /// Why (recorded).
-        #[arg(long)]
-        reason: String,
+        #[command(flatten)]
+        decided: Decided,
         #[command(flatten)]
         create: CreateFlag,
         #[command(flatten)]
@@ -1113,7 +1108,7 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             existing_log(db, create)?;
             runs::show(&ops::reader(db, create)?, &out, &engine::event::RunId::new(run_id))
         }
-        Command::Run { command: RunCommand::Cancel { run_id, by, reason, create, store } } => {
+        Command::Run { command: RunCommand::Cancel { run_id, decided: Decided { by, reason }, create, store } } => {
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
             runs::cancel(db, setting.durability, &out, &engine::event::RunId::new(run_id), &by, &reason).await
@@ -1149,14 +1144,23 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             node.shutdown()?;
             outcome
         }
-        Command::Cancel { key, by, reason, create, store } => {
+        Command::Cancel { key, decided: Decided { by, reason }, create, store } => {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
             let ask = |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone());
             ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Cancel).await
         }
-        Command::Resolve { key, landed, absent: _, override_reason, by, reason, create, store, provider } => {
+        Command::Resolve {
+            key,
+            landed,
+            absent: _,
+            override_reason,
+            decided: Decided { by, reason },
+            create,
+            store,
+            provider,
+        } => {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             let setting = setting(Some(&store), Some(&provider));
@@ -1170,7 +1174,7 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let ask = |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone());
             ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Approve).await
         }
-        Command::Deny { key, by, reason, create, store } => {
+        Command::Deny { key, decided: Decided { by, reason }, create, store } => {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);

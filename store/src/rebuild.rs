@@ -1,7 +1,7 @@
 //! Rebuilding entity rows from the events, stream by stream, in bounded memory.
 //!
 //! Owns [`replay_streams`]: every stream in id order, each read alone through its
-//! `(stream, stream_seq)` index and folded with `engine::ledger::fold::apply` — the fold the
+//! `(stream, stream_seq)` index and folded with `engine::ledger::fold` (`intent_alone`, `history`) — the fold the
 //! writer runs — into the entity it is about. Version 3's migration writes what it finds
 //! ([`write`]); `verify` compares it with the rows.
 //!
@@ -13,8 +13,8 @@
 use crate::codec::{self, to_i64};
 use crate::error::{Error, Result};
 use crate::rows;
-use engine::event::{Event, IntentKey, RunId, StoredEvent, StreamId};
-use engine::ledger::fold::{self, Entities};
+use engine::event::{Event, RunId, StoredEvent, StreamId};
+use engine::ledger::fold;
 use engine::ledger::{Intent, Run};
 use rusqlite::{Connection, params};
 use std::collections::HashMap;
@@ -46,34 +46,6 @@ pub(crate) enum Found {
         /// What is wrong.
         detail: String,
     },
-}
-
-/// The entities of one intent's stream replayed alone: the intent, and a stand-in for every
-/// run it names (the runs are on their own streams; the fold only needs them to exist and
-/// counts network retries on them).
-struct IntentAlone {
-    intent: Option<Intent>,
-    runs: HashMap<RunId, Run>,
-}
-
-impl Entities for IntentAlone {
-    fn intent_mut(&mut self, _key: &IntentKey) -> Option<&mut Intent> {
-        self.intent.as_mut()
-    }
-    fn has_intent(&mut self, _key: &IntentKey) -> bool {
-        self.intent.is_some()
-    }
-    fn insert_intent(&mut self, intent: Intent) {
-        self.intent = Some(intent);
-    }
-    fn run_mut(&mut self, run_id: &RunId) -> Option<&mut Run> {
-        Some(self.runs.entry(run_id.clone()).or_insert_with(|| stand_in(run_id)))
-    }
-    fn insert_run(&mut self, _run: Run) {}
-}
-
-fn stand_in(run_id: &RunId) -> Run {
-    Run::stand_in(run_id, chrono::DateTime::UNIX_EPOCH)
 }
 
 /// Reads a stream's events in stream order, decoded (not hash-checked: the chain pass of
@@ -131,14 +103,9 @@ fn replay_intent(
     let Some(first) = events.first() else {
         return Ok(Found::Empty);
     };
-    let mut alone = IntentAlone { intent: None, runs: HashMap::new() };
-    for stored in events {
-        if let Err(error) = fold::apply(&mut alone, stored) {
-            return Ok(Found::Broken { seq: error.seq, detail: format!("the fold rejects it: {error}") });
-        }
-    }
-    let Some(intent) = alone.intent else {
-        return Ok(Found::Broken { seq: first.seq, detail: "an intent stream that is not reserved".to_owned() });
+    let (intent, run_retries) = match fold::intent_alone(events) {
+        Ok(found) => found,
+        Err(error) => return Ok(Found::Broken { seq: error.seq, detail: format!("the fold rejects it: {error}") }),
     };
     if !started_before(conn, &intent.run_id, first.seq)? {
         return Ok(Found::Broken {
@@ -146,13 +113,11 @@ fn replay_intent(
             detail: format!("reserved by run {}, never started", intent.run_id),
         });
     }
-    for (run_id, stand_in) in alone.runs {
-        if stand_in.network_retries > 0 {
-            if !started_before(conn, &run_id, first.seq.max(intent.last_seq))? {
-                return Ok(Found::Broken { seq: intent.last_seq, detail: format!("a retry by unknown run {run_id}") });
-            }
-            *retries.entry(run_id).or_insert(0) += stand_in.network_retries;
+    for (run_id, count) in run_retries {
+        if !started_before(conn, &run_id, first.seq.max(intent.last_seq))? {
+            return Ok(Found::Broken { seq: intent.last_seq, detail: format!("a retry by unknown run {run_id}") });
         }
+        *retries.entry(run_id).or_insert(0) += count;
     }
     let run = codec::stream_id(conn, intent.run_id.stream().as_str())?
         .ok_or_else(|| Error::corrupt(first.seq, format!("run {} has no stream", intent.run_id)))?;
