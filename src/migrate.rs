@@ -216,6 +216,13 @@ fn copy(reader: &store::Reader, import: &mut Import, to: &str, total: u64, out: 
     import.commit_pending().map_err(|e| target_error(to, &e))
 }
 
+/// The entities of a page of stream names, compared together.
+#[derive(Default)]
+struct Page {
+    intents: Vec<IntentKey>,
+    runs: Vec<RunId>,
+}
+
 /// PostgreSQL's `verify`, then both sides compared: counts, and every intent's and run's row.
 fn check_target(reader: &store::Reader, to: &str, source: &Source) -> Result<store_postgres::VerifyReport, Failure> {
     let unreachable = |e: store_postgres::Error| target_error(to, &e);
@@ -233,22 +240,34 @@ fn check_target(reader: &store::Reader, to: &str, source: &Source) -> Result<sto
     if report.events != source.events {
         return Err(disagree(format!("{} events in SQLite, {} in PostgreSQL", source.events, report.events)));
     }
-    let mut compare = |name: &StreamId| -> Result<(), Failure> {
-        let text = name.as_str();
-        if let Some(key) = text.strip_prefix("intent:") {
-            let key = IntentKey::parse(key).ok_or_else(|| disagree(format!("stream {text} names no intent key")))?;
-            if reader.intent_entity(&key)? != pg.intent(&key).map_err(unreachable)? {
+    // A page of names at a time: one query on each side's rows, not a round trip an entity.
+    let mut page = Page::default();
+    let mut compare_page = |page: &mut Page| -> Result<(), Failure> {
+        let (keys, run_ids) = (std::mem::take(&mut page.intents), std::mem::take(&mut page.runs));
+        for (key, row) in keys.iter().zip(pg.intents(&keys).map_err(unreachable)?) {
+            if reader.intent_entity(key)? != row {
                 return Err(disagree(format!("intent {key} differs")));
             }
-        } else if let Some(run_id) = text.strip_prefix("run:") {
-            let run_id = RunId::new(run_id);
-            if reader.run_entity(&run_id)? != pg.run(&run_id).map_err(unreachable)? {
+        }
+        for (run_id, row) in run_ids.iter().zip(pg.runs(&run_ids).map_err(unreachable)?) {
+            if reader.run_entity(run_id)? != row {
                 return Err(disagree(format!("run {run_id} differs")));
             }
         }
         Ok(())
     };
+    let mut compare = |name: &StreamId| -> Result<(), Failure> {
+        let text = name.as_str();
+        if let Some(key) = text.strip_prefix("intent:") {
+            let key = IntentKey::parse(key).ok_or_else(|| disagree(format!("stream {text} names no intent key")))?;
+            page.intents.push(key);
+        } else if let Some(run_id) = text.strip_prefix("run:") {
+            page.runs.push(RunId::new(run_id));
+        }
+        if page.intents.len() + page.runs.len() >= NAMES_PAGE { compare_page(&mut page) } else { Ok(()) }
+    };
     walk(reader, true, Some(StreamId::from_stored("run:".to_owned())), &mut compare)?;
     walk(reader, false, None, &mut compare)?;
+    compare_page(&mut page)?;
     Ok(report)
 }

@@ -23,9 +23,11 @@ use crate::rows;
 use chrono::{DateTime, Utc};
 use engine::append::Sealed;
 use engine::event::{GENESIS_HASH, RunId, StoredEvent, StreamId};
+use engine::ledger::{Intent, Run};
 use engine::limits::PG_IMPORT_BATCH_EVENTS;
 use postgres::{Client, Transaction};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// The log being imported, as its own verification named it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,13 +201,16 @@ impl Import {
         if found != self.provenance {
             return Err(Error::OtherImport { found: Box::new(found) });
         }
+        refuse_streams_held(&mut tx, &streams)?;
         let mut copied = 0;
         let mut cursor = None;
+        let mut batch = Batch::default();
         for events in streams {
             copied += events.len() as u64;
             cursor = Some(events[0].stream.as_str().to_owned());
-            write_stream(&mut tx, events)?;
+            batch.add(events)?;
         }
+        batch.write(&mut tx)?;
         let copied = self.provenance.copied_events + copied;
         tx.execute(
             "UPDATE keel_provenance SET copied_events = $1, cursor = $2 WHERE id = 1",
@@ -250,65 +255,107 @@ fn refused(stored: &StoredEvent, detail: impl Into<String>) -> Error {
     Error::ImportRefused { seq: stored.seq, stream: stored.stream.as_str().to_owned(), detail: detail.into() }
 }
 
-/// Checks one stream's numbering, re-chains it, inserts it, and writes its entity row.
-fn write_stream(tx: &mut Transaction<'_>, events: Vec<StoredEvent>) -> Result<()> {
-    let stream = events[0].stream.clone();
-    if rows::stream_length(tx, &stream)? != 0 {
-        return Err(refused(&events[0], "the stream already holds events in the target"));
+/// Refuses a batch naming a stream twice, or a stream that already holds events in the target.
+fn refuse_streams_held(tx: &mut Transaction<'_>, streams: &[Vec<StoredEvent>]) -> Result<()> {
+    let mut names = BTreeMap::new();
+    for events in streams {
+        if names.insert(events[0].stream.as_str(), &events[0]).is_some() {
+            return Err(refused(&events[0], "the stream comes twice in one import"));
+        }
     }
-    let mut sealed: Vec<Sealed> = Vec::with_capacity(events.len());
-    for (i, stored) in events.into_iter().enumerate() {
-        let previous = sealed.last().map(|s| &s.stored);
-        if stored.stream != stream || stored.event.stream() != stream {
-            return Err(refused(&stored, format!("not an event of stream {stream}")));
-        }
-        if stored.stream_seq != i as u64 + 1 {
-            return Err(refused(&stored, format!("stream_seq {}, expected {}", stored.stream_seq, i + 1)));
-        }
-        if stored.seq == 0 || previous.is_some_and(|p| p.seq >= stored.seq) {
-            return Err(refused(&stored, "a sequence not above its stream's previous one"));
-        }
-        let prev_hash = previous.map_or(GENESIS_HASH, |p| p.hash.as_str()).to_owned();
-        let seq = stored.seq;
-        sealed.push(engine::append::reseal(stored, &prev_hash).map_err(|e| Error::ImportRefused {
-            seq,
-            stream: stream.as_str().to_owned(),
-            detail: e.to_string(),
-        })?);
+    let listed: Vec<&str> = names.keys().copied().collect();
+    match rows::streams_holding_events(tx, &listed)?.first().and_then(|held| names.get(held.as_str())) {
+        Some(first) => Err(refused(first, "the stream already holds events in the target")),
+        None => Ok(()),
     }
-    rows::insert_events(tx, &sealed)?;
-    let events: Vec<StoredEvent> = sealed.into_iter().map(|s| s.stored).collect();
-    write_entity(tx, &stream, &events)
 }
 
-/// The entity row of one stream, folded alone as the writers fold it.
-fn write_entity(tx: &mut Transaction<'_>, stream: &StreamId, events: &[StoredEvent]) -> Result<()> {
-    let first = &events[0];
-    let len = events.len() as u64;
-    let fold_refused = |e: engine::ledger::FoldError| refused(first, format!("the fold rejects seq {}: {e}", e.seq));
-    let name = stream.as_str();
-    if name.starts_with("run:") {
-        let run = engine::ledger::fold::history(events).map_err(fold_refused)?.run;
-        rows::put_run(tx, &run, len)
-    } else if name.starts_with("intent:") {
-        let (intent, retries) = engine::ledger::fold::intent_alone(events).map_err(fold_refused)?;
-        rows::put_intent(tx, &intent, first.seq, len)?;
-        for (run_id, n) in retries {
-            add_retries(tx, first, &run_id, n)?;
+/// What one batch writes, gathered before anything is: its events chained anew, and the rows
+/// they fold into — written in a few statements (arrays unnested), not a round trip a row.
+#[derive(Default)]
+struct Batch {
+    sealed: Vec<Sealed>,
+    /// Each intent with its `IntentReserved`'s sequence and its stream's length.
+    intents: Vec<(Intent, u64, u64)>,
+    /// The runs folded in this batch, with their streams' lengths.
+    runs: BTreeMap<RunId, (Run, u64)>,
+    /// Network retries counted on intent streams, per run: the count and the first event of
+    /// the intent stream that counted them (named when the run was never imported).
+    retries: BTreeMap<RunId, (u32, StoredEvent)>,
+}
+
+impl Batch {
+    /// Checks one stream's numbering, re-chains it and folds it into its entity row.
+    fn add(&mut self, events: Vec<StoredEvent>) -> Result<()> {
+        let stream = events[0].stream.clone();
+        let first = self.sealed.len();
+        for (i, stored) in events.into_iter().enumerate() {
+            let previous = (i > 0).then(|| &self.sealed[self.sealed.len() - 1].stored);
+            if stored.stream != stream || stored.event.stream() != stream {
+                return Err(refused(&stored, format!("not an event of stream {stream}")));
+            }
+            if stored.stream_seq != i as u64 + 1 {
+                return Err(refused(&stored, format!("stream_seq {}, expected {}", stored.stream_seq, i + 1)));
+            }
+            if stored.seq == 0 || previous.is_some_and(|p| p.seq >= stored.seq) {
+                return Err(refused(&stored, "a sequence not above its stream's previous one"));
+            }
+            let prev_hash = previous.map_or(GENESIS_HASH, |p| p.hash.as_str()).to_owned();
+            let seq = stored.seq;
+            self.sealed.push(engine::append::reseal(stored, &prev_hash).map_err(|e| Error::ImportRefused {
+                seq,
+                stream: stream.as_str().to_owned(),
+                detail: e.to_string(),
+            })?);
+        }
+        let events: Vec<StoredEvent> = self.sealed[first..].iter().map(|s| s.stored.clone()).collect();
+        self.fold(&stream, &events)
+    }
+
+    /// The entity row of one stream, folded alone as the writers fold it.
+    fn fold(&mut self, stream: &StreamId, events: &[StoredEvent]) -> Result<()> {
+        let first = &events[0];
+        let len = events.len() as u64;
+        let fold_refused =
+            |e: engine::ledger::FoldError| refused(first, format!("the fold rejects seq {}: {e}", e.seq));
+        let name = stream.as_str();
+        if name.starts_with("run:") {
+            let run = engine::ledger::fold::history(events).map_err(fold_refused)?.run;
+            self.runs.insert(run.run_id.clone(), (run, len));
+        } else if name.starts_with("intent:") {
+            let (intent, retries) = engine::ledger::fold::intent_alone(events).map_err(fold_refused)?;
+            self.intents.push((intent, first.seq, len));
+            for (run_id, n) in retries {
+                self.retries.entry(run_id).or_insert_with(|| (0, first.clone())).0 += n;
+            }
+        } else if name.starts_with("facts:") {
+            engine::facts::fold(events).map_err(fold_refused)?;
+        } else {
+            return Err(refused(first, "a stream of no known kind"));
         }
         Ok(())
-    } else if name.starts_with("facts:") {
-        engine::facts::fold(events).map(drop).map_err(fold_refused)
-    } else {
-        Err(refused(first, "a stream of no known kind"))
     }
-}
 
-/// Adds an intent's network retries to the row of the run that made them (imported before).
-fn add_retries(tx: &mut Transaction<'_>, first: &StoredEvent, run_id: &RunId, n: u32) -> Result<()> {
-    let row = rows::run_row(tx, run_id.as_str())?
-        .ok_or_else(|| refused(first, format!("a retry by run {run_id}, not imported before it")))?;
-    let mut run = row.run()?;
-    run.network_retries += n;
-    rows::put_run(tx, &run, row.stream_len)
+    /// Inserts the events and writes the rows, the network retries added to the rows of the
+    /// runs that made them (in this batch, or imported before it).
+    fn write(mut self, tx: &mut Transaction<'_>) -> Result<()> {
+        rows::insert_events(tx, &self.sealed)?;
+        let elsewhere: Vec<&str> =
+            self.retries.keys().filter(|run_id| !self.runs.contains_key(*run_id)).map(RunId::as_str).collect();
+        for row in rows::runs_rows(tx, &elsewhere)? {
+            let run = row.run()?;
+            self.runs.insert(run.run_id.clone(), (run, row.stream_len));
+        }
+        for (run_id, (n, first)) in self.retries {
+            let (run, _) = self
+                .runs
+                .get_mut(&run_id)
+                .ok_or_else(|| refused(&first, format!("a retry by run {run_id}, not imported before it")))?;
+            run.network_retries += n;
+        }
+        let runs: Vec<(&Run, u64)> = self.runs.values().map(|(run, len)| (run, *len)).collect();
+        rows::put_runs(tx, &runs)?;
+        let intents: Vec<rows::IntentRow<'_>> = self.intents.iter().map(|(i, seq, len)| (i, *seq, *len)).collect();
+        rows::put_intents(tx, &intents)
+    }
 }

@@ -23,6 +23,10 @@ use std::fmt;
 /// Mismatches [`PgReader::verify`] lists before it only counts them.
 pub const VERIFY_MISMATCHES_MAX: usize = 100;
 
+/// Streams `verify` reads a page at a time: one query for their events and one for each kind
+/// of row, not three round trips a stream.
+const VERIFY_PAGE_STREAMS: usize = 500;
+
 /// A read-only handle on the log, with its own connection.
 pub struct PgReader {
     client: Client,
@@ -151,8 +155,20 @@ impl PgReader {
     ///
     /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
     pub fn intent(&mut self, key: &IntentKey) -> Result<Option<Intent>> {
+        Ok(self.intents(std::slice::from_ref(key))?.pop().flatten())
+    }
+
+    /// The rows of `keys`, in their order (`None` where an intent has no row), read in one
+    /// query.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgReader::intent`].
+    pub fn intents(&mut self, keys: &[IntentKey]) -> Result<Vec<Option<Intent>>> {
         let mut tx = self.snapshot()?;
-        rows::intent_row(&mut tx, key.as_str())?.map(|row| row.intent()).transpose()
+        let names: Vec<&str> = keys.iter().map(IntentKey::as_str).collect();
+        let mut found = rows::indexed_intents(&mut tx, &names)?;
+        names.iter().map(|key| found.remove(*key).map(|row| row.entity.intent()).transpose()).collect()
     }
 
     /// One run's row.
@@ -161,8 +177,20 @@ impl PgReader {
     ///
     /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
     pub fn run(&mut self, run_id: &RunId) -> Result<Option<Run>> {
+        Ok(self.runs(std::slice::from_ref(run_id))?.pop().flatten())
+    }
+
+    /// The rows of `run_ids`, in their order (`None` where a run has no row), read in one
+    /// query.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgReader::run`].
+    pub fn runs(&mut self, run_ids: &[RunId]) -> Result<Vec<Option<Run>>> {
         let mut tx = self.snapshot()?;
-        rows::run_row(&mut tx, run_id.as_str())?.map(|row| row.run()).transpose()
+        let names: Vec<&str> = run_ids.iter().map(RunId::as_str).collect();
+        let mut found = rows::indexed_runs(&mut tx, &names)?;
+        names.iter().map(|run_id| found.remove(*run_id).map(|row| row.entity.run()).transpose()).collect()
     }
 
     /// The fold of the whole log in sequence order, every event hash-checked and checked to
@@ -206,59 +234,68 @@ impl PgReader {
         // Intent streams first: they count the network retries the run rows hold.
         let (intent_streams, others): (Vec<&String>, Vec<&String>) =
             streams.iter().partition(|name| name.starts_with("intent:"));
-        for name in intent_streams.into_iter().chain(others) {
-            let stream = StreamId::from_stored(name.clone());
-            // A stream with events has its entity, even when it does not check.
-            if let Some(key) = name.strip_prefix("intent:") {
-                intents.insert(key.to_owned());
-            } else if let Some(run_id) = name.strip_prefix("run:") {
-                runs.insert(run_id.to_owned());
-            }
-            let Some(events) = checked_stream(&mut tx, &stream, &mut report)? else { continue };
-            report.events += events.len() as u64;
-            let len = events.len() as u64;
-            if let Some(key) = name.strip_prefix("intent:") {
-                report.intents += 1;
-                match engine::ledger::fold::intent_alone(&events) {
-                    Ok((intent, counted)) => {
-                        for (run_id, n) in counted {
-                            *retries.entry(run_id).or_insert(0) += n;
-                        }
-                        let row = rows::intent_row(&mut tx, key)?;
-                        if compare_intent(key, &intent, len, row.as_ref(), &mut report) {
-                            let reserved_seq = events.first().map_or(0, |e| e.seq);
-                            if let Some(detail) = rows::intent_columns_differ(&mut tx, &intent, reserved_seq)? {
-                                report.push(Mismatch::Intent { key: key.to_owned(), detail });
+        let ordered: Vec<&str> = intent_streams.into_iter().chain(others).map(String::as_str).collect();
+        for page in ordered.chunks(VERIFY_PAGE_STREAMS) {
+            let mut events_of = rows::streams_rows(&mut tx, page)?;
+            let keys: Vec<&str> = page.iter().filter_map(|name| name.strip_prefix("intent:")).collect();
+            let intent_rows = rows::indexed_intents(&mut tx, &keys)?;
+            let run_ids: Vec<&str> = page.iter().filter_map(|name| name.strip_prefix("run:")).collect();
+            let run_rows = rows::indexed_runs(&mut tx, &run_ids)?;
+            for name in page {
+                let stream = StreamId::from_stored((*name).to_owned());
+                // A stream with events has its entity, even when it does not check.
+                if let Some(key) = name.strip_prefix("intent:") {
+                    intents.insert(key.to_owned());
+                } else if let Some(run_id) = name.strip_prefix("run:") {
+                    runs.insert(run_id.to_owned());
+                }
+                let found = events_of.remove(*name).unwrap_or_default();
+                let Some(events) = checked_stream(found, &stream, &mut report) else { continue };
+                report.events += events.len() as u64;
+                let len = events.len() as u64;
+                if let Some(key) = name.strip_prefix("intent:") {
+                    report.intents += 1;
+                    match engine::ledger::fold::intent_alone(&events) {
+                        Ok((intent, counted)) => {
+                            for (run_id, n) in counted {
+                                *retries.entry(run_id).or_insert(0) += n;
+                            }
+                            let row = intent_rows.get(key);
+                            if compare_intent(key, &intent, len, row.map(|r| &r.entity), &mut report) {
+                                let reserved_seq = events.first().map_or(0, |e| e.seq);
+                                if let Some(detail) = row.and_then(|r| r.intent_columns_differ(&intent, reserved_seq)) {
+                                    report.push(Mismatch::Intent { key: key.to_owned(), detail });
+                                }
                             }
                         }
+                        Err(error) => report.push(fold_mismatch(&error)),
                     }
-                    Err(error) => report.push(fold_mismatch(&error)),
-                }
-            } else if let Some(run_id) = name.strip_prefix("run:") {
-                report.runs += 1;
-                match engine::ledger::fold::history(&events) {
-                    Ok(history) => {
-                        let mut run = history.run;
-                        run.network_retries = retries.remove(&run.run_id).unwrap_or(0);
-                        let row = rows::run_row(&mut tx, run_id)?;
-                        if compare_run(run_id, &run, len, row.as_ref(), &mut report)
-                            && let Some(detail) = rows::run_columns_differ(&mut tx, &run)?
-                        {
-                            report.push(Mismatch::Run { run_id: run_id.to_owned(), detail });
+                } else if let Some(run_id) = name.strip_prefix("run:") {
+                    report.runs += 1;
+                    match engine::ledger::fold::history(&events) {
+                        Ok(history) => {
+                            let mut run = history.run;
+                            run.network_retries = retries.remove(&run.run_id).unwrap_or(0);
+                            let row = run_rows.get(run_id);
+                            if compare_run(run_id, &run, len, row.map(|r| &r.entity), &mut report)
+                                && let Some(detail) = row.and_then(|r| r.run_columns_differ(&run))
+                            {
+                                report.push(Mismatch::Run { run_id: run_id.to_owned(), detail });
+                            }
                         }
+                        Err(error) => report.push(fold_mismatch(&error)),
                     }
-                    Err(error) => report.push(fold_mismatch(&error)),
+                } else if name.starts_with("facts:") {
+                    if let Err(error) = engine::facts::fold(&events) {
+                        report.push(fold_mismatch(&error));
+                    }
+                } else if let Some(first) = events.first() {
+                    report.push(Mismatch::Event {
+                        seq: first.seq,
+                        stream: (*name).to_owned(),
+                        detail: "a stream of no known kind".to_owned(),
+                    });
                 }
-            } else if name.starts_with("facts:") {
-                if let Err(error) = engine::facts::fold(&events) {
-                    report.push(fold_mismatch(&error));
-                }
-            } else if let Some(first) = events.first() {
-                report.push(Mismatch::Event {
-                    seq: first.seq,
-                    stream: name.clone(),
-                    detail: "a stream of no known kind".to_owned(),
-                });
             }
         }
         for (run_id, n) in retries {
@@ -293,23 +330,17 @@ fn fold_mismatch(error: &engine::ledger::FoldError) -> Mismatch {
 
 /// One stream's events, each checked to follow on the stream's chain; `None` (and the first
 /// mismatch reported) when one does not.
-fn checked_stream(
-    tx: &mut Transaction<'_>,
-    stream: &StreamId,
-    report: &mut VerifyReport,
-) -> Result<Option<Vec<StoredEvent>>> {
+fn checked_stream(found: Vec<postgres::Row>, stream: &StreamId, report: &mut VerifyReport) -> Option<Vec<StoredEvent>> {
     let name = stream.as_str();
     let mut events: Vec<StoredEvent> = Vec::new();
-    for row in
-        tx.query(&format!("SELECT {EVENT_COLUMNS} FROM events WHERE stream = $1 ORDER BY stream_seq"), &[&name])?
-    {
+    for row in found {
         let seq = row.get::<_, i64>(0).try_into().unwrap_or(0);
         let bad = |detail: String| Mismatch::Event { seq, stream: name.to_owned(), detail };
         let stored = match rows::decode_event(&row) {
             Ok(stored) => stored,
             Err(error) => {
                 report.push(bad(error.to_string()));
-                return Ok(None);
+                return None;
             }
         };
         let expected = events.len() as u64 + 1;
@@ -330,11 +361,11 @@ fn checked_stream(
         };
         if let Some(detail) = problem {
             report.push(bad(detail));
-            return Ok(None);
+            return None;
         }
         events.push(stored);
     }
-    Ok(Some(events))
+    Some(events)
 }
 
 /// Compares an intent's row with its replay; `true` when its state matches (its indexed

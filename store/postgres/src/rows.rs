@@ -124,11 +124,31 @@ pub(crate) fn stream_events(client: &mut impl GenericClient, stream: &StreamId) 
         .collect()
 }
 
+/// The event rows of `streams`, undecoded, each stream's in stream order.
+pub(crate) fn streams_rows(
+    client: &mut impl GenericClient,
+    streams: &[&str],
+) -> Result<std::collections::BTreeMap<String, Vec<Row>>> {
+    let query = format!("SELECT {EVENT_COLUMNS} FROM events WHERE stream = ANY($1) ORDER BY stream, stream_seq");
+    let mut grouped: std::collections::BTreeMap<String, Vec<Row>> = std::collections::BTreeMap::new();
+    for row in client.query(&query, &[&streams])? {
+        grouped.entry(row.get("stream")).or_default().push(row);
+    }
+    Ok(grouped)
+}
+
 /// How many events `stream` holds (its last `stream_seq`).
 pub(crate) fn stream_length(client: &mut impl GenericClient, stream: &StreamId) -> Result<u64> {
     let row =
         client.query_one("SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1", &[&stream.as_str()])?;
     to_u64(row.get(0), 0, "stream length")
+}
+
+/// Which of `streams` hold events already, in name order.
+pub(crate) fn streams_holding_events(client: &mut impl GenericClient, streams: &[&str]) -> Result<Vec<String>> {
+    let rows =
+        client.query("SELECT DISTINCT stream FROM events WHERE stream = ANY($1) ORDER BY stream", &[&streams])?;
+    Ok(rows.iter().map(|row| row.get(0)).collect())
 }
 
 /// The hash and global sequence of `stream`'s event at `stream_seq`.
@@ -213,6 +233,11 @@ pub(crate) fn run_row(client: &mut impl GenericClient, run_id: &str) -> Result<O
     Ok(run_rows(client, "run_id = $1", &[&run_id])?.pop())
 }
 
+/// The rows of the runs in `run_ids` that exist (served by the primary key).
+pub(crate) fn runs_rows(client: &mut impl GenericClient, run_ids: &[&str]) -> Result<Vec<EntityRow>> {
+    run_rows(client, "run_id = ANY($1)", &[&run_ids])
+}
+
 /// One order's intents, in reservation order (`intents_by_order`).
 pub(crate) fn order_rows(client: &mut impl GenericClient, tenant: &str, order_id: &str) -> Result<Vec<EntityRow>> {
     intent_rows(client, "tenant = $1 AND order_id = $2 ORDER BY reserved_seq", &[&tenant, &order_id])
@@ -280,6 +305,9 @@ pub(crate) fn due_at(intent: &Intent) -> Option<DateTime<Utc>> {
     (intent.status == IntentStatus::OutcomeUnknown).then_some(intent.reconcile_after).flatten()
 }
 
+/// An intent's row to write: the intent, its `IntentReserved`'s sequence, its stream's length.
+pub(crate) type IntentRow<'a> = (&'a Intent, u64, u64);
+
 /// Writes (or rewrites) an intent's row. `reserved_seq` is its `IntentReserved`'s sequence.
 pub(crate) fn put_intent(
     client: &mut impl GenericClient,
@@ -287,25 +315,38 @@ pub(crate) fn put_intent(
     reserved_seq: u64,
     stream_len: u64,
 ) -> Result<()> {
-    let d = &intent.definition;
-    let state = serde_json::to_string(intent).expect("an intent serializes: plain fields");
+    put_intents(client, &[(intent, reserved_seq, stream_len)])
+}
+
+/// Writes (or rewrites) intents' rows in one statement (arrays unnested), as [`put_intent`]
+/// would one by one: what an import's batch writes. The keys must be distinct.
+pub(crate) fn put_intents(client: &mut impl GenericClient, intents: &[IntentRow<'_>]) -> Result<()> {
+    let text = |f: fn(&Intent) -> String| intents.iter().map(|(intent, ..)| f(intent)).collect::<Vec<String>>();
+    let states: Vec<String> = intents
+        .iter()
+        .map(|(intent, ..)| serde_json::to_string(intent).expect("an intent serializes: plain fields"))
+        .collect();
+    let due: Vec<Option<DateTime<Utc>>> = intents.iter().map(|(intent, ..)| due_at(intent)).collect();
+    let reserved: Vec<i64> = intents.iter().map(|(_, reserved_seq, _)| to_i64(*reserved_seq)).collect();
+    let lengths: Vec<i64> = intents.iter().map(|(_, _, stream_len)| to_i64(*stream_len)).collect();
     client.execute(
         "INSERT INTO intents (key, tenant, order_id, business_ref, kind, run_id, status, due_at, reserved_seq, \
-         stream_len, state) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+         stream_len, state) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
+         $6::text[], $7::text[], $8::timestamptz[], $9::bigint[], $10::bigint[], $11::text[]) \
          ON CONFLICT (key) DO UPDATE SET status = excluded.status, due_at = excluded.due_at, \
          stream_len = excluded.stream_len, state = excluded.state",
         &[
-            &d.key.as_str(),
-            &d.tenant,
-            &d.order_id,
-            &d.business_ref,
-            &d.kind.as_str(),
-            &intent.run_id.as_str(),
-            &intent.status.as_str(),
-            &due_at(intent),
-            &to_i64(reserved_seq),
-            &to_i64(stream_len),
-            &state,
+            &text(|i| i.definition.key.as_str().to_owned()),
+            &text(|i| i.definition.tenant.clone()),
+            &text(|i| i.definition.order_id.clone()),
+            &text(|i| i.definition.business_ref.clone()),
+            &text(|i| i.definition.kind.as_str().to_owned()),
+            &text(|i| i.run_id.as_str().to_owned()),
+            &text(|i| i.status.as_str().to_owned()),
+            &due,
+            &reserved,
+            &lengths,
+            &states,
         ],
     )?;
     Ok(())
@@ -313,55 +354,103 @@ pub(crate) fn put_intent(
 
 /// Writes (or rewrites) a run's row.
 pub(crate) fn put_run(client: &mut impl GenericClient, run: &Run, stream_len: u64) -> Result<()> {
-    let state = serde_json::to_string(run).expect("a run serializes: plain fields");
+    put_runs(client, &[(run, stream_len)])
+}
+
+/// Writes (or rewrites) runs' rows in one statement, as [`put_run`] would one by one. The
+/// run ids must be distinct.
+pub(crate) fn put_runs(client: &mut impl GenericClient, runs: &[(&Run, u64)]) -> Result<()> {
+    let ids: Vec<&str> = runs.iter().map(|(run, _)| run.run_id.as_str()).collect();
+    let finished: Vec<bool> = runs.iter().map(|(run, _)| run.status.is_some()).collect();
+    let lengths: Vec<i64> = runs.iter().map(|(_, stream_len)| to_i64(*stream_len)).collect();
+    let states: Vec<String> =
+        runs.iter().map(|(run, _)| serde_json::to_string(run).expect("a run serializes: plain fields")).collect();
+    let wakes: Vec<Option<i64>> = runs.iter().map(|(run, _)| wake_column(run)).collect();
     client.execute(
-        "INSERT INTO runs (run_id, finished, stream_len, state, wake_at) VALUES ($1, $2, $3, $4, $5) \
+        "INSERT INTO runs (run_id, finished, stream_len, state, wake_at) \
+         SELECT * FROM unnest($1::text[], $2::boolean[], $3::bigint[], $4::text[], $5::bigint[]) \
          ON CONFLICT (run_id) DO UPDATE SET finished = excluded.finished, stream_len = excluded.stream_len, \
          state = excluded.state, wake_at = excluded.wake_at",
-        &[&run.run_id.as_str(), &run.status.is_some(), &to_i64(stream_len), &state, &wake_column(run)],
+        &[&ids, &finished, &lengths, &states, &wakes],
     )?;
     Ok(())
 }
 
-/// Which indexed column of an intent's row says something else than its state (the queries
-/// of a decision read those columns), if one does: what `verify` checks after the state.
-pub(crate) fn intent_columns_differ(
-    client: &mut impl GenericClient,
-    intent: &Intent,
-    reserved_seq: u64,
-) -> Result<Option<String>> {
-    let d = &intent.definition;
-    let row = client.query_one(
-        "SELECT tenant, order_id, business_ref, kind, run_id, status, due_at, reserved_seq FROM intents WHERE key = $1",
-        &[&d.key.as_str()],
-    )?;
-    let text = |i: usize| row.get::<_, String>(i);
-    let due: Option<DateTime<Utc>> = row.get(6);
-    let found: i64 = row.get(7);
-    let expected = [
-        ("tenant", text(0), d.tenant.clone()),
-        ("order_id", text(1), d.order_id.clone()),
-        ("business_ref", text(2), d.business_ref.clone()),
-        ("kind", text(3), d.kind.as_str().to_owned()),
-        ("run_id", text(4), intent.run_id.as_str().to_owned()),
-        ("status", text(5), intent.status.as_str().to_owned()),
-        ("due_at", format!("{due:?}"), format!("{:?}", due_at(intent))),
-        ("reserved_seq", found.to_string(), reserved_seq.to_string()),
-    ];
-    Ok(expected
-        .into_iter()
-        .find(|(_, found, expected)| found != expected)
-        .map(|(column, found, expected)| format!("column {column} is {found} in the table, {expected} by its state")))
+/// An entity row as `verify` reads it: the row, with its indexed columns as the table holds
+/// them (what a decision's queries read), to compare with its state.
+pub(crate) struct IndexedRow {
+    pub(crate) entity: EntityRow,
+    columns: Row,
 }
 
-/// Which indexed column of a run's row (`finished`, `wake_at`) says something else than its
-/// state, if one does.
-pub(crate) fn run_columns_differ(client: &mut impl GenericClient, run: &Run) -> Result<Option<String>> {
-    let row = client.query_one("SELECT finished, wake_at FROM runs WHERE run_id = $1", &[&run.run_id.as_str()])?;
-    let (finished, wake_at): (bool, Option<i64>) = (row.get(0), row.get(1));
-    if finished != run.status.is_some() {
-        return Ok(Some(format!("column finished is {finished} in the table, {} by its state", run.status.is_some())));
+const INTENT_INDEXED: &str = "tenant, order_id, business_ref, kind, run_id, status, due_at, reserved_seq";
+const RUN_INDEXED: &str = "finished, wake_at";
+
+/// The rows of the intents in `keys` that exist, by key, with their indexed columns.
+pub(crate) fn indexed_intents(
+    client: &mut impl GenericClient,
+    keys: &[&str],
+) -> Result<std::collections::BTreeMap<String, IndexedRow>> {
+    let query = format!("SELECT key, state, stream_len, {INTENT_INDEXED} FROM intents WHERE key = ANY($1)");
+    client
+        .query(&query, &[&keys])?
+        .into_iter()
+        .map(|row| {
+            let key: String = row.get("key");
+            let entity = EntityRow::from_row(&row, StreamId::from_stored(format!("intent:{key}")))?;
+            Ok((key, IndexedRow { entity, columns: row }))
+        })
+        .collect()
+}
+
+/// The rows of the runs in `run_ids` that exist, by id, with their indexed columns.
+pub(crate) fn indexed_runs(
+    client: &mut impl GenericClient,
+    run_ids: &[&str],
+) -> Result<std::collections::BTreeMap<String, IndexedRow>> {
+    let query = format!("SELECT run_id, state, stream_len, {RUN_INDEXED} FROM runs WHERE run_id = ANY($1)");
+    client
+        .query(&query, &[&run_ids])?
+        .into_iter()
+        .map(|row| {
+            let run_id: String = row.get("run_id");
+            let entity = EntityRow::from_row(&row, StreamId::from_stored(format!("run:{run_id}")))?;
+            Ok((run_id, IndexedRow { entity, columns: row }))
+        })
+        .collect()
+}
+
+impl IndexedRow {
+    /// Which indexed column of an intent's row says something else than its state, if one
+    /// does: what `verify` checks after the state.
+    pub(crate) fn intent_columns_differ(&self, intent: &Intent, reserved_seq: u64) -> Option<String> {
+        let d = &intent.definition;
+        let text = |column: &str| self.columns.get::<_, String>(column);
+        let due: Option<DateTime<Utc>> = self.columns.get("due_at");
+        let found: i64 = self.columns.get("reserved_seq");
+        let expected = [
+            ("tenant", text("tenant"), d.tenant.clone()),
+            ("order_id", text("order_id"), d.order_id.clone()),
+            ("business_ref", text("business_ref"), d.business_ref.clone()),
+            ("kind", text("kind"), d.kind.as_str().to_owned()),
+            ("run_id", text("run_id"), intent.run_id.as_str().to_owned()),
+            ("status", text("status"), intent.status.as_str().to_owned()),
+            ("due_at", format!("{due:?}"), format!("{:?}", due_at(intent))),
+            ("reserved_seq", found.to_string(), reserved_seq.to_string()),
+        ];
+        expected.into_iter().find(|(_, found, expected)| found != expected).map(|(column, found, expected)| {
+            format!("column {column} is {found} in the table, {expected} by its state")
+        })
     }
-    let expected = wake_column(run);
-    Ok((wake_at != expected).then(|| format!("column wake_at is {wake_at:?} in the table, {expected:?} by its state")))
+
+    /// Which indexed column of a run's row (`finished`, `wake_at`) says something else than
+    /// its state, if one does.
+    pub(crate) fn run_columns_differ(&self, run: &Run) -> Option<String> {
+        let (finished, wake_at): (bool, Option<i64>) = (self.columns.get("finished"), self.columns.get("wake_at"));
+        if finished != run.status.is_some() {
+            return Some(format!("column finished is {finished} in the table, {} by its state", run.status.is_some()));
+        }
+        let expected = wake_column(run);
+        (wake_at != expected).then(|| format!("column wake_at is {wake_at:?} in the table, {expected:?} by its state"))
+    }
 }
