@@ -4,7 +4,8 @@
 //! attempt is durable, under the intent's key, with the run's time left), what each answer
 //! leads to (a lookup after a lost answer, a retry after a request that never left, a wait
 //! for the caller's payment method), how a refusal that may be a race is answered, and what
-//! the caller is told ([`IntentOutcome`], as the CLI renders it).
+//! the caller is told ([`IntentOutcome`], as the CLI renders it), the lease it claimed given
+//! back, and the attempt span that says why each attempt was sent.
 
 use super::*;
 use crate::clock::ManualClock;
@@ -411,7 +412,98 @@ fn an_outcome_says_how_the_intent_ended_declined_or_abandoned_and_the_run_ends_t
 }
 
 #[test]
-fn a_runs_end_is_shown_as_its_status_or_suspended() {
+fn a_runs_end_and_an_intents_source_read_in_text_as_in_json() {
     assert_eq!(serde_json::to_value(RunEnd::Finished(RunStatus::Completed)).expect("serialises"), json!("completed"));
     assert_eq!(serde_json::to_value(RunEnd::Suspended).expect("serialises"), json!("suspended"));
+    for by in [ValidatedBy::Provider, ValidatedBy::Deduplicated, ValidatedBy::Reconciled] {
+        assert_eq!(serde_json::to_value(by).expect("serialises"), json!(by.as_str()), "{by:?}");
+    }
+}
+
+/// A driver acting for a run whose lease this process does not hold claims it for the time
+/// of the work and gives it back: another process may take the run at once.
+#[test]
+fn a_driver_gives_back_the_lease_it_claimed_for_the_work() {
+    let rig = Rig::new();
+    rig.charged();
+    let key = rig.reserve(&refund(1_000)).expect("reserved");
+    rig.runtime.lessee.forget(&run_id());
+    assert!(rig.drive(&key).expect("driven").is_validated());
+    assert_eq!(rig.runtime.lessee.grant(&run_id()), None, "this process holds nothing after the work");
+    let other = Action::ClaimRun { run_id: run_id(), owner: LeaseOwner::named("another-process") };
+    let claimed = rig.log.execute_now(&Command::new(Cause::command("other"), other));
+    assert!(matches!(claimed, Ok(Reply::Claimed(_))), "free for another process: {claimed:?}");
+}
+
+/// One span: its name and its fields, as text.
+type Span = (String, std::collections::BTreeMap<String, String>);
+
+/// The spans a test's thread opens.
+#[derive(Clone, Default)]
+struct Spans(Arc<Mutex<Vec<Span>>>);
+
+struct Fields<'a>(&'a mut std::collections::BTreeMap<String, String>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl tracing::Subscriber for Spans {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, attrs: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut fields = std::collections::BTreeMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        let mut spans = self.0.lock().expect("test mutex");
+        spans.push((attrs.metadata().name().to_owned(), fields));
+        tracing::span::Id::from_u64(u64::try_from(spans.len()).expect("a few spans"))
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The process's subscriber, collecting every span of every test's thread (a thread's own
+/// default misses the spans of callsites another thread met first): a test reads its own by
+/// its intent's key.
+fn spans() -> &'static Spans {
+    static SPANS: std::sync::OnceLock<Spans> = std::sync::OnceLock::new();
+    SPANS.get_or_init(|| {
+        let spans = Spans::default();
+        tracing::subscriber::set_global_default(spans.clone()).expect("no other engine test sets a subscriber");
+        spans
+    })
+}
+
+/// Seed 004's attempt span says why each attempt was sent: the first, or a resend after the
+/// effect was proven absent.
+#[test]
+fn an_attempts_span_says_why_it_was_sent() {
+    let spans = spans();
+    let rig = Rig::new();
+    rig.charged();
+    rig.provider.inner.script([Scripted::TimeoutBeforeEffect]);
+    let traced = IntentRequest { intent_id: "order_1_refund_traced".into(), ..refund(1_000) };
+    let key = rig.reserve(&traced).expect("reserved");
+    rig.drive(&key).expect("driven");
+    rig.clock.advance_ms(i64::try_from(crate::limits::reconcile_backoff_ms(1)).expect("small"));
+    assert!(rig.drive(&key).expect("driven").is_validated(), "looked up absent, resent, validated");
+    let hash = key.hash().to_string();
+    let reasons: Vec<(String, String)> = spans
+        .0
+        .lock()
+        .expect("test mutex")
+        .iter()
+        .filter(|(name, fields)| name == "attempt" && fields.get("effect.idempotency_key_hash") == Some(&hash))
+        .map(|(_, fields)| (fields["retry.attempt"].clone(), fields["retry.reason"].clone()))
+        .collect();
+    assert_eq!(reasons, [("1".to_owned(), "first".to_owned()), ("2".to_owned(), "proven_absent".to_owned())]);
 }
