@@ -42,6 +42,8 @@
 
 mod context;
 mod driver;
+#[cfg(test)]
+mod driver_tests;
 mod leases;
 mod outcome;
 mod runs;

@@ -3,7 +3,7 @@
 //! appends (by type) and the [`Next`] step its reply carries, or the refusal that writes
 //! nothing. Each row is data; the loop below is the only code.
 
-use super::tests::{evidence, key, nine_am, reserve, run, tier};
+use super::tests::{evidence, key, nine_am, reserve, run, tier, variant};
 use super::*;
 use crate::clock::ManualClock;
 use crate::event::{Cause, Event, RunId, RunLimits};
@@ -556,10 +556,6 @@ fn history(given: &[Given]) -> (MemoryLog, chrono::DateTime<chrono::Utc>) {
     }
     let now = crate::clock::Clock::now(&*clock);
     (log, now)
-}
-
-fn variant(refusal: &Refusal) -> String {
-    format!("{refusal:?}").chars().take_while(char::is_ascii_alphanumeric).collect()
 }
 
 #[test]

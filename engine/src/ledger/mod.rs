@@ -43,6 +43,8 @@ pub use view::View;
 pub use whole::Ledger;
 
 #[cfg(test)]
+mod agent_tests;
+#[cfg(test)]
 mod boundary_tests;
 #[cfg(test)]
 mod lease_tests;

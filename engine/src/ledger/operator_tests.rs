@@ -1,6 +1,6 @@
 //! Operators' decisions at the ledger's boundary: approving (bound to the fingerprint; the
-//! approval window, opened by an agent's batch, is held by the binary's approval suites), an
-//! approval's lapse, denying, cancelling, and resolving by hand
+//! approval window, opened by an agent's batch, is `agent_tests`'), an approval's lapse,
+//! denying, cancelling, and resolving by hand
 //! against what the provider's lookup says. The binary's suites drive the same through
 //! `keel approve|deny|cancel|resolve`; these pin each rule where it is decided.
 

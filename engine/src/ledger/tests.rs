@@ -36,7 +36,8 @@ fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0).single().expect("valid")
 }
 
-fn plus(ms: u64) -> DateTime<Utc> {
+/// `ms` after the fixtures' start (`t0`).
+pub(super) fn plus(ms: u64) -> DateTime<Utc> {
     t0() + chrono::Duration::milliseconds(i64::try_from(ms).expect("a small delay"))
 }
 
@@ -53,6 +54,12 @@ pub(super) fn tier(dedup_by_key: bool, lookup: bool) -> Capability {
 /// The instant the boundary table's histories start at (`t0`).
 pub(super) fn nine_am() -> DateTime<Utc> {
     t0()
+}
+
+/// The fixture's charge (49.00 EUR for a provider that keys and looks effects up), held for a
+/// human when `approval_required`: what any run reserves it with.
+pub(super) fn spec(approval_required: bool) -> IntentSpec {
+    Fixture { approval_required, ..Fixture::default() }.spec()
 }
 
 /// The command that reserves the fixture's charge for `run()` (deadline `t0` + 1 h),
@@ -491,7 +498,7 @@ fn a_late_answer_after_an_escalation_or_a_resend_settles_only_what_it_proves() {
 
 /// Appends `action` at the clock's time; returns the events it appended, or its refusal
 /// (which must append nothing).
-fn decided(log: &MemoryLog, command: Command) -> Result<Vec<Event>, Refusal> {
+pub(super) fn decided(log: &MemoryLog, command: Command) -> Result<Vec<Event>, Refusal> {
     let before = log.events().len();
     match log.execute_now(&command) {
         Ok(_) => Ok(log.events()[before..].iter().map(|e| e.event.clone()).collect()),
@@ -503,11 +510,16 @@ fn decided(log: &MemoryLog, command: Command) -> Result<Vec<Event>, Refusal> {
     }
 }
 
+/// The name of a refusal's variant (`WrongStatus`, `UnknownRun`, …): what a table expects.
+pub(super) fn variant(refusal: &Refusal) -> String {
+    format!("{refusal:?}").chars().take_while(char::is_ascii_alphanumeric).collect()
+}
+
 fn start_attempt(run_id: RunId) -> Command {
     Command::new(Cause::command("test"), Action::StartAttempt { key: key(), run_id })
 }
 
-fn types(events: &[Event]) -> Vec<&'static str> {
+pub(super) fn types(events: &[Event]) -> Vec<&'static str> {
     events.iter().map(Event::type_name).collect()
 }
 
