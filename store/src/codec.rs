@@ -52,7 +52,7 @@ pub(crate) fn to_i64(value: u64) -> i64 {
 }
 
 /// The stored `type` codes of the compact layout: code `i + 1` is `TYPES[i]`. Append-only.
-pub(crate) const TYPES: [&str; 30] = [
+pub const TYPES: [&str; 30] = [
     "RunStarted",
     "RunDeadlineExtended",
     "StepRecorded",

@@ -99,6 +99,7 @@ mod tx;
 pub mod vault;
 pub mod writer;
 
+pub use codec::TYPES as EVENT_TYPES;
 pub use error::{Error, Result};
 pub use projection::{IntentRow, RunRow};
 pub use reader::{Mismatch, Phase, Progress, Reader, RunFilter, RunState, VERIFY_MISMATCHES_MAX, VerifyReport};

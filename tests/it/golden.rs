@@ -421,30 +421,7 @@ fn resend_refused() -> Vec<StoredEvent> {
     let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 12, 1, 9, 0, 0).single().expect("valid")));
     let log = MemoryLog::new(clock.clone());
     let key = IntentKey::new(EffectKind::Charge, TENANT, "golden_resend_refused");
-    let payload = json!({"id": "golden_resend_refused", "amount": 3_100});
-    let spec = || IntentSpec {
-        definition: IntentDefinition {
-            key: key.clone(),
-            kind: EffectKind::Charge,
-            tenant: TENANT.into(),
-            intent_id: "golden_resend_refused".into(),
-            order_id: "order_golden_resend_refused".into(),
-            business_ref: "order_golden_resend_refused".into(),
-            fingerprint: engine::canonical::fingerprint(&payload),
-            amount_minor: 3_100,
-            currency: "EUR".into(),
-            payload: payload.clone(),
-            tool: None,
-        },
-        capability: Capability {
-            dedup_by_key: true,
-            lookup: true,
-            key_window_ms: 86_400_000,
-            consistency_window_ms: 0,
-            request_timeout_ms: 0,
-        },
-        approval_required: false,
-    };
+    let spec = || golden_charge("golden_resend_refused", 3_100, false);
     let propose = |run: &str| {
         let run = RunId::new(run);
         let start = RunStart {
@@ -467,6 +444,98 @@ fn resend_refused() -> Vec<StoredEvent> {
     clock.advance_ms(100);
     propose("golden-resend-2");
     propose("golden-resend-3");
+    log.events()
+}
+
+/// A charge of `amount_minor` EUR with id `id` (its own order and reference) for a provider
+/// with keys and a lookup.
+fn golden_charge(id: &str, amount_minor: i64, approval_required: bool) -> IntentSpec {
+    let payload = json!({"id": id, "amount": amount_minor});
+    IntentSpec {
+        definition: IntentDefinition {
+            key: IntentKey::new(EffectKind::Charge, TENANT, id),
+            kind: EffectKind::Charge,
+            tenant: TENANT.into(),
+            intent_id: id.into(),
+            order_id: format!("order_{id}"),
+            business_ref: format!("order_{id}"),
+            fingerprint: engine::canonical::fingerprint(&payload),
+            amount_minor,
+            currency: "EUR".into(),
+            payload,
+            tool: None,
+        },
+        capability: Capability {
+            dedup_by_key: true,
+            lookup: true,
+            key_window_ms: 86_400_000,
+            consistency_window_ms: 0,
+            request_timeout_ms: 0,
+        },
+        approval_required,
+    }
+}
+
+/// What the other logs leave out: an agent run's requests of the spine — an approval window
+/// for the charge it holds for a human (`ApprovalRequested`), a later deadline
+/// (`RunDeadlineExtended`), its end releasing that charge, never sent (`IntentReleased`) —
+/// and a workflow's validated charge contradicted by a late decline (`LateAnswerRecorded`,
+/// then escalated).
+fn spine_and_late() -> Vec<StoredEvent> {
+    use engine::ledger::{AgentRunStart, SpineRequest};
+    let at = |hour, minute| Utc.with_ymd_and_hms(2026, 12, 1, hour, minute, 0).single().expect("valid");
+    let clock = Arc::new(ManualClock::new(at(10, 0)));
+    let log = MemoryLog::new(clock.clone());
+    let ok = |result: Result<_, engine::log::LogError>| result.unwrap_or_else(|e| panic!("accepted: {e}"));
+    let agent_run = RunId::new("golden-agent-spine");
+    let for_agent = Cause::command("golden").for_run(&agent_run);
+    let batch = |position: u32, spine: Vec<SpineRequest>| {
+        let start = AgentRunStart {
+            workflow: "ticket-review".into(),
+            deadline_at: at(11, 0),
+            input: json!({"note": "the spine's requests"}),
+            limits: RunLimits::default(),
+            versions: engine::event::RunVersions::default(),
+            owner: None,
+        };
+        let entries = vec![json!({"entry": position})];
+        Action::RecordAgentEntries { run_id: agent_run.clone(), position, entries, start: Some(start), spine }
+    };
+    let held = golden_charge("golden_spine_held", 2_500, true);
+    let held_key = held.definition.key.clone();
+    ok(log.execute_now(&Command::new(for_agent.clone(), batch(0, vec![]))));
+    let reserve = Action::Reserve { run_id: agent_run.clone(), position: 0, spec: held, start_attempt: false };
+    ok(log.execute_now(&Command::new(for_agent.clone(), reserve)));
+    clock.advance_ms(1_000);
+    let window = SpineRequest::OpenApprovalWindow { key: held_key, closes_at: at(10, 10) };
+    ok(log.execute_now(&Command::new(for_agent.clone(), batch(1, vec![window]))));
+    clock.advance_ms(1_000);
+    let later = SpineRequest::ExtendDeadline { deadline_at: at(11, 30) };
+    ok(log.execute_now(&Command::new(for_agent.clone(), batch(2, vec![later]))));
+    clock.advance_ms(1_000);
+    let finish = SpineRequest::Finish { status: RunStatus::Completed, detail: None, cost_minor: None };
+    ok(log.execute_now(&Command::new(for_agent, batch(3, vec![finish]))));
+
+    let run = RunId::new("golden-late-1");
+    let start = RunStart {
+        run_id: run.clone(),
+        workflow: "charge".into(),
+        input: json!({"note": "a late decline"}),
+        deadline_at: at(11, 0),
+        limits: RunLimits::default(),
+        versions: engine::event::RunVersions::default(),
+        owner: None,
+    };
+    let charge = golden_charge("golden_late_declined", 4_200, false);
+    let key = charge.definition.key.clone();
+    let reserve = Action::Reserve { run_id: run.clone(), position: 0, spec: charge, start_attempt: true };
+    ok(log.execute_now(&Command::new(Cause::command("golden").for_run(&run), reserve).starting(Some(start))));
+    let evidence = Evidence { provider_ref: "ch_golden_late".into(), amount_minor: 4_200, currency: "EUR".into() };
+    let answer = |outcome| Action::RecordOutcome { key: key.clone(), attempt: 1, outcome };
+    ok(log.execute_now(&Command::new(Cause::command("golden"), answer(CallOutcome::Succeeded(evidence)))));
+    clock.advance_ms(5_000);
+    let decline = CallOutcome::Declined { code: "card_declined".into() };
+    ok(log.execute_now(&Command::new(Cause::command("golden"), answer(decline))));
     log.events()
 }
 
@@ -502,35 +571,9 @@ fn golden_logs_keep_replaying_to_the_same_state_and_cover_every_event() {
     seen.extend(check("abandoned_v1", abandoned));
     seen.extend(check("facts_v1", facts_and_releases));
     seen.extend(check("resend_refused_v1", resend_refused));
-    let all = [
-        "RunStarted",
-        "StepRecorded",
-        "TimerStarted",
-        "SignalDelivered",
-        "RunFinished",
-        "IntentReserved",
-        "IntentDeduplicated",
-        "ApprovalGranted",
-        "ApprovalDenied",
-        "ApprovalExpired",
-        "AttemptStarted",
-        "AttemptNotSent",
-        "IntentValidated",
-        "IntentDeclined",
-        "OutcomeUnknown",
-        "ReconciliationStarted",
-        "ReconciliationResolved",
-        "IntentEscalated",
-        "IntentCancelled",
-        "IntentResolved",
-        "AgentRecorded",
-        "RunCancelRequested",
-        "IntentAbandoned",
-        "FactsAdmitted",
-        "FactsForgotten",
-        "ResendRefused",
-    ];
-    for variant in all {
-        assert!(seen.contains(&variant), "the golden logs hold no {variant}");
+    seen.extend(check("spine_and_late_v1", spine_and_late));
+    // Every type the stored layout has a code for, so a new event type needs a golden log.
+    for variant in &store::EVENT_TYPES {
+        assert!(seen.contains(variant), "the golden logs hold no {variant}");
     }
 }
