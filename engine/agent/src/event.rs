@@ -799,6 +799,12 @@ impl AgentState {
         self.delegations.values().fold(self.model_calls, |sum, child| sum.saturating_add(child.model_calls))
     }
 
+    /// Model cost of the answered calls of the run and of its sub-agents, minor units: what
+    /// the spine records as the run's model cost when it finishes.
+    pub fn model_cost_minor(&self) -> i64 {
+        self.delegations.values().fold(self.cost_minor, |sum, child| sum.saturating_add(child.cost_minor))
+    }
+
     /// Tool attempts admitted by the run and by its sub-agents.
     pub fn tool_calls_made(&self) -> u32 {
         self.delegations.values().fold(self.tool_calls, |sum, child| sum.saturating_add(child.tool_calls))

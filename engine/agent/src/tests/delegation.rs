@@ -235,3 +235,18 @@ fn a_sub_agent_that_delegates_is_refused_at_registration() {
     let refused = Registry::new().delegate("outer", "Delegates to a delegating desk.", "desk.delegate", nested);
     assert!(matches!(refused, Err(RegistryError::NestedDelegation { nested, .. }) if nested == DESK));
 }
+
+#[tokio::test]
+async fn a_sub_agents_model_cost_is_its_parents() {
+    let mut rig = Rig::new();
+    with_desk(&mut rig, desk_limits());
+    let journal = MemoryJournal::new();
+    let price = ModelPrice { input_minor_per_mtok: 1_000_000, output_minor_per_mtok: 0 };
+    let prices = PriceTable(BTreeMap::from([("test-model".to_owned(), price)]));
+    let limits = AgentLimits { prices, cost_minor_max: Some(10_000), ..AgentLimits::default() };
+    let outcome = go_desk(&rig, &journal, &Script::new(desk_script()), limits).await;
+    assert_eq!(outcome.status, AgentStatus::Completed, "{outcome:?}");
+    let state = AgentState::from_events(&journal.events());
+    // Five answers of 100 input tokens at one minor unit a token: the desk's two included.
+    assert_eq!((state.cost_minor, state.model_cost_minor()), (300, 500));
+}
