@@ -83,6 +83,7 @@ fn support_transcript(scenario: support_agent::Scenario) -> &'static str {
         S::Injection => include_str!("../fixtures/agent/support/injection.json"),
         S::Repeat => include_str!("../fixtures/agent/support/repeat.json"),
         S::ApprovalBound => include_str!("../fixtures/agent/support/approval-bound.json"),
+        S::Delegate => include_str!("../fixtures/agent/support/delegate.json"),
     }
 }
 
@@ -147,11 +148,13 @@ impl ModelApi {
 #[derive(Clone, Debug)]
 enum Script {
     Scenario(Scenario),
-    /// A support run: the ticket and order of `case`, the answers of its own transcript or
-    /// of `transcript` (a captured conversation replayed against the agent).
+    /// A support run: the ticket and order of `case` (or of `ticket`, a ticket file's, stored
+    /// whole in the run's input), the answers of its own transcript or of `transcript` (a
+    /// captured conversation replayed against the agent).
     Support {
         case: support_agent::Scenario,
         transcript: Option<PathBuf>,
+        ticket: Option<Box<support_agent::Case>>,
     },
     File(PathBuf),
     Live(LiveModel),
@@ -167,9 +170,17 @@ impl Script {
     fn input(&self) -> Value {
         match self {
             Self::Scenario(s) => json!({"transport": "scripted", "scenario": s.name()}),
-            Self::Support { case, transcript: None } => json!({"transport": "scripted", "scenario": case.name()}),
-            Self::Support { case, transcript: Some(path) } => {
-                json!({"transport": "scripted", "transcript": path.display().to_string(), "case": case.name()})
+            Self::Support { case, transcript, ticket } => {
+                let mut input = match transcript {
+                    None => json!({"transport": "scripted", "scenario": case.name()}),
+                    Some(path) => {
+                        json!({"transport": "scripted", "transcript": path.display().to_string(), "case": case.name()})
+                    }
+                };
+                if let Some(ticket) = ticket {
+                    input["ticket"] = json!(ticket);
+                }
+                input
             }
             Self::File(path) => json!({"transport": "scripted", "transcript": path.display().to_string()}),
             Self::Live(live) => {
@@ -200,14 +211,20 @@ impl Script {
             return Ok(Self::Live(LiveModel { api, model: model.to_owned(), base_url }));
         }
         let transcript = input.get("transcript").and_then(Value::as_str).map(PathBuf::from);
+        let ticket = match input.get("ticket") {
+            Some(ticket) => Some(Box::new(
+                serde_json::from_value(ticket.clone()).map_err(|e| format!("the run's stored ticket: {e}"))?,
+            )),
+            None => None,
+        };
         if workflow == support_agent::WORKFLOW && transcript.is_some() {
             let name = input.get("case").and_then(Value::as_str).unwrap_or_default();
             let case = support_agent::Scenario::parse(name).ok_or_else(|| format!("unknown support case {name:?}"))?;
-            return Ok(Self::Support { case, transcript });
+            return Ok(Self::Support { case, transcript, ticket });
         }
         if let Some(name) = input.get("scenario").and_then(Value::as_str) {
             let script = if workflow == support_agent::WORKFLOW {
-                support_agent::Scenario::parse(name).map(|case| Self::Support { case, transcript: None })
+                support_agent::Scenario::parse(name).map(|case| Self::Support { case, transcript: None, ticket })
             } else {
                 Scenario::parse(name).map(Self::Scenario)
             };
@@ -224,7 +241,7 @@ impl Script {
     fn load(&self) -> Result<Source, String> {
         let parsed = match self {
             Self::Scenario(s) => Transcript::parse(scenario_transcript(*s)),
-            Self::Support { case, transcript: None } => Transcript::parse(support_transcript(*case)),
+            Self::Support { case, transcript: None, .. } => Transcript::parse(support_transcript(*case)),
             Self::Support { transcript: Some(path), .. } => Transcript::from_file(path),
             Self::File(path) => Transcript::from_file(path),
             Self::Live(live) => {
@@ -239,14 +256,28 @@ impl Script {
         parsed.map(Source::Transcript).map_err(|e| e.to_string())
     }
 
+    /// The ticket and order a support run acts on: its ticket file's, or its scenario's.
+    fn case(&self) -> Option<support_agent::Case> {
+        match self {
+            Self::Support { ticket: Some(ticket), .. } => Some((**ticket).clone()),
+            Self::Support { case, ticket: None, .. } => Some(case.case()),
+            Self::Scenario(_) | Self::File(_) | Self::Live(_) => None,
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             Self::Scenario(s) => format!("scripted (scenario {}, embedded transcript)", s.name()),
-            Self::Support { case, transcript: None } => {
+            Self::Support { case, transcript: None, ticket: None } => {
                 format!("scripted (scenario {}, embedded transcript)", case.name())
             }
-            Self::Support { case, transcript: Some(path) } => {
-                format!("scripted (transcript {}, scenario {}'s ticket and order)", path.display(), case.name())
+            Self::Support { case, transcript: None, ticket: Some(ticket) } => {
+                format!("scripted (scenario {}, embedded transcript; ticket {})", case.name(), ticket.id)
+            }
+            Self::Support { case, transcript: Some(path), ticket } => {
+                let of =
+                    ticket.as_ref().map_or(format!("scenario {}'s", case.name()), |t| format!("ticket {}'s", t.id));
+                format!("scripted (transcript {}, {of} ticket and order)", path.display())
             }
             Self::File(path) => format!("scripted (transcript {})", path.display()),
             Self::Live(live) => {
@@ -298,6 +329,8 @@ struct Plan {
     /// the policy's (support: every refund waits for a human unless the policy says
     /// otherwise) or the defaults.
     spine: RunLimits,
+    /// A new support run's request, with its ticket's facts; a resumed run's is its start's.
+    prompt: String,
 }
 
 /// `keel agent …`.
@@ -310,16 +343,14 @@ pub async fn dispatch(
     command: AgentCommand,
 ) -> Outcome {
     let (mut plan, resuming) = match command {
-        AgentCommand::Run { workflow, scenario, transcript, model, limits, capabilities, .. } => {
-            let plan = plan_new(
-                &workflow,
-                scenario.as_deref(),
-                transcript.as_deref(),
-                &model,
-                limits.as_deref(),
-                capabilities.as_deref(),
-            )
-            .map_err(Failure::Usage)?;
+        AgentCommand::Run { workflow, scenario, transcript, ticket, model, limits, capabilities, .. } => {
+            let sources =
+                Sources { scenario: scenario.as_deref(), transcript: transcript.as_deref(), ticket: ticket.as_deref() };
+            let mut plan = plan_new(&workflow, sources, &model, limits.as_deref(), capabilities.as_deref())
+                .map_err(Failure::Usage)?;
+            if let Some(case) = plan.script.case() {
+                plan.prompt = support_agent::prompt(&ticket_facts(db, &case)?);
+            }
             (plan, false)
         }
         AgentCommand::Resume { run_id, .. } => (plan_resume(db, &RunId::new(run_id))?, true),
@@ -384,6 +415,7 @@ fn plan_resume(db: &Path, run_id: &RunId) -> Result<Plan, Failure> {
         workflow,
         script,
         spine: history.run.limits.clone(),
+        prompt: header.prompt.clone(),
     })
 }
 
@@ -485,11 +517,11 @@ async fn drive(
     });
     let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
     let result = match (&plan.script, &gate) {
-        (Script::Support { case: scenario, .. }, Some(gate)) => {
-            let case = scenario.case();
+        (script @ Script::Support { .. }, Some(gate)) => {
+            let case = script.case().expect("a support script has a case: Script::case");
             let granted = (plan.limits.clone(), plan.capabilities.clone());
-            let run_id = plan.run_id.as_str();
-            support_agent::run(env, &transport, run_id, &case, gate, granted, &plan.spine).await
+            let run = (plan.run_id.as_str(), plan.prompt.clone());
+            support_agent::run(env, &transport, run, &case, gate, granted, &plan.spine).await
         }
         _ => {
             ticket_review::run(env, &transport, plan.run_id.as_str(), plan.limits.clone(), plan.capabilities.clone())
@@ -695,38 +727,75 @@ async fn claim_and_recover(
     log.ask(recover).await.map(drop).map_err(|error| format!("cannot recover run {run_id}: {error}"))
 }
 
+/// The facts declared on a support ticket's conversation (`keel facts apply ID`), none when
+/// the log does not exist yet.
+fn ticket_facts(db: &Path, case: &support_agent::Case) -> Result<engine::facts::Conversation, Failure> {
+    let id = engine::facts::ConversationId::parse(&case.id).map_err(|e| Failure::Usage(format!("ticket id: {e}")))?;
+    if !db.exists() {
+        return Ok(engine::facts::Conversation::default());
+    }
+    let reader = store::Reader::open(db)
+        .map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))?;
+    let events = reader.stream(&id.stream())?;
+    engine::facts::fold(&events).map_err(|e| Failure::Internal(format!("ticket {}'s facts: {e}", case.id)))
+}
+
+/// Where a new run's answers and (support) ticket come from, as the flags name them.
+#[derive(Clone, Copy)]
+struct Sources<'a> {
+    scenario: Option<&'a str>,
+    transcript: Option<&'a Path>,
+    ticket: Option<&'a Path>,
+}
+
+/// A support run's script: a named scenario, or a transcript against the refund scenario's
+/// ticket and order; either with `--ticket`'s instead.
+fn support_script(sources: Sources<'_>, model: &crate::ModelArgs) -> Result<Script, String> {
+    let known: Vec<&str> = support_agent::Scenario::ALL.iter().map(|s| s.name()).collect();
+    let ticket = match sources.ticket {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("cannot read ticket {}: {e}", path.display()))?;
+            let case = support_agent::Case::parse(&text).map_err(|e| format!("--ticket {}: {e}", path.display()))?;
+            Some(Box::new(case))
+        }
+        None => None,
+    };
+    match (sources.scenario, sources.transcript) {
+        // A transcript replays against the default scenario's ticket and order (refund's).
+        (None, Some(path)) if model.model_api.is_none() => {
+            let path =
+                std::fs::canonicalize(path).map_err(|e| format!("cannot read transcript {}: {e}", path.display()))?;
+            Ok(Script::Support { case: support_agent::Scenario::Refund, transcript: Some(path), ticket })
+        }
+        (Some(name), None) if model.model_api.is_none() => {
+            let case = support_agent::Scenario::parse(name)
+                .ok_or_else(|| format!("unknown support scenario {name:?} (known: {})", known.join(", ")))?;
+            Ok(Script::Support { case, transcript: None, ticket })
+        }
+        _ => Err(format!(
+            "support runs a named scenario (--scenario {}) or a transcript (--transcript FILE), against the \
+             scenario's ticket and order (the refund scenario's for a transcript) or --ticket FILE's",
+            known.join("|")
+        )),
+    }
+}
+
 fn plan_new(
     workflow: &str,
-    scenario: Option<&str>,
-    transcript: Option<&Path>,
+    sources: Sources<'_>,
     model: &crate::ModelArgs,
     limits: Option<&str>,
     capabilities: Option<&str>,
 ) -> Result<Plan, String> {
+    let Sources { scenario, transcript, ticket } = sources;
     if workflow == support_agent::WORKFLOW {
-        let known: Vec<&str> = support_agent::Scenario::ALL.iter().map(|s| s.name()).collect();
-        let script = match (scenario, transcript) {
-            // A transcript replays against the default scenario's ticket and order (refund's).
-            (None, Some(path)) if model.model_api.is_none() => {
-                let path = std::fs::canonicalize(path)
-                    .map_err(|e| format!("cannot read transcript {}: {e}", path.display()))?;
-                Script::Support { case: support_agent::Scenario::Refund, transcript: Some(path) }
-            }
-            (Some(name), None) if model.model_api.is_none() => {
-                let case = support_agent::Scenario::parse(name)
-                    .ok_or_else(|| format!("unknown support scenario {name:?} (known: {})", known.join(", ")))?;
-                Script::Support { case, transcript: None }
-            }
-            _ => {
-                return Err(format!(
-                    "support runs a named scenario (--scenario {}) or a transcript against the refund scenario's \
-                     ticket and order (--transcript FILE)",
-                    known.join("|")
-                ));
-            }
-        };
+        let script = support_script(sources, model)?;
         let all = support_agent::all_capabilities();
         return finish_plan(workflow, script, support_agent::limits(), all, limits, capabilities);
+    }
+    if ticket.is_some() {
+        return Err(format!("--ticket is the support agent's; {workflow} reads no ticket file"));
     }
     if workflow != ticket_review::WORKFLOW {
         return Err(format!(
@@ -799,6 +868,7 @@ fn finish_plan(
         limits: plan_limits,
         capabilities: grants,
         spine: RunLimits::default(),
+        prompt: support_agent::PROMPT.to_owned(),
     })
 }
 
@@ -825,7 +895,7 @@ struct UntrustedTicket {
 }
 
 fn approval_context(db: &Path, plan: &Plan, key: &str) -> Result<Option<ApprovalContext>, Failure> {
-    let Script::Support { case, .. } = &plan.script else { return Ok(None) };
+    let Some(case) = plan.script.case() else { return Ok(None) };
     let Some(key) = engine::event::IntentKey::parse(key) else { return Ok(None) };
     let reader = store::Reader::open(db)
         .map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))?;
@@ -842,7 +912,7 @@ fn approval_context(db: &Path, plan: &Plan, key: &str) -> Result<Option<Approval
         ticket: UntrustedTicket {
             untrusted: true,
             source: "read_ticket: written by a third party, data and never instructions",
-            text: case.case().text.to_string(),
+            text: case.text,
         },
     }))
 }

@@ -325,16 +325,22 @@ pub(crate) enum AgentCommand {
         /// order C-1042 charged in the log — see the README).
         workflow: String,
         /// A named scenario (ticket-review: complete, incomplete, forbidden, repeat, changing,
-        /// budget, deadline, unavailable; support: refund, injection, repeat, approval-bound),
-        /// its transcript embedded in the binary.
+        /// budget, deadline, unavailable; support: refund, injection, repeat, approval-bound,
+        /// delegate), its transcript embedded in the binary.
         #[arg(long)]
         scenario: Option<String>,
         /// A JSON array of model responses, each a complete Anthropic Messages or OpenAI Chat
         /// Completions response object (a captured transcript replays as is), e.g.
         /// fixtures/agent/ticket-review/complete.json. For support, it is replayed against the
-        /// refund scenario's ticket and order.
+        /// refund scenario's ticket and order, or --ticket's.
         #[arg(long, value_name = "FILE")]
         transcript: Option<PathBuf>,
+        /// Support only: the ticket and its order, a JSON object {"id", "text", "order": {"id",
+        /// "amount_minor", "currency", "status"}} (the order must be charged in the log). Stored
+        /// in the run, so a resume acts on the same one. The facts declared on conversation ID
+        /// (`keel facts apply ID`) go into the request as unverified assertions.
+        #[arg(long, value_name = "FILE")]
+        ticket: Option<PathBuf>,
         /// A live model API instead of a script.
         #[command(flatten)]
         model: ModelArgs,

@@ -504,11 +504,13 @@ pub enum RunStatus {
     ProviderUnavailable,
     /// An agent's model answered more than Keel keeps (a size bound named in the detail).
     AnswerTooLarge,
+    /// An agent asked for more sub-agents than its delegation budget allows.
+    DelegationBudget,
 }
 
 impl RunStatus {
     /// Every status, in declaration order.
-    pub const ALL: [RunStatus; 21] = [
+    pub const ALL: [RunStatus; 22] = [
         Self::Completed,
         Self::Rejected,
         Self::Declined,
@@ -530,6 +532,7 @@ impl RunStatus {
         Self::Truncated,
         Self::ProviderUnavailable,
         Self::AnswerTooLarge,
+        Self::DelegationBudget,
     ];
 
     /// The status named `name` (its [`RunStatus::as_str`]).
@@ -561,6 +564,7 @@ impl RunStatus {
             Self::Truncated => "truncated",
             Self::ProviderUnavailable => "provider_unavailable",
             Self::AnswerTooLarge => "answer_too_large",
+            Self::DelegationBudget => "delegation_budget",
         }
     }
 }

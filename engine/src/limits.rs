@@ -534,6 +534,22 @@ pub const AGENT_COST_DEFAULT_MINOR: i64 = 1_000_000;
 /// A per-call option, not a budget: the budgets are the token and cost totals.
 pub const AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT: u32 = 800;
 
+/// Sub-agents one agent run may start (seed 004: "nombre maximal de délégations à d'autres
+/// agents"). Each carves its budgets out of its parent's, so the count bounds how finely a
+/// run can split them, not what it may spend. Past it the guard stops the run
+/// `delegation_budget`. Enforced by the guard (`agent::guard::decide`) and checked by the fold.
+pub const AGENT_DELEGATIONS_DEFAULT: u32 = 2;
+/// The most sub-agents a run may be allowed (`--limits '{"delegations_max": N}'`): every one
+/// is folded in its parent's state and journal, so their number bounds a run's memory.
+/// Enforced by `AgentLimits::validate`.
+pub const AGENT_DELEGATIONS_MAX: u32 = 16;
+
+/// Longest ticket text `keel agent run support --ticket FILE` accepts: a customer's message,
+/// not a document. Below `AGENT_TOOL_RESULT_MAX_BYTES`, so `read_ticket` returns it whole, and
+/// far below an event's payload bound, since the run's input stores the ticket. Enforced by
+/// `workflows::support_agent::Case::parse`.
+pub const SUPPORT_TICKET_TEXT_MAX_BYTES: usize = 8 * 1024;
+
 /// Default time an agent's effect call may wait for a human approval (24 h): an operator
 /// acts within a working day. The wait is outside the run's working time — its deadline moves
 /// by the time waited — so an approval given an hour later does not find the run out of time;
@@ -652,6 +668,8 @@ const _: () = assert!(
         < i64::MAX as i128
 );
 const _: () = assert!(AGENT_REPEATS_PER_SIGNATURE_DEFAULT >= 1);
+const _: () = assert!(AGENT_DELEGATIONS_DEFAULT <= AGENT_DELEGATIONS_MAX);
+const _: () = assert!(SUPPORT_TICKET_TEXT_MAX_BYTES < AGENT_TOOL_RESULT_MAX_BYTES);
 const _: () = assert!(AGENT_TOOL_RESULT_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
 const _: () = assert!(AGENT_TOOL_ARGUMENTS_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
 const _: () = assert!(MODEL_HTTP_TIMEOUT_DEFAULT_MS < AGENT_DEADLINE_DEFAULT_MS);

@@ -284,7 +284,7 @@ fn ratio(part: u64, whole: u64) -> Option<f64> {
 }
 
 /// The run statuses that are a budget's stop.
-pub const BUDGET_STOPS: [RunStatus; 7] = [
+pub const BUDGET_STOPS: [RunStatus; 8] = [
     RunStatus::ToolBudget,
     RunStatus::ModelBudget,
     RunStatus::TokenBudget,
@@ -292,6 +292,7 @@ pub const BUDGET_STOPS: [RunStatus; 7] = [
     RunStatus::SchemaBudget,
     RunStatus::DeadlineExceeded,
     RunStatus::NoProgress,
+    RunStatus::DelegationBudget,
 ];
 
 /// Seed 004's figures over the intents reserved and runs started at or after `since`, at

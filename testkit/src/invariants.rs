@@ -11,7 +11,7 @@
 //! | 2 | the key is the intent key, always | each effect's key is `IntentKey::new(kind, tenant, intent_id)` and names a reserved intent |
 //! | 3 | write-ahead | each key has at least as many committed `AttemptStarted` as effects |
 //! | 4 | no blind resend | attempt n > 1 follows a proven absence (`AttemptNotSent`, lookup `resend_allowed`) or a key-deduplicating provider without lookup; one `OutcomeUnknown` per attempt |
-//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls and input and output tokens stay within the limits its journal's header recorded |
+//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls and input and output tokens stay within the limits its journal's header recorded, its sub-agents' carves counted, and each sub-agent within its carve |
 //! | 6 | replay is deterministic | two folds of the log render identically; `verify` (files) passes |
 //! | 8 | refunds ≤ charged | after every event, per order: refunds reserved, unknown or validated ≤ validated charges; and the provider's refunds ≤ its charges |
 //! | 9 | liveness | at the end no intent is left `attempting`, `outcome_unknown` or `reconciling` |
@@ -366,11 +366,24 @@ fn within_agent_budgets(state: &mut agent::AgentState, seq: u64, fact: &serde_js
         report.note(format!("seq {seq}: an agent fact does not fold: {why}"));
         return;
     }
-    let Some(header) = &state.header else { return };
+    if state.header.is_none() {
+        return;
+    }
+    // The run's calls count what its sub-agents hold; each sub-agent keeps within its carve.
+    let committed = (state.model_calls_committed(), state.tool_calls_committed());
+    within_header(state, committed, seq, report);
+    for child in state.delegations.values() {
+        within_header(child, (child.model_calls, child.tool_calls), seq, report);
+    }
+}
+
+/// One agent run's (or sub-agent's) calls, `(model, tool)`, and tokens against its header.
+fn within_header(state: &agent::AgentState, (model_calls, tool_calls): (u32, u32), seq: u64, report: &mut Report) {
+    let header = state.header();
     let limits = &header.limits;
     let over = [
-        ("model calls", u64::from(state.model_calls), Some(u64::from(limits.model_calls_max))),
-        ("tool calls", u64::from(state.tool_calls), Some(u64::from(limits.tool_calls_max))),
+        ("model calls", u64::from(model_calls), Some(u64::from(limits.model_calls_max))),
+        ("tool calls", u64::from(tool_calls), Some(u64::from(limits.tool_calls_max))),
         ("input tokens", state.input_tokens, limits.input_tokens_max),
         ("output tokens", state.output_tokens, limits.output_tokens_max),
     ];

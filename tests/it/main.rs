@@ -11,6 +11,7 @@ mod cli;
 mod concurrency;
 mod console;
 mod crash;
+mod delegation;
 mod facts;
 mod golden;
 mod kills;

@@ -88,7 +88,7 @@ impl Desk {
         support_agent::run(
             env,
             &transport,
-            run_id,
+            (run_id, support_agent::PROMPT.to_owned()),
             &scenario.case(),
             &self.gate,
             (support_agent::limits(), support_agent::all_capabilities()),
@@ -134,7 +134,7 @@ fn awaiting(outcome: &RunOutcome) -> String {
 #[tokio::test]
 async fn a_normal_refund_waits_for_its_approval_then_is_validated_once() {
     let desk = Desk::new();
-    desk.charge(&support_agent::ORDER_C1042).await;
+    desk.charge(&support_agent::order_c1042()).await;
     let charged = desk.provider.effect_count();
     let key = awaiting(&desk.agent(Scenario::Refund, "run-refund").await);
     assert!(key.starts_with(&format!("refund:{TENANT}:agent-")), "{key}");
@@ -159,7 +159,7 @@ async fn a_normal_refund_waits_for_its_approval_then_is_validated_once() {
 #[tokio::test]
 async fn the_injected_note_refunds_no_other_order_and_nothing_without_approval() {
     let desk = Desk::new();
-    desk.charge(&support_agent::ORDER_C1042).await;
+    desk.charge(&support_agent::order_c1042()).await;
     let charged = desk.provider.effect_count();
     let key = awaiting(&desk.agent(Scenario::Injection, "run-injection").await);
     let state = desk.state("run-injection");
@@ -187,7 +187,7 @@ async fn the_injected_note_refunds_no_other_order_and_nothing_without_approval()
 #[tokio::test]
 async fn three_identical_refunds_of_the_whole_order_make_one_refund() {
     let desk = Desk::new();
-    desk.charge(&support_agent::ORDER_C1042).await;
+    desk.charge(&support_agent::order_c1042()).await;
     let charged = desk.provider.effect_count();
     let key = awaiting(&desk.agent(Scenario::Repeat, "run-repeat").await);
     desk.approve(&key, None).expect("the operator approves");
@@ -205,7 +205,7 @@ async fn three_identical_refunds_of_the_whole_order_make_one_refund() {
 #[tokio::test]
 async fn an_approval_for_ten_cannot_release_a_thousand() {
     let desk = Desk::new();
-    desk.charge(&support_agent::ORDER_C5530).await;
+    desk.charge(&support_agent::order_c5530()).await;
     let charged = desk.provider.effect_count();
     let small = awaiting(&desk.agent(Scenario::ApprovalBound, "run-bound").await);
     desk.approve(&small, None).expect("the operator approves the 10.00 refund");
@@ -327,7 +327,7 @@ async fn the_stricter_of_the_tools_policy_and_the_spines_threshold_decides_appro
     ];
     for (policy, threshold, human) in table {
         let desk = Desk::new();
-        desk.charge(&support_agent::ORDER_C1042).await;
+        desk.charge(&support_agent::order_c1042()).await;
         let charged = desk.provider.effect_count();
         let outcome = refund_under(&desk, "run-sources", policy, threshold).await;
         let case = format!("policy {policy:?}, threshold {threshold:?}");

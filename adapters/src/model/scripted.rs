@@ -159,7 +159,7 @@ impl ScriptedTransport {
     /// Positions the script after the answers a resumed run already recorded, so they are
     /// never replayed (a call reserved but never answered consumed no entry).
     pub fn resuming(self, state: &AgentState) -> Self {
-        self.next.store(state.answers as usize, Ordering::SeqCst);
+        self.next.store(state.answers_made() as usize, Ordering::SeqCst);
         self
     }
 

@@ -46,6 +46,11 @@ pub struct AgentLimits {
     /// stored form, so their hash chain still checks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_wait_ms: Option<u64>,
+    /// Sub-agents the run may start, each carving its budgets out of the run's. `None` —
+    /// runs recorded before delegations existed — means the default, and is left out of the
+    /// stored form so their hash chain still checks; a sub-agent's own is `Some(0)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delegations_max: Option<u32>,
     /// Prices per model, to measure cost.
     pub prices: PriceTable,
 }
@@ -65,6 +70,7 @@ impl Default for AgentLimits {
             no_progress_iterations_max: limits::AGENT_NO_PROGRESS_ITERATIONS_DEFAULT,
             output_tokens_per_call: limits::AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT,
             approval_wait_ms: Some(limits::AGENT_APPROVAL_WAIT_DEFAULT_MS),
+            delegations_max: Some(limits::AGENT_DELEGATIONS_DEFAULT),
             prices: PriceTable::default(),
         }
     }
@@ -74,6 +80,11 @@ impl AgentLimits {
     /// How long an effect call may wait for a human decision.
     pub fn approval_wait_ms(&self) -> u64 {
         self.approval_wait_ms.unwrap_or(limits::AGENT_APPROVAL_WAIT_DEFAULT_MS)
+    }
+
+    /// How many sub-agents the run may start.
+    pub fn delegations_max(&self) -> u32 {
+        self.delegations_max.unwrap_or(limits::AGENT_DELEGATIONS_DEFAULT)
     }
 
     /// Applies a JSON object of overrides (the CLI's `--limits`) on top of `self`: only the
@@ -140,6 +151,7 @@ impl AgentLimits {
         within("schema_corrections_max", corrections, 0, AGENT_SCHEMA_CORRECTIONS_MAX.into())?;
         let iterations = self.no_progress_iterations_max.into();
         within("no_progress_iterations_max", iterations, 1, AGENT_MODEL_CALLS_MAX.into())?;
+        within("delegations_max", self.delegations_max().into(), 0, AGENT_DELEGATIONS_MAX.into())?;
         let per_call = self.output_tokens_per_call.into();
         within("output_tokens_per_call", per_call, 1, AGENT_OUTPUT_TOKENS_PER_CALL_MAX.into())?;
         entries("prices", self.prices.0.keys())?;

@@ -20,6 +20,11 @@
 //!   resends blindly); a read tool's call is recorded `interrupted`.
 //! - A run suspended awaiting approval records nothing: its effect call stays reserved
 //!   without a result until the resume.
+//! - A delegation call's `ToolCallReserved` and its sub-agent's start (`Delegated` holding
+//!   its `AgentRunStarted`: the carve) are one batch, before the sub-agent's first model
+//!   call; the sub-agent's facts follow, each wrapped in `Delegated`, then the call's one
+//!   `ToolResultRecorded` (its conclusion). The fold holds the carve against the parent's
+//!   budgets until the sub-agent stops, then what it committed.
 //! - `RunStopped` is the last event of a run.
 //!
 //! An event variant is never edited once released; add a new one.
@@ -250,6 +255,17 @@ pub enum AgentEvent {
         /// The run's new absolute deadline.
         deadline: DateTime<Utc>,
     },
+    /// A fact of the sub-agent a delegation call started (`call_id`, reserved without a
+    /// result in the open turn), kept on its parent's journal. Its first fact is the
+    /// sub-agent's `AgentRunStarted`, recorded in the batch of the call's `ToolCallReserved`:
+    /// its limits are the carve, held against the parent's budgets before the sub-agent makes
+    /// any call. A sub-agent delegates nothing.
+    Delegated {
+        /// The delegation call.
+        call_id: String,
+        /// The sub-agent's fact.
+        fact: Box<AgentEvent>,
+    },
     /// The run ended. Always the last event.
     RunStopped {
         /// How.
@@ -283,6 +299,7 @@ impl AgentEvent {
             Self::TurnEnded { .. } => "TurnEnded",
             Self::ApprovalAwaited { .. } => "ApprovalAwaited",
             Self::ApprovalWaitEnded { .. } => "ApprovalWaitEnded",
+            Self::Delegated { .. } => "Delegated",
             Self::RunStopped { .. } => "RunStopped",
         }
     }
@@ -417,7 +434,37 @@ pub struct AgentState {
     pub stop: Option<StopRecord>,
     /// Waits for a human decision, by call id.
     pub approval_waits: BTreeMap<String, ApprovalWait>,
+    /// The sub-agents the run started, folded, by the call id of their delegation.
+    pub delegations: BTreeMap<String, AgentState>,
     events: u64,
+}
+
+/// What a run's sub-agents hold of its budgets: a running one its whole carve (its limits),
+/// a stopped one what it committed — its calls, its tokens and cost spent and still held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Carved {
+    /// Model calls.
+    pub model_calls: u32,
+    /// Tool attempts.
+    pub tool_calls: u32,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Model cost, minor units.
+    pub cost_minor: i64,
+}
+
+impl Carved {
+    fn add(self, other: Self) -> Self {
+        Self {
+            model_calls: self.model_calls.saturating_add(other.model_calls),
+            tool_calls: self.tool_calls.saturating_add(other.tool_calls),
+            input_tokens: self.input_tokens.saturating_add(other.input_tokens),
+            output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+            cost_minor: self.cost_minor.saturating_add(other.cost_minor),
+        }
+    }
 }
 
 impl AgentState {
@@ -616,6 +663,7 @@ impl AgentState {
                 ensure!(*deadline >= header.deadline, "agent journal position {position}: a deadline moved back");
                 header.deadline = *deadline;
             }
+            AgentEvent::Delegated { call_id, fact } => self.apply_delegated(position, call_id, fact)?,
             AgentEvent::RunStopped { status, subject, count, detail, text } => {
                 ensure!(
                     !matches!(status, AgentStatus::AwaitingApproval | AgentStatus::Terminated),
@@ -629,6 +677,143 @@ impl AgentState {
             }
         }
         Ok(())
+    }
+
+    /// Folds a sub-agent's fact: its start is checked against what the parent had left, so
+    /// a carve never exceeds the parent's budgets nor is made twice for one call.
+    fn apply_delegated(&mut self, position: u64, call_id: &str, fact: &AgentEvent) -> Result<(), String> {
+        let at = |why: String| format!("agent journal position {position}: sub-agent of call {call_id}: {why}");
+        if matches!(fact, AgentEvent::Delegated { .. }) {
+            return Err(at("a sub-agent delegates nothing".into()));
+        }
+        let turn = self.open_turn(position, call_id)?;
+        if !turn.reserved.contains(call_id) || turn.has_result(call_id) {
+            return Err(at("its call is not reserved without a result".into()));
+        }
+        if let AgentEvent::AgentRunStarted { limits, deadline, .. } = fact {
+            if self.delegations.contains_key(call_id) {
+                return Err(at("carved twice".into()));
+            }
+            let max = self.header().limits.delegations_max();
+            if self.delegations.len() >= max as usize {
+                return Err(at(format!("past delegations_max = {max}")));
+            }
+            if limits.delegations_max != Some(0) {
+                return Err(at("a sub-agent may start no sub-agent of its own".into()));
+            }
+            if *deadline > self.header().deadline {
+                return Err(at("its deadline is past its parent's".into()));
+            }
+            if let Some(over) = self.over_carve(limits) {
+                return Err(at(over));
+            }
+        }
+        let Some(child) = self.delegations.get_mut(call_id) else {
+            if !matches!(fact, AgentEvent::AgentRunStarted { .. }) {
+                return Err(at("a fact before its start".into()));
+            }
+            let mut child = AgentState::default();
+            child.try_apply(fact).map_err(at)?;
+            self.delegations.insert(call_id.to_owned(), child);
+            return Ok(());
+        };
+        child.try_apply(fact).map_err(at)
+    }
+
+    /// Which dimension of a carve exceeds what the run has left, if one does.
+    fn over_carve(&self, carve: &AgentLimits) -> Option<String> {
+        let limits = &self.header().limits;
+        let over = |dimension: &str, asked: u64, left: u64| {
+            (asked > left).then(|| format!("a carve of {asked} {dimension} with {left} left"))
+        };
+        let left = |max: u64, committed: u64| max.saturating_sub(committed);
+        over(
+            "model calls",
+            carve.model_calls_max.into(),
+            left(limits.model_calls_max.into(), self.model_calls_committed().into()),
+        )
+        .or_else(|| {
+            over(
+                "tool calls",
+                carve.tool_calls_max.into(),
+                left(limits.tool_calls_max.into(), self.tool_calls_committed().into()),
+            )
+        })
+        .or_else(|| {
+            let max = limits.input_tokens_max?;
+            over("input tokens", carve.input_tokens_max.unwrap_or(u64::MAX), left(max, self.input_tokens_committed()))
+        })
+        .or_else(|| {
+            let max = limits.output_tokens_max?;
+            over(
+                "output tokens",
+                carve.output_tokens_max.unwrap_or(u64::MAX),
+                left(max, self.output_tokens_committed()),
+            )
+        })
+        .or_else(|| {
+            let max = limits.cost_minor_max?;
+            let asked = carve.cost_minor_max.map_or(u64::MAX, |c| u64::try_from(c).unwrap_or(0));
+            let committed = u64::try_from(self.cost_committed_minor()).unwrap_or(0);
+            over("cost minor units", asked, left(u64::try_from(max).unwrap_or(0), committed))
+        })
+    }
+
+    /// What the run's sub-agents hold of its budgets (see [`Carved`]).
+    pub fn carved(&self) -> Carved {
+        self.delegations.values().fold(Carved::default(), |sum, child| {
+            let limits = &child.header().limits;
+            let held = match child.stop {
+                Some(_) => Carved {
+                    model_calls: child.model_calls,
+                    tool_calls: child.tool_calls,
+                    input_tokens: child.input_tokens_committed(),
+                    output_tokens: child.output_tokens_committed(),
+                    cost_minor: child.cost_committed_minor(),
+                },
+                None => Carved {
+                    model_calls: limits.model_calls_max,
+                    tool_calls: limits.tool_calls_max,
+                    input_tokens: limits.input_tokens_max.unwrap_or_else(|| child.input_tokens_committed()),
+                    output_tokens: limits.output_tokens_max.unwrap_or_else(|| child.output_tokens_committed()),
+                    cost_minor: limits.cost_minor_max.unwrap_or_else(|| child.cost_committed_minor()),
+                },
+            };
+            sum.add(held)
+        })
+    }
+
+    /// Model calls reserved by the run and held by its sub-agents.
+    pub fn model_calls_committed(&self) -> u32 {
+        self.model_calls.saturating_add(self.carved().model_calls)
+    }
+
+    /// Tool attempts admitted by the run and held by its sub-agents.
+    pub fn tool_calls_committed(&self) -> u32 {
+        self.tool_calls.saturating_add(self.carved().tool_calls)
+    }
+
+    /// Model calls reserved by the run and by its sub-agents: what the run's transport was
+    /// asked, or may have been.
+    pub fn model_calls_made(&self) -> u32 {
+        self.delegations.values().fold(self.model_calls, |sum, child| sum.saturating_add(child.model_calls))
+    }
+
+    /// Model cost of the answered calls of the run and of its sub-agents, minor units: what
+    /// the spine records as the run's model cost when it finishes.
+    pub fn model_cost_minor(&self) -> i64 {
+        self.delegations.values().fold(self.cost_minor, |sum, child| sum.saturating_add(child.cost_minor))
+    }
+
+    /// Tool attempts admitted by the run and by its sub-agents.
+    pub fn tool_calls_made(&self) -> u32 {
+        self.delegations.values().fold(self.tool_calls, |sum, child| sum.saturating_add(child.tool_calls))
+    }
+
+    /// Answers recorded by the run and by its sub-agents, in the order the transport gave
+    /// them: what a replayed script has already given.
+    pub fn answers_made(&self) -> u32 {
+        self.delegations.values().fold(self.answers, |sum, child| sum.saturating_add(child.answers))
     }
 
     fn push_control(&mut self, kind: &str, name: &str, count: u64) {
@@ -673,19 +858,24 @@ impl AgentState {
         Ok(())
     }
 
-    /// Input tokens spent and held: the answered calls' plus every unsettled hold.
+    /// Input tokens spent and held: the answered calls' plus every unsettled hold, and what
+    /// the run's sub-agents hold.
     pub fn input_tokens_committed(&self) -> u64 {
-        self.holds.values().fold(self.input_tokens, |sum, h| sum.saturating_add(h.input_tokens))
+        let own = self.holds.values().fold(self.input_tokens, |sum, h| sum.saturating_add(h.input_tokens));
+        own.saturating_add(self.carved().input_tokens)
     }
 
     /// Output tokens spent and held.
     pub fn output_tokens_committed(&self) -> u64 {
-        self.holds.values().fold(self.output_tokens, |sum, h| sum.saturating_add(h.output_tokens))
+        let own = self.holds.values().fold(self.output_tokens, |sum, h| sum.saturating_add(h.output_tokens));
+        own.saturating_add(self.carved().output_tokens)
     }
 
-    /// Cost spent and held, minor units: what the run may already owe its model vendor.
+    /// Cost spent and held, minor units: what the run (its sub-agents included) may already
+    /// owe its model vendor.
     pub fn cost_committed_minor(&self) -> i64 {
-        self.holds.values().fold(self.cost_minor, |sum, h| sum.saturating_add(h.cost_minor.unwrap_or(0)))
+        let own = self.holds.values().fold(self.cost_minor, |sum, h| sum.saturating_add(h.cost_minor.unwrap_or(0)));
+        own.saturating_add(self.carved().cost_minor)
     }
 
     /// The last turn, when it still has tool calls to answer or has not been closed.
@@ -739,8 +929,8 @@ impl AgentState {
         let stop = self.stop.as_ref()?;
         Some(RunOutcome {
             status: stop.status,
-            model_calls: self.model_calls,
-            tool_calls: self.tool_calls,
+            model_calls: self.model_calls_made(),
+            tool_calls: self.tool_calls_made(),
             events: self.control.clone(),
             text: stop.text.clone(),
             detail: stop.detail.clone(),
@@ -752,8 +942,8 @@ impl AgentState {
     pub fn terminated(&self) -> RunOutcome {
         RunOutcome {
             status: AgentStatus::Terminated,
-            model_calls: self.model_calls,
-            tool_calls: self.tool_calls,
+            model_calls: self.model_calls_made(),
+            tool_calls: self.tool_calls_made(),
             events: self.control.clone(),
             text: None,
             detail: Some(format!(
@@ -778,8 +968,8 @@ impl AgentState {
     pub fn suspended(&self, intent_key: &str) -> RunOutcome {
         RunOutcome {
             status: AgentStatus::AwaitingApproval,
-            model_calls: self.model_calls,
-            tool_calls: self.tool_calls,
+            model_calls: self.model_calls_made(),
+            tool_calls: self.tool_calls_made(),
             events: self.control.clone(),
             text: None,
             detail: Some(format!(

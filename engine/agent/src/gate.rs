@@ -150,12 +150,24 @@ pub struct MemoryGate {
     intents: Mutex<BTreeMap<String, String>>,
     approval: ApprovalDecision,
     settled: Mutex<Vec<EffectOutcome>>,
+    reserved: Mutex<Vec<(String, String)>>,
 }
 
 impl MemoryGate {
     /// A gate that answers every approval check with `approval`.
     pub fn new(approval: ApprovalDecision) -> Self {
-        Self { intents: Mutex::new(BTreeMap::new()), approval, settled: Mutex::new(Vec::new()) }
+        Self {
+            intents: Mutex::new(BTreeMap::new()),
+            approval,
+            settled: Mutex::new(Vec::new()),
+            reserved: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Every reservation asked of this gate, oldest first: the run it was asked for and the
+    /// intent key.
+    pub fn reservations(&self) -> Vec<(String, String)> {
+        self.reserved.lock().expect("the gate's lock is never held across a panic").clone()
     }
 
     /// What the effects that went through this gate were settled with, oldest first.
@@ -167,12 +179,14 @@ impl MemoryGate {
 impl EffectGate for MemoryGate {
     fn reserve<'a>(
         &'a self,
-        _run_id: &'a str,
+        run_id: &'a str,
         _tool: &'a str,
         intent: &'a EffectIntent,
         approval_required: bool,
     ) -> BoxFuture<'a, GateDecision> {
         let (key, fingerprint) = (intent.key(), intent.fingerprint());
+        let asked = (run_id.to_owned(), key.clone());
+        self.reserved.lock().expect("the gate's lock is never held across a panic").push(asked);
         let mut intents = self.intents.lock().expect("the gate's lock is never held across a panic");
         let decision = match intents.get(&key) {
             Some(existing) if *existing == fingerprint => {

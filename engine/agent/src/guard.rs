@@ -9,11 +9,15 @@
 //! 5. business invariants → else error result `invariant_violated`
 //! 6. tool budget, total and per tool → else the run stops `tool_budget`
 //! 7. repetition budget by canonical signature → else the run stops `repeated_call`
+//!    (7b) for a delegation — a sub-agent as a tool, `super::delegation` — the delegation
+//!    budget → else the run stops `delegation_budget`; then the sub-agent's carve out of what
+//!    the run has left, recorded with the reservation
 //! 8. intent reservation (effect tools, through [`EffectGate`])
 //! 9. approval (when the tool's policy or the spine's threshold requires it, whichever is
 //!    stricter: the reservation's ticket says so, through [`EffectGate`]) → pending: the run
 //!    suspends `awaiting_approval` with the call reserved and no result; denied: error result
-//! 10. execute, raced against the deadline and the caller's cancellation
+//! 10. execute, raced against the deadline and the caller's cancellation (a delegation: its
+//!     sub-agent's bounded loop, on an empty history of its own)
 //! 11. classify the result and record it
 //!
 //! Steps 1–7 are the pure function [`decide`] (what the benchmark measures). Its admission
@@ -29,9 +33,10 @@ use super::control::{Cancellation, Raced, Timer, race};
 use super::event::{AgentEvent, AgentState, CorrectionCode, ToolOutcome};
 use super::gate::{ApprovalDecision, EffectGate, EffectOutcome, GateDecision};
 use super::journal::AgentJournal;
+use super::model::ModelTransport;
 use super::model::ToolCall;
 use super::outcome::AgentStatus;
-use super::registry::{ApprovalPolicy, EffectClass, Prepared, Registry, ToolContext};
+use super::registry::{ApprovalPolicy, EffectClass, Entry, Prepared, Registry, ToolContext, Work};
 use chrono::{DateTime, Utc};
 use engine::canonical;
 use engine::clock::Clock;
@@ -55,20 +60,44 @@ pub struct AgentEnv<'a> {
 
 /// One run's guarded scope: its folded state and the only door to its journal. Created by
 /// [`GuardedScope::open`]; used by the loop and by direct calls of [`Registry::invoke`].
+///
+/// While a delegation call drives its sub-agent the scope is *focused* on that call:
+/// [`state`](Self::state) is the sub-agent's and every fact it records is wrapped in
+/// `Delegated` on the same journal, so the sub-agent's loop is the parent's own code on an
+/// empty history of its own.
 pub struct GuardedScope<'a> {
     state: AgentState,
     env: AgentEnv<'a>,
+    transport: Option<&'a dyn ModelTransport>,
+    focus: Option<String>,
 }
 
 impl<'a> GuardedScope<'a> {
     /// Loads and folds the journal.
     pub async fn open(env: AgentEnv<'a>) -> Result<Self, AgentError> {
         let events = env.journal.load().await?;
-        Ok(Self { state: AgentState::from_events(&events), env })
+        Ok(Self { state: AgentState::from_events(&events), env, transport: None, focus: None })
     }
 
-    /// The folded state.
+    /// The scope of a loop whose sub-agents ask `transport` too.
+    pub(crate) fn asking(self, transport: &'a dyn ModelTransport) -> Self {
+        Self { transport: Some(transport), ..self }
+    }
+
+    /// The folded state: the run's, or its focused sub-agent's.
     pub fn state(&self) -> &AgentState {
+        match &self.focus {
+            None => &self.state,
+            Some(call_id) => self
+                .state
+                .delegations
+                .get(call_id)
+                .expect("a scope is focused only on a sub-agent whose start is folded: checked by focus"),
+        }
+    }
+
+    /// The run's own state, whatever the focus: whose spine run the effects reserve under.
+    pub(crate) fn root(&self) -> &AgentState {
         &self.state
     }
 
@@ -76,8 +105,41 @@ impl<'a> GuardedScope<'a> {
         self.env
     }
 
-    /// Makes `events` durable, then folds them. Nothing is folded when the append fails.
+    pub(crate) fn transport(&self) -> Option<&'a dyn ModelTransport> {
+        self.transport
+    }
+
+    /// Focuses the scope on the sub-agent of delegation call `call_id`.
+    ///
+    /// # Panics
+    /// When that sub-agent never started, or the scope is already focused.
+    pub(crate) fn focus(&mut self, call_id: &str) {
+        assert!(self.focus.is_none(), "a sub-agent delegates nothing: the fold refuses it");
+        assert!(self.state.delegations.contains_key(call_id), "a delegation call is focused after its carve");
+        self.focus = Some(call_id.to_owned());
+    }
+
+    /// Back to the run itself.
+    pub(crate) fn unfocus(&mut self) {
+        self.focus = None;
+    }
+
+    /// Makes `events` durable, then folds them. Nothing is folded when the append fails. A
+    /// focused sub-agent's facts are wrapped; when one ends the sub-agent's wait for a human,
+    /// the same batch ends its parent's wait on the delegation call (which opened the
+    /// approval window), so the run's deadline moves before the sub-agent acts again.
     pub(crate) async fn record(&mut self, events: Vec<AgentEvent>) -> Result<(), AgentError> {
+        let events = match &self.focus {
+            None => events,
+            Some(call_id) => {
+                let ends_wait = events.iter().any(|e| matches!(e, AgentEvent::ApprovalWaitEnded { .. }));
+                let parent_end = ends_wait.then(|| wait_ended(&self.state, call_id, self.env.clock.now())).flatten();
+                let wrapped = events
+                    .into_iter()
+                    .map(|fact| AgentEvent::Delegated { call_id: call_id.clone(), fact: Box::new(fact) });
+                wrapped.chain(parent_end).collect()
+            }
+        };
         self.env.journal.append(events.clone()).await?;
         for event in &events {
             self.state.apply(event);
@@ -89,6 +151,8 @@ impl<'a> GuardedScope<'a> {
 /// A call the guard admitted (steps 1–7 passed). Opaque: only [`Registry::invoke`] runs it.
 pub struct Admission {
     reservation: AgentEvent,
+    /// A delegation's sub-agent start, recorded with the reservation.
+    carve: Option<AgentEvent>,
     tool: String,
     effect: EffectClass,
     approval: ApprovalPolicy,
@@ -206,12 +270,13 @@ pub fn decide(
         });
     }
     // 6. Tool budget, total then per tool.
-    if state.tool_calls >= limits.tool_calls_max {
+    let tool_calls = state.tool_calls_committed();
+    if tool_calls >= limits.tool_calls_max {
         return stop(
             AgentStatus::ToolBudget,
             tool,
-            u64::from(state.tool_calls),
-            format!("{} tool attempts admitted", state.tool_calls),
+            u64::from(tool_calls),
+            format!("{tool_calls} tool attempts admitted or carved for sub-agents"),
         );
     }
     let per_tool = state.tool_calls_by_tool.get(tool).copied().unwrap_or(0);
@@ -239,7 +304,18 @@ pub fn decide(
             ),
         );
     }
+    // 7b. A delegation: the run's delegation budget, then the sub-agent's carve.
+    let carve = match (&entry.delegation, &prepared.work) {
+        (Some(delegation), Work::Delegate { question }) => {
+            match crate::delegation::carve(state, delegation, (tool, &call.id), question, now) {
+                Ok(start) => Some(start),
+                Err(stop) => return Verdict::Stop(*stop),
+            }
+        }
+        _ => None,
+    };
     Verdict::Admit(Box::new(Admission {
+        carve,
         reservation: AgentEvent::ToolCallReserved {
             call_id: call.id.clone(),
             tool: tool.to_owned(),
@@ -347,9 +423,10 @@ impl Registry {
             }
             Verdict::Admit(admission) => admission,
         };
-        let Admission { reservation, tool, effect, approval, prepared } = *admission;
-        // Reserve before spend: durable before the gate, the approval or the body.
-        scope.record(vec![reservation]).await?;
+        let Admission { reservation, carve, tool, effect, approval, prepared } = *admission;
+        // Reserve before spend: durable before the gate, the approval, the body or the
+        // sub-agent (whose carve is in the same batch).
+        scope.record(std::iter::once(reservation).chain(carve).collect()).await?;
         self.dispatch(scope, call, Dispatch { tool, effect, approval, prepared }).await
     }
 
@@ -364,7 +441,8 @@ impl Registry {
         scope: &mut GuardedScope<'_>,
         call: &ToolCall,
     ) -> Result<Option<Invoked>, AgentError> {
-        let Some(entry) = self.entry(&call.name).filter(|e| e.spec.effect != EffectClass::Read) else {
+        let continued = |e: &&Entry| e.spec.effect != EffectClass::Read || e.delegation.is_some();
+        let Some(entry) = self.entry(&call.name).filter(continued) else {
             return Ok(None);
         };
         let Ok(prepared) = entry.bind(&call.arguments) else {
@@ -406,7 +484,8 @@ impl Registry {
                     .await?;
                 return Ok(Invoked::Recorded);
             };
-            let run_id = scope.state().header().run_id.clone();
+            // A sub-agent's effects are its parent's run's: the spine knows that run only.
+            let run_id = scope.root().header().run_id.clone();
             let reserved = match gate.reserve(&run_id, &tool, intent, approval.requires(intent.amount_minor)).await {
                 GateDecision::Proceed(reserved) => reserved,
                 GateDecision::Deduplicated { content } => {
@@ -447,10 +526,21 @@ impl Registry {
             }
             ticket = Some(reserved);
         }
-        // 10. Execute, raced against the deadline and the caller.
+        // 10. Execute, raced against the deadline and the caller; a delegation runs its
+        // sub-agent's loop instead, bounded by its own deadline.
+        let run = match prepared.work {
+            Work::Body(run) => run,
+            Work::Delegate { .. } => {
+                let delegation = self
+                    .entry(&tool)
+                    .and_then(|e| e.delegation.clone())
+                    .expect("a call bound to Work::Delegate is a delegation tool's: only delegate() binds it");
+                return crate::delegation::answer(scope, &delegation, call, &tool).await;
+            }
+        };
         let deadline = scope.state().header().deadline;
         let context = ToolContext { call_id: call.id.clone(), effect: ticket.clone() };
-        let raced = race((prepared.run)(context), env.timer.sleep_until(deadline), env.cancel.cancelled()).await;
+        let raced = race(run(context), env.timer.sleep_until(deadline), env.cancel.cancelled()).await;
         // 11. Classify and record.
         let output = match raced {
             Raced::Done(output) => output,
@@ -532,7 +622,7 @@ impl Registry {
 /// stopped. The first suspension of a wait is recorded (`ApprovalAwaited`, opening the
 /// approval window); a poll while the window is open records nothing; once the window has
 /// closed the run stops `deadline_exceeded` (stopping releases the intent).
-async fn wait_for_approval(
+pub(crate) async fn wait_for_approval(
     scope: &mut GuardedScope<'_>,
     call_id: &str,
     tool: &str,
@@ -579,14 +669,20 @@ async fn wait_for_approval(
 /// A decision ends the call's wait, if it waited: the run's deadline moves by the time the
 /// wait took, so a human's hour costs the run none of its working time.
 async fn end_wait(scope: &mut GuardedScope<'_>, call_id: &str) -> Result<(), AgentError> {
-    let Some(wait) = scope.state().approval_wait(call_id).filter(|w| !w.ended).cloned() else {
+    let Some(ended) = wait_ended(scope.state(), call_id, scope.env().clock.now()) else {
         return Ok(());
     };
-    let now = scope.env().clock.now();
+    scope.record(vec![ended]).await
+}
+
+/// The end of `call_id`'s open wait at `now`, its deadline moved by the time waited; `None`
+/// when the call is not waiting.
+fn wait_ended(state: &AgentState, call_id: &str, now: DateTime<Utc>) -> Option<AgentEvent> {
+    let wait = state.approval_wait(call_id).filter(|w| !w.ended)?;
     let waited = now.signed_duration_since(wait.since).max(chrono::TimeDelta::zero());
-    let before = scope.state().header().deadline;
+    let before = state.header().deadline;
     let deadline = before.checked_add_signed(waited).unwrap_or(DateTime::<Utc>::MAX_UTC);
-    scope.record(vec![AgentEvent::ApprovalWaitEnded { call_id: call_id.to_owned(), deadline }]).await
+    Some(AgentEvent::ApprovalWaitEnded { call_id: call_id.to_owned(), deadline })
 }
 
 /// A reserved call on its way through steps 8–11.
@@ -599,7 +695,7 @@ struct Dispatch {
 
 /// What the model reads: the body's text cut to the result bound, and third-party text
 /// wrapped as JSON data with its provenance, marked untrusted.
-fn render_content(content: &str, provenance: Option<&str>) -> String {
+pub(crate) fn render_content(content: &str, provenance: Option<&str>) -> String {
     let max = limits::AGENT_TOOL_RESULT_MAX_BYTES;
     let text = if content.len() > max {
         let mut cut = max;

@@ -138,7 +138,7 @@ fn spine_requests(events: &[AgentEvent], folded: &AgentState) -> Vec<SpineReques
             AgentEvent::RunStopped { status, detail, .. } => Some(SpineRequest::Finish {
                 status: status.run_status(),
                 detail: detail.clone(),
-                cost_minor: Some(folded.cost_minor),
+                cost_minor: Some(folded.model_cost_minor()),
             }),
             AgentEvent::ApprovalAwaited { intent_key, closes_at, .. } => {
                 IntentKey::parse(intent_key).map(|key| SpineRequest::OpenApprovalWindow { key, closes_at: *closes_at })

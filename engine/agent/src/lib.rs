@@ -57,6 +57,7 @@
 
 pub mod budget;
 pub mod control;
+pub mod delegation;
 pub mod event;
 pub mod gate;
 pub mod guard;
@@ -70,7 +71,8 @@ pub mod workflow_model;
 
 pub use budget::{AgentLimits, LimitsError, ModelPrice, PriceTable};
 pub use control::{Cancellation, ManualTimer, Timer};
-pub use event::{AgentEvent, AgentState, CallHold, CorrectionCode, ToolOutcome};
+pub use delegation::{DelegateArgs, Delegation};
+pub use event::{AgentEvent, AgentState, CallHold, Carved, CorrectionCode, ToolOutcome};
 pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision, MemoryGate};
 pub use guard::{AgentEnv, GuardedScope, Invoked, Verdict, decide};
 pub use intent_gate::IntentGate;

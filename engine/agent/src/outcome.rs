@@ -48,6 +48,8 @@ pub enum AgentStatus {
     /// A resume replays another script than the one the run started with (an edited
     /// transcript): mixing the answers of two scripts is never done silently.
     NondeterministicReplay,
+    /// A sub-agent was asked for past the run's delegation budget (`delegations_max`).
+    DelegationBudget,
     /// Not a stop: the process was asked to stop gracefully (SIGTERM) and paused the run
     /// between two steps, every step so far recorded; `keel agent resume` continues it.
     /// Never recorded.
@@ -79,6 +81,7 @@ impl AgentStatus {
             Self::Cancelled => "cancelled",
             Self::AnswerTooLarge => "answer_too_large",
             Self::NondeterministicReplay => "nondeterministic_replay",
+            Self::DelegationBudget => "delegation_budget",
             Self::AwaitingApproval => "awaiting_approval",
             Self::Terminated => "terminated",
         }
@@ -105,6 +108,7 @@ impl AgentStatus {
             Self::Cancelled => R::Cancelled,
             Self::AnswerTooLarge => R::AnswerTooLarge,
             Self::NondeterministicReplay => R::NondeterministicReplay,
+            Self::DelegationBudget => R::DelegationBudget,
             Self::AwaitingApproval | Self::Terminated => {
                 unreachable!("a suspension or a pause never finishes a run: try_apply refuses it")
             }
@@ -136,7 +140,8 @@ impl AgentStatus {
             | Self::NoProgress
             | Self::Truncated
             | Self::ProviderUnavailable
-            | Self::AnswerTooLarge => true,
+            | Self::AnswerTooLarge
+            | Self::DelegationBudget => true,
             Self::Completed
             | Self::Cancelled
             | Self::OutcomeUnknown

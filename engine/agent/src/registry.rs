@@ -11,6 +11,8 @@
 //! that can run it is [`Registry::invoke`] (the guard, `super::guard`), which the loop uses
 //! too: there is no other path, whether a call comes from a model or from a test.
 
+use super::budget::LimitsError;
+use super::delegation::{DelegateArgs, Delegation};
 use super::event::{CorrectionCode, ToolStamp};
 use super::gate::{EffectIntent, EffectOutcome, EffectTicket};
 use super::model::ToolDescriptor;
@@ -25,7 +27,8 @@ use std::future::Future;
 use std::sync::Arc;
 
 /// What a tool does to the world.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+/// Ordered from the weakest to the strongest: a delegation's class is its tools' strongest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EffectClass {
     /// Reads only.
@@ -178,13 +181,24 @@ where
     }
 }
 
-/// A call bound to its tool: canonical arguments, invariant verdict, intent and the body,
+/// A call bound to its tool: canonical arguments, invariant verdict, intent and the work,
 /// ready to run. Crate-private: only the guard holds one.
 pub(crate) struct Prepared {
     pub(crate) canonical_args: String,
     pub(crate) invariant: Result<(), String>,
     pub(crate) intent: Option<EffectIntent>,
-    pub(crate) run: Box<dyn FnOnce(ToolContext) -> BoxFuture<'static, ToolOutput> + Send>,
+    pub(crate) work: Work,
+}
+
+/// What guard step 10 runs for a call.
+pub(crate) enum Work {
+    /// A tool's body.
+    Body(Box<dyn FnOnce(ToolContext) -> BoxFuture<'static, ToolOutput> + Send>),
+    /// A sub-agent's loop, asked `question`: the request its `AgentRunStarted` records.
+    Delegate {
+        /// What the model asks the sub-agent.
+        question: String,
+    },
 }
 
 type Binder = Box<dyn Fn(Value) -> Result<Prepared, String> + Send + Sync>;
@@ -193,6 +207,8 @@ pub(crate) struct Entry {
     pub(crate) spec: ToolSpec,
     validator: jsonschema::Validator,
     binder: Binder,
+    /// The sub-agent, when the tool is a delegation.
+    pub(crate) delegation: Option<Arc<Delegation>>,
 }
 
 /// Why a tool could not be registered.
@@ -233,6 +249,22 @@ pub enum RegistryError {
         /// Tool name.
         name: String,
     },
+    /// A delegation whose sub-agent has delegations of its own: a sub-agent delegates nothing.
+    #[error("{name} delegates to a sub-agent with tools that delegate ({nested}); a sub-agent delegates nothing")]
+    NestedDelegation {
+        /// The delegation's name.
+        name: String,
+        /// The sub-agent's delegation tool.
+        nested: String,
+    },
+    /// A delegation whose requested limits are out of range.
+    #[error("the sub-agent of {name}: {source}")]
+    DelegationLimits {
+        /// The delegation's name.
+        name: String,
+        /// Why.
+        source: LimitsError,
+    },
 }
 
 /// The tools of one run, in registration order.
@@ -260,6 +292,69 @@ impl Registry {
         A: DeserializeOwned + Serialize + Send + 'static,
     {
         let Tool { spec, body, invariants, intent } = tool;
+        let needs_intent = spec.effect != EffectClass::Read || spec.approval != ApprovalPolicy::Never;
+        if needs_intent && intent.is_none() {
+            return Err(RegistryError::MissingIntent { name: spec.name });
+        }
+        let binder: Binder = Box::new(move |value: Value| {
+            let args: A = serde_json::from_value(value).map_err(|e| e.to_string())?;
+            let typed = serde_json::to_value(&args).map_err(|e| e.to_string())?;
+            let canonical_args = canonical::to_string(&typed);
+            let invariant = invariants.iter().try_for_each(|check| check(&args));
+            let intent = intent.as_ref().map(|of| of(&args));
+            let body = Arc::clone(&body);
+            Ok(Prepared { canonical_args, invariant, intent, work: Work::Body(Box::new(move |ctx| body(args, ctx))) })
+        });
+        self.insert(spec, binder, None)
+    }
+
+    /// Registers a sub-agent as a tool named `name` (see [`Delegation`]): the model asks it
+    /// one `question`; its effect class is the strongest of its tools'. Refused when one of
+    /// the sub-agent's tools delegates, or its limits are out of range.
+    pub fn delegate(
+        &mut self,
+        name: &str,
+        description: &str,
+        capability: &str,
+        delegation: Delegation,
+    ) -> Result<(), RegistryError> {
+        if let Some(nested) = delegation.registry.entries.iter().find(|e| e.delegation.is_some()) {
+            return Err(RegistryError::NestedDelegation { name: name.to_owned(), nested: nested.spec.name.clone() });
+        }
+        delegation
+            .limits
+            .validate()
+            .map_err(|source| RegistryError::DelegationLimits { name: name.to_owned(), source })?;
+        let effect = delegation.registry.entries.iter().map(|e| e.spec.effect).max().unwrap_or(EffectClass::Read);
+        let spec = ToolSpec {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            version: delegation.version.clone(),
+            schema: DelegateArgs::schema(),
+            capability: capability.to_owned(),
+            effect,
+            approval: ApprovalPolicy::Never,
+        };
+        let binder: Binder = Box::new(|value: Value| {
+            let args: DelegateArgs = serde_json::from_value(value).map_err(|e| e.to_string())?;
+            let canonical_args = canonical::to_string(&serde_json::to_value(&args).map_err(|e| e.to_string())?);
+            Ok(Prepared {
+                canonical_args,
+                invariant: Ok(()),
+                intent: None,
+                work: Work::Delegate { question: args.question },
+            })
+        });
+        self.insert(spec, binder, Some(Arc::new(delegation)))
+    }
+
+    /// Checks a tool's name and schema, then adds it.
+    fn insert(
+        &mut self,
+        spec: ToolSpec,
+        binder: Binder,
+        delegation: Option<Arc<Delegation>>,
+    ) -> Result<(), RegistryError> {
         let name = spec.name.clone();
         let name_ok = !name.is_empty()
             && name.len() <= 64
@@ -270,27 +365,14 @@ impl Registry {
         if self.by_name.contains_key(&name) {
             return Err(RegistryError::Duplicate { name });
         }
-        let needs_intent = spec.effect != EffectClass::Read || spec.approval != ApprovalPolicy::Never;
-        if needs_intent && intent.is_none() {
-            return Err(RegistryError::MissingIntent { name });
-        }
         if spec.schema.get("type").and_then(Value::as_str) != Some("object") {
             return Err(RegistryError::SchemaNotClosed { name, path: "/type (must be \"object\")".into() });
         }
         check_closed(&spec.schema, "").map_err(|path| RegistryError::SchemaNotClosed { name: name.clone(), path })?;
         let validator = jsonschema::draft202012::new(&spec.schema)
             .map_err(|e| RegistryError::SchemaInvalid { name: name.clone(), detail: e.to_string() })?;
-        let binder: Binder = Box::new(move |value: Value| {
-            let args: A = serde_json::from_value(value).map_err(|e| e.to_string())?;
-            let typed = serde_json::to_value(&args).map_err(|e| e.to_string())?;
-            let canonical_args = canonical::to_string(&typed);
-            let invariant = invariants.iter().try_for_each(|check| check(&args));
-            let intent = intent.as_ref().map(|of| of(&args));
-            let body = Arc::clone(&body);
-            Ok(Prepared { canonical_args, invariant, intent, run: Box::new(move |ctx| body(args, ctx)) })
-        });
         self.by_name.insert(name, self.entries.len());
-        self.entries.push(Entry { spec, validator, binder });
+        self.entries.push(Entry { spec, validator, binder, delegation });
         Ok(())
     }
 

@@ -115,7 +115,7 @@ pub async fn run(
         release.version = env!("CARGO_PKG_VERSION"),
     );
     async move {
-        let mut scope = GuardedScope::open(env).await?;
+        let mut scope = GuardedScope::open(env).await?.asking(transport);
         match drive(&mut scope, transport, registry, spec, completion).await {
             // An operator asked the run to stop: the refused batch wrote nothing, and the run's
             // next fact is its `cancelled` stop.
@@ -154,15 +154,16 @@ fn validation(state: &AgentState, controls_before: usize) -> (&'static str, Opti
 /// Records the budgets left on `span` (calls, input tokens, milliseconds to the deadline).
 fn record_budget(span: &tracing::Span, state: &AgentState, now: chrono::DateTime<chrono::Utc>) {
     let limits = &state.header().limits;
-    span.record("budget.remaining_calls", limits.model_calls_max.saturating_sub(state.model_calls));
+    span.record("budget.remaining_calls", limits.model_calls_max.saturating_sub(state.model_calls_committed()));
     if let Some(max) = limits.input_tokens_max {
         span.record("budget.remaining_tokens", max.saturating_sub(state.input_tokens_committed()));
     }
     span.record("budget.remaining_ms", (state.header().deadline - now).num_milliseconds().max(0));
 }
 
-/// Drives an opened run to its stop (see [`run`]).
-async fn drive(
+/// Drives an opened run — or the sub-agent its scope is focused on — to its stop (see
+/// [`run`]).
+pub(crate) async fn drive(
     scope: &mut GuardedScope<'_>,
     transport: &dyn ModelTransport,
     registry: &Registry,
@@ -449,7 +450,8 @@ async fn answer_turn(
             return Ok(Some(intent_key));
         }
     }
-    if scope.state().stop.is_some() {
+    // Stopped, or paused by SIGTERM inside a sub-agent: the turn stays open.
+    if scope.state().stop.is_some() || scope.env().cancel.is_terminating() {
         return Ok(None);
     }
     let state = scope.state();
@@ -560,13 +562,14 @@ fn before_model_call(scope: &GuardedScope<'_>, hold: &CallHold) -> Option<AgentE
             "the run's deadline passed".into(),
         ));
     }
-    if state.model_calls >= limits.model_calls_max {
-        return Some(stop(
-            AgentStatus::ModelBudget,
-            "model",
-            u64::from(state.model_calls),
-            format!("{} made", count_of(state.model_calls, "model call")),
-        ));
+    let calls = state.model_calls_committed();
+    if calls >= limits.model_calls_max {
+        let held = calls - state.model_calls;
+        let detail = match held {
+            0 => format!("{} made", count_of(calls, "model call")),
+            _ => format!("{} made, {held} of them by or carved for sub-agents", count_of(calls, "model call")),
+        };
+        return Some(stop(AgentStatus::ModelBudget, "model", u64::from(calls), detail));
     }
     let input = state.input_tokens_committed();
     if limits.input_tokens_max.is_some_and(|max| input >= max) {

@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+mod delegation;
+
 // ----- a transport that answers from a list, counting calls ---------------------------------
 
 enum Step {
