@@ -16,8 +16,8 @@
 #
 # Without `--in-place` cargo-mutants copies the tree and builds it from scratch once (a few
 # minutes); `--in-place` reuses ./target but leaves a mutant in the sources if it is killed
-# hard (`git diff` shows it). cargo-mutants 27 also keeps one "delete field" mutant of
-# `engine/src/executor/driver.rs` whatever `--re` says.
+# hard (`git diff` shows it). cargo-mutants 27 also keeps one "delete field" mutant whatever
+# `--re` says (today `Ledger::per_stream`'s, engine/src/ledger/whole.rs; always caught).
 #
 # Results land in mutants.out/ (caught.txt, missed.txt, timeout.txt, unviable.txt). Each
 # mutant's tests are bounded by MUTANTS_TIMEOUT_S (default 180 s); a mutant that loops

@@ -944,3 +944,5 @@ async fn a_resume_whose_tools_changed_stops_nondeterministic_replay_naming_where
     let stops = journal.events().iter().filter(|e| matches!(e, AgentEvent::RunStopped { .. })).count();
     assert_eq!(stops, 1, "the stop is recorded once");
 }
+
+mod guard_tests;

@@ -5,6 +5,7 @@ mod equivalence;
 mod integrity;
 mod keys;
 mod migration;
+mod projection;
 mod schema;
 mod support;
 mod vault;
