@@ -120,6 +120,9 @@ pub async fn drive_intent(runtime: &Runtime, cause: Cause, key: &IntentKey) -> R
     // Agent effects are not on the crash-test failpoints' paths: they stay disarmed here.
     let disarmed = Failpoints::disarmed();
     let run: Run = runtime.log.ask(Ask::observe_run(cause.clone(), answer.intent.run_id.clone())).await?;
+    // Its commands act for the intent's run whatever the caller's cause names, so the ledger
+    // counts a network retry as that run's and makes it wait its backoff.
+    let cause = cause.for_run(&answer.intent.run_id);
     let mut leased = Leased::for_its_run(runtime, cause, &disarmed, answer.intent.run_id.clone()).await?;
     // The agent's effect acts inside its run's time: a request gets at most what is left.
     leased.driver.deadline_at = Some(run.deadline_at);
