@@ -67,9 +67,10 @@ for round in $(seq 1 "$rounds"); do
     "${keel[@]}" worker --poll-ms "$poll" --health-ms 60000 >"$dir/b.out" 2>"$dir/b.err" &
     b=$!
     sleep 0.2 # B is up and polling before A goes.
+    # A's lease as it stands when A goes (read first: once B takes the run over, the row is B's).
+    expiry=$(lease_expiry)
     if [ "$how" = stop ]; then kill -STOP "$a"; else kill -KILL "$a"; fi
     killed=$(now_ms)
-    expiry=$(lease_expiry)
     until [ "$("${keel[@]}" --json show "$key" | jq -r .status)" = validated ]; do sleep 0.02; done
     validated=$("${keel[@]}" --json show "$key" | jq -r '.events[-1].at')
     validated_ms=$(date -d "$validated" +%s%3N)
