@@ -106,14 +106,16 @@ impl Workers<'_> {
     fn pid(&self, index: usize) -> String {
         self.slots[index].child.id().to_string()
     }
+}
 
-    /// SIGKILLs every worker (the end of the chaos).
-    fn stop_all(&mut self) -> anyhow::Result<()> {
+/// The end of the chaos, or of a soak that failed half-way: every worker SIGKILLed (a
+/// stopped one too) and reaped, none left running.
+impl Drop for Workers<'_> {
+    fn drop(&mut self) {
         for slot in &mut self.slots {
             let _ = slot.child.kill();
-            slot.child.wait()?;
+            let _ = slot.child.wait();
         }
-        Ok(())
     }
 }
 
@@ -221,7 +223,7 @@ pub(super) fn run(
     std::thread::sleep(Duration::from_millis(2 * LEASE_TTL_MS));
     workers.restart_exited(&mut counts)?;
     proxy.disarm();
-    workers.stop_all()?;
+    drop(workers);
     counts.proxy_cuts = Some(proxy.cuts());
     Ok(counts)
 }
