@@ -309,7 +309,8 @@ fn heal_child(log: &Log, url: &str, vault_key: Option<&str>, args: &[&str]) -> a
 /// still holds, for a charge reserved and waiting for its caller.
 fn heal(log: &Log, url: &str, vault_key: Option<&str>) -> anyhow::Result<()> {
     let resume: &[&str] = match log {
-        Log::Sqlite(_) => &["resume"],
+        // Every child may have been killed before it made the file: the heal's first makes it.
+        Log::Sqlite(_) => &["resume", "--create"],
         Log::Postgres(_) => &["worker", "--once", "--poll-ms", "50"],
     };
     for _ in 0..HEAL_PASSES {

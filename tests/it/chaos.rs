@@ -3,8 +3,9 @@
 //! never skips). Four `keel worker` processes, two submitters a round sending the same keys,
 //! a simulator playing every fault kind, workers SIGKILLed and restarted or SIGSTOPped past
 //! their lease, and the soak's own TCP proxy cutting connections mid-transaction, instead of
-//! `COMMIT` and after it; then the heal and every invariant. Seeded: a failure names its seed,
-//! and `KEEL_SEED=N` replays it.
+//! `COMMIT` and after it; then the heal and every invariant. Seeded, a fresh seed each run: a
+//! failure names its seed, and `KEEL_SEED=N` replays its schedule, workload and faults (where
+//! a kill lands within a child still depends on the machine).
 
 use serde_json::Value;
 use std::process::Command;
