@@ -100,6 +100,12 @@ impl PgUrl {
         Self { database: database.to_owned(), ..self.clone() }
     }
 
+    /// The same database and credentials reached at `host:port` (a proxy in front of the
+    /// server: what `keel soak` hands its children).
+    pub fn through(&self, host: &str, port: u16) -> Self {
+        Self { host: host.to_owned(), port, ..self.clone() }
+    }
+
     fn render(&self, password: Option<&str>) -> String {
         let mut text = format!("{}://", self.scheme);
         if let Some(user) = &self.user {

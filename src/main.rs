@@ -56,7 +56,7 @@ pub struct Cli {
 
     /// Where the event log lives: `sqlite:PATH` (the embedded default, as --db PATH) or
     /// `postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE`, for many workers on many machines.
-    /// On PostgreSQL: charge, refund, resume, reconcile, worker, show, verify and bench; the
+    /// On PostgreSQL: charge, refund, resume, reconcile, worker, show, verify, bench and soak; the
     /// password is never printed.
     #[arg(long, global = true, env = "KEEL_STORE", value_name = "STORE", hide_env_values = true)]
     store: Option<String>,
@@ -1233,7 +1233,7 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             Ok(harness::bench::leave_in_flight(db, setting.durability, first, intents).await?)
         }
         Command::Soak { kills, seed, dir, keep, vault } => {
-            Ok(harness::soak::run(&out, kills, seed, dir, keep, vault).await?)
+            Ok(harness::soak::run(&out, None, harness::soak::Args { kills, seed, dir, keep, vault }).await?)
         }
         Command::SoakWorker { seed, round } => {
             let setting = setting(None, None);

@@ -1,5 +1,5 @@
 //! The commands that run on a PostgreSQL log (`--store postgres://…`): charge, refund,
-//! resume, reconcile, worker, show, verify and bench.
+//! resume, reconcile, worker, show, verify, bench and soak (with its hidden soak-worker).
 //!
 //! Owns the dispatch of a parsed command when the log is in PostgreSQL: each supported
 //! command opens a `PgLog` (or a `PgReader`) and runs the same `ops`, `worker` and `harness`
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use store_postgres::PgLog;
 
 /// The commands that run on PostgreSQL today, as the usage error lists them.
-pub const SUPPORTED: &str = "charge, refund, resume, reconcile, worker, show, verify and bench";
+pub const SUPPORTED: &str = "charge, refund, resume, reconcile, worker, show, verify, bench and soak";
 
 /// Why an agent run found on PostgreSQL is left as it is.
 pub const AGENT_RUNS_ON_SQLITE_ONLY: &str = "agent runs run on SQLite only for now: nothing was done for it";
@@ -83,6 +83,13 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
             let args = harness::bench::Args { intents, concurrency, keep, first, processes, in_place };
             let location = crate::backend::Location::Postgres(url.clone());
             Ok(harness::bench::run(out, &location, wiring::durability(&durability), args).await?)
+        }
+        Command::Soak { kills, seed, dir, keep, vault } => {
+            Ok(harness::soak::run(out, Some(url), harness::soak::Args { kills, seed, dir, keep, vault }).await?)
+        }
+        Command::SoakWorker { seed, round } => {
+            let provider = provider_of(None, None);
+            Ok(harness::soak::worker(&node(url, &provider, None)?, seed, round).await?)
         }
         _ => Err(Failure::Usage(format!(
             "this command does not run on PostgreSQL yet (the ones that do: {SUPPORTED}); give it a SQLite log: \

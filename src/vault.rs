@@ -145,6 +145,12 @@ pub fn preflight(db: &Path, needs_key: bool) -> anyhow::Result<Result<(), String
         Ok(reader) => reader,
         // A log this build has not migrated yet has no vault; the writer migrates it.
         Err(store::Error::SchemaTooOld { .. }) => return Ok(Ok(())),
+        // A process killed while it created the log leaves a hot journal, which only a
+        // read-write open rolls back: a command that writes next opens the writer first.
+        Err(_) if needs_key => {
+            crate::wiring::open_store(db, store::Durability::Full)?.shutdown()?;
+            store::Reader::open(db).with_context(|| format!("cannot read {}", db.display()))?
+        }
         Err(error) => return Err(error).with_context(|| format!("cannot read {}", db.display())),
     };
     let configured = reader.vault_configured()?;

@@ -129,8 +129,9 @@ fn lease_ttl_ms() -> u64 {
     LEASE_TTL_MS.get().copied().unwrap_or(engine::limits::LEASE_TTL_DEFAULT_MS)
 }
 
-/// This process as a lease holder: host, pid, start time, and a random nonce. One per
-/// process, shared by every store handle and executor in it.
+/// This process as a lease holder: host, pid, start time, and a nonce — its pid space
+/// ([`pid_space`]), then a random part. One per process, shared by every store handle and
+/// executor in it.
 pub fn lessee() -> Lessee {
     static LESSEE: OnceLock<Lessee> = OnceLock::new();
     LESSEE
@@ -140,10 +141,38 @@ pub fn lessee() -> Lessee {
                 host: host_name(),
                 pid,
                 started: proc_stat(pid).map_or(0, |stat| stat.started),
-                nonce: uuid::Uuid::new_v4().simple().to_string(),
+                nonce: format!("{}/{}", pid_space(), uuid::Uuid::new_v4().simple()),
             })
         })
         .clone()
+}
+
+/// Where this process's pids mean what `/proc` says: the running kernel (its boot id) and
+/// the pid namespace, `BOOT_ID:NAMESPACE`; empty when either cannot be read. A host name
+/// alone does not say it: two machines may share one (`localhost`, an image's default), and
+/// so may containers with pid namespaces of their own — a holder's pid is absent from
+/// another's `/proc` while it runs.
+fn pid_space() -> &'static str {
+    static SPACE: OnceLock<String> = OnceLock::new();
+    SPACE.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|id| id.trim().to_owned());
+        let namespace = std::fs::read_link("/proc/self/ns/pid").map(|link| link.display().to_string());
+        match (boot, namespace) {
+            (Ok(boot), Ok(namespace)) if !boot.is_empty() => {
+                // `pid:[4026531836]`: the namespace's inode is what tells one from another.
+                let inode: String = namespace.chars().filter(char::is_ascii_digit).collect();
+                format!("{boot}:{inode}")
+            }
+            _ => String::new(),
+        }
+    })
+}
+
+/// Whether `owner` announced this process's pid space in its nonce (a holder written before
+/// the nonce carried it did not: its liveness is unknown).
+fn shares_pid_space(owner: &LeaseOwner) -> bool {
+    let space = pid_space();
+    !space.is_empty() && owner.nonce.strip_prefix(space).is_some_and(|rest| rest.starts_with('/'))
 }
 
 fn host_name() -> String {
@@ -171,14 +200,15 @@ fn proc_stat(pid: u32) -> Option<ProcStat> {
     Some(ProcStat { zombie: fields.first() == Some(&"Z"), started: fields.get(19)?.parse().ok()? })
 }
 
-/// Tells whether a lease holder on this host still runs, from `/proc`: the same pid with
-/// the same start time, not a zombie. Holders on other hosts are unknown (their expiry
-/// counts).
+/// Tells whether a lease holder in this process's pid space (this host, this kernel, this
+/// pid namespace) still runs, from `/proc`: the same pid with the same start time, not a
+/// zombie. Holders elsewhere — another host, or one that only shares its host name — are
+/// unknown (their expiry counts).
 pub struct ProcProbe;
 
 impl OwnerProbe for ProcProbe {
     fn liveness(&self, owner: &LeaseOwner) -> Liveness {
-        if owner.host != host_name() || owner.started == 0 {
+        if owner.host != host_name() || owner.started == 0 || !shares_pid_space(owner) {
             return Liveness::Unknown;
         }
         match proc_stat(owner.pid) {
@@ -425,5 +455,27 @@ impl Node {
         rules: Option<engine::policy::Rules>,
     ) -> anyhow::Result<Self> {
         Ok(Self::over(open_store(db, durability)?, provider, rules))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_holder_in_this_pid_space_is_proven_alive_or_dead() {
+        let me = lessee().owner().clone();
+        assert!(!pid_space().is_empty(), "Linux gives a boot id and a pid namespace");
+        assert_eq!(ProcProbe.liveness(&me), Liveness::Alive);
+        let restarted = LeaseOwner { started: me.started + 1, ..me.clone() };
+        assert_eq!(ProcProbe.liveness(&restarted), Liveness::Dead, "a reused pid is not its holder");
+        // The same host name, pid and start time in another container or on another machine:
+        // this /proc says nothing about it, whatever it shows for that pid.
+        let elsewhere = LeaseOwner { nonce: format!("0-0:1/{}", uuid::Uuid::new_v4().simple()), ..me.clone() };
+        assert_eq!(ProcProbe.liveness(&elsewhere), Liveness::Unknown);
+        let gone_elsewhere = LeaseOwner { pid: u32::MAX, ..elsewhere };
+        assert_eq!(ProcProbe.liveness(&gone_elsewhere), Liveness::Unknown, "absent here is not dead there");
+        let unannounced = LeaseOwner { nonce: uuid::Uuid::new_v4().simple().to_string(), ..me };
+        assert_eq!(ProcProbe.liveness(&unannounced), Liveness::Unknown);
     }
 }

@@ -1,4 +1,5 @@
-//! The binary's harnesses: `keel demo`, `keel soak` (with its hidden `keel soak-worker`),
+//! The binary's harnesses: `keel demo`, `keel soak` (with its hidden `keel soak-worker`, and
+//! its PostgreSQL chaos in `chaos`),
 //! `keel bench` (with its hidden `keel bench-leave-in-flight`), `keel bench-scale` and
 //! `keel serve-bench`, and the
 //! `keel provider-sim` fallback they start the simulator with.
@@ -12,6 +13,7 @@
 //! module names a harness.
 
 pub mod bench;
+pub mod chaos;
 pub mod demo;
 pub mod scale;
 pub mod serve_bench;

@@ -1,45 +1,65 @@
-//! `keel soak`: real process kills under load, then Keel's invariants.
+//! `keel soak`: real process kills under load, then Keel's invariants, on a SQLite log or
+//! on PostgreSQL (`--store postgres://…`).
 //!
-//! Owns the soak loop. It starts the provider simulator as a child process with a seeded
-//! fault plan (lost answers, 5xx, declines, lying and unavailable lookups), then, round after
-//! round, starts a `keel soak-worker` child that runs a small batch of charges and refunds
-//! concurrently (drawn from a shared pool of keys, so some collide, some re-use a key with
-//! another amount, some refunds overdraw), and SIGKILLs it after a seeded delay. Every few
-//! rounds it starts `keel resume` and sometimes kills that too (a crash during recovery).
-//! Then it heals: restarts the simulator without faults, resumes, re-submits every charge
-//! (the token is never stored) and forces a reconciliation of whatever is still unknown, for
-//! a bounded number of passes. With `--vault` every child gets a throwaway vault key and the
-//! heal re-submits nothing: it is only `keel resume`, `keel reconcile --due` and `keel
-//! reconcile KEY` child processes, as an operator would run them, and every intent must end
-//! resolved. Finally it checks every invariant over the log and the simulator's effects
-//! (`testkit::invariants`) and prints the report. Exit 0 only when no invariant broke.
+//! Owns the soak's driver: where its log is ([`Log`]), the workload (a shared pool of keys,
+//! so some collide, some re-use a key with another amount, some refunds overdraw), the
+//! simulator's fault plan (every fault kind it has: lost and late answers, 5xx, declines,
+//! lying, lagging and unavailable lookups), the heal and the report. It starts the provider
+//! simulator as a child process with that plan, then, round after round, starts `keel
+//! soak-worker` children that run a small batch of charges and refunds concurrently and
+//! SIGKILLs them after a seeded delay:
+//!
+//! - on SQLite, one child a round, and every few rounds `keel resume`, sometimes killed too
+//!   (a crash during recovery);
+//! - on PostgreSQL, the chaos of [`super::chaos`]: two children a round submitting the same
+//!   batch, four `keel worker` processes SIGKILLed (and restarted) or SIGSTOPped past their
+//!   lease at random, and a TCP proxy between every child and the database cutting
+//!   connections mid-transaction and mid-`COMMIT`. It runs in a fresh database on the named
+//!   server, never in the one named.
+//!
+//! Then it heals: stops the faults (the simulator restarted without its plan, the proxy
+//! gone), and runs what an operator would, as child processes — `keel resume` (SQLite) or
+//! `keel worker --once` (PostgreSQL), `keel reconcile --due`, `keel reconcile KEY` for what
+//! is still unknown, and, without a vault, `keel charge` again for a charge that waits for
+//! its caller (the token is never stored) — for a bounded number of passes. With `--vault`
+//! (SQLite) every child gets a throwaway vault key and nothing is re-submitted. Finally it
+//! checks every invariant over the log and the simulator's effects (`testkit::invariants`),
+//! plus that no effect's answer was lost, and prints the report. Exit 0 only when no
+//! invariant broke.
+//!
+//! It never runs in an operator's log: its SQLite file is in its own directory, its
+//! PostgreSQL database a fresh one.
 
 use super::start_sim;
+use crate::backend::PgUrl;
+use crate::exit;
 use crate::output::Output;
-use crate::wiring::Node;
-use crate::{ProviderArgs, exit};
+use crate::wiring::{Backend, Node};
 use anyhow::Context as _;
-use engine::event::{Cause, IntentKey, RunId, RunLimits};
+use engine::event::{Cause, Event, RunId, RunLimits, StoredEvent};
 use engine::executor::RunRequest;
-use engine::ledger::IntentStatus;
+use engine::ledger::{IntentStatus, Ledger};
+use engine::provider::{EffectKind, UnknownReason};
 use provider_sim::Rng;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use store_postgres::proxy::Cuts;
+use testkit::invariants::{self, Effect};
 
 const TENANT: &str = "5b2d6c1a-8e3f-4a7b-9c0d-1e2f3a4b5c6d";
 const TOKEN: &str = "pm_soak_card_visa_4242424242";
 /// Intents per worker round: small, so a kill is cheap and lands mid-batch.
 pub const ROUND_INTENTS: u64 = 8;
-/// Longest wait before a kill, in ms: a debug worker starts, opens its log and runs its
-/// batch in 10–60 ms, so kills land before, during and (rarely) after its attempts.
+/// Longest wait before a kill on SQLite, in ms: a debug worker starts, opens its log and
+/// runs its batch in 10–60 ms, so kills land before, during and (rarely) after its attempts.
 const KILL_DELAY_MAX_MS: u64 = 60;
 /// Heal passes before an unknown outcome counts as left unreconciled.
 const HEAL_PASSES: usize = 6;
 /// The provider timeout of workers: shorter than the simulator's held answers.
-const WORKER_TIMEOUT_MS: u64 = 200;
+pub(super) const WORKER_TIMEOUT_MS: u64 = 200;
 /// The provider timeout while healing: the healthy simulator answers at once.
 const HEAL_TIMEOUT_MS: u64 = 5_000;
 
@@ -47,8 +67,19 @@ const HEAL_TIMEOUT_MS: u64 = 5_000;
 #[derive(Debug, Serialize)]
 struct SoakReport {
     seed: u64,
+    /// `sqlite` or `postgres`.
+    store: &'static str,
     kills: u64,
+    /// Kills of `keel resume` (SQLite) or of `keel worker` processes (PostgreSQL): crashes
+    /// during recovery and takeover.
     recovery_kills: u64,
+    /// `keel worker` processes SIGSTOPped past their lease, then let go on (PostgreSQL).
+    stalls: u64,
+    /// Connections the proxy cut, by moment (PostgreSQL).
+    proxy_cuts: Option<Cuts>,
+    /// `keel worker` processes that ended by themselves during the chaos (PostgreSQL): a
+    /// worker stops only when told.
+    worker_exits: u64,
     rounds: u64,
     intents: u64,
     effects: u64,
@@ -63,10 +94,14 @@ struct SoakReport {
     budget_refills: u64,
     refund_overdraws: u64,
     unreconciled: u64,
+    /// Effects at the provider whose intent let its money go (declined, released, rejected,
+    /// escalated with absence proven) or does not exist: a definitive answer the log lost.
+    lost_answers: u64,
     /// Whether the children kept payment methods in a vault (`--vault`).
     vault: bool,
     /// Intents left neither final nor awaiting a human's approval after healing: reserved,
-    /// in flight or unknown. Must be 0 with the vault (nothing waits for a caller).
+    /// in flight or unknown. Must be 0 with the vault (nothing waits for a caller) and on
+    /// PostgreSQL (the heal re-submits what waits for its caller).
     unresolved: u64,
     verify_failures: u64,
     evidence_mismatches: u64,
@@ -74,6 +109,9 @@ struct SoakReport {
     details: Vec<String>,
     ok: bool,
     dir: PathBuf,
+    /// The PostgreSQL database the soak ran in (dropped when every invariant held, unless
+    /// `--keep`).
+    database: Option<String>,
 }
 
 /// One charge or refund of the pool: its key, payload and workflow follow from `n` alone,
@@ -129,7 +167,7 @@ fn request(workflow: &str) -> RunRequest {
 }
 
 /// `keel soak-worker`: runs one round's batch concurrently, then exits (if not killed first).
-pub async fn worker(node: &Node, seed: u64, round: u64) -> anyhow::Result<u8> {
+pub async fn worker<B: Backend>(node: &Node<B>, seed: u64, round: u64) -> anyhow::Result<u8> {
     let runs = round_batch(seed, round).into_iter().map(|(workflow, input)| {
         let executor = node.executor.clone();
         async move { executor.start(workflow, &input, request(workflow)).await }
@@ -155,21 +193,93 @@ where
     out
 }
 
-fn keel(db: &Path, url: &str, vault_key: Option<&str>, timeout_ms: u64) -> anyhow::Result<Command> {
+/// Where a soak's log is, as its children reach it.
+#[derive(Clone, Debug)]
+pub(super) enum Log {
+    /// A SQLite file in the soak's directory.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database (directly, or through the chaos proxy).
+    Postgres(PgUrl),
+}
+
+impl Log {
+    /// Every event, in sequence order.
+    fn events(&self) -> anyhow::Result<Vec<StoredEvent>> {
+        match self {
+            Self::Sqlite(db) => Ok(store::Reader::open(db)?.events_since(0)?),
+            Self::Postgres(url) => {
+                crate::wiring::postgres_blocking(|| Ok(store_postgres::PgReader::open(&url.url())?.events()?))
+            }
+        }
+    }
+
+    /// The fold of the whole log.
+    fn ledger(&self) -> anyhow::Result<Ledger> {
+        match self {
+            Self::Sqlite(db) => Ok(store::Reader::open(db)?.ledger()?),
+            Self::Postgres(url) => {
+                crate::wiring::postgres_blocking(|| Ok(store_postgres::PgReader::open(&url.url())?.ledger()?))
+            }
+        }
+    }
+
+    /// `keel verify`: `Some((mismatches, the first))` when anything does not check.
+    fn verify(&self) -> anyhow::Result<Option<(u64, String)>> {
+        let found = match self {
+            Self::Sqlite(db) => {
+                let report = store::Reader::open(db)?.verify()?;
+                (report.mismatch_count, report.first_mismatch().map(ToString::to_string))
+            }
+            Self::Postgres(url) => crate::wiring::postgres_blocking(|| -> anyhow::Result<_> {
+                let report = store_postgres::PgReader::open(&url.url())?.verify()?;
+                Ok((report.mismatch_count, report.first_mismatch().map(ToString::to_string)))
+            })?,
+        };
+        Ok(match found {
+            (0, None) => None,
+            (count, first) => Some((count.max(1), first.unwrap_or_default())),
+        })
+    }
+}
+
+/// A `keel` child on `log`, reaching the provider at `url` with `timeout_ms`, its output
+/// dropped. A PostgreSQL URL goes by `KEEL_STORE`, never argv (it may hold a password).
+pub(super) fn keel(log: &Log, url: &str, vault_key: Option<&str>, timeout_ms: u64) -> anyhow::Result<Command> {
     let mut command = Command::new(std::env::current_exe()?);
+    match log {
+        Log::Sqlite(db) => {
+            command.arg("--db").arg(db).env_remove("KEEL_STORE");
+        }
+        Log::Postgres(store) => {
+            command.env("KEEL_STORE", store.url()).env_remove("KEEL_DB");
+            command.args(["--lease-ttl-ms", &super::chaos::LEASE_TTL_MS.to_string()]);
+        }
+    }
     command
-        .arg("--db")
-        .arg(db)
         .args(["--provider", url])
         .args(["--provider-timeout-ms", &timeout_ms.to_string()])
         .args(["--provider-consistency-window-ms", "0"])
         .env_remove("KEEL_FAILPOINT")
+        .env_remove("KEEL_LEASE_TTL_MS")
         .env_remove(crate::vault::KEY_ENV)
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     if let Some(key) = vault_key {
         command.env(crate::vault::KEY_ENV, key);
     }
+    Ok(command)
+}
+
+/// `keel soak-worker --seed S --round R` on `log`.
+pub(super) fn soak_worker(
+    log: &Log,
+    url: &str,
+    vault_key: Option<&str>,
+    seed: u64,
+    round: u64,
+) -> anyhow::Result<Command> {
+    let mut command = keel(log, url, vault_key, WORKER_TIMEOUT_MS)?;
+    command.args(["soak-worker", "--seed", &seed.to_string(), "--round", &round.to_string()]);
     Ok(command)
 }
 
@@ -184,34 +294,69 @@ fn soak_vault_key() -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes.as_slice())
 }
 
-/// Runs one heal child (`keel resume`, `keel reconcile …`) to its end.
-fn heal_child(db: &Path, url: &str, vault_key: &str, args: &[&str]) -> anyhow::Result<()> {
-    let mut command = keel(db, url, Some(vault_key), HEAL_TIMEOUT_MS)?;
+/// Runs one heal child (`keel resume`, `keel reconcile …`, `keel charge …`) to its end.
+fn heal_child(log: &Log, url: &str, vault_key: Option<&str>, args: &[&str]) -> anyhow::Result<()> {
+    let mut command = keel(log, url, vault_key, HEAL_TIMEOUT_MS)?;
     command.args(args);
     let status = command.status().with_context(|| format!("run keel {args:?}"))?;
     anyhow::ensure!(status.code().is_some_and(|c| c == 0 || c == 2), "keel {args:?} ended with {status}");
     Ok(())
 }
 
-/// The heal with the vault: only what an operator runs — `keel resume`, `keel reconcile
-/// --due`, and `keel reconcile KEY` for what is still unknown — never a re-submission.
-fn heal_with_vault(db: &Path, url: &str, vault_key: &str) -> anyhow::Result<()> {
+/// The heal: only what an operator runs, until nothing is left in flight — `keel resume`
+/// (`keel worker --once` on PostgreSQL), `keel reconcile --due`, `keel reconcile KEY` for
+/// what is still unknown, and without a vault `keel charge` again, with the token a caller
+/// still holds, for a charge reserved and waiting for its caller.
+fn heal(log: &Log, url: &str, vault_key: Option<&str>) -> anyhow::Result<()> {
+    let resume: &[&str] = match log {
+        // Every child may have been killed before it made the file: the heal's first makes it.
+        Log::Sqlite(_) => &["resume", "--create"],
+        Log::Postgres(_) => &["worker", "--once", "--poll-ms", "50"],
+    };
     for _ in 0..HEAL_PASSES {
-        heal_child(db, url, vault_key, &["resume"])?;
-        heal_child(db, url, vault_key, &["reconcile", "--due"])?;
-        let ledger = store::Reader::open(db)?.ledger()?;
-        let unknown: Vec<String> = ledger
+        heal_child(log, url, vault_key, resume)?;
+        heal_child(log, url, vault_key, &["reconcile", "--due"])?;
+        let ledger = log.ledger()?;
+        let open: Vec<_> = ledger
             .intents()
             .into_iter()
-            .filter(|i| i.status == IntentStatus::OutcomeUnknown)
-            .map(|i| i.key().as_str().to_owned())
+            .filter(|i| !i.settled() && i.status != IntentStatus::AwaitingApproval)
             .collect();
-        let reserved = ledger.intents().iter().any(|i| i.status == IntentStatus::Reserved);
-        if unknown.is_empty() && !reserved {
+        if open.is_empty() {
             break;
         }
-        for key in &unknown {
-            heal_child(db, url, vault_key, &["reconcile", key])?;
+        for intent in open {
+            let key = intent.key().as_str();
+            match intent.status {
+                IntentStatus::OutcomeUnknown => heal_child(log, url, vault_key, &["reconcile", key])?,
+                IntentStatus::Reserved if vault_key.is_none() && intent.definition.kind == EffectKind::Charge => {
+                    // Exactly what was reserved (a worker may have proposed the bumped amount
+                    // first): the same key and payload, and the token the caller still holds.
+                    let d = &intent.definition;
+                    let amount = d.amount_minor.to_string();
+                    heal_child(
+                        log,
+                        url,
+                        vault_key,
+                        &[
+                            "charge",
+                            "--tenant",
+                            &d.tenant,
+                            "--intent-id",
+                            &d.intent_id,
+                            "--order",
+                            &d.order_id,
+                            "--amount-minor",
+                            &amount,
+                            "--currency",
+                            &d.currency,
+                            "--payment-method-token",
+                            TOKEN,
+                        ],
+                    )?;
+                }
+                _ => {}
+            }
         }
     }
     Ok(())
@@ -229,15 +374,55 @@ fn kill_after(mut command: Command, delay_ms: u64) -> anyhow::Result<bool> {
     Ok(alive)
 }
 
-/// `keel soak --kills N --seed S`.
-pub async fn run(
-    out: &Output,
-    kills: u64,
-    seed: u64,
-    dir: Option<PathBuf>,
-    keep: bool,
-    vault: bool,
-) -> anyhow::Result<u8> {
+/// What `keel soak` was asked.
+#[derive(Clone, Debug)]
+pub struct Args {
+    /// SIGKILLs to deliver.
+    pub kills: u64,
+    /// The seed of the schedule, the workload and the fault plan.
+    pub seed: u64,
+    /// The caller's directory for its files (kept).
+    pub dir: Option<PathBuf>,
+    /// Keep the files (and the PostgreSQL database) even when every invariant held.
+    pub keep: bool,
+    /// A throwaway vault key for every child (SQLite only).
+    pub vault: bool,
+}
+
+/// What the chaos of one soak did.
+#[derive(Debug, Default)]
+pub(super) struct Counts {
+    pub kills: u64,
+    pub recovery_kills: u64,
+    pub stalls: u64,
+    pub proxy_cuts: Option<Cuts>,
+    pub worker_exits: u64,
+    pub rounds: u64,
+    /// What went wrong in the chaos itself (a worker that ended by itself, and why).
+    pub details: Vec<String>,
+}
+
+/// The simulator's fault plan: every fault kind it has, on charges, refunds and lookups.
+fn fault_plan(seed: u64) -> Value {
+    json!({"seed": seed, "rules": [
+        {"operation": "any", "fault": "timeout_after_effect", "probability": 0.08, "ms": WORKER_TIMEOUT_MS * 2},
+        {"operation": "any", "fault": "slow", "probability": 0.04, "ms": WORKER_TIMEOUT_MS * 3 / 2},
+        {"operation": "any", "fault": "unavailable", "probability": 0.05},
+        {"operation": "any", "fault": "fail_before_effect", "probability": 0.05},
+        {"operation": "charge", "fault": "decline", "probability": 0.03},
+        {"operation": "lookup", "fault": "lookup_unavailable", "probability": 0.1},
+        {"operation": "lookup", "fault": "lookup_lies", "probability": 0.05},
+        {"operation": "lookup", "fault": "lookup_absent_for_ms", "ms": 100}
+    ]})
+}
+
+/// `keel soak --kills N --seed S`, on SQLite (`postgres` is `None`) or in a fresh database
+/// on the PostgreSQL server of `postgres`.
+pub async fn run(out: &Output, postgres: Option<&PgUrl>, args: Args) -> anyhow::Result<u8> {
+    let Args { kills, seed, dir, keep, vault } = args;
+    if vault && postgres.is_some() {
+        return Ok(out.usage_error("--vault keeps payment methods in a SQLite vault: it does not run on PostgreSQL"));
+    }
     // A directory of the caller's is kept; a temporary one only with --keep or on failure.
     let keep = keep || dir.is_some();
     let vault_key = vault.then(soak_vault_key);
@@ -247,127 +432,137 @@ pub async fn run(
         None => std::env::temp_dir().join(format!("keel-soak-{seed}-{}", uuid::Uuid::new_v4())),
     };
     std::fs::create_dir_all(&dir)?;
-    let db = dir.join("keel.db");
-    let sim_db = dir.join("provider-sim.db");
-    let plan = json!({"seed": seed, "rules": [
-        {"operation": "any", "fault": "timeout_after_effect", "probability": 0.08, "ms": WORKER_TIMEOUT_MS * 2},
-        {"operation": "any", "fault": "unavailable", "probability": 0.05},
-        {"operation": "any", "fault": "fail_before_effect", "probability": 0.05},
-        {"operation": "charge", "fault": "decline", "probability": 0.03},
-        {"operation": "lookup", "fault": "lookup_unavailable", "probability": 0.1},
-        {"operation": "lookup", "fault": "lookup_lies", "probability": 0.05},
-        {"operation": "lookup", "fault": "lookup_absent_for_ms", "ms": 100}
-    ]});
-    let sim = start_sim(&sim_db, Some(&plan), Stdio::null())?;
-    let mut rng = Rng::new(seed);
-    let (mut killed, mut recovery_kills, mut round) = (0u64, 0u64, 0u64);
-    let progress = out.progress(kills, "soak: kills");
-    while killed < kills {
-        progress.set(killed);
-        let mut worker = keel(&db, sim.url(), vault_key, WORKER_TIMEOUT_MS)?;
-        worker.args(["soak-worker", "--seed", &seed.to_string(), "--round", &round.to_string()]);
-        if kill_after(worker, 5 + rng.below(KILL_DELAY_MAX_MS))? {
-            killed += 1;
+    let (log, database) = match postgres {
+        None => (Log::Sqlite(dir.join("keel.db")), None),
+        Some(server) => {
+            let name = format!("keel_soak_{seed}_{}", uuid::Uuid::new_v4().simple());
+            crate::wiring::postgres_blocking(|| store_postgres::admin::create_database(&server.url(), &name))
+                .with_context(|| {
+                    format!("cannot create the soak's database on {} (it needs CREATEDB)", server.server())
+                })?;
+            let url = server.with_database(&name);
+            // Its schema is made once, before any child opens it.
+            crate::wiring::postgres_blocking(|| crate::wiring::open_postgres(&url, Some(1)).map(|log| log.shutdown()))?;
+            (Log::Postgres(url), Some((server.clone(), name)))
         }
-        round += 1;
-        if round % 4 == 0 {
-            let mut resume = keel(&db, sim.url(), vault_key, WORKER_TIMEOUT_MS)?;
+    };
+    let sim_db = dir.join("provider-sim.db");
+    let sim = start_sim(&sim_db, Some(&fault_plan(seed)), Stdio::null())?;
+    let mut rng = Rng::new(seed);
+    let progress = out.progress(kills, "soak: kills");
+    let counts = match &log {
+        Log::Sqlite(_) => sqlite_rounds(&log, sim.url(), vault_key, &mut rng, kills, seed, &progress)?,
+        Log::Postgres(url) => super::chaos::run(url, sim.url(), &dir, &mut rng, kills, seed, &progress)?,
+    };
+    progress.finish();
+    drop(sim);
+
+    // Heal: a healthy provider, then only what an operator would run.
+    let sim = start_sim(&sim_db, None, Stdio::null())?;
+    heal(&log, sim.url(), vault_key)?;
+    drop(sim);
+    let ok = report(
+        out,
+        &log,
+        &sim_db,
+        &dir,
+        &counts,
+        Flags { seed, vault, keep, database: database.as_ref().map(|(_, name)| name.as_str()) },
+    )?;
+    if ok && !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+        if let Some((server, name)) = &database
+            && let Err(error) =
+                crate::wiring::postgres_blocking(|| store_postgres::admin::drop_database(&server.url(), name))
+        {
+            errln!("keel soak: could not drop its database {name}: {error}");
+        }
+    }
+    Ok(if ok { exit::OK } else { exit::INTERNAL })
+}
+
+/// The SQLite rounds: one `keel soak-worker` a round, killed after a seeded delay; every
+/// four rounds `keel resume`, killed half the time.
+fn sqlite_rounds(
+    log: &Log,
+    url: &str,
+    vault_key: Option<&str>,
+    rng: &mut Rng,
+    kills: u64,
+    seed: u64,
+    progress: &crate::output::Progress,
+) -> anyhow::Result<Counts> {
+    let mut counts = Counts::default();
+    while counts.kills < kills {
+        progress.set(counts.kills);
+        if kill_after(soak_worker(log, url, vault_key, seed, counts.rounds)?, 5 + rng.below(KILL_DELAY_MAX_MS))? {
+            counts.kills += 1;
+        }
+        counts.rounds += 1;
+        if counts.rounds % 4 == 0 {
+            let mut resume = keel(log, url, vault_key, WORKER_TIMEOUT_MS)?;
             resume.arg("resume");
-            if rng.chance(0.5) && killed < kills {
+            if rng.chance(0.5) && counts.kills < kills {
                 if kill_after(resume, rng.below(KILL_DELAY_MAX_MS))? {
-                    killed += 1;
-                    recovery_kills += 1;
+                    counts.kills += 1;
+                    counts.recovery_kills += 1;
                 }
             } else {
                 resume.status().context("run keel resume")?;
             }
         }
     }
-    progress.finish();
-    drop(sim);
-
-    // Heal: a healthy provider, recovery, re-submissions, forced reconciliations.
-    let sim = start_sim(&sim_db, None, Stdio::null())?;
-    match vault_key {
-        Some(key) => heal_with_vault(&db, sim.url(), key)?,
-        None => heal_by_resubmitting(&db, sim.url(), seed).await?,
-    }
-    drop(sim);
-    report(out, &db, &sim_db, &dir, Counts { seed, kills: killed, recovery_kills, rounds: round, vault, keep })
+    Ok(counts)
 }
 
-/// The heal without the vault: recovery, re-submissions of what waits for its caller (the
-/// token a caller still holds), forced reconciliations of what is unknown.
-async fn heal_by_resubmitting(db: &Path, url: &str, seed: u64) -> anyhow::Result<()> {
-    let db = db.to_owned();
-    let provider = ProviderArgs {
-        url: Some(url.to_owned()),
-        tier: "dedup+lookup".to_owned(),
-        consistency_window_ms: 0,
-        timeout_ms: HEAL_TIMEOUT_MS,
-    };
-    for _ in 0..HEAL_PASSES {
-        let node = Node::open(&db, store::Durability::Full, &provider, None)?;
-        node.executor.recover_and_resume(Cause::command("soak heal")).await?;
-        let ledger = store::Reader::open(&db)?.ledger()?;
-        let open: Vec<IntentKey> = ledger
-            .intents()
-            .into_iter()
-            .filter(|i| matches!(i.status, IntentStatus::OutcomeUnknown | IntentStatus::Reserved))
-            .map(|i| i.key().clone())
-            .collect();
-        if open.is_empty() {
-            node.shutdown()?;
-            break;
-        }
-        for key in &open {
-            let intent = ledger.intent(key).expect("listed from this ledger");
-            if intent.status == IntentStatus::OutcomeUnknown {
-                node.executor.reconcile(key, Cause::command("soak heal")).await?;
-            }
-            let after = store::Reader::open(&db)?.ledger()?;
-            if key.as_str().starts_with("charge:")
-                && after.intent(key).is_some_and(|i| i.status == IntentStatus::Reserved)
-                && let Some(n) = pool_index(key)
-            {
-                // Re-submit exactly what was reserved (a worker may have proposed the bumped
-                // amount first): same key, same payload, and the token a caller still holds.
-                let bump = intent.definition.amount_minor - (1_000 + (n % 50) as i64 * 10);
-                node.executor.start("charge", &charge_input(seed, n, bump), request("charge")).await?;
-            }
-        }
-        node.shutdown()?;
-    }
-    Ok(())
-}
-
-/// What the soak loop counted.
-struct Counts {
+/// What the report says about the soak itself.
+struct Flags<'a> {
     seed: u64,
-    kills: u64,
-    recovery_kills: u64,
-    rounds: u64,
     vault: bool,
     /// Keep the directory even when every invariant held.
     keep: bool,
+    database: Option<&'a str>,
 }
 
-/// Checks every invariant over the healed log and prints the report.
-fn report(out: &Output, db: &Path, sim_db: &Path, dir: &Path, counts: Counts) -> anyhow::Result<u8> {
-    let Counts { seed, kills: killed, recovery_kills, rounds: round, vault, keep } = counts;
-    let report = testkit::invariants::check_files(db, sim_db).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let reader = store::Reader::open(db)?;
-    let crash_unknowns = reader
-        .events_since(0)?
+/// Checks every invariant over the healed log and prints the report: whether all held.
+fn report(
+    out: &Output,
+    log: &Log,
+    sim_db: &Path,
+    dir: &Path,
+    counts: &Counts,
+    flags: Flags<'_>,
+) -> anyhow::Result<bool> {
+    let Flags { seed, vault, keep, database } = flags;
+    let events = log.events()?;
+    let effects: Vec<Effect> = provider_sim::list_effects(sim_db)
+        .with_context(|| format!("cannot read the simulator's effects in {}", sim_db.display()))?
         .iter()
-        .filter(|e| {
-            matches!(
-                &e.event,
-                engine::event::Event::OutcomeUnknown { reason: engine::provider::UnknownReason::Crash, .. }
-            )
-        })
+        .map(Effect::from)
+        .collect();
+    let mut report = match log {
+        Log::Sqlite(_) => invariants::check(&events, &effects),
+        Log::Postgres(_) => invariants::check_per_stream(&events, &effects),
+    };
+    if let Some((count, first)) = log.verify()? {
+        report.verify_failures += count;
+        report.note(format!("verify: {first}"));
+    }
+    let crash_unknowns = events
+        .iter()
+        .filter(|e| matches!(&e.event, Event::OutcomeUnknown { reason: UnknownReason::Crash, .. }))
         .count() as u64;
-    let ledger = reader.ledger()?;
+    let ledger = log.ledger()?;
+    let mut lost_answers = 0;
+    for effect in &effects {
+        let kept = engine::event::IntentKey::parse(&effect.idempotency_key)
+            .and_then(|key| ledger.intent(&key))
+            .is_some_and(engine::ledger::Intent::money_committed);
+        if !kept {
+            lost_answers += 1;
+            report.note(format!("{}: an effect at the provider whose intent let its money go", effect.idempotency_key));
+        }
+    }
     let mut statuses = std::collections::BTreeMap::new();
     let mut unresolved = 0;
     for intent in ledger.intents() {
@@ -376,13 +571,21 @@ fn report(out: &Output, db: &Path, sim_db: &Path, dir: &Path, counts: Counts) ->
             unresolved += 1;
         }
     }
-    // With the vault nothing may be left waiting for a caller.
-    let ok = report.is_ok() && (!vault || unresolved == 0);
+    let postgres = matches!(log, Log::Postgres(_));
+    // With the vault, or on PostgreSQL where the heal re-submits, nothing may be left waiting.
+    let ok =
+        report.is_ok() && lost_answers == 0 && counts.worker_exits == 0 && (!(vault || postgres) || unresolved == 0);
+    let mut details = counts.details.clone();
+    details.extend(report.details.iter().cloned());
     let soak = SoakReport {
         seed,
-        kills: killed,
-        recovery_kills,
-        rounds: round,
+        store: if postgres { "postgres" } else { "sqlite" },
+        kills: counts.kills,
+        recovery_kills: counts.recovery_kills,
+        stalls: counts.stalls,
+        proxy_cuts: counts.proxy_cuts,
+        worker_exits: counts.worker_exits,
+        rounds: counts.rounds,
         intents: report.intents,
         effects: report.effects,
         events: report.events,
@@ -394,67 +597,70 @@ fn report(out: &Output, db: &Path, sim_db: &Path, dir: &Path, counts: Counts) ->
         budget_refills: report.budget_refills,
         refund_overdraws: report.refund_overdraws,
         unreconciled: report.unreconciled,
+        lost_answers,
         vault,
         unresolved,
         verify_failures: report.verify_failures,
         evidence_mismatches: report.evidence_mismatches,
         statuses,
         ok,
-        details: report.details.clone(),
+        details,
         dir: dir.to_owned(),
+        database: database.map(str::to_owned),
     };
-    out.emit(&soak, || {
-        outln!(
-            "soak seed {seed}: {} kills ({} during recovery) over {} rounds, {} intents, {} effects, {} events, \
-             {} attempts caught in flight",
-            soak.kills,
-            soak.recovery_kills,
-            soak.rounds,
-            soak.intents,
-            soak.effects,
-            soak.events,
-            soak.crash_unknowns
-        );
-        outln!(
-            "  double_effects {}  budget_refills {}  unreconciled {}  unresolved {}{}  verify_failures {}  \
-             blind_resends {}  write_ahead_violations {}  refund_overdraws {}  key_mismatches {}  evidence_mismatches {}",
-            soak.double_effects,
-            soak.budget_refills,
-            soak.unreconciled,
-            soak.unresolved,
-            if soak.vault { " (vault on)" } else { "" },
-            soak.verify_failures,
-            soak.blind_resends,
-            soak.write_ahead_violations,
-            soak.refund_overdraws,
-            soak.key_mismatches,
-            soak.evidence_mismatches
-        );
-        outln!("  statuses {:?}", soak.statuses);
-        soak.details.iter().for_each(|d| outln!("  ✘ {d}"));
-        let files = if soak.ok && !keep { "its files removed; --keep keeps them" } else { "files kept" };
-        outln!("{} ({files} in {})", if soak.ok { "every invariant held" } else { "INVARIANTS BROKEN" }, dir.display());
-    });
-    if soak.ok && !keep {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-    Ok(if soak.ok { exit::OK } else { exit::INTERNAL })
+    out.emit(&soak, || print_report(&soak, keep));
+    Ok(soak.ok)
 }
 
-/// The pool index `n` of a soak charge key `charge:TENANT:soak_SEED_NNNNNN_charge`.
-fn pool_index(key: &IntentKey) -> Option<u64> {
-    let id = key.as_str().rsplit(':').next()?;
-    id.strip_suffix("_charge")?.rsplit('_').next()?.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use engine::provider::EffectKind;
-
-    #[test]
-    fn a_pool_key_names_its_index() {
-        let key = IntentKey::new(EffectKind::Charge, TENANT, "soak_7_000042_charge");
-        assert_eq!(pool_index(&key), Some(42));
+fn print_report(soak: &SoakReport, keep: bool) {
+    let during = if soak.store == "postgres" { "of keel worker" } else { "during recovery" };
+    outln!(
+        "soak seed {} on {}: {} kills ({} {during}) over {} rounds, {} intents, {} effects, {} events, \
+         {} attempts caught in flight",
+        soak.seed,
+        soak.store,
+        soak.kills,
+        soak.recovery_kills,
+        soak.rounds,
+        soak.intents,
+        soak.effects,
+        soak.events,
+        soak.crash_unknowns
+    );
+    if let Some(cuts) = &soak.proxy_cuts {
+        outln!(
+            "  connections cut: {} mid-transaction, {} instead of COMMIT, {} after COMMIT; {} workers stalled past \
+             their lease; {} workers ended by themselves",
+            cuts.mid_transaction,
+            cuts.before_commit,
+            cuts.after_commit,
+            soak.stalls,
+            soak.worker_exits
+        );
     }
+    outln!(
+        "  double_effects {}  lost_answers {}  budget_refills {}  unreconciled {}  unresolved {}{}  verify_failures {}  \
+         blind_resends {}  write_ahead_violations {}  refund_overdraws {}  key_mismatches {}  evidence_mismatches {}",
+        soak.double_effects,
+        soak.lost_answers,
+        soak.budget_refills,
+        soak.unreconciled,
+        soak.unresolved,
+        if soak.vault { " (vault on)" } else { "" },
+        soak.verify_failures,
+        soak.blind_resends,
+        soak.write_ahead_violations,
+        soak.refund_overdraws,
+        soak.key_mismatches,
+        soak.evidence_mismatches
+    );
+    outln!("  statuses {:?}", soak.statuses);
+    soak.details.iter().for_each(|d| outln!("  ✘ {d}"));
+    let files = if soak.ok && !keep { "its files removed; --keep keeps them" } else { "files kept" };
+    let database = soak.database.as_deref().map(|name| format!(", database {name}")).unwrap_or_default();
+    outln!(
+        "{} ({files} in {}{database})",
+        if soak.ok { "every invariant held" } else { "INVARIANTS BROKEN" },
+        soak.dir.display()
+    );
 }

@@ -166,12 +166,22 @@ pub fn render(ledger: &Ledger) -> serde_json::Value {
     serde_json::json!({ "intents": ledger.intents(), "runs": runs })
 }
 
-/// Checks every invariant over `events` (the whole log, in order) and `effects`.
+/// Checks every invariant over `events` (the whole log of one chain, in order) and `effects`.
 pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
+    check_folding(events, effects, Ledger::new)
+}
+
+/// [`check`] over a log chained per stream (PostgreSQL's), `events` in sequence order.
+pub fn check_per_stream(events: &[StoredEvent], effects: &[Effect]) -> Report {
+    check_folding(events, effects, Ledger::per_stream)
+}
+
+/// [`check`], folding into ledgers made by `empty` (which says how the log is chained).
+fn check_folding(events: &[StoredEvent], effects: &[Effect], empty: fn() -> Ledger) -> Report {
     let mut report = Report { events: events.len() as u64, effects: effects.len() as u64, ..Report::default() };
 
     // Fold event by event, checking what must hold at every prefix.
-    let mut ledger = Ledger::new();
+    let mut ledger = empty();
     let mut attempts_started: HashMap<IntentKey, u64> = HashMap::new();
     let mut resend_licensed: HashMap<IntentKey, bool> = HashMap::new();
     let mut unknowns: HashMap<(IntentKey, u32), u32> = HashMap::new();
@@ -236,7 +246,7 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
     }
 
     // 6: a second fold renders the same state.
-    let mut again = Ledger::new();
+    let mut again = empty();
     events.iter().for_each(|e| again.apply(e));
     if render(&again) != render(&ledger) {
         report.verify_failures += 1;

@@ -263,3 +263,36 @@ fn a_misspelt_failpoint_is_a_usage_error_not_a_silent_pass() {
 fn canary_a_crash_right_after_the_provider_call_leaves_a_written_ahead_attempt() {
     check(None, &[Charge(Some("after_provider_answer")), Resume(None)], "charge", CHARGE_ID, "validated");
 }
+
+/// A process killed while it created the log leaves a hot journal (the creation's
+/// transaction half written, in rollback-journal mode before the log turns to WAL), made here
+/// the way a kill leaves it: the file and its journal copied while the transaction is open.
+/// Every command that writes next — `keel resume`, a re-submitted charge — must roll it back
+/// and go on, never fail on a read-only open.
+#[test]
+fn a_log_killed_while_it_was_created_is_rolled_back_and_resumed() {
+    let (dir, _) = crate::cli::temp();
+    let half = dir.path().join("half.db");
+    let creating = rusqlite::Connection::open(&half).expect("opens");
+    creating.execute_batch("PRAGMA journal_mode=DELETE; PRAGMA cache_size=1; BEGIN; CREATE TABLE t(x);").expect("runs");
+    for _ in 0..2_000 {
+        creating.execute("INSERT INTO t VALUES (?1)", [&"x".repeat(500)]).expect("inserts");
+    }
+    let db = dir.path().join("keel.db");
+    std::fs::copy(&half, &db).expect("copies the file");
+    std::fs::copy(dir.path().join("half.db-journal"), dir.path().join("keel.db-journal")).expect("and its journal");
+    drop(creating);
+    let sim = start_sim(dir.path(), None);
+    let keel = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command.arg("--db").arg(&db).args(["--provider", sim.url(), "--provider-consistency-window-ms", "0"]);
+        command.args(args).env_remove("KEEL_FAILPOINT").env_remove("KEEL_VAULT_KEY").env_remove("KEEL_STORE");
+        command.output().expect("keel runs")
+    };
+    let resumed = keel(&["resume"]);
+    assert_eq!(resumed.status.code(), Some(0), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let charged = keel(&charge_args(CHARGE_ID, "4900"));
+    assert_eq!(charged.status.code(), Some(0), "{}", String::from_utf8_lossy(&charged.stderr));
+    let verified = store::Reader::open(&db).expect("opens").verify().expect("verifies");
+    assert!(verified.is_ok() && verified.events > 0, "{verified}");
+}

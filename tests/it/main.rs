@@ -7,6 +7,7 @@ mod agent;
 mod agent_attacks;
 mod agent_recovery;
 mod approvals;
+mod chaos;
 mod cli;
 mod concurrency;
 mod console;

@@ -270,7 +270,7 @@ fn every_bad_store_argument_is_a_usage_error_that_writes_nothing_and_never_print
         ),
         (
             vec!["--store", &with_password, "intents"],
-            "charge, refund, resume, reconcile, worker, show, verify and bench",
+            "charge, refund, resume, reconcile, worker, show, verify, bench and soak",
         ),
         (
             vec!["--store", &with_password, "cancel", "charge:t:order_1842_charge", "--by", "ana", "--reason", "r"],

@@ -14,6 +14,9 @@
 //!   re-chained on its stream, resumable; [`Provenance`] says where a migrated log came from.
 //! - [`Options`], [`Error`], [`schema::SCHEMA_VERSION`].
 //! - [`admin`]: a fresh database on a log's server (what `keel bench` runs in).
+//! - [`proxy`]: a TCP proxy that cuts connections mid-transaction and mid-`COMMIT`, for the
+//!   conformance suite and `keel soak --store postgres://…` (never between Keel and an
+//!   operator's database).
 //!
 //! The chain is per stream (`engine::append::Chaining::PerStream`): `store/FORMAT.md`
 //! ("PostgreSQL") says what tamper evidence that keeps and what it does not.
@@ -24,6 +27,7 @@ pub mod admin;
 mod error;
 pub mod import;
 mod locks;
+pub mod proxy;
 mod reader;
 mod rows;
 pub mod schema;

@@ -201,14 +201,29 @@ impl PgReader {
     ///
     /// [`Error::Corrupt`] naming the first event that does not check.
     pub fn ledger(&mut self) -> Result<Ledger> {
-        let mut tx = self.snapshot()?;
         let mut ledger = Ledger::per_stream();
-        for row in tx.query(&format!("SELECT {EVENT_COLUMNS} FROM events ORDER BY seq"), &[])? {
-            let stored = rows::decode_event(&row)?;
-            rows::check_hash(&stored)?;
+        for stored in self.events()? {
             ledger.try_apply(&stored).map_err(|e| Error::corrupt(e.seq, e.to_string()))?;
         }
         Ok(ledger)
+    }
+
+    /// Every event of the log in sequence order, each checked against its own hash, read in
+    /// one snapshot: what the invariant checks fold (a whole-log read, for checkers and tests).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] naming the first event that does not decode or hash.
+    pub fn events(&mut self) -> Result<Vec<StoredEvent>> {
+        let mut tx = self.snapshot()?;
+        let rows = tx.query(&format!("SELECT {EVENT_COLUMNS} FROM events ORDER BY seq"), &[])?;
+        rows.iter()
+            .map(|row| {
+                let stored = rows::decode_event(row)?;
+                rows::check_hash(&stored)?;
+                Ok(stored)
+            })
+            .collect()
     }
 
     /// Checks the whole log against itself, in one snapshot: every stream's chain (numbered

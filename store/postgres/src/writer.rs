@@ -162,23 +162,31 @@ impl PgLog {
         if !(1..=PG_WRITERS_MAX).contains(&options.writers) {
             return Err(Error::Options(format!("writers must be 1 to {PG_WRITERS_MAX}, not {}", options.writers)));
         }
-        let mut first = connect(url)?;
-        schema::migrate(&mut first)?;
-        if let Some(found) = crate::import::unfinished(&mut first)? {
-            return Err(Error::ImportUnfinished { found: Box::new(found) });
-        }
+        let first = reconnecting(url, |client| {
+            schema::migrate(client)?;
+            if let Some(found) = crate::import::unfinished(client)? {
+                return Err(Error::ImportUnfinished { found: Box::new(found) });
+            }
+            backend_pid(client)
+        })?;
         let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
         let receiver = Arc::new(Mutex::new(receiver));
         let counters = Arc::new(Counters::default());
         let mut threads = Vec::with_capacity(options.writers);
         let mut first = Some(first);
         for index in 0..options.writers {
-            let client = match first.take() {
-                Some(client) => client,
-                None => connect(url)?,
+            let (client, backend) = match first.take() {
+                Some(connected) => connected,
+                None => reconnecting(url, backend_pid)?,
             };
-            let writer =
-                Writer::new(url.to_owned(), client, Arc::clone(&clock), options.clone(), Arc::clone(&counters))?;
+            let writer = Writer {
+                url: url.to_owned(),
+                client: Some(client),
+                backend,
+                clock: Arc::clone(&clock),
+                options: options.clone(),
+                counters: Arc::clone(&counters),
+            };
             let receiver = Arc::clone(&receiver);
             let thread = std::thread::Builder::new()
                 .name(format!("keel-pg-writer-{index}"))
@@ -263,18 +271,27 @@ fn backend_pid(client: &mut Client) -> Result<i32> {
     Ok(client.query_one("SELECT pg_backend_pid()", &[])?.get(0))
 }
 
-impl Writer {
-    fn new(
-        url: String,
-        mut client: Client,
-        clock: Arc<dyn Clock>,
-        options: Options,
-        counters: Arc<Counters>,
-    ) -> Result<Self> {
-        let backend = backend_pid(&mut client)?;
-        Ok(Self { url, client: Some(client), backend, clock, options, counters })
+/// Connects to `url` and runs `step` on the connection, again on a new connection when the
+/// connection is lost (at most `PG_COMMAND_ATTEMPTS_MAX` times, paused as a retried command
+/// is): a dropped connection while a log is being opened is not the end of the process. Every
+/// `step` is safe to run again — the migration is one transaction that re-reads the version
+/// it starts from, so a lost `COMMIT` answer makes the next run find it done.
+fn reconnecting<T>(url: &str, mut step: impl FnMut(&mut Client) -> Result<T>) -> Result<(Client, T)> {
+    let mut attempt = 1;
+    loop {
+        let result = connect(url).and_then(|mut client| step(&mut client).map(|value| (client, value)));
+        match result {
+            Err(error) if error.is_connection() && attempt < PG_COMMAND_ATTEMPTS_MAX => {
+                tracing::debug!(%error, attempt, "postgres connection lost while opening the log: connecting again");
+                attempt += 1;
+                pause(attempt);
+            }
+            done => return done,
+        }
     }
+}
 
+impl Writer {
     fn run(mut self, receiver: &Mutex<mpsc::Receiver<Job>>) {
         loop {
             let job = {

@@ -21,6 +21,7 @@ use engine::memory::MemoryProvider;
 use engine::provider::EffectKind;
 use serde_json::json;
 use std::sync::Arc;
+use store_postgres::proxy::{Cut, Proxy};
 use store_postgres::{PgLog, PgReader};
 use support::{capability, charge, intent_of, key, limits, start, start_and_reserve, start_attempt, succeed};
 
@@ -578,114 +579,71 @@ fn postgres_a_recovery_that_raced_an_answer_on_a_range_read_runs_again_never_for
 
 // ---- A COMMIT whose answer is lost ------------------------------------------------------
 
-mod proxy {
-    //! A TCP proxy between the store and PostgreSQL that, when armed, cuts the connection at
-    //! the next `COMMIT` — after forwarding it (the server commits, the answer is lost) or
-    //! instead of forwarding it (the server never commits).
-
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, TcpListener, TcpStream};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-
-    pub const PASS: u8 = 0;
-    pub const CUT_AFTER_COMMIT: u8 = 1;
-    pub const CUT_BEFORE_COMMIT: u8 = 2;
-
-    pub struct Proxy {
-        pub port: u16,
-        pub mode: Arc<AtomicU8>,
-    }
-
-    /// The simple-query message `COMMIT` (what `Transaction::commit` sends).
-    fn holds_commit(bytes: &[u8]) -> bool {
-        bytes.windows(7).any(|w| w == b"COMMIT\0")
-    }
-
-    pub fn start(upstream: u16) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("binds");
-        let port = listener.local_addr().expect("an address").port();
-        let mode = Arc::new(AtomicU8::new(PASS));
-        let shared = Arc::clone(&mode);
-        std::thread::spawn(move || {
-            for client in listener.incoming() {
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else { continue };
-                let mode = Arc::clone(&shared);
-                let mute = Arc::new(AtomicBool::new(false));
-                let (mut c_read, mut s_write) =
-                    (client.try_clone().expect("clones"), server.try_clone().expect("clones"));
-                let (mut s_read, mut c_write) = (server, client);
-                let muted = Arc::clone(&mute);
-                std::thread::spawn(move || {
-                    let mut buffer = [0_u8; 16_384];
-                    while let Ok(n) = s_read.read(&mut buffer) {
-                        if n == 0 || muted.load(Ordering::SeqCst) || c_write.write_all(&buffer[..n]).is_err() {
-                            break;
-                        }
-                    }
-                });
-                std::thread::spawn(move || {
-                    let mut buffer = [0_u8; 16_384];
-                    while let Ok(n) = c_read.read(&mut buffer) {
-                        if n == 0 {
-                            break;
-                        }
-                        let chunk = &buffer[..n];
-                        let armed = mode.load(Ordering::SeqCst);
-                        if armed != PASS && holds_commit(chunk) {
-                            mode.store(PASS, Ordering::SeqCst);
-                            mute.store(true, Ordering::SeqCst);
-                            if armed == CUT_AFTER_COMMIT {
-                                let _ = s_write.write_all(chunk);
-                                // Let the server commit; its answer is never forwarded.
-                                std::thread::sleep(std::time::Duration::from_millis(200));
-                            }
-                            let _ = s_write.shutdown(Shutdown::Both);
-                            let _ = c_read.shutdown(Shutdown::Both);
-                            break;
-                        }
-                        if s_write.write_all(chunk).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-        });
-        Proxy { port, mode }
-    }
-}
-
 #[test]
-fn postgres_a_lost_commit_answer_is_resolved_by_its_commit_id_with_exactly_one_set_of_events() {
+fn postgres_a_cut_connection_before_during_or_after_commit_leaves_exactly_one_set_of_events() {
     let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
     let direct = pg_url("lost_commit");
-    let proxy = proxy::start(cluster.port());
-    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port));
+    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
+    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
     let clock = Arc::new(ManualClock::new(start()));
     let options = store_postgres::Options { writers: 1, ..Default::default() };
     let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
     let rt = runtime();
     // Committed, answer lost: the lookup finds the id and the reply is answered.
-    proxy.mode.store(proxy::CUT_AFTER_COMMIT, std::sync::atomic::Ordering::SeqCst);
+    proxy.arm(Cut::AfterCommit { wait_ms: 200 });
     let (intent, fresh) = intent_of(rt.block_on(log.execute(start_and_reserve("run-lost-1", charge("lost-1", 100)))));
     assert!(fresh && intent.status == IntentStatus::Reserved);
     assert_eq!(log.stats().resolved_commits, 1, "the lost answer was resolved by the commit id");
     // Never committed: the lookup finds nothing and the command runs again.
-    proxy.mode.store(proxy::CUT_BEFORE_COMMIT, std::sync::atomic::Ordering::SeqCst);
+    proxy.arm(Cut::BeforeCommit);
     let (_, fresh) = intent_of(rt.block_on(log.execute(start_and_reserve("run-lost-2", charge("lost-2", 100)))));
     assert!(fresh, "run again, it reserves");
     let stats = log.stats();
     assert_eq!(stats.resolved_commits, 1, "nothing committed the second time: not resolved as committed");
     assert!(stats.retries >= 1, "{stats:?}");
+    // Cut inside the transaction, before its COMMIT: the server rolls back, it runs again.
+    proxy.arm(Cut::MidTransaction { skip: 1 });
+    let (_, fresh) = intent_of(rt.block_on(log.execute(start_and_reserve("run-lost-3", charge("lost-3", 100)))));
+    assert!(fresh, "run again, it reserves");
+    assert_eq!(log.stats().resolved_commits, 1, "a cut before COMMIT is never looked up as a commit");
+    assert!(log.stats().retries > stats.retries, "{:?}", log.stats());
+    let cuts = proxy.cuts();
+    assert_eq!((cuts.after_commit, cuts.before_commit, cuts.mid_transaction), (1, 1, 1), "{cuts:?}");
     let checks = PgChecks(direct);
-    for id in ["lost-1", "lost-2"] {
+    for id in ["lost-1", "lost-2", "lost-3"] {
         let events = checks.stream(&key(id).stream());
         assert_eq!(events.len(), 1, "{id}: exactly one IntentReserved");
     }
-    for run in ["run-lost-1", "run-lost-2"] {
+    for run in ["run-lost-1", "run-lost-2", "run-lost-3"] {
         let started = checks.stream(&RunId::new(run).stream());
         assert_eq!(started.iter().filter(|e| matches!(e.event, Event::RunStarted { .. })).count(), 1);
     }
     checks.verify().unwrap_or_else(|report| panic!("{report}"));
+}
+
+#[test]
+fn postgres_a_connection_cut_while_a_log_opens_is_connected_again_not_fatal() {
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
+    let direct = pg_url("open_cut");
+    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
+    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let clock = Arc::new(ManualClock::new(start()));
+    // The first open migrates: cut inside that transaction, then at its COMMIT; a later open
+    // (nothing to migrate, the same transaction) after its COMMIT.
+    for (n, cut) in
+        [Cut::MidTransaction { skip: 2 }, Cut::BeforeCommit, Cut::AfterCommit { wait_ms: 20 }].into_iter().enumerate()
+    {
+        proxy.arm(cut);
+        let options = store_postgres::Options { writers: 2, ..Default::default() };
+        let log = PgLog::open(&through, options, clock.clone()).unwrap_or_else(|e| panic!("{cut:?}: {e}"));
+        assert!(!proxy.is_armed(), "{cut:?} was made");
+        let run = format!("run-open-{n}");
+        let (intent, fresh) =
+            intent_of(runtime().block_on(log.execute(start_and_reserve(&run, charge(&format!("open-{n}"), 100)))));
+        assert!(fresh && intent.status == IntentStatus::Reserved, "{cut:?}");
+        log.shutdown();
+    }
+    let cuts = proxy.cuts();
+    assert_eq!((cuts.mid_transaction, cuts.before_commit, cuts.after_commit), (1, 1, 1), "{cuts:?}");
+    PgChecks(direct).verify().unwrap_or_else(|report| panic!("{report}"));
 }
