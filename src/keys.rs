@@ -200,7 +200,7 @@ pub fn authenticate(book: &KeyBook, authorization: Option<&str>) -> Result<Resul
 ///
 /// The store's, when the key table cannot be read.
 pub fn check_token(book: &KeyBook, token: &str) -> Result<Result<ApiKey, Refused>, store::Error> {
-    let Some((id, secret)) = token.strip_prefix(TOKEN_PREFIX).and_then(|rest| rest.split_once('_')) else {
+    let Some((id, secret)) = split_token(token) else {
         return Ok(Err(Refused::Invalid));
     };
     let Some(key) = book.find(id)? else { return Ok(Err(Refused::Invalid)) };
@@ -211,6 +211,17 @@ pub fn check_token(book: &KeyBook, token: &str) -> Result<Result<ApiKey, Refused
         return Ok(Err(Refused::Revoked));
     }
     Ok(Ok(key))
+}
+
+/// The public key id a token presents (whether or not such a key exists), when it has the
+/// token's shape: what the console's login limit counts attempts against.
+pub fn token_id(token: &str) -> Option<&str> {
+    split_token(token).map(|(id, _)| id)
+}
+
+/// A token's public id and its secret.
+fn split_token(token: &str) -> Option<(&str, &str)> {
+    token.strip_prefix(TOKEN_PREFIX).and_then(|rest| rest.split_once('_'))
 }
 
 /// Whether `a == b`, in a time that depends on their lengths only (both are 64 hex digits).

@@ -189,6 +189,15 @@ pub struct ProviderArgs {
     pub timeout_ms: u64,
 }
 
+/// The provider `keel bench` charges through: the HTTP one when its own `--provider` names it,
+/// else the in-process one (the environment's `KEEL_PROVIDER_URL` never switches a benchmark).
+fn bench_provider(before: &BeforeSubcommand, flags: &ProviderFlags) -> harness::bench::Through {
+    match flags.url {
+        Some(_) => harness::bench::Through::Http(before.provider(Some(flags))),
+        None => harness::bench::Through::InProcess,
+    }
+}
+
 impl BeforeSubcommand {
     fn provider(&self, flags: Option<&ProviderFlags>) -> ProviderArgs {
         let flags = flags.cloned().unwrap_or_default();
@@ -767,8 +776,8 @@ enum Command {
         keep: bool,
     },
     /// Benchmark the charge workflow end to end against an in-process zero-latency provider
-    /// at the chosen durability, then re-submit everything and check no new effect
-    /// (progress on a terminal).
+    /// (or, with --provider URL, a Stripe-like provider over HTTP) at the chosen durability,
+    /// then re-submit everything and check no new effect (progress on a terminal).
     Bench {
         /// Intents to charge.
         #[arg(long, default_value_t = 20_000)]
@@ -794,6 +803,10 @@ enum Command {
         /// it (what each process of --processes is told).
         #[arg(long, hide = true, conflicts_with = "keep")]
         in_place: bool,
+        /// Charge through the HTTP provider this names (--provider URL) instead of the
+        /// in-process one; only this flag switches it (KEEL_PROVIDER_URL does not).
+        #[command(flatten)]
+        provider: ProviderFlags,
     },
     /// Measure `keel serve` under concurrent HTTP clients (loopback, a real server and
     /// simulator child, distinct keys, then a re-submission pass), next to `keel bench` at the
@@ -1215,9 +1228,10 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             ops::verify(&ops::reader(db, create)?, &out)
         }
         Command::Demo { dir, keep } => Ok(harness::demo::run(&out, dir, keep).await?),
-        Command::Bench { intents, concurrency, keep, first, durability, processes, in_place } => {
+        Command::Bench { intents, concurrency, keep, first, durability, processes, in_place, provider } => {
             let processes = usize::try_from(processes).expect("--processes is at most 64");
-            let args = harness::bench::Args { intents, concurrency, keep, first, processes, in_place };
+            let provider = bench_provider(&before, &provider);
+            let args = harness::bench::Args { intents, concurrency, keep, first, processes, in_place, provider };
             let location = backend::Location::Sqlite(db.to_owned());
             Ok(harness::bench::run(&out, &location, wiring::durability(&durability), args).await?)
         }

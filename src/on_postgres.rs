@@ -78,9 +78,10 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
             wiring::postgres_blocking(|| ops::show_postgres(&mut reader(url)?, out, &key))
         }
         Command::Verify { create: _ } => wiring::postgres_blocking(|| ops::verify_postgres(&mut reader(url)?, out)),
-        Command::Bench { intents, concurrency, keep, first, durability, processes, in_place } => {
+        Command::Bench { intents, concurrency, keep, first, durability, processes, in_place, provider } => {
             let processes = usize::try_from(processes).expect("--processes is at most 64");
-            let args = harness::bench::Args { intents, concurrency, keep, first, processes, in_place };
+            let provider = crate::bench_provider(&before, &provider);
+            let args = harness::bench::Args { intents, concurrency, keep, first, processes, in_place, provider };
             let location = crate::backend::Location::Postgres(url.clone());
             Ok(harness::bench::run(out, &location, wiring::durability(&durability), args).await?)
         }

@@ -356,6 +356,20 @@ pub const API_RATE_PER_S_MAX: u32 = 1_000_000;
 /// worth at once after a quiet spell.
 pub const API_RATE_BURST_S: u32 = 2;
 
+/// Most token buckets one limiter holds (`keel serve`'s per-key buckets, the console's login
+/// buckets per client address and per presented key id): past it the buckets full again are
+/// dropped (one is as good as none), and while none is, a new caller is refused (429) rather
+/// than memory growing with every address or id a flood presents.
+pub const RATE_BUCKETS_MAX: usize = 10_000;
+
+/// Console login attempts a minute, sustained, per client address and per presented key id
+/// (past it 429 with `Retry-After`): a person pastes a key a few times; a guesser is slowed to
+/// this, whichever addresses or ids it spreads over.
+pub const CONSOLE_LOGINS_PER_MIN: u32 = 10;
+
+/// Login attempts at once after a quiet spell, per client address and per key id.
+pub const CONSOLE_LOGIN_BURST: u32 = 5;
+
 /// `Retry-After` of a 202 whose intent is in flight (reserved, attempting, reconciling) and
 /// has no reconciliation instant: the provider usually answers within a second.
 pub const API_RETRY_AFTER_IN_FLIGHT_S: u64 = 1;
@@ -420,6 +434,7 @@ const _: () = assert!(CONSOLE_LIST_MAX <= API_PAGE_LIMIT_MAX);
 const _: () = assert!(API_PAGE_LIMIT_DEFAULT <= API_PAGE_LIMIT_MAX);
 const _: () = assert!(API_RATE_PER_S_DEFAULT <= API_RATE_PER_S_MAX);
 const _: () = assert!(API_RATE_BURST_S >= 1);
+const _: () = assert!(CONSOLE_LOGIN_BURST >= 1 && CONSOLE_LOGINS_PER_MIN >= 1);
 const _: () = assert!(API_BODY_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
 
 const _: () = assert!(RECONCILE_BACKOFF_BASE_MS <= RECONCILE_BACKOFF_MAX_MS);

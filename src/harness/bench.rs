@@ -2,8 +2,9 @@
 //!
 //! Owns the benchmark driver: N charges from C concurrent callers through the real store
 //! (SQLite: group commit, fsync per commit at `full`; PostgreSQL: its pool of writers) in a
-//! fresh store of its own (a new file, a new database), against an in-process zero-latency provider,
-//! then every charge re-submitted to check that no new effect happens. It reports
+//! fresh store of its own (a new file, a new database), against an in-process zero-latency provider
+//! or, with `--provider URL`, a Stripe-like provider over HTTP (what `keel serve` and `keel charge`
+//! charge through), then every charge re-submitted to check that no new effect happens. It reports
 //! throughput, latency percentiles, commits (fsyncs) per intent, the re-submission pass's
 //! deduplications per second and, with `--keep`, the log's bytes per charge. With
 //! `--processes N` it starts N `keel bench --in-place` processes on that one store, each on
@@ -14,6 +15,7 @@
 //! (`super::scale`) uses to grow its logs; [`leave_in_flight`] writes charges whose provider
 //! never answers and exits once every attempt is durable, as a crash would leave them.
 
+use crate::ProviderArgs;
 use crate::backend::{Location, PgUrl};
 use crate::exit;
 use crate::output::{Output, Progress};
@@ -35,6 +37,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Serialize, Deserialize)]
 struct Report {
     backend: LogKind,
+    provider: ProviderKind,
     intents: usize,
     concurrency: usize,
     durability: String,
@@ -53,16 +56,20 @@ struct Report {
     dedups_per_s: f64,
     /// The kept log's size after the run (main file and WAL), when `--keep` names one.
     kept_bytes: Option<u64>,
-    effects_after_first_pass: usize,
-    effects_after_resubmission: usize,
+    /// The provider's effects, counted when it is the in-process one (an HTTP provider's are
+    /// counted by whoever runs it).
+    effects_after_first_pass: Option<usize>,
+    effects_after_resubmission: Option<usize>,
 }
 
 impl Report {
-    /// Whether every charge validated once, and every re-submission made no new effect.
+    /// Whether every charge validated once, and every re-submission was answered from the
+    /// log (so it made no provider call); with the in-process provider, whether its effects
+    /// say the same.
     fn ok(&self) -> bool {
         self.validated == self.intents
             && self.resubmitted_deduplicated == self.intents
-            && self.effects_after_first_pass == self.intents
+            && self.effects_after_first_pass.is_none_or(|effects| effects == self.intents)
             && self.effects_after_resubmission == self.effects_after_first_pass
     }
 }
@@ -73,6 +80,23 @@ impl Report {
 enum LogKind {
     Sqlite,
     Postgres,
+}
+
+/// Which provider a report charged through.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum ProviderKind {
+    InProcess,
+    Http,
+}
+
+/// The provider a benchmark charges through.
+pub enum Through {
+    /// In process, zero latency (`engine::memory::MemoryProvider`): the store and the executor
+    /// alone.
+    InProcess,
+    /// The Stripe-like HTTP provider these arguments name (`--provider URL`).
+    Http(ProviderArgs),
 }
 
 /// The figures of `--processes N`: each process's, and the total.
@@ -108,6 +132,8 @@ pub struct Args {
     /// Bench in the store given, as it is, instead of a fresh one (what each process of
     /// `--processes` is told).
     pub in_place: bool,
+    /// The provider every charge goes to.
+    pub provider: Through,
 }
 
 /// The charge inputs `first .. first + count`.
@@ -241,17 +267,25 @@ async fn one_process(
     durability: store::Durability,
     args: &Args,
 ) -> anyhow::Result<u8> {
-    let provider = Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like()));
+    // The in-process provider is kept to count its effects; an HTTP one counts its own.
+    let (provider, counted): (Arc<dyn PaymentProvider>, Option<Arc<MemoryProvider>>) = match &args.provider {
+        Through::InProcess => {
+            let memory = Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like()));
+            (memory.clone(), Some(memory))
+        }
+        Through::Http(provider) => (crate::wiring::http_provider(provider)?, None),
+    };
+    let counted = counted.as_deref();
     let report = match location {
         Location::Sqlite(path) => {
-            let node = Node::with_provider(path, durability, provider.clone(), None)?;
-            let mut report = measure(out, node, &provider, args, (LogKind::Sqlite, durability)).await?;
+            let node = Node::with_provider(path, durability, provider, None)?;
+            let mut report = measure(out, node, counted, args, (LogKind::Sqlite, durability)).await?;
             report.kept_bytes = args.keep.as_deref().map(file_bytes);
             report
         }
         Location::Postgres(url) => {
-            let node = Node::over(crate::wiring::open_postgres(url, None)?, provider.clone(), None);
-            measure(out, node, &provider, args, (LogKind::Postgres, durability)).await?
+            let node = Node::over(crate::wiring::open_postgres(url, None)?, provider, None);
+            measure(out, node, counted, args, (LogKind::Postgres, durability)).await?
         }
     };
     let ok = report.ok();
@@ -263,7 +297,7 @@ async fn one_process(
 async fn measure<B: Backend>(
     out: &Output,
     node: Node<B>,
-    provider: &Arc<MemoryProvider>,
+    counted: Option<&MemoryProvider>,
     args: &Args,
     (backend, durability): (LogKind, store::Durability),
 ) -> anyhow::Result<Report> {
@@ -277,11 +311,11 @@ async fn measure<B: Backend>(
     progress.phase("bench: re-submitting", intents as u64);
     let commits = node.store.commits() - commits_before;
     let events = node.store.events().zip(events_before).map(|(after, before)| after - before);
-    let effects_first = provider.effect_count();
+    let effects_first = counted.map(MemoryProvider::effect_count);
     let (deduplicated, _, dedup_seconds) =
         pass(&node, &inputs, concurrency, Expect::Deduplicated, progress.clone()).await?;
     progress.finish();
-    let effects_after = provider.effect_count();
+    let effects_after = counted.map(MemoryProvider::effect_count);
     node.shutdown()?;
     drop(node);
     let mut sorted = latencies;
@@ -291,6 +325,10 @@ async fn measure<B: Backend>(
     };
     Ok(Report {
         backend,
+        provider: match args.provider {
+            Through::InProcess => ProviderKind::InProcess,
+            Through::Http(_) => ProviderKind::Http,
+        },
         intents,
         concurrency,
         durability: format!("{durability:?}").to_lowercase(),
@@ -316,8 +354,12 @@ fn print_report(report: &Report, keep: Option<&Path>) {
         LogKind::Sqlite => "SQLite",
         LogKind::Postgres => "PostgreSQL",
     };
+    let provider = match report.provider {
+        ProviderKind::InProcess => "the in-process provider",
+        ProviderKind::Http => "the HTTP provider",
+    };
     outln!(
-        "keel bench: {} charges on {backend}, concurrency {}, durability {}",
+        "keel bench: {} charges on {backend} through {provider}, concurrency {}, durability {}",
         report.intents,
         report.concurrency,
         report.durability
@@ -330,13 +372,15 @@ fn print_report(report: &Report, keep: Option<&Path>) {
     }
     outln!("  latency p50 {:.2} ms, p99 {:.2} ms", report.p50_ms, report.p99_ms);
     outln!("  {} commits = {:.3} per intent", report.commits, report.commits_per_intent);
+    let effects = match (report.effects_after_first_pass, report.effects_after_resubmission) {
+        (Some(first), Some(after)) => format!(", effects {first} → {after}"),
+        _ => String::new(),
+    };
     outln!(
-        "  re-submission: {}/{} deduplicated ({:.0}/s), effects {} → {} {}",
+        "  re-submission: {}/{} deduplicated ({:.0}/s){effects} {}",
         report.resubmitted_deduplicated,
         report.intents,
         report.dedups_per_s,
-        report.effects_after_first_pass,
-        report.effects_after_resubmission,
         if report.ok() { "(no new effect)" } else { "(MISMATCH)" }
     );
     if let (Some(path), Some(bytes)) = (keep, report.kept_bytes) {
@@ -364,6 +408,7 @@ async fn across_processes(
             .args(["--intents", &intents.to_string(), "--first", &first.to_string()])
             .args(["--concurrency", &args.concurrency.to_string()])
             .args(["--durability", &format!("{durability:?}").to_lowercase()])
+            .args(provider_flags(&args.provider))
             // The store goes by the environment: a password never shows in the process list.
             .env(
                 "KEEL_STORE",
@@ -430,6 +475,23 @@ async fn across_processes(
         }
     });
     Ok(if ok { exit::OK } else { exit::INTERNAL })
+}
+
+/// The flags that give a `keel bench` child the same provider.
+fn provider_flags(provider: &Through) -> Vec<String> {
+    match provider {
+        Through::InProcess => Vec::new(),
+        Through::Http(provider) => [
+            ("--provider", provider.url.clone()),
+            ("--provider-tier", Some(provider.tier.clone())),
+            ("--provider-consistency-window-ms", Some(provider.consistency_window_ms.to_string())),
+            ("--provider-timeout-ms", Some(provider.timeout_ms.to_string())),
+        ]
+        .into_iter()
+        .filter_map(|(flag, value)| value.map(|value| [flag.to_owned(), value]))
+        .flatten()
+        .collect(),
+    }
 }
 
 /// Charges `first .. first + count` into the log at `db` (created or extended), with no

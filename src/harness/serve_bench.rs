@@ -4,10 +4,11 @@
 //! Owns the load generator: a real `keel serve` child (loopback only, `--addr 127.0.0.1:0`)
 //! in front of a simulator child, a submit key made with `keel keys create`, C concurrent
 //! HTTP clients charging N distinct keys, then every charge re-submitted (the dedup pass: the
-//! simulator must see no new effect); then `keel bench` (in process, zero-latency provider) at
-//! the same concurrency; then S `keel charge` processes against the same simulator. Every
-//! pass is bounded by its count and by `--max-seconds`. It measures and checks the effect
-//! counts; it asserts no timing.
+//! simulator must see no new effect); then `keel bench` at the same concurrency twice: with the
+//! in-process zero-latency provider, and through a simulator child of its own over HTTP — the
+//! same provider `keel serve` charged, so that the two differ by the HTTP door alone; then S
+//! `keel charge` processes against the first simulator. Every pass is bounded by its count and
+//! by `--max-seconds`. It measures and checks the effect counts; it asserts no timing.
 
 use super::start_sim;
 use crate::exit;
@@ -75,8 +76,14 @@ struct Report {
     effects_after_serve: usize,
     effects_after_resubmission: usize,
     bench_in_process: Value,
+    /// `keel bench --provider URL`: the same charges through a simulator of its own.
+    bench_through_simulator: Value,
+    effects_after_bench_through_simulator: usize,
     spawned_keel_charge: Pass,
+    /// Serve over `keel bench` with the in-process provider (serve pays the simulator too).
     serve_vs_bench: f64,
+    /// Serve over `keel bench` through the simulator: the same provider on both sides.
+    serve_vs_bench_same_provider: f64,
     serve_vs_spawn: f64,
 }
 
@@ -116,26 +123,39 @@ pub async fn run(out: &Output, args: Args) -> anyhow::Result<u8> {
     let effects_after_resubmission = provider_sim::list_effects(&dir.join("sim.db"))?.len();
     drop(server);
 
-    let bench = in_process_bench(&dir, args.intents, args.concurrency)?;
+    let bench = keel_bench(&dir.join("bench.db"), None, args.intents, args.concurrency)?;
+    let bench_sim = start_sim(&dir.join("bench-sim.db"), None, Stdio::null())?;
+    let bench_http = keel_bench(&dir.join("bench-http.db"), Some(bench_sim.url()), args.intents, args.concurrency)?;
+    let effects_after_bench_through_simulator = provider_sim::list_effects(&dir.join("bench-sim.db"))?.len();
+    drop(bench_sim);
     let spawned = spawn_pass(&dir, sim.url(), args.spawned, args.concurrency, budget).await?;
 
-    let bench_per_s = bench["intents_per_s"].as_f64().unwrap_or(0.0);
+    let ratio = |over: f64| if over > 0.0 { serve.per_s / over } else { 0.0 };
     let report = Report {
         concurrency: args.concurrency,
         dedup_rate: again.ok as f64 / again.requests.max(1) as f64,
-        serve_vs_bench: if bench_per_s > 0.0 { serve.per_s / bench_per_s } else { 0.0 },
-        serve_vs_spawn: if spawned.per_s > 0.0 { serve.per_s / spawned.per_s } else { 0.0 },
+        serve_vs_bench: ratio(per_s(&bench)),
+        serve_vs_bench_same_provider: ratio(per_s(&bench_http)),
+        serve_vs_spawn: ratio(spawned.per_s),
         serve,
         serve_resubmitted: again,
         effects_after_serve,
         effects_after_resubmission,
         bench_in_process: bench,
+        bench_through_simulator: bench_http,
+        effects_after_bench_through_simulator,
         spawned_keel_charge: spawned,
     };
+    let bench_ok = |bench: &Value| bench["validated"] == bench["intents"] && bench["intents"].as_u64().is_some();
     let ok = report.serve.ok == report.serve.requests
         && effects_after_serve == report.serve.ok
         && effects_after_resubmission == effects_after_serve
-        && report.serve_resubmitted.ok == report.serve_resubmitted.requests;
+        && report.serve_resubmitted.ok == report.serve_resubmitted.requests
+        && bench_ok(&report.bench_in_process)
+        && bench_ok(&report.bench_through_simulator)
+        && report.bench_through_simulator["resubmitted_deduplicated"] == report.bench_through_simulator["intents"]
+        && report.bench_through_simulator["intents"].as_u64()
+            == u64::try_from(effects_after_bench_through_simulator).ok();
     out.emit(&report, || print(&report, ok));
     Ok(if ok { exit::OK } else { exit::INTERNAL })
 }
@@ -162,18 +182,31 @@ fn print(report: &Report, ok: bool) {
         report.effects_after_resubmission,
         if ok { "(no new effect)" } else { "(MISMATCH)" }
     );
-    let bench = &report.bench_in_process;
-    outln!(
-        "  {:<28} {:>13} in {:>6.2} s = {:>8.0}/s, p50 {:>7.2} ms, p99 {:>7.2} ms",
-        "keel bench (in process)",
-        bench["intents"],
-        bench["seconds"].as_f64().unwrap_or(0.0),
-        bench["intents_per_s"].as_f64().unwrap_or(0.0),
-        bench["p50_ms"].as_f64().unwrap_or(0.0),
-        bench["p99_ms"].as_f64().unwrap_or(0.0)
-    );
+    let bench = |name: &str, bench: &Value| {
+        outln!(
+            "  {name:<28} {:>13} in {:>6.2} s = {:>8.0}/s, p50 {:>7.2} ms, p99 {:>7.2} ms",
+            bench["intents"],
+            bench["seconds"].as_f64().unwrap_or(0.0),
+            per_s(bench),
+            bench["p50_ms"].as_f64().unwrap_or(0.0),
+            bench["p99_ms"].as_f64().unwrap_or(0.0)
+        );
+    };
+    bench("keel bench (in process)", &report.bench_in_process);
+    bench("keel bench (simulator, HTTP)", &report.bench_through_simulator);
+    outln!("  simulator effects after keel bench through it: {}", report.effects_after_bench_through_simulator);
     line("keel charge spawned per req", &report.spawned_keel_charge);
-    outln!("  serve / bench = {:.2}; serve / spawned = {:.1}×", report.serve_vs_bench, report.serve_vs_spawn);
+    outln!(
+        "  serve / bench in process = {:.2}; serve / bench through the simulator = {:.2}; serve / spawned = {:.1}×",
+        report.serve_vs_bench,
+        report.serve_vs_bench_same_provider,
+        report.serve_vs_spawn
+    );
+}
+
+/// A `keel bench` report's charges per second.
+fn per_s(bench: &Value) -> f64 {
+    bench["intents_per_s"].as_f64().unwrap_or(0.0)
 }
 
 /// The run's directory: `--dir`, or a temporary one removed at the end.
@@ -324,13 +357,22 @@ async fn wait_ready(client: &reqwest::Client, base: &str) -> anyhow::Result<()> 
     bail!("keel serve never became ready")
 }
 
-/// `keel bench --intents N --concurrency C --json` in its own log, parsed.
-fn in_process_bench(dir: &Path, intents: usize, concurrency: usize) -> anyhow::Result<Value> {
-    let output = Command::new(std::env::current_exe()?)
-        .arg("--db")
-        .arg(dir.join("bench.db"))
-        .args(["--json", "bench", "--intents", &intents.to_string(), "--concurrency", &concurrency.to_string()])
-        .output()?;
+/// `keel bench --intents N --concurrency C --json` in its own log `db`, through the provider
+/// at `provider` (`--provider URL`) or the in-process one, parsed.
+fn keel_bench(db: &Path, provider: Option<&str>, intents: usize, concurrency: usize) -> anyhow::Result<Value> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command.arg("--db").arg(db).args([
+        "--json",
+        "bench",
+        "--intents",
+        &intents.to_string(),
+        "--concurrency",
+        &concurrency.to_string(),
+    ]);
+    if let Some(url) = provider {
+        command.args(["--provider", url]);
+    }
+    let output = command.output()?;
     serde_json::from_slice(&output.stdout).context("keel bench prints JSON")
 }
 

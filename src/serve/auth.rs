@@ -1,7 +1,9 @@
 //! Who may do what: the key a request presents, its role, its rate.
 //!
 //! Owns [`Need`] (what a route asks of a key), [`authorize`] (authenticate through
-//! `crate::keys`, then [`admit`]: the per-key token bucket, then the role) and [`Buckets`]. Roles do not
+//! `crate::keys`, then [`admit`]: the per-key token bucket, then the role), [`Buckets`] and
+//! [`login_attempt`] (the console's login, limited per client address and per key id before
+//! any secret is checked). Roles do not
 //! nest upwards: `read` reads; `submit` reads and charges or refunds; `operator` reads and
 //! makes operator decisions. It never looks at a request's body and never names the tenant of
 //! an intent: handlers compare that with the key's own.
@@ -9,8 +11,9 @@
 use super::error::{ApiError, Code};
 use crate::keys::{self, Refused};
 use axum::http::{HeaderMap, header};
-use engine::limits::API_RATE_BURST_S;
+use engine::limits::{API_RATE_BURST_S, CONSOLE_LOGIN_BURST, CONSOLE_LOGINS_PER_MIN, RATE_BUCKETS_MAX};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use store::keys::{ApiKey, KeyBook, Role};
 use tokio::time::Instant;
@@ -51,8 +54,8 @@ struct Bucket {
     at: Instant,
 }
 
-/// Every key's token bucket. One entry per key that ever made a request: bounded by the key
-/// table, which only an operator grows.
+/// A token bucket per caller (a key id, a client address). At most `RATE_BUCKETS_MAX`: past
+/// it the buckets full again are dropped, and while none is, a new caller is refused.
 pub struct Buckets {
     rate_per_s: f64,
     burst: f64,
@@ -63,13 +66,33 @@ impl Buckets {
     /// Buckets refilled at `rate_per_s`, holding `API_RATE_BURST_S` seconds of it.
     pub fn new(rate_per_s: u32) -> Self {
         let rate_per_s = f64::from(rate_per_s);
-        Self { rate_per_s, burst: rate_per_s * f64::from(API_RATE_BURST_S), buckets: Mutex::new(HashMap::new()) }
+        Self::with(rate_per_s, rate_per_s * f64::from(API_RATE_BURST_S))
     }
 
-    /// Takes one token from `key_id`'s bucket, or says in how many seconds one will be there.
-    fn take(&self, key_id: &str, now: Instant) -> Result<(), u64> {
+    /// The console's login buckets: `CONSOLE_LOGINS_PER_MIN` a minute, `CONSOLE_LOGIN_BURST`
+    /// at once.
+    pub fn logins() -> Self {
+        Self::with(f64::from(CONSOLE_LOGINS_PER_MIN) / 60.0, f64::from(CONSOLE_LOGIN_BURST))
+    }
+
+    fn with(rate_per_s: f64, burst: f64) -> Self {
+        Self { rate_per_s, burst, buckets: Mutex::new(HashMap::new()) }
+    }
+
+    /// Takes one token from `id`'s bucket, or says in how many seconds one will be there.
+    fn take(&self, id: &str, now: Instant) -> Result<(), u64> {
         let mut buckets = self.buckets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let bucket = buckets.entry(key_id.to_owned()).or_insert(Bucket { tokens: self.burst, at: now });
+        if buckets.len() >= RATE_BUCKETS_MAX && !buckets.contains_key(id) {
+            let (rate, burst) = (self.rate_per_s, self.burst);
+            buckets.retain(|_, bucket| {
+                bucket.tokens + now.saturating_duration_since(bucket.at).as_secs_f64() * rate < burst
+            });
+            if buckets.len() >= RATE_BUCKETS_MAX {
+                // Until the oldest bucket fills again at the latest.
+                return Err(((burst / rate).ceil() as u64).max(1));
+            }
+        }
+        let bucket = buckets.entry(id.to_owned()).or_insert(Bucket { tokens: self.burst, at: now });
         let refill = now.saturating_duration_since(bucket.at).as_secs_f64() * self.rate_per_s;
         bucket.tokens = (bucket.tokens + refill).min(self.burst);
         bucket.at = now;
@@ -80,6 +103,30 @@ impl Buckets {
             // Whole seconds, at least one: `Retry-After` has no fractions.
             Err((((1.0 - bucket.tokens) / self.rate_per_s).ceil() as u64).max(1))
         }
+    }
+
+    /// Spends one of `id`'s tokens now, or the 429 (with `Retry-After`) saying `who` is over
+    /// its rate.
+    fn spend(&self, id: &str, who: &str) -> Result<(), ApiError> {
+        self.take(id, Instant::now()).map_err(|seconds| {
+            ApiError::new(Code::RateLimited, format!("{who} is over its rate limit; try again in {seconds} s"))
+                .retry_after(seconds)
+        })
+    }
+}
+
+/// A console login attempt from `client` presenting `token`, if neither the client's bucket
+/// nor the presented key id's (the token's public part, whether or not such a key exists) is
+/// spent: checked before the secret is, so a guesser is slowed whichever it spreads over.
+///
+/// # Errors
+///
+/// 429 with `Retry-After`.
+pub fn login_attempt(logins: &Buckets, client: IpAddr, token: &str) -> Result<(), ApiError> {
+    logins.spend(&format!("client {client}"), &format!("client {client}"))?;
+    match keys::token_id(token) {
+        Some(id) => logins.spend(&format!("key {id}"), &format!("logins with key {id}")),
+        None => Ok(()),
     }
 }
 
@@ -105,13 +152,7 @@ pub fn authorize(book: &KeyBook, buckets: &Buckets, headers: &HeaderMap, need: N
 ///
 /// 429 with `Retry-After`, 403 (the wrong role).
 pub fn admit(buckets: &Buckets, key: ApiKey, need: Need) -> Result<ApiKey, ApiError> {
-    if let Err(seconds) = buckets.take(&key.id, Instant::now()) {
-        return Err(ApiError::new(
-            Code::RateLimited,
-            format!("key {} is over its rate limit; try again in {seconds} s", key.name),
-        )
-        .retry_after(seconds));
-    }
+    buckets.spend(&key.id, &format!("key {}", key.name))?;
     if !need.allows(key.role) {
         return Err(ApiError::new(
             Code::Forbidden,
@@ -132,9 +173,42 @@ fn refused(why: Refused) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use super::Buckets;
+    use super::{Buckets, login_attempt};
+    use engine::limits::{CONSOLE_LOGIN_BURST, RATE_BUCKETS_MAX};
+    use std::net::{IpAddr, Ipv4Addr};
     use std::time::Duration;
     use tokio::time::Instant;
+
+    #[test]
+    fn a_full_table_drops_the_buckets_full_again_and_refuses_while_none_is() {
+        let buckets = Buckets::new(1);
+        let start = Instant::now();
+        for id in 0..RATE_BUCKETS_MAX {
+            assert_eq!(buckets.take(&id.to_string(), start), Ok(()));
+        }
+        assert_eq!(buckets.take("new", start), Err(2), "every bucket is partly spent: a newcomer waits");
+        assert_eq!(buckets.take("0", start), Ok(()), "a caller already held is served");
+        let later = start + Duration::from_secs(2);
+        assert_eq!(buckets.take("new", later), Ok(()), "once full again, the old buckets are dropped");
+        assert_eq!(buckets.buckets.lock().map(|held| held.len()).ok(), Some(1));
+    }
+
+    #[test]
+    fn logins_are_limited_per_client_and_per_key_id_whatever_the_other() {
+        let logins = Buckets::logins();
+        let client = |n: u8| IpAddr::V4(Ipv4Addr::new(10, 0, 0, n));
+        let token = "keel_0123456789abcdef_wrongsecret";
+        for n in 0..CONSOLE_LOGIN_BURST {
+            let from = client(u8::try_from(n).unwrap_or(u8::MAX));
+            assert!(login_attempt(&logins, from, token).is_ok(), "attempt {n} from its own address");
+        }
+        let refused = login_attempt(&logins, client(200), token).expect_err("the key id's burst is spent");
+        assert_eq!(refused.status().as_u16(), 429);
+        for _ in 0..CONSOLE_LOGIN_BURST {
+            assert!(login_attempt(&logins, client(201), "not a token").is_ok());
+        }
+        assert!(login_attempt(&logins, client(201), "not a token").is_err(), "the client's burst is spent");
+    }
 
     #[test]
     fn a_bucket_spends_its_burst_then_refills_at_its_rate() {

@@ -139,6 +139,11 @@ impl ApiError {
         &self.message
     }
 
+    /// The `Retry-After` it carries, in seconds (a 429, a 503 before recovery is done).
+    pub fn retry_after_s(&self) -> Option<u64> {
+        self.retry_after_s
+    }
+
     /// An internal failure: logged in full, shown as a generic message (the store's text may
     /// name files and rows a client has no business seeing).
     pub fn internal(error: &dyn std::fmt::Display) -> Self {

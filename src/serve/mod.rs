@@ -95,6 +95,8 @@ pub struct Server {
     node: Node,
     keys: KeyBook,
     buckets: auth::Buckets,
+    /// The console's login attempts, per client address and per presented key id.
+    logins: auth::Buckets,
     limits: LimitArgs,
     /// The operator's policy, loaded at start: every request's run is held to its tenant's
     /// rules and records the policy's version and hash.
@@ -188,6 +190,7 @@ pub async fn run(
         node,
         keys,
         buckets: auth::Buckets::new(args.rate_per_s),
+        logins: auth::Buckets::logins(),
         limits: args.limits,
         policy,
         ready: AtomicBool::new(false),
@@ -208,7 +211,10 @@ pub async fn run(
     let serving = tokio::spawn(async move {
         match tls {
             Some(tls) => tls::serve(listener, app, tls, stop).await,
-            None => axum::serve(listener, app).with_graceful_shutdown(stop).await.context("the server failed"),
+            None => axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(stop)
+                .await
+                .context("the server failed"),
         }
     });
 

@@ -12,6 +12,7 @@
 
 use anyhow::Context as _;
 use axum::Router;
+use axum::extract::ConnectInfo;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -121,7 +122,8 @@ pub async fn serve(listener: TcpListener, app: Router, tls: Tls, stop: impl Futu
             () = &mut stop => break,
         };
         let acceptor = tls.acceptor.clone();
-        let service = TowerToHyperService::new(app.clone());
+        // The client's address, as plain HTTP's `into_make_service_with_connect_info` gives it.
+        let service = TowerToHyperService::new(app.clone().layer(axum::Extension(ConnectInfo(peer))));
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let stream = match acceptor.accept(tcp).await {

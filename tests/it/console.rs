@@ -402,6 +402,37 @@ fn csrf_of(page: &str) -> String {
 }
 
 #[test]
+fn console_logins_are_limited_per_client_before_any_secret_is_checked() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let operator = create_key(&db, TENANT, "operator", "ops-ana");
+    let serve = Serve::start(&db, &sim, &[]);
+    let (status, head, page) = serve.call_text("GET", "/console/login", &[], None);
+    assert_eq!(status, 200);
+    let (session, csrf) = (set_cookie(&head), csrf_of(&page));
+    let login = |secret: &str| {
+        let headers = [
+            ("Cookie", format!("keel_session={session}")),
+            ("Content-Type", "application/x-www-form-urlencoded".to_owned()),
+        ];
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        serve.call_text("POST", "/console/login", &headers, Some(&format!("csrf={csrf}&secret={secret}")))
+    };
+    // Wrong secrets, each presenting another key id: they spend the client's own burst.
+    let refused: Vec<u16> =
+        (0..engine::limits::CONSOLE_LOGIN_BURST).map(|n| login(&format!("keel_{n:016x}_not-the-secret")).0).collect();
+    assert!(refused.iter().all(|status| *status == 401), "refused, not yet limited: {refused:?}");
+    let (status, head, page) = login("keel_ffffffffffffffff_not-the-secret");
+    assert_eq!(status, 429, "past the burst: {page}");
+    let retry_after = head.lines().find_map(|line| line.strip_prefix("retry-after: ")).map(str::parse::<u64>);
+    assert!(retry_after.is_some_and(|seconds| seconds.is_ok_and(|s| s >= 1)), "{head}");
+    // The right secret is limited too: the limit comes before any secret is looked at.
+    let (status, head, _) = login(&operator);
+    assert_eq!(status, 429, "{head}");
+    assert!(!head.contains("set-cookie: keel_session="), "nothing signed in: {head}");
+}
+
+#[test]
 fn console_forms_refuse_what_they_cannot_do_and_write_nothing() {
     let (dir, db) = temp();
     let sim = start_sim(dir.path(), None);

@@ -9,9 +9,12 @@
 //!
 //! # Concurrency
 //!
-//! One `rusqlite::Connection` behind a mutex: the simulator is a test tool whose throughput is
-//! bounded by fsync anyway, and a single connection makes every claim trivially serial. Callers
-//! run these blocking methods on tokio's blocking pool.
+//! One `rusqlite::Connection` behind a mutex: a single connection makes every claim serial.
+//! Claims are group-committed, as a real provider's storage would: the claims that queue up
+//! while one transaction commits are made together in the next (each in its own savepoint,
+//! in arrival order), and each is answered only after its transaction is durable, so one
+//! fsync serves many concurrent requests. Callers run these blocking methods on tokio's
+//! blocking pool.
 //!
 //! # Recovery
 //!
@@ -24,7 +27,7 @@
 use super::{EffectKind, EffectRecord, Error};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, mpsc};
 
 /// How long a connection waits on a lock held by another connection (e.g. the `effects`
 /// command reading while the server writes) before giving up.
@@ -86,9 +89,33 @@ pub(crate) enum Claim {
     InProgress,
 }
 
+/// One request's claim of a key, as [`Db::claim`] queues it.
+pub(crate) struct ClaimRequest {
+    /// The `Idempotency-Key`.
+    pub key: String,
+    /// The canonical hash of the request (operation and body).
+    pub hash: String,
+    /// What to commit when the key is new.
+    pub answer: Answer,
+    /// Keep the record `in_flight` until [`Db::finish`].
+    pub in_flight: bool,
+    /// `false`: no records at all (the simulator's no-idempotency mode).
+    pub idempotency: bool,
+    /// The record's creation time, RFC 3339.
+    pub now: String,
+}
+
+/// A queued claim and where its answer goes.
+struct Queued {
+    request: ClaimRequest,
+    reply: mpsc::SyncSender<Result<Claim, Error>>,
+}
+
 /// The simulator's database.
 pub(crate) struct Db {
     conn: Mutex<Connection>,
+    /// Claims waiting for the connection: the next holder commits them together.
+    queued: Mutex<Vec<Queued>>,
 }
 
 impl Db {
@@ -106,7 +133,7 @@ impl Db {
         if deleted > 0 {
             tracing::warn!(deleted, "deleted in-flight idempotency records without an effect");
         }
-        Ok((Self { conn: Mutex::new(conn) }, completed))
+        Ok((Self { conn: Mutex::new(conn), queued: Mutex::new(Vec::new()) }, completed))
     }
 
     /// Opens an existing database for reading effects, without creating or recovering
@@ -118,7 +145,7 @@ impl Db {
         )
         .map_err(|source| Error::Open { path: path.display().to_string(), source })?;
         configure(&conn)?;
-        Ok(Self { conn: Mutex::new(conn) })
+        Ok(Self { conn: Mutex::new(conn), queued: Mutex::new(Vec::new()) })
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -127,60 +154,30 @@ impl Db {
         self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Claims `key` for a request whose canonical hash is `hash`, committing `answer` in the
-    /// same transaction when the key is new. `in_flight` keeps the record in flight until
-    /// [`Db::finish`]; `idempotency: false` skips records entirely.
-    pub(crate) fn claim(
-        &self,
-        key: &str,
-        hash: &str,
-        answer: Answer,
-        in_flight: bool,
-        idempotency: bool,
-        now: &str,
-    ) -> Result<Claim, Error> {
-        let mut conn = self.lock();
-        // IMMEDIATE takes the write lock up front, so the read of the record and the insert
-        // that follows cannot interleave with another writer.
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        if idempotency {
-            let existing: Option<(String, String, i64, String)> = tx
-                .query_row(
-                    "SELECT request_hash, state, status_code, response_body FROM idempotency WHERE key = ?1",
-                    params![key],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
-                )
-                .optional()?;
-            if let Some((stored_hash, state, status, body)) = existing {
-                let claim = if stored_hash != hash {
-                    Claim::KeyReused
-                } else if state == "in_flight" {
-                    Claim::InProgress
-                } else {
-                    Claim::Replay(Stored { status: status_code(status)?, body })
-                };
-                return Ok(claim);
+    /// Claims `request.key`, committing `request.answer` in the same transaction when the key
+    /// is new; answers once that transaction is durable.
+    ///
+    /// Group commit: the claim is queued, and whichever caller holds the connection next
+    /// claims every queued key in one transaction (each in its own savepoint, in arrival
+    /// order, so a later claim of the same key sees the earlier one), commits once, then
+    /// answers each. A claim is never answered before the commit holding it.
+    pub(crate) fn claim(&self, request: ClaimRequest) -> Result<Claim, Error> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.queue().push(Queued { request, reply });
+        {
+            let mut conn = self.lock();
+            let batch = std::mem::take(&mut *self.queue());
+            // Empty when an earlier holder of the connection took this claim with its batch.
+            if !batch.is_empty() {
+                claim_batch(&mut conn, batch);
             }
         }
-        let (stored, effect_id) = match answer {
-            Answer::Effect(effect) => {
-                insert_effect(&tx, &effect)?;
-                let body = effect.api_object().to_string();
-                (Stored { status: 200, body }, Some(effect.id))
-            }
-            Answer::Decline(stored) => (stored, None),
-        };
-        if idempotency {
-            // A decline has nothing to wait for, so it is never in flight.
-            let state = if in_flight && effect_id.is_some() { "in_flight" } else { "done" };
-            tx.execute(
-                "INSERT INTO idempotency (key, request_hash, state, status_code, response_body, effect_id, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![key, hash, state, i64::from(stored.status), stored.body, effect_id, now],
-            )?;
-        }
-        tx.commit()?;
-        Ok(Claim::New(stored))
+        answer.recv().map_err(|_| Error::Task("a batch of claims ended without answering (a panic)".to_owned()))?
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Vec<Queued>> {
+        // A queue is plain data pushed and taken whole: a panic cannot leave it half-updated.
+        self.queued.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Marks `key`'s record done: its answer is being sent now.
@@ -262,11 +259,91 @@ fn read_effect(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<EffectRecord,
     }))
 }
 
-fn insert_effect(tx: &rusqlite::Transaction<'_>, e: &EffectRecord) -> Result<(), Error> {
-    tx.execute(
+/// Claims every key of `batch` in one transaction and answers each: its own claim once the
+/// transaction is committed, or the commit's failure.
+fn claim_batch(conn: &mut Connection, batch: Vec<Queued>) {
+    let (requests, replies): (Vec<ClaimRequest>, Vec<_>) =
+        batch.into_iter().map(|queued| (queued.request, queued.reply)).unzip();
+    match claim_all(conn, requests) {
+        Ok(claims) => {
+            for (reply, claim) in replies.into_iter().zip(claims) {
+                // A caller that is gone (its task was dropped) needs no answer.
+                let _ = reply.send(claim);
+            }
+        }
+        Err(error) => {
+            let message = error.to_string();
+            for reply in replies {
+                let _ = reply.send(Err(Error::Batch(message.clone())));
+            }
+        }
+    }
+}
+
+/// Every claim of `requests` in one `IMMEDIATE` transaction (the read of a record and the
+/// insert that follows cannot interleave with another writer), each in a savepoint: one that
+/// fails is rolled back alone and answered with its error.
+fn claim_all(conn: &mut Connection, requests: Vec<ClaimRequest>) -> Result<Vec<Result<Claim, Error>>, Error> {
+    let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut claims = Vec::with_capacity(requests.len());
+    for request in requests {
+        let savepoint = tx.savepoint()?;
+        let claim = claim_one(&savepoint, request);
+        if claim.is_ok() {
+            savepoint.commit()?;
+        }
+        claims.push(claim);
+    }
+    tx.commit()?;
+    Ok(claims)
+}
+
+/// One claim inside the batch's transaction: replay, conflict, reuse error, or the new
+/// answer (the effect, or the decline) with its record.
+fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
+    let ClaimRequest { key, hash, answer, in_flight, idempotency, now } = request;
+    if idempotency {
+        let existing: Option<(String, String, i64, String)> = conn
+            .prepare_cached("SELECT request_hash, state, status_code, response_body FROM idempotency WHERE key = ?1")?
+            .query_row(params![key], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)))
+            .optional()?;
+        if let Some((stored_hash, state, status, body)) = existing {
+            let claim = if stored_hash != hash {
+                Claim::KeyReused
+            } else if state == "in_flight" {
+                Claim::InProgress
+            } else {
+                Claim::Replay(Stored { status: status_code(status)?, body })
+            };
+            return Ok(claim);
+        }
+    }
+    let (stored, effect_id) = match answer {
+        Answer::Effect(effect) => {
+            insert_effect(conn, &effect)?;
+            let body = effect.api_object().to_string();
+            (Stored { status: 200, body }, Some(effect.id))
+        }
+        Answer::Decline(stored) => (stored, None),
+    };
+    if idempotency {
+        // A decline has nothing to wait for, so it is never in flight.
+        let state = if in_flight && effect_id.is_some() { "in_flight" } else { "done" };
+        conn.prepare_cached(
+            "INSERT INTO idempotency (key, request_hash, state, status_code, response_body, effect_id, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?
+        .execute(params![key, hash, state, i64::from(stored.status), stored.body, effect_id, now])?;
+    }
+    Ok(Claim::New(stored))
+}
+
+fn insert_effect(conn: &Connection, e: &EffectRecord) -> Result<(), Error> {
+    conn.prepare_cached(
         "INSERT INTO effects (id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-        params![
+    )?
+    .execute(params![
             e.id,
             e.idempotency_key,
             e.kind.as_str(),
@@ -277,12 +354,69 @@ fn insert_effect(tx: &rusqlite::Transaction<'_>, e: &EffectRecord) -> Result<(),
             e.tenant,
             e.created_at,
             e.created_at_ms,
-            e.traceparent
-        ],
-    )?;
+        e.traceparent
+    ])?;
     Ok(())
 }
 
 fn status_code(stored: i64) -> Result<u16, Error> {
     u16::try_from(stored).map_err(|_| Error::Corrupt(format!("stored status code {stored}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Answer, Claim, ClaimRequest, Db};
+    use crate::{EffectKind, EffectRecord};
+    use std::sync::Arc;
+
+    fn request(key: &str, n: usize) -> ClaimRequest {
+        let effect = EffectRecord {
+            id: format!("ch_{key}_{n}"),
+            idempotency_key: key.to_owned(),
+            kind: EffectKind::Charge,
+            amount_minor: 100,
+            currency: "EUR".to_owned(),
+            order_id: "order".to_owned(),
+            intent_id: key.to_owned(),
+            tenant: "tenant".to_owned(),
+            created_at: "2026-01-01T00:00:00.000Z".to_owned(),
+            created_at_ms: 0,
+            traceparent: None,
+        };
+        ClaimRequest {
+            key: key.to_owned(),
+            hash: "same request".to_owned(),
+            answer: Answer::Effect(effect),
+            in_flight: false,
+            idempotency: true,
+            now: "2026-01-01T00:00:00.000Z".to_owned(),
+        }
+    }
+
+    #[test]
+    fn claims_racing_on_the_same_keys_commit_one_effect_per_key_whatever_the_batches() {
+        let path = std::env::temp_dir().join(format!("sim-claims-{}.db", uuid::Uuid::new_v4()));
+        let (db, _) = Db::open(&path).expect("the database opens");
+        let db = Arc::new(db);
+        let (threads, keys) = (8, 25);
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                let db = Arc::clone(&db);
+                std::thread::spawn(move || {
+                    (0..keys)
+                        .map(|k| db.claim(request(&format!("key_{k}"), thread)).expect("a claim"))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let claims: Vec<Claim> = handles.into_iter().flat_map(|h| h.join().expect("a claiming thread")).collect();
+        let new = claims.iter().filter(|claim| matches!(claim, Claim::New(_))).count();
+        let replays = claims.iter().filter(|claim| matches!(claim, Claim::Replay(_))).count();
+        assert_eq!((new, replays), (keys, keys * (threads - 1)), "one new claim per key, every other a replay");
+        assert_eq!(db.effects().expect("the effects").len(), keys);
+        drop(db);
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+        }
+    }
 }

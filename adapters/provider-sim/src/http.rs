@@ -9,8 +9,9 @@
 //! 1. Validate the key and body (400 `invalid_request_error`, nothing stored, no fault drawn).
 //! 2. Draw the fault for this request from the plan (in arrival order).
 //! 3. `fail_before_effect` / `unavailable` answer at once, touching nothing.
-//! 4. Otherwise claim the key in one transaction: replay, conflict, reuse error, or commit the
-//!    new answer (the effect, or the decline) with its record.
+//! 4. Otherwise claim the key in one transaction (shared with the claims that arrived meanwhile:
+//!    group commit, answered after the commit): replay, conflict, reuse error, or commit the new
+//!    answer (the effect, or the decline) with its record.
 //! 5. `slow` / `timeout_after_effect` hold the answer; the record stays `in_flight` (so a
 //!    concurrent request with the key gets 409) until the hold ends, then turns `done`. The hold
 //!    runs in its own task so the record is completed even if the client hangs up.
@@ -19,7 +20,7 @@
 // like a real provider does, so it reads the system clock directly.
 #![allow(clippy::disallowed_methods)]
 
-use super::db::{Answer, Claim, Db, Stored};
+use super::db::{Answer, Claim, ClaimRequest, Db, Stored};
 use super::faults::{Fault, FaultState, Operation};
 use super::{Config, EffectKind, EffectRecord, Error};
 use axum::Router;
@@ -219,10 +220,15 @@ async fn effect(state: State, operation: Operation, headers: &HeaderMap, body: &
     };
 
     let db = Arc::clone(&state.inner.db);
-    let idempotency = state.inner.idempotency;
-    let claim_key = key.clone();
-    let now = Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true);
-    let claim = blocking(move || db.claim(&claim_key, &hash, answer, hold_ms > 0, idempotency, &now)).await;
+    let request = ClaimRequest {
+        key: key.clone(),
+        hash,
+        answer,
+        in_flight: hold_ms > 0,
+        idempotency: state.inner.idempotency,
+        now: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
+    };
+    let claim = blocking(move || db.claim(request)).await;
     let claim = match claim {
         Ok(claim) => claim,
         Err(e) => return storage_error(&e),

@@ -113,6 +113,10 @@ pub enum Error {
     /// The server stopped with an I/O error.
     #[error("simulator server failed: {0}")]
     Serve(std::io::Error),
+    /// The transaction holding a batch of claims failed; every claim in it is answered
+    /// with this (nothing of the batch was committed).
+    #[error("simulator database: a batch of claims failed: {0}")]
+    Batch(String),
     /// A background task died (a panic in the simulator: a bug).
     #[error("simulator task failed: {0}")]
     Task(String),

@@ -9,7 +9,10 @@
 //!
 //! # Who may do what
 //!
-//! Login takes an operator or read key (a submit key is a service's, refused); the session
+//! Login takes an operator or read key (a submit key is a service's, refused), at most
+//! `CONSOLE_LOGINS_PER_MIN` attempts a minute per client address and per presented key id
+//! (`auth::login_attempt`, before the form's secret is checked: past it 429 with
+//! `Retry-After`); the session
 //! (`session`) remembers the key's id, and every request checks the key again (a revoked key
 //! is signed out) and spends its rate like an API request. A read key sees no form and every
 //! POST it makes is refused (403). Every form POST carries the session's CSRF token, checked
@@ -39,7 +42,7 @@ use crate::keys::{Refused, check_token};
 use crate::ops::{describe, money, when};
 use crate::wiring::SystemClock;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -51,6 +54,7 @@ use engine::provider::LookupOutcome;
 use html::{Html, bar_chart, page, segment};
 use serde::Deserialize;
 use session::Current;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use store::keys::{ApiKey, Role};
 use tokio::time::Instant;
@@ -89,11 +93,13 @@ enum Refusal {
     SignIn,
     /// A page saying why, with its status.
     Page(StatusCode, String),
+    /// A page saying what the API would answer: its status, message and `Retry-After`.
+    Api(ApiError),
 }
 
 impl From<ApiError> for Refusal {
     fn from(error: ApiError) -> Self {
-        Self::Page(error.status(), error.message().to_owned())
+        Self::Api(error)
     }
 }
 
@@ -105,15 +111,25 @@ impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
         match self {
             Self::SignIn => redirect("/console/login", None),
-            Self::Page(status, message) => {
-                let mut body = Html::new();
-                body.tag("<h1>").text(status.canonical_reason().unwrap_or("Refused")).tag("</h1>");
-                body.element("<p class=\"error\">", &message, "</p>");
-                body.tag("<p><a href=\"/console/intents\">Back to the intents</a></p>");
-                respond(status, page("Refused", None, body), None)
+            Self::Page(status, message) => refused_page(status, &message),
+            Self::Api(error) => {
+                let mut response = refused_page(error.status(), error.message());
+                if let Some(seconds) = error.retry_after_s() {
+                    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+                }
+                response
             }
         }
     }
+}
+
+/// The page of a refusal: its status and why.
+fn refused_page(status: StatusCode, message: &str) -> Response {
+    let mut body = Html::new();
+    body.tag("<h1>").text(status.canonical_reason().unwrap_or("Refused")).tag("</h1>");
+    body.element("<p class=\"error\">", message, "</p>");
+    body.tag("<p><a href=\"/console/intents\">Back to the intents</a></p>");
+    respond(status, page("Refused", None, body), None)
 }
 
 /// A page, with the console's protective headers (and a cookie to set).
@@ -261,7 +277,12 @@ struct LoginForm {
 }
 
 /// `POST /console/login`: an operator or read key opens a session.
-async fn login(State(server): Shared, headers: HeaderMap, body: Body) -> Result<Response, Refusal> {
+async fn login(
+    State(server): Shared,
+    ConnectInfo(client): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Refusal> {
     ready(&server)?;
     let forbidden = |why: &str| Refusal::Page(StatusCode::FORBIDDEN, why.to_owned());
     let now = Instant::now();
@@ -274,6 +295,7 @@ async fn login(State(server): Shared, headers: HeaderMap, body: Body) -> Result<
         return Err(forbidden("the form's CSRF token is missing or not this session's: reload the page"));
     }
     let LoginForm { secret } = form.decode()?;
+    auth::login_attempt(&server.logins, client.ip(), secret.trim())?;
     let refuse = |status, message: &str| Ok(login_page(status, &session, Some(message), None));
     let key = match check_token(&server.keys, secret.trim()).map_err(|error| internal(&error))? {
         Ok(key) => key,
