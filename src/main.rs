@@ -776,8 +776,8 @@ enum Command {
         keep: bool,
     },
     /// Benchmark the charge workflow end to end against an in-process zero-latency provider
-    /// (or, with --provider URL, a Stripe-like provider over HTTP) at the chosen durability,
-    /// then re-submit everything and check no new effect (progress on a terminal).
+    /// (or a Stripe-like provider over HTTP, given its URL) at the chosen durability, then
+    /// re-submit everything and check no new effect (progress on a terminal).
     Bench {
         /// Intents to charge.
         #[arg(long, default_value_t = 20_000)]

@@ -52,20 +52,23 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
             let node = node(url, &provider, Some(rules.clone()))?;
             ops::run_effect(&node, out, "refund", &input, &limits, (&rules, stamp)).await
         }
-        Command::Reconcile { key, due, create: _, store, provider } => {
+        Command::Reconcile { key, due, create, store, provider } => {
             let key = key.as_deref().map(ops::parse_key).transpose()?;
             let provider = provider_of(Some(&store), Some(&provider));
             required_provider(&provider, "reconcile")?;
+            existing_log(url, create)?;
             ops::reconcile(&node(url, &provider, None)?, out, key.as_ref(), due).await
         }
-        Command::Resume { create: _, store, provider } => {
+        Command::Resume { create, store, provider } => {
             let provider = provider_of(Some(&store), Some(&provider));
             required_provider(&provider, "resume")?;
+            existing_log(url, create)?;
             ops::resume_postgres(&node(url, &provider, None)?, out).await
         }
-        Command::Worker { concurrency, poll_ms, health_ms, grace_ms, once, create: _, store, provider } => {
+        Command::Worker { concurrency, poll_ms, health_ms, grace_ms, once, create, store, provider } => {
             let provider = provider_of(Some(&store), Some(&provider));
             required_provider(&provider, "worker")?;
+            existing_log(url, create)?;
             let settings = worker::Settings::from_flags(concurrency, poll_ms, health_ms, grace_ms, once);
             let node = node(url, &provider, None)?;
             let worker = worker::Worker::new(node.executor.clone(), Arc::new(SqliteOnlyAgents), settings);
@@ -73,11 +76,13 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
             node.shutdown()?;
             outcome
         }
-        Command::Show { key, create: _ } => {
+        Command::Show { key, create } => {
             let key = ops::parse_key(&key)?;
-            wiring::postgres_blocking(|| ops::show_postgres(&mut reader(url)?, out, &key))
+            wiring::postgres_blocking(|| ops::show_postgres(&mut reader(url, create)?, out, &key))
         }
-        Command::Verify { create: _ } => wiring::postgres_blocking(|| ops::verify_postgres(&mut reader(url)?, out)),
+        Command::Verify { create } => {
+            wiring::postgres_blocking(|| ops::verify_postgres(&mut reader(url, create)?, out))
+        }
         Command::Bench { intents, concurrency, keep, first, durability, processes, in_place, provider } => {
             let processes = usize::try_from(processes).expect("--processes is at most 64");
             let provider = crate::bench_provider(&before, &provider);
@@ -108,11 +113,27 @@ fn node(
     Ok(Node::over(wiring::open_postgres(url, None)?, wiring::http_provider(provider)?, rules))
 }
 
-/// A reader on the PostgreSQL log at `url`, its schema migrated first (one connection).
-fn reader(url: &PgUrl) -> anyhow::Result<store_postgres::PgReader> {
+/// Refuses a database that holds no Keel log unless `--create` asks for one, as a missing
+/// SQLite file is refused: a read or a recovery never makes a log by accident.
+fn existing_log(url: &PgUrl, create: crate::CreateFlag) -> Result<(), Failure> {
+    if create.create {
+        return Ok(());
+    }
+    let holds = wiring::postgres_blocking(|| {
+        store_postgres::PgReader::open(&url.url())
+            .and_then(|mut reader| reader.holds_log())
+            .with_context(|| format!("cannot reach the PostgreSQL database at {} ({url})", url.server()))
+    })?;
+    if holds { Ok(()) } else { Err(Failure::MissingPostgresLog(url.to_string())) }
+}
+
+/// A reader on the PostgreSQL log at `url` (refused when it holds none, unless `create`), its
+/// schema migrated first (one connection).
+fn reader(url: &PgUrl, create: crate::CreateFlag) -> Result<store_postgres::PgReader, Failure> {
+    existing_log(url, create)?;
     wiring::open_postgres(url, Some(1))?.shutdown();
-    store_postgres::PgReader::open(&url.url())
-        .with_context(|| format!("cannot read the event log in PostgreSQL at {} ({url})", url.server()))
+    Ok(store_postgres::PgReader::open(&url.url())
+        .with_context(|| format!("cannot read the event log in PostgreSQL at {} ({url})", url.server()))?)
 }
 
 /// The agent runs of a PostgreSQL log, as `keel worker` meets them: left as they are, saying

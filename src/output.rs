@@ -112,6 +112,9 @@ pub enum Failure {
     Usage(String),
     /// The event log does not exist and the command does not create one (64).
     MissingDatabase(PathBuf),
+    /// The PostgreSQL database named holds no Keel log and `--create` was not given (64): the
+    /// server and database, as [`crate::backend::PgUrl`] shows them (no password).
+    MissingPostgresLog(String),
     /// The command needs the payment provider and none was given (64).
     MissingProvider(String),
     /// No intent or run by that name in this log (64).
@@ -128,7 +131,11 @@ impl Failure {
     /// The exit code.
     pub fn code(&self) -> u8 {
         match self {
-            Self::Usage(_) | Self::MissingDatabase(_) | Self::MissingProvider(_) | Self::NotFound(_) => exit::USAGE,
+            Self::Usage(_)
+            | Self::MissingDatabase(_)
+            | Self::MissingPostgresLog(_)
+            | Self::MissingProvider(_)
+            | Self::NotFound(_) => exit::USAGE,
             Self::Refused(_) => exit::CONTROLLED,
             Self::Interrupted(_) => exit::INTERRUPTED,
             Self::Internal(_) => exit::INTERNAL,
@@ -138,7 +145,11 @@ impl Failure {
     /// The JSON document's `status`.
     pub fn status(&self) -> &'static str {
         match self {
-            Self::Usage(_) | Self::MissingDatabase(_) | Self::MissingProvider(_) | Self::NotFound(_) => "usage_error",
+            Self::Usage(_)
+            | Self::MissingDatabase(_)
+            | Self::MissingPostgresLog(_)
+            | Self::MissingProvider(_)
+            | Self::NotFound(_) => "usage_error",
             Self::Refused(_) => "refused",
             Self::Interrupted(_) => "interrupted",
             Self::Internal(_) => "error",
@@ -149,7 +160,7 @@ impl Failure {
     fn reason(&self) -> Option<&'static str> {
         match self {
             Self::Usage(_) => Some("bad_input"),
-            Self::MissingDatabase(_) => Some("missing_database"),
+            Self::MissingDatabase(_) | Self::MissingPostgresLog(_) => Some("missing_database"),
             Self::MissingProvider(_) => Some("missing_provider"),
             Self::NotFound(_) => Some("not_found"),
             Self::Refused(_) | Self::Interrupted(_) | Self::Internal(_) => None,
@@ -160,6 +171,10 @@ impl Failure {
     pub fn message(&self) -> String {
         match self {
             Self::MissingDatabase(path) => missing_database(path),
+            Self::MissingPostgresLog(database) => format!(
+                "no event log in the PostgreSQL database {database}: pass --create to start an empty one there (it \
+                 creates Keel's tables)"
+            ),
             Self::Usage(m) | Self::MissingProvider(m) | Self::NotFound(m) | Self::Refused(m) => m.clone(),
             Self::Interrupted(m) | Self::Internal(m) => m.clone(),
         }

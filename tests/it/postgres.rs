@@ -225,10 +225,36 @@ fn two_workers_on_one_postgres_database_finish_every_crashed_run_once() {
 }
 
 /// Events in the database at `url`, as `keel verify` counts them.
-fn event_count(url: &str) -> u64 {
-    let (code, verified, stderr) = run(keel(url, None, &["verify"]));
+/// Asserts that the database at `url` holds no Keel log: nothing, not even its tables, was
+/// written there.
+fn assert_no_log(url: &str) {
+    let (code, report, stderr) = run(keel(url, None, &["verify"]));
+    assert_eq!((code, report["reason"].as_str()), (64, Some("missing_database")), "{report} {stderr}");
+}
+
+/// A read or a recovery on a database that holds no Keel log is refused as a missing SQLite
+/// file is (64, `missing_database`, the URL's password never printed) and creates nothing
+/// there; with `--create` it starts an empty log.
+#[test]
+fn a_database_without_a_log_is_refused_by_reads_and_recoveries_unless_create() {
+    let (dir, _db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let url = database("no_log");
+    let secret = "hunter3-never-printed";
+    let with_password = url.replacen("postgres://postgres@", &format!("postgres://postgres:{secret}@"), 1);
+    let charge = key("charge", "order_0001_missing");
+    let commands: [&[&str]; 5] =
+        [&["verify"], &["show", charge.as_str()], &["resume"], &["reconcile", "--due"], &["worker", "--once"]];
+    for args in commands {
+        let (code, report, stderr) = run(keel(&with_password, Some(sim.url()), args));
+        assert_eq!((code, report["reason"].as_str()), (64, Some("missing_database")), "{args:?}: {report} {stderr}");
+        assert!(stderr.contains("no event log in the PostgreSQL database"), "{args:?}: {stderr}");
+        assert!(!stderr.contains(secret) && !report.to_string().contains(secret), "{args:?}: {stderr}");
+    }
+    assert_no_log(&url);
+    let (code, verified, stderr) = run(keel(&url, None, &["verify", "--create"]));
     assert_eq!(code, 0, "{stderr}");
-    verified["events"].as_u64().expect("verify counts events")
+    assert_eq!(verified["events"].as_u64(), Some(0), "{verified}");
 }
 
 #[test]
@@ -307,7 +333,7 @@ fn every_bad_store_argument_is_a_usage_error_that_writes_nothing_and_never_print
     });
     assert_eq!(code, 64, "{stderr}");
     assert!(stderr.contains("SQLite-only") && !stderr.contains(secret), "{stderr}");
-    assert_eq!(event_count(&url), 0, "nothing was written to the PostgreSQL log");
+    assert_no_log(&url);
 
     // An unreachable server: named by host and port, the password never printed.
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("its address").port();

@@ -135,6 +135,15 @@ impl PgReader {
         Ok(Self { client: crate::writer::connect(url)? })
     }
 
+    /// Whether the database holds a Keel log (its schema was ever created).
+    ///
+    /// # Errors
+    ///
+    /// PostgreSQL's.
+    pub fn holds_log(&mut self) -> Result<bool> {
+        Ok(crate::schema::version(&mut self.client)? > 0)
+    }
+
     fn snapshot(&mut self) -> Result<Transaction<'_>> {
         Ok(self.client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).read_only(true).start()?)
     }

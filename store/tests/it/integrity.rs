@@ -227,3 +227,34 @@ fn deleted_and_extra_run_rows_are_named_by_verify() {
     assert_eq!(report.mismatch_count, 2);
     assert_eq!(report.mismatches[1].to_string(), "runs row run-ghost: in the table but not in the replay");
 }
+
+#[test]
+fn an_event_that_skips_a_place_on_its_stream_is_refused_by_an_open_that_checks_it_and_named_by_verify() {
+    let fixture = populated();
+    fixture.store.shutdown().expect("shutdown");
+    let raw = fixture.raw();
+    raw.execute_batch("DROP TRIGGER events_no_update").expect("drop the trigger");
+    // Seq 8, the last event, moved one place further on its stream and hashed anew: the global
+    // chain and its own hash check, only its stream has a gap.
+    let reader = store::Reader::open(&fixture.path).expect("reader");
+    let last = reader.events_since(7).expect("events")[0].clone();
+    let skipped = last.stream_seq + 1;
+    let hash = chain_hash(&last.prev_hash, 8, &last.stream, skipped, last.at, &last.cause, &last.event);
+    let changed = raw
+        .execute(
+            "UPDATE events SET stream_seq = ?1, hash = ?2 WHERE seq = 8",
+            rusqlite::params![i64::try_from(skipped).expect("a small stream"), hex::decode(&hash).expect("hex")],
+        )
+        .expect("tamper");
+    assert_eq!(changed, 1);
+    forget_verified_point(&fixture);
+    let reopened = Store::open(&fixture.path, Options::default(), Arc::clone(&fixture.clock) as _);
+    match reopened {
+        Err(Error::Corrupt { seq, detail }) => {
+            assert_eq!(seq, 8);
+            assert!(detail.contains("does not follow its previous event"), "{detail}");
+        }
+        other => panic!("expected Corrupt at seq 8, got {other:?}"),
+    }
+    assert!(matches!(first_mismatch(&fixture), Mismatch::Event { seq: 8, .. }));
+}
