@@ -11,7 +11,6 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use testkit::sample::CARD_TOKEN;
 
 /// Runs `keel --db DB --json ARGS` with exactly `env` added (no key nor OpenTelemetry
 /// endpoint inherited from the host);
@@ -184,24 +183,8 @@ fn support_refunds_wait_for_keel_approve_and_reach_the_provider_once() {
     let (dir, db) = temp();
     let sim = crate::cli::start_sim(dir.path(), None);
     let url = sim.url();
-    let tenant = workflows::support_agent::TENANT;
-    let charge = [
-        "--provider",
-        url,
-        "charge",
-        "--tenant",
-        tenant,
-        "--intent-id",
-        "charge-C-1042-000001",
-        "--order",
-        "C-1042",
-        "--amount-minor",
-        "8990",
-        "--currency",
-        "EUR",
-        "--payment-method-token",
-        CARD_TOKEN,
-    ];
+    let charge = crate::approvals::support_order_charge("charge-C-1042-000001");
+    let charge: Vec<&str> = ["--provider", url].into_iter().chain(charge.iter().map(String::as_str)).collect();
     assert_eq!(keel(&db, &charge, &[]).0, 0, "the order is charged first");
     let (exit, report) = keel(&db, &["--provider", url, "agent", "run", "support", "--scenario", "repeat"], &[]);
     assert_eq!(exit, 2, "{report}");
@@ -234,24 +217,8 @@ fn support_runs_a_transcript_file_against_the_default_ticket() {
     let (dir, db) = temp();
     let sim = crate::cli::start_sim(dir.path(), None);
     let url = sim.url();
-    let tenant = workflows::support_agent::TENANT;
-    let charge = [
-        "--provider",
-        url,
-        "charge",
-        "--tenant",
-        tenant,
-        "--intent-id",
-        "charge-C-1042-000002",
-        "--order",
-        "C-1042",
-        "--amount-minor",
-        "8990",
-        "--currency",
-        "EUR",
-        "--payment-method-token",
-        CARD_TOKEN,
-    ];
+    let charge = crate::approvals::support_order_charge("charge-C-1042-000002");
+    let charge: Vec<&str> = ["--provider", url].into_iter().chain(charge.iter().map(String::as_str)).collect();
     assert_eq!(keel(&db, &charge, &[]).0, 0, "the order is charged first");
     let captured = dir.path().join("captured.json");
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/agent/support/refund.json");
@@ -285,23 +252,8 @@ fn every_support_refund_waits_for_a_human_unless_the_policy_says_otherwise() {
     let sim = crate::cli::start_sim(dir.path(), None);
     let url = sim.url();
     let tenant = workflows::support_agent::TENANT;
-    let charge = [
-        "--provider",
-        url,
-        "charge",
-        "--tenant",
-        tenant,
-        "--intent-id",
-        "charge-C-1042-000003",
-        "--order",
-        "C-1042",
-        "--amount-minor",
-        "8990",
-        "--currency",
-        "EUR",
-        "--payment-method-token",
-        CARD_TOKEN,
-    ];
+    let charge = crate::approvals::support_order_charge("charge-C-1042-000003");
+    let charge: Vec<&str> = ["--provider", url].into_iter().chain(charge.iter().map(String::as_str)).collect();
     assert_eq!(keel(&db, &charge, &[]).0, 0, "the order is charged first");
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/agent/support/refund.json");
     let small = std::fs::read_to_string(fixture)

@@ -14,6 +14,17 @@ use testkit::sample::CARD_TOKEN;
 /// The provider request timeout every desk command runs with.
 pub(crate) const PROVIDER_TIMEOUT_MS: u64 = 2_000;
 
+/// `keel charge …` for the support scenarios' order: C-1042 charged 89.90 EUR under the
+/// support agent's tenant, as `intent_id`.
+pub(crate) fn support_order_charge(intent_id: &str) -> Vec<String> {
+    let tenant = workflows::support_agent::TENANT;
+    ["charge", "--tenant", tenant, "--intent-id", intent_id, "--order", "C-1042"]
+        .into_iter()
+        .chain(["--amount-minor", "8990", "--currency", "EUR", "--payment-method-token", CARD_TOKEN])
+        .map(str::to_owned)
+        .collect()
+}
+
 pub(crate) struct Desk {
     pub(crate) dir: tempfile::TempDir,
     pub(crate) db: PathBuf,
@@ -32,21 +43,9 @@ impl Desk {
         let db = dir.path().join("keel.db");
         let sim = start_sim(dir.path(), plan);
         let desk = Self { dir, db, sim };
-        let (code, charged) = desk.keel(&[
-            "charge",
-            "--tenant",
-            workflows::support_agent::TENANT,
-            "--intent-id",
-            "charge-C-1042-000001",
-            "--order",
-            "C-1042",
-            "--amount-minor",
-            "8990",
-            "--currency",
-            "EUR",
-            "--payment-method-token",
-            CARD_TOKEN,
-        ]);
+        let charge = support_order_charge("charge-C-1042-000001");
+        let charge: Vec<&str> = charge.iter().map(String::as_str).collect();
+        let (code, charged) = desk.keel(&charge);
         assert_eq!(code, 0, "the order is charged first: {charged}");
         desk
     }

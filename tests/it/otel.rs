@@ -261,24 +261,8 @@ fn a_support_refund_resumed_after_its_approval_is_sent_from_its_tool_call_in_the
     let (dir, db) = temp();
     let sim = crate::cli::start_sim(dir.path(), None);
     let url = sim.url();
-    let tenant = workflows::support_agent::TENANT;
-    let charge = [
-        "--provider",
-        url,
-        "charge",
-        "--tenant",
-        tenant,
-        "--intent-id",
-        "charge-C-1042-000001",
-        "--order",
-        "C-1042",
-        "--amount-minor",
-        "8990",
-        "--currency",
-        "EUR",
-        "--payment-method-token",
-        CARD_TOKEN,
-    ];
+    let charge = crate::approvals::support_order_charge("charge-C-1042-000001");
+    let charge: Vec<&str> = ["--provider", url].into_iter().chain(charge.iter().map(String::as_str)).collect();
     assert_eq!(keel_raw(&db, &charge, &[]).0, 0, "the order is charged first, without export");
     let first = Collector::start();
     let exporting = [("OTEL_EXPORTER_OTLP_ENDPOINT", first.endpoint.as_str())];
