@@ -94,13 +94,7 @@ fn every_variant() -> Vec<StoredEvent> {
     let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2025, 3, 1, 12, 0, 0).single().expect("valid")));
     let log = MemoryLog::new(clock.clone());
     let run = RunId::new("golden-run-1");
-    let cap = Capability {
-        dedup_by_key: true,
-        lookup: true,
-        key_window_ms: 86_400_000,
-        consistency_window_ms: 0,
-        request_timeout_ms: 0,
-    };
+    let cap = stripe_like(true);
     let mut position = 0u32;
     let exec = |action: Action, start: Option<RunStart>| {
         log.execute_now(&Command::new(Cause::command("golden").for_run(&run), action).starting(start))
@@ -283,13 +277,7 @@ fn run_cancelled() -> Vec<StoredEvent> {
             payload,
             tool: None,
         },
-        capability: Capability {
-            dedup_by_key: true,
-            lookup: true,
-            key_window_ms: 86_400_000,
-            consistency_window_ms: 0,
-            request_timeout_ms: 0,
-        },
+        capability: stripe_like(true),
         approval_required: false,
     };
     let start = RunStart {
@@ -376,13 +364,7 @@ fn abandoned() -> Vec<StoredEvent> {
             payload: json!({"id": id}),
             tool: None,
         },
-        capability: Capability {
-            dedup_by_key: true,
-            lookup,
-            key_window_ms: 86_400_000,
-            consistency_window_ms: 0,
-            request_timeout_ms: 0,
-        },
+        capability: stripe_like(lookup),
         approval_required: false,
     };
     let start = RunStart {
@@ -447,6 +429,17 @@ fn resend_refused() -> Vec<StoredEvent> {
     log.events()
 }
 
+/// A provider that deduplicates by key (and looks effects up when `lookup`), answering at once.
+fn stripe_like(lookup: bool) -> Capability {
+    Capability {
+        dedup_by_key: true,
+        lookup,
+        key_window_ms: 86_400_000,
+        consistency_window_ms: 0,
+        request_timeout_ms: 0,
+    }
+}
+
 /// A charge of `amount_minor` EUR with id `id` (its own order and reference) for a provider
 /// with keys and a lookup.
 fn golden_charge(id: &str, amount_minor: i64, approval_required: bool) -> IntentSpec {
@@ -465,13 +458,7 @@ fn golden_charge(id: &str, amount_minor: i64, approval_required: bool) -> Intent
             payload,
             tool: None,
         },
-        capability: Capability {
-            dedup_by_key: true,
-            lookup: true,
-            key_window_ms: 86_400_000,
-            consistency_window_ms: 0,
-            request_timeout_ms: 0,
-        },
+        capability: stripe_like(true),
         approval_required,
     }
 }
