@@ -136,22 +136,44 @@ pub struct Args {
     pub provider: Through,
 }
 
-/// The charge inputs `first .. first + count`.
-fn inputs(first: usize, count: usize) -> Arc<Vec<serde_json::Value>> {
-    Arc::new(
-        (first..first + count)
-            .map(|i| {
-                json!({
-                    "tenant_id": BENCH_TENANT,
-                    "intent_id": format!("bench_intent_{i:08}"),
-                    "order_id": format!("order_{i:08}"),
-                    "amount_minor": 1000 + (i % 9000) as i64,
-                    "currency": "EUR",
-                    "payment_method_token": "pm_bench_token_0123456789",
-                })
+/// The charge inputs `first .. first + count`, each made when it is asked for: a benchmark
+/// of a million charges holds none of them.
+#[derive(Clone, Copy)]
+struct Inputs {
+    first: usize,
+    count: usize,
+}
+
+impl Inputs {
+    /// The `i`-th input, past the last one `None`.
+    fn get(self, i: usize) -> Option<serde_json::Value> {
+        let n = self.first + i;
+        (i < self.count).then(|| {
+            json!({
+                "tenant_id": BENCH_TENANT,
+                "intent_id": format!("bench_intent_{n:08}"),
+                "order_id": format!("order_{n:08}"),
+                "amount_minor": 1000 + (n % 9000) as i64,
+                "currency": "EUR",
+                "payment_method_token": "pm_bench_token_0123456789",
             })
-            .collect(),
-    )
+        })
+    }
+
+    fn all(self) -> impl Iterator<Item = serde_json::Value> {
+        (0..self.count).filter_map(move |i| self.get(i))
+    }
+}
+
+/// A benchmark charge's run: a time-ordered id (UUIDv7, as the binary's: the runs' stream
+/// names sort as they come), the default limits and deadline.
+fn bench_run() -> RunRequest {
+    RunRequest {
+        run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
+        limits: RunLimits::default(),
+        deadline_ms: engine::limits::RUN_DEADLINE_DEFAULT_MS,
+        cause: Cause::command("bench"),
+    }
 }
 
 /// The tenant of every benchmark charge.
@@ -303,17 +325,17 @@ async fn measure<B: Backend>(
 ) -> anyhow::Result<Report> {
     let Args { intents, concurrency, first, .. } = *args;
     let node = Arc::new(node);
-    let inputs = inputs(first, intents);
+    let inputs = Inputs { first, count: intents };
     let (commits_before, events_before) = (node.store.commits(), node.store.events());
     let progress = out.progress(intents as u64, "bench: charging");
     let (first_pass, latencies, seconds) =
-        pass(&node, &inputs, concurrency, Expect::Validated, progress.clone()).await?;
+        pass(&node, inputs, concurrency, Expect::Validated, progress.clone()).await?;
     progress.phase("bench: re-submitting", intents as u64);
     let commits = node.store.commits() - commits_before;
     let events = node.store.events().zip(events_before).map(|(after, before)| after - before);
     let effects_first = counted.map(MemoryProvider::effect_count);
     let (deduplicated, _, dedup_seconds) =
-        pass(&node, &inputs, concurrency, Expect::Deduplicated, progress.clone()).await?;
+        pass(&node, inputs, concurrency, Expect::Deduplicated, progress.clone()).await?;
     progress.finish();
     let effects_after = counted.map(MemoryProvider::effect_count);
     node.shutdown()?;
@@ -506,7 +528,7 @@ pub async fn build(
 ) -> anyhow::Result<usize> {
     let provider = Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like()));
     let node = Arc::new(Node::with_provider(db, durability, provider, None)?);
-    let (validated, _, _) = pass(&node, &inputs(first, count), concurrency, Expect::Validated, progress).await?;
+    let (validated, _, _) = pass(&node, Inputs { first, count }, concurrency, Expect::Validated, progress).await?;
     node.shutdown()?;
     Ok(validated)
 }
@@ -540,16 +562,10 @@ pub async fn leave_in_flight(
 ) -> anyhow::Result<u8> {
     let node = Arc::new(Node::with_provider(db, durability, Arc::new(Silent), None)?);
     let before = node.store.stats().events;
-    for input in Arc::unwrap_or_clone(inputs(first, count)) {
+    for input in (Inputs { first, count }).all() {
         let node = node.clone();
         tokio::spawn(async move {
-            let request = RunRequest {
-                run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
-                limits: RunLimits::default(),
-                deadline_ms: engine::limits::RUN_DEADLINE_DEFAULT_MS,
-                cause: Cause::command("bench"),
-            };
-            let _ = node.executor.start("charge", &input, request).await;
+            let _ = node.executor.start("charge", &input, bench_run()).await;
         });
     }
     // A charge's first commit holds its run's start, its journal link, its reservation and
@@ -583,7 +599,7 @@ impl Expect {
 /// Runs every input once from `concurrency` callers; counts the outcomes that meet `expect`.
 async fn pass<B: Backend>(
     node: &Arc<Node<B>>,
-    inputs: &Arc<Vec<serde_json::Value>>,
+    inputs: Inputs,
     concurrency: usize,
     expect: Expect,
     progress: Progress,
@@ -592,23 +608,15 @@ async fn pass<B: Backend>(
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..concurrency {
-        let (node, inputs, next, progress) = (node.clone(), inputs.clone(), next.clone(), progress.clone());
+        let (node, next, progress) = (node.clone(), next.clone(), progress.clone());
         workers.push(tokio::spawn(async move {
             let mut matched = 0;
             let mut latencies = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(input) = inputs.get(i) else { break };
-                let request = RunRequest {
-                    // Time-ordered ids (UUIDv7), as the binary's: the runs' stream names sort
-                    // as they come.
-                    run_id: RunId::new(uuid::Uuid::now_v7().to_string()),
-                    limits: RunLimits::default(),
-                    deadline_ms: engine::limits::RUN_DEADLINE_DEFAULT_MS,
-                    cause: Cause::command("bench"),
-                };
                 let began = Instant::now();
-                let outcome = node.executor.start("charge", input, request).await?;
+                let outcome = node.executor.start("charge", &input, bench_run()).await?;
                 latencies.push(began.elapsed());
                 progress.inc(1);
                 if outcome.intent.as_ref().is_some_and(|intent| expect.matches(intent)) {
