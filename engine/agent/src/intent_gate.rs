@@ -9,48 +9,67 @@
 //! attempts, classification, reconciliation. It never calls the provider itself and never
 //! decides a transition: the ledger does.
 //!
-//! Only refunds are supported: a charge needs a payment method, which an agent never holds.
+//! A refund needs nothing more. A charge needs a payment method, which the model never
+//! holds nor names: only a gate its host bound to one ([`IntentGate::paying_with`]) accepts a
+//! charge, and sends it with that secret (never stored, never shown to the model).
 
 use crate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
 use engine::event::{Cause, IntentKey, RunId};
 use engine::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
 use engine::ledger::IntentStatus;
 use engine::log::{Ask, Asking, IntentAnswer};
-use engine::provider::{BoxFuture, CallOutcome, EffectKind, UnknownReason};
+use engine::provider::{BoxFuture, CallOutcome, EffectKind, Secret, UnknownReason};
 
 /// The intent lifecycle behind an agent's effect tools.
 #[derive(Clone)]
 pub struct IntentGate {
     runtime: Runtime,
     cause: Cause,
+    /// The host's payment method for the run's charges, when it bound one.
+    payment_method: Option<Secret>,
 }
 
 impl IntentGate {
     /// A gate over `runtime`; every command it sends carries `cause`.
     pub fn new(runtime: Runtime, cause: Cause) -> Self {
-        Self { runtime, cause }
+        Self { runtime, cause, payment_method: None }
+    }
+
+    /// The same gate, accepting charges too, each sent with `payment_method` — the host's
+    /// card for this run, chosen by the host and never by the model.
+    pub fn paying_with(self, payment_method: Secret) -> Self {
+        Self { payment_method: Some(payment_method), ..self }
     }
 
     /// Guard step 10 for a reserved intent: takes it as far as the lifecycle allows now.
     pub async fn drive(&self, ticket: &EffectTicket) -> Result<IntentOutcome, WorkflowError> {
         let key = IntentKey::parse(&ticket.key)
             .ok_or_else(|| WorkflowError::Failed(format!("{} is not an intent key", ticket.key)))?;
-        executor::drive_intent(&self.runtime, self.cause.clone(), &key).await
+        executor::drive_intent(&self.runtime, self.cause.clone(), &key, self.payment_method.as_ref()).await
     }
 
     async fn reserve(&self, run_id: &str, tool: &str, intent: &EffectIntent, approval_required: bool) -> GateDecision {
         let refused = |code: &str, message: String| GateDecision::Refused { code: code.to_owned(), message };
-        if intent.operation != EffectKind::Refund.as_str() {
-            return refused(
-                "unsupported_operation",
-                format!("{} cannot go through an agent: only refunds can.", intent.operation),
-            );
-        }
+        let kind = match intent.operation.as_str() {
+            "refund" => EffectKind::Refund,
+            "charge" if self.payment_method.is_some() => EffectKind::Charge,
+            other => {
+                return refused(
+                    "unsupported_operation",
+                    format!(
+                        "{other} cannot go through this agent: only refunds, and charges of a card its host bound."
+                    ),
+                );
+            }
+        };
         let (Some(amount_minor), Some(currency)) = (intent.amount_minor, intent.currency.clone()) else {
-            return refused("invalid_arguments", "a refund needs an amount and a currency.".to_owned());
+            return refused(
+                "invalid_arguments",
+                format!("a {other} needs an amount and a currency.", other = kind.as_str()),
+            );
         };
         let request = IntentRequest {
-            kind: EffectKind::Refund,
+            kind,
             tenant: intent.tenant.clone(),
             intent_id: intent.intent_id.clone(),
             order_id: intent.reference.clone(),
@@ -58,7 +77,7 @@ impl IntentGate {
             amount_minor,
             currency,
             payload: intent.payload.clone(),
-            payment_method: None,
+            payment_method: self.payment_method.clone(),
             tool: Some(tool.to_owned()),
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));

@@ -202,7 +202,7 @@ impl Rig {
     /// [`drive_intent`] by a caller acting for the run (its cause names it: a network retry
     /// is the run's, and waits the run's backoff).
     fn drive(&self, key: &IntentKey) -> Result<IntentOutcome, WorkflowError> {
-        now_or_never(drive_intent(&self.runtime, Cause::command("test").for_run(&run_id()), key))
+        now_or_never(drive_intent(&self.runtime, Cause::command("test").for_run(&run_id()), key, None))
     }
 
     /// The charge reserved and sent, its answer lost, its lookup due.
