@@ -7,11 +7,11 @@
 //!
 //! | # | invariant | how it is checked |
 //! |---|---|---|
-//! | 1 | at most one effect per intent key | effects grouped by idempotency key |
+//! | 1 | at most one effect per intent key | effects grouped by idempotency key; an agent run's intents reserved by a tool are no more than the calls of it the guard admitted (a replayed call keeps its key) |
 //! | 2 | the key is the intent key, always | each effect's key is `IntentKey::new(kind, tenant, intent_id)` and names a reserved intent |
 //! | 3 | write-ahead | each key has at least as many committed `AttemptStarted` as effects |
 //! | 4 | no blind resend | attempt n > 1 follows a proven absence (`AttemptNotSent`, lookup `resend_allowed`) or a key-deduplicating provider without lookup; one `OutcomeUnknown` per attempt |
-//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls and input and output tokens stay within the limits its journal's header recorded, its sub-agents' carves counted, and each sub-agent within its carve |
+//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, release of an intent never sent, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls, input and output tokens and model cost stay within the limits its journal's header recorded, its sub-agents' carves counted, and each sub-agent within its carve |
 //! | 6 | replay is deterministic | two folds of the log render identically; `verify` (files) passes |
 //! | 8 | refunds ≤ charged | after every event, per order: refunds reserved, unknown or validated ≤ validated charges; and the provider's refunds ≤ its charges |
 //! | 9 | liveness | at the end no intent is left `attempting`, `outcome_unknown` or `reconciling` |
@@ -113,6 +113,12 @@ pub struct Report {
     pub evidence_mismatches: u64,
     /// 7: a payload mismatch or an invalid input that wrote something (probed by the kit).
     pub mismatch_writes: u64,
+    /// 1 for an agent: an agent run whose tool reserved more intents than the guard admitted
+    /// calls of it — an effect call that took a new key when it was replayed.
+    pub effect_calls_rekeyed: u64,
+    /// 5 for a model: a recorded model answer asked of the transport again, or a reserved
+    /// call sent twice (counted by the kit, [`crate::agents::check_requests`]).
+    pub model_calls_repeated: u64,
     /// The first problems found, at most [`DETAILS_MAX`].
     pub details: Vec<String>,
 }
@@ -135,6 +141,8 @@ impl Report {
             + self.unreconciled
             + self.evidence_mismatches
             + self.mismatch_writes
+            + self.model_calls_repeated
+            + self.effect_calls_rekeyed
     }
 
     /// Adds a detail (kept only while fewer than [`DETAILS_MAX`]).
@@ -242,6 +250,8 @@ pub fn check(events: &[StoredEvent], effects: &[Effect]) -> Report {
         report.verify_failures += 1;
         report.note("two folds of the same log differ".to_owned());
     }
+
+    same_key_on_replay(&ledger, &agents, &mut report);
 
     let intents = ledger.intents();
     report.intents = intents.len() as u64;
@@ -354,6 +364,34 @@ fn within_budgets(ledger: &Ledger, stored: &StoredEvent, report: &mut Report) {
     }
 }
 
+/// Invariant 1 for an agent: a replayed effect call finds the intent its first try reserved,
+/// so a run never holds more intents reserved by a tool than calls of it the guard admitted
+/// (its sub-agents' included). One more is a call that took a new key on replay — an intent
+/// id derived from a process, a clock or a counter instead of the run and the call — and
+/// may have charged twice.
+fn same_key_on_replay(ledger: &Ledger, agents: &HashMap<engine::event::RunId, agent::AgentState>, report: &mut Report) {
+    use engine::ledger::View as _;
+    for (run_id, state) in agents {
+        let mut reserved: BTreeMap<String, u32> = BTreeMap::new();
+        for intent in ledger.run_intents(run_id) {
+            if let Some(tool) = intent.definition.tool {
+                *reserved.entry(tool).or_default() += 1;
+            }
+        }
+        for (tool, intents) in reserved {
+            let admitted_by = |s: &agent::AgentState| s.tool_calls_by_tool.get(&tool).copied().unwrap_or(0);
+            let admitted = state.delegations.values().fold(admitted_by(state), |sum, c| sum + admitted_by(c));
+            if intents > admitted {
+                report.effect_calls_rekeyed += 1;
+                report.note(format!(
+                    "agent run {run_id}: {tool} reserved {intents} intents in {admitted} admitted call(s): a replayed \
+                     call took a new key"
+                ));
+            }
+        }
+    }
+}
+
 /// Invariant 5 for an agent run: folding its journal fact by fact, its model calls, tool
 /// calls and input and output tokens stay within the limits its header recorded — a resumed
 /// run that started counting again would pass them.
@@ -377,15 +415,17 @@ fn within_agent_budgets(state: &mut agent::AgentState, seq: u64, fact: &serde_js
     }
 }
 
-/// One agent run's (or sub-agent's) calls, `(model, tool)`, and tokens against its header.
+/// One agent run's (or sub-agent's) calls, `(model, tool)`, tokens and model cost against its
+/// header.
 fn within_header(state: &agent::AgentState, (model_calls, tool_calls): (u32, u32), seq: u64, report: &mut Report) {
     let header = state.header();
     let limits = &header.limits;
     let over = [
-        ("model calls", u64::from(model_calls), Some(u64::from(limits.model_calls_max))),
-        ("tool calls", u64::from(tool_calls), Some(u64::from(limits.tool_calls_max))),
-        ("input tokens", state.input_tokens, limits.input_tokens_max),
-        ("output tokens", state.output_tokens, limits.output_tokens_max),
+        ("model calls", i128::from(model_calls), Some(i128::from(limits.model_calls_max))),
+        ("tool calls", i128::from(tool_calls), Some(i128::from(limits.tool_calls_max))),
+        ("input tokens", i128::from(state.input_tokens), limits.input_tokens_max.map(i128::from)),
+        ("output tokens", i128::from(state.output_tokens), limits.output_tokens_max.map(i128::from)),
+        ("minor units of model cost", i128::from(state.cost_minor), limits.cost_minor_max.map(i128::from)),
     ];
     for (dimension, spent, max) in over {
         if let Some(max) = max
@@ -402,6 +442,7 @@ fn releases(event: &Event) -> bool {
     matches!(
         event,
         Event::IntentDeclined { .. }
+            | Event::IntentReleased { .. }
             | Event::IntentCancelled { .. }
             | Event::IntentAbandoned { .. }
             | Event::ApprovalDenied { .. }
