@@ -171,3 +171,56 @@ impl EffectGate for IntentGate {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::clock::ManualClock;
+    use engine::lease::{LeaseOwner, Lessee};
+    use engine::memory::{MemoryLog, MemoryProvider};
+    use engine::provider::Capability;
+    use std::sync::Arc;
+
+    fn gate() -> IntentGate {
+        let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
+        let capability = Capability {
+            dedup_by_key: true,
+            lookup: true,
+            key_window_ms: 86_400_000,
+            consistency_window_ms: 2_000,
+            request_timeout_ms: 0,
+        };
+        let runtime = Runtime {
+            log: Arc::new(MemoryLog::new(clock.clone())),
+            provider: Arc::new(MemoryProvider::new(capability)),
+            clock,
+            lessee: Lessee::new(LeaseOwner::named("test")),
+        };
+        IntentGate::new(runtime, Cause::command("test"))
+    }
+
+    fn charge() -> EffectIntent {
+        EffectIntent {
+            operation: "charge".into(),
+            tenant: "t".into(),
+            intent_id: "pay-inv_1".into(),
+            reference: "inv_1".into(),
+            payload: serde_json::json!({"invoice": "inv_1"}),
+            amount_minor: Some(100),
+            currency: Some("EUR".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_charge_goes_through_only_a_gate_its_host_bound_to_a_card() {
+        let refused = gate().reserve("r1", "pay", &charge(), false).await;
+        assert!(
+            matches!(&refused, GateDecision::Refused { code, .. } if code == "unsupported_operation"),
+            "{refused:?}"
+        );
+        // Bound to a card, the charge reaches the ledger (which knows no run r1: refused there).
+        let bound = gate().paying_with(Secret::new("pm_card_visa_4242424242"));
+        let reached = bound.reserve("r1", "pay", &charge(), false).await;
+        assert!(matches!(&reached, GateDecision::Refused { code, .. } if code == "intent_unavailable"), "{reached:?}");
+    }
+}
