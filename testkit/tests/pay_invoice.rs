@@ -34,4 +34,10 @@ fn a_payment_keyed_per_process_is_caught_and_its_seed_printed() {
     assert!(printed.contains(&format!("replay with KEEL_SEED={}", failure.seed)), "{printed}");
     let report = failure.report.as_ref().expect("the seed ran to its checks");
     assert!(report.report.effect_calls_rekeyed >= 1, "{printed}");
+    assert_eq!(report.report.effects, 2, "the invoice was paid twice: {printed}");
+    if std::env::var(testkit::SEED_ENV).is_err() {
+        // The README shows this very failure: the seed it names is the first one that fails.
+        let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).expect("README");
+        assert!(readme.contains(&format!("KEEL_SEED={} cargo test -p testkit", failure.seed)), "{printed}");
+    }
 }
