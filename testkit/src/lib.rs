@@ -10,8 +10,9 @@
 //! after every crash (a second crash may hit the recovery itself); heals
 //! the provider; runs reconciliation passes; and then checks Keel's invariants over the log
 //! and the simulator's own count of effects ([`invariants`]). A failing seed is printed and
-//! replayed with `KEEL_SEED=<seed>`. [`sample`] holds the tenant and card token that Keel's
-//! own suites, the README and `keel demo` share.
+//! replayed with `KEEL_SEED=<seed>`. Your agents run in the same schedule ([`agents`],
+//! [`Kit::agent`]; see "Your agent" below). [`sample`] holds the tenant and card token that
+//! Keel's own suites, the README and `keel demo` share.
 //!
 //! By default a crash is a panic raised by the armed failpoint — in the executor's task or in
 //! the store's writer thread — after which the kit drops every handle and reopens the log from
