@@ -7,11 +7,11 @@
 //!
 //! | # | invariant | how it is checked |
 //! |---|---|---|
-//! | 1 | at most one effect per intent key | effects grouped by idempotency key |
+//! | 1 | at most one effect per intent key | effects grouped by idempotency key; an agent run's intents reserved by a tool are no more than the calls of it the guard admitted (a replayed call keeps its key) |
 //! | 2 | the key is the intent key, always | each effect's key is `IntentKey::new(kind, tenant, intent_id)` and names a reserved intent |
 //! | 3 | write-ahead | each key has at least as many committed `AttemptStarted` as effects |
 //! | 4 | no blind resend | attempt n > 1 follows a proven absence (`AttemptNotSent`, lookup `resend_allowed`) or a key-deduplicating provider without lookup; one `OutcomeUnknown` per attempt |
-//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls and input and output tokens stay within the limits its journal's header recorded, its sub-agents' carves counted, and each sub-agent within its carve |
+//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, release of an intent never sent, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls, input and output tokens and model cost stay within the limits its journal's header recorded, its sub-agents' carves counted, each sub-agent within its carve, and no model or tool call of it is reserved after its deadline |
 //! | 6 | replay is deterministic | two folds of the log render identically; `verify` (files) passes |
 //! | 8 | refunds ≤ charged | after every event, per order: refunds reserved, unknown or validated ≤ validated charges; and the provider's refunds ≤ its charges |
 //! | 9 | liveness | at the end no intent is left `attempting`, `outcome_unknown` or `reconciling` |
@@ -113,6 +113,12 @@ pub struct Report {
     pub evidence_mismatches: u64,
     /// 7: a payload mismatch or an invalid input that wrote something (probed by the kit).
     pub mismatch_writes: u64,
+    /// 1 for an agent: an agent run whose tool reserved more intents than the guard admitted
+    /// calls of it — an effect call that took a new key when it was replayed.
+    pub effect_calls_rekeyed: u64,
+    /// 5 for a model: a recorded model answer asked of the transport again, or a reserved
+    /// call sent twice (counted by the kit, [`crate::agents::check_requests`]).
+    pub model_calls_repeated: u64,
     /// The first problems found, at most [`DETAILS_MAX`].
     pub details: Vec<String>,
 }
@@ -135,6 +141,8 @@ impl Report {
             + self.unreconciled
             + self.evidence_mismatches
             + self.mismatch_writes
+            + self.model_calls_repeated
+            + self.effect_calls_rekeyed
     }
 
     /// Adds a detail (kept only while fewer than [`DETAILS_MAX`]).
@@ -220,7 +228,7 @@ fn check_folding(events: &[StoredEvent], effects: &[Effect], empty: fn() -> Ledg
         ledger.apply(stored);
         within_budgets(&ledger, stored, &mut report);
         if let Event::AgentRecorded { run_id, event } = &stored.event {
-            within_agent_budgets(agents.entry(run_id.clone()).or_default(), stored.seq, event, &mut report);
+            within_agent_budgets(agents.entry(run_id.clone()).or_default(), stored, event, &mut report);
         }
         let (Some(key), Some(before)) = (key, before) else { continue };
         let Some(after) = ledger.intent(key) else { continue };
@@ -252,6 +260,8 @@ fn check_folding(events: &[StoredEvent], effects: &[Effect], empty: fn() -> Ledg
         report.verify_failures += 1;
         report.note("two folds of the same log differ".to_owned());
     }
+
+    same_key_on_replay(&ledger, &agents, &mut report);
 
     let intents = ledger.intents();
     report.intents = intents.len() as u64;
@@ -364,20 +374,69 @@ fn within_budgets(ledger: &Ledger, stored: &StoredEvent, report: &mut Report) {
     }
 }
 
+/// Invariant 1 for an agent: a replayed effect call finds the intent its first try reserved,
+/// so a run never holds more intents reserved by a tool than calls of it the guard admitted
+/// (its sub-agents' included). One more is a call that took a new key on replay — an intent
+/// id derived from a process, a clock or a counter instead of the run and the call — and
+/// may have charged twice.
+fn same_key_on_replay(ledger: &Ledger, agents: &HashMap<engine::event::RunId, agent::AgentState>, report: &mut Report) {
+    use engine::ledger::View as _;
+    for (run_id, state) in agents {
+        let mut reserved: BTreeMap<String, u32> = BTreeMap::new();
+        for intent in ledger.run_intents(run_id) {
+            if let Some(tool) = intent.definition.tool {
+                *reserved.entry(tool).or_default() += 1;
+            }
+        }
+        for (tool, intents) in reserved {
+            let admitted_by = |s: &agent::AgentState| s.tool_calls_by_tool.get(&tool).copied().unwrap_or(0);
+            let admitted = state.delegations.values().fold(admitted_by(state), |sum, c| sum + admitted_by(c));
+            if intents > admitted {
+                report.effect_calls_rekeyed += 1;
+                report.note(format!(
+                    "agent run {run_id}: {tool} reserved {intents} intents in {admitted} admitted call(s): a replayed \
+                     call took a new key"
+                ));
+            }
+        }
+    }
+}
+
 /// Invariant 5 for an agent run: folding its journal fact by fact, its model calls, tool
-/// calls and input and output tokens stay within the limits its header recorded — a resumed
-/// run that started counting again would pass them.
-fn within_agent_budgets(state: &mut agent::AgentState, seq: u64, fact: &serde_json::Value, report: &mut Report) {
-    let applied = serde_json::from_value::<agent::AgentEvent>(fact.clone())
-        .map_err(|e| e.to_string())
-        .and_then(|fact| state.try_apply(&fact));
-    if let Err(why) = applied {
+/// calls, input and output tokens and model cost stay within the limits its header recorded,
+/// and no call is reserved after its deadline — a resumed run that started counting again
+/// would pass them.
+fn within_agent_budgets(
+    state: &mut agent::AgentState,
+    stored: &StoredEvent,
+    fact: &serde_json::Value,
+    report: &mut Report,
+) {
+    let seq = stored.seq;
+    let fact = match serde_json::from_value::<agent::AgentEvent>(fact.clone()) {
+        Ok(fact) => fact,
+        Err(why) => {
+            report.verify_failures += 1;
+            report.note(format!("seq {seq}: an agent fact does not decode: {why}"));
+            return;
+        }
+    };
+    if let Err(why) = state.try_apply(&fact) {
         report.verify_failures += 1;
         report.note(format!("seq {seq}: an agent fact does not fold: {why}"));
         return;
     }
-    if state.header.is_none() {
-        return;
+    let Some(header) = &state.header else { return };
+    // Time: no model or tool call reserved after the run's deadline (as waits for a human
+    // moved it) — a resumed run that restarted its clock would.
+    let reserves =
+        matches!(fact, agent::AgentEvent::ModelCallReserved { .. } | agent::AgentEvent::ToolCallReserved { .. });
+    if reserves && stored.at > header.deadline {
+        report.budget_refills += 1;
+        report.note(format!(
+            "seq {seq}: agent run {} reserved a call at {} after its deadline {}",
+            header.run_id, stored.at, header.deadline
+        ));
     }
     // The run's calls count what its sub-agents hold; each sub-agent keeps within its carve.
     let committed = (state.model_calls_committed(), state.tool_calls_committed());
@@ -387,15 +446,17 @@ fn within_agent_budgets(state: &mut agent::AgentState, seq: u64, fact: &serde_js
     }
 }
 
-/// One agent run's (or sub-agent's) calls, `(model, tool)`, and tokens against its header.
+/// One agent run's (or sub-agent's) calls, `(model, tool)`, tokens and model cost against its
+/// header.
 fn within_header(state: &agent::AgentState, (model_calls, tool_calls): (u32, u32), seq: u64, report: &mut Report) {
     let header = state.header();
     let limits = &header.limits;
     let over = [
-        ("model calls", u64::from(model_calls), Some(u64::from(limits.model_calls_max))),
-        ("tool calls", u64::from(tool_calls), Some(u64::from(limits.tool_calls_max))),
-        ("input tokens", state.input_tokens, limits.input_tokens_max),
-        ("output tokens", state.output_tokens, limits.output_tokens_max),
+        ("model calls", i128::from(model_calls), Some(i128::from(limits.model_calls_max))),
+        ("tool calls", i128::from(tool_calls), Some(i128::from(limits.tool_calls_max))),
+        ("input tokens", i128::from(state.input_tokens), limits.input_tokens_max.map(i128::from)),
+        ("output tokens", i128::from(state.output_tokens), limits.output_tokens_max.map(i128::from)),
+        ("minor units of model cost", i128::from(state.cost_minor), limits.cost_minor_max.map(i128::from)),
     ];
     for (dimension, spent, max) in over {
         if let Some(max) = max
@@ -412,6 +473,7 @@ fn releases(event: &Event) -> bool {
     matches!(
         event,
         Event::IntentDeclined { .. }
+            | Event::IntentReleased { .. }
             | Event::IntentCancelled { .. }
             | Event::IntentAbandoned { .. }
             | Event::ApprovalDenied { .. }
@@ -502,6 +564,66 @@ mod tests {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
         runtime.block_on(executor.start("charge", &input, request)).expect("the charge runs");
         (log.events(), provider.effects().into_iter().map(Effect::from).collect())
+    }
+
+    /// A real agent run on the in-memory log: one answer, no tool, completed.
+    fn an_agent_run() -> Vec<StoredEvent> {
+        use agent::{AgentEnv, Cancellation, LogJournal, ManualTimer, NewRun, Registry, RunSpec};
+        let start = chrono::Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0).single().expect("a valid instant");
+        let clock = Arc::new(ManualClock::new(start));
+        let log = Arc::new(MemoryLog::new(clock.clone()));
+        let lessee = Lessee::new(LeaseOwner::named("t"));
+        let new_run = NewRun {
+            input: serde_json::json!({}),
+            limits: crate::default_limits(),
+            versions: engine::event::RunVersions::this_release(),
+        };
+        let journal = LogJournal::new(log.clone(), RunId::new("a1"), Cause::command("t"), Some(new_run), lessee);
+        let answer = serde_json::json!([{"id": "m1", "type": "message", "role": "assistant", "model": "m",
+            "stop_reason": "end_turn", "content": [{"type": "text", "text": "Done."}],
+            "usage": {"input_tokens": 1, "output_tokens": 1}}]);
+        let transcript = adapters::model::scripted::Transcript::parse(&answer.to_string()).expect("a transcript");
+        let transport = adapters::model::scripted::ScriptedTransport::new(transcript);
+        let (timer, cancel) = (ManualTimer::new(clock.clone()), Cancellation::new());
+        let env = AgentEnv { journal: &journal, clock: &*clock, timer: &timer, cancel: &cancel, gate: None };
+        let spec = RunSpec {
+            run_id: "a1".into(),
+            workflow: "w".into(),
+            system: String::new(),
+            prompt: "Say done.".into(),
+            limits: agent::AgentLimits::default(),
+            capabilities: Default::default(),
+            policy_version: None,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        let done = |_: &agent::AgentState| true;
+        runtime.block_on(agent::run(env, &transport, &Registry::new(), &spec, &done)).expect("the run ends");
+        log.events()
+    }
+
+    #[test]
+    fn an_agent_call_reserved_after_its_deadline_is_a_refilled_time_budget() {
+        let mut events = an_agent_run();
+        assert!(check(&events, &[]).is_ok(), "{:?}", check(&events, &[]));
+        let reserved = events.iter().find(|e| fact_type(&e.event) == Some("ModelCallReserved"));
+        let at = reserved.expect("the run reserved its model call").at;
+        // Hand-made: the header's deadline before the call — what a resumed run that
+        // restarted its clock from a new start would write.
+        for stored in &mut events {
+            if fact_type(&stored.event) == Some("AgentRunStarted")
+                && let Event::AgentRecorded { event, .. } = &mut stored.event
+            {
+                event["deadline"] = serde_json::json!(at - chrono::Duration::milliseconds(1));
+            }
+        }
+        let report = check(&events, &[]);
+        assert!(report.details.iter().any(|d| d.contains("after its deadline")), "{report:?}");
+    }
+
+    /// The type of an agent fact, when `event` holds one.
+    fn fact_type(event: &Event) -> Option<&str> {
+        let Event::AgentRecorded { event, .. } = event else { return None };
+        event.get("type").and_then(serde_json::Value::as_str)
     }
 
     #[test]

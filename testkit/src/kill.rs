@@ -13,7 +13,7 @@
 //! its stdout and parks, so the kill lands exactly at that boundary, in a process that is
 //! really gone (no destructor, no flush, no writer thread finishing its batch).
 
-use crate::{Kit, Tier, open_process, provider_at};
+use crate::{Kit, Tier, Work, agent_run_id, agents, open_process, provider_at, recover};
 use chrono::{DateTime, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, RunId};
@@ -50,6 +50,8 @@ pub(crate) struct Order {
     pub now: DateTime<Utc>,
     /// The process number: the child's lease owner.
     pub process: u64,
+    /// The seed's file of model requests ([`agents::Recorder`]).
+    pub requests: PathBuf,
     /// A failpoint to stop at (its name) and the hit to stop on.
     pub point: Option<(String, u32)>,
     /// Its part.
@@ -115,21 +117,26 @@ async fn carry_out(kit: &Kit, order: Order) -> Result<(), String> {
     };
     let clock = Arc::new(ManualClock::new(order.now));
     let provider = provider_at(&order.provider_url, order.tier)?;
-    let (executor, store) = open_process(kit, &order.keel_db, clock, &provider, failpoints, order.process)?;
+    let (executor, store) = open_process(kit, &order.keel_db, clock.clone(), &provider, failpoints, order.process)?;
+    let recorder = agents::Recorder { file: order.requests, process: order.process };
     let result = match order.part {
-        Part::Start { submission, run_id } => {
-            let submission = kit.submissions.get(submission).ok_or("the order names no submission of this kit")?;
-            let request = RunRequest {
-                run_id: RunId::new(run_id),
-                limits: kit.limits.clone(),
-                deadline_ms: engine::limits::RUN_DEADLINE_DEFAULT_MS,
-                cause: Cause::command("testkit"),
-            };
-            executor.start(&submission.workflow, &submission.input, request).await.map(drop).map_err(|e| e.to_string())
-        }
-        Part::Recover => {
-            executor.recover_and_resume(Cause::command("testkit resume")).await.map(drop).map_err(|e| e.to_string())
-        }
+        Part::Start { submission: index, run_id } => match kit.submissions.get(index) {
+            None => Err("the order names no submission of this kit".to_owned()),
+            Some(Work::Workflow(submission)) => {
+                let request = RunRequest {
+                    run_id: RunId::new(run_id),
+                    limits: kit.limits.clone(),
+                    deadline_ms: engine::limits::RUN_DEADLINE_DEFAULT_MS,
+                    cause: Cause::command("testkit"),
+                };
+                let started = executor.start(&submission.workflow, &submission.input, request).await;
+                started.map(drop).map_err(|e| e.to_string())
+            }
+            Some(Work::Agent(agent)) => {
+                agents::drive(agent, executor.runtime(), &clock, &agent_run_id(index), &recorder, true).await
+            }
+        },
+        Part::Recover => recover(kit, &executor, &clock, &recorder).await,
     };
     store.shutdown().map_err(|e| e.to_string())?;
     result

@@ -10,8 +10,9 @@
 //! after every crash (a second crash may hit the recovery itself); heals
 //! the provider; runs reconciliation passes; and then checks Keel's invariants over the log
 //! and the simulator's own count of effects ([`invariants`]). A failing seed is printed and
-//! replayed with `KEEL_SEED=<seed>`. [`sample`] holds the tenant and card token that Keel's
-//! own suites, the README and `keel demo` share.
+//! replayed with `KEEL_SEED=<seed>`. Your agents run in the same schedule ([`agents`],
+//! [`Kit::agent`]; see "Your agent" below). [`sample`] holds the tenant and card token that
+//! Keel's own suites, the README and `keel demo` share.
 //!
 //! By default a crash is a panic raised by the armed failpoint — in the executor's task or in
 //! the store's writer thread — after which the kit drops every handle and reopens the log from
@@ -92,12 +93,42 @@
 //! let reports = kit.run().expect("every invariant holds; a failure names the seed to replay");
 //! assert!(reports.iter().all(|r| r.report.is_ok()));
 //! ```
+//!
+//! # Your agent
+//!
+//! An agent of yours — its tools registered in an [`agent::Registry`], its prompt, its limits
+//! — runs in the kit with a scripted transcript of the model's answers ([`Agent`],
+//! [`Kit::agent`]): started, crashed at its journal's commits (or SIGKILLed, with
+//! [`Kit::killing`]) while its effect tools charge through the intent lifecycle under every
+//! provider fault, resumed after each restart as `keel resume` would. Besides the invariants
+//! above — no double effect, no refund over its charge, budgets never refilled (the model
+//! calls, tool calls, tokens and model cost its journal's header allows, the spine's money,
+//! attempts and time), `verify` clean — the kit checks two promises of the agent harness:
+//! every model answer the journal recorded was asked of the transport exactly once, except
+//! one lost with a process that died before recording it ([`agents::check_requests`]); and a
+//! replayed effect call keeps its intent key (a run's tool never reserves more intents than
+//! the guard admitted calls of it).
+//!
+//! A user's own "pay an invoice" agent — `read_invoice`, and `pay_invoice`, which charges the
+//! invoice through an [`agent::IntentGate`] with the card the host binds
+//! ([`Agent::paying_with`]). This is `tests/pay_invoice/agent.rs`, which `tests/pay_invoice.rs`
+//! also runs under real SIGKILLs, and against its broken twin (a key drawn per process: seed
+//! 59 pays the invoice twice, and the kit says so).
+//!
+//! ```
+#![doc = include_str!("../tests/pay_invoice/agent.rs")]
+//! let kit = testkit::Kit::new(Vec::new()).agent(pay_invoice_agent(Keys::FromTheRun)).seeds(1, 2);
+//! let reports = kit.run().expect("every invariant holds; a failure names the seed to replay");
+//! assert!(reports.iter().all(|r| r.report.effects <= 1));
+//! ```
 
+pub mod agents;
 pub mod invariants;
 mod kill;
 pub mod sample;
 
 use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
+pub use agents::{Agent, AgentHost};
 use chrono::{TimeZone, Utc};
 use engine::clock::{Clock as _, ManualClock};
 use engine::event::{Cause, RunId, RunLimits};
@@ -111,6 +142,7 @@ use provider_sim::faults::Fault;
 use provider_sim::{Config, FaultPlan, Rng, Server};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -161,11 +193,36 @@ pub struct Submission {
 
 type Mutate = Arc<dyn Fn(&Value) -> Value + Send + Sync>;
 
+/// One item of the workload: a workflow's request, or a user's agent run.
+#[derive(Clone)]
+enum Work {
+    Workflow(Submission),
+    Agent(Box<Agent>),
+}
+
+/// The run id of the kit's agent number `index` (one run per agent, per seed).
+fn agent_run_id(index: usize) -> String {
+    format!("testkit-agent-{index}")
+}
+
+/// The spine's limits the kit gives a run unless told otherwise.
+fn default_limits() -> RunLimits {
+    RunLimits {
+        cost_minor_max: None,
+        attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
+        reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
+        approval_threshold_minor: None,
+        policy: None,
+        network_retries_max: None,
+        reconciliations_max: None,
+    }
+}
+
 /// The harness. Build it with [`Kit::new`], add [`Kit::submit`]s, run with [`Kit::run`].
 #[derive(Clone)]
 pub struct Kit {
     workflows: Vec<Registered>,
-    submissions: Vec<Submission>,
+    submissions: Vec<Work>,
     mismatch: Option<Mutate>,
     first_seed: u64,
     seeds: u64,
@@ -238,22 +295,24 @@ impl Kit {
             reconciliation_passes: 6,
             tier: None,
             killing: None,
-            limits: RunLimits {
-                cost_minor_max: None,
-                attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
-                reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
-                approval_threshold_minor: None,
-                policy: None,
-                network_retries_max: None,
-                reconciliations_max: None,
-            },
+            limits: default_limits(),
         }
     }
 
     /// Adds a request to the workload. The schedule submits each one once or twice (a
     /// duplicate must be deduplicated), in a seeded order.
     pub fn submit(mut self, workflow: &str, input: Value) -> Self {
-        self.submissions.push(Submission { workflow: workflow.to_owned(), input });
+        self.submissions.push(Work::Workflow(Submission { workflow: workflow.to_owned(), input }));
+        self
+    }
+
+    /// Adds a user's agent to the workload: the schedule starts its one run once or twice
+    /// (a second start resumes it) among the submissions, crashes it at seeded moments and
+    /// resumes it after every restart, as `keel resume` would. Besides the invariants, the
+    /// kit counts what its transport was asked ([`agents::check_requests`]): no recorded
+    /// model call is asked again.
+    pub fn agent(mut self, agent: Agent) -> Self {
+        self.submissions.push(Work::Agent(Box::new(agent)));
         self
     }
 
@@ -386,6 +445,10 @@ struct SeedRun<'k> {
     /// The provider tier this seed plays, and where the simulator listens.
     tier: Tier,
     sim_url: String,
+    /// Where every process appends what its agents' transport was asked.
+    requests: PathBuf,
+    /// The processes that crashed or were killed: their last model answer may be lost.
+    died: BTreeSet<u64>,
     out: SeedReport,
 }
 
@@ -409,6 +472,8 @@ impl<'k> SeedRun<'k> {
             processes: 0,
             tier: Tier { idempotency: true, lookup: true },
             sim_url: String::new(),
+            requests: dir.join("model-requests.jsonl"),
+            died: BTreeSet::new(),
             out: SeedReport {
                 seed,
                 crashes: 0,
@@ -491,23 +556,36 @@ impl<'k> SeedRun<'k> {
             let j = self.rng.below(i as u64 + 1) as usize;
             schedule.swap(i, j);
         }
+        let kit = self.kit;
         for index in schedule {
-            let submission = &self.kit.submissions[index];
             self.clock.advance_ms(self.rng.below(3_000) as i64);
-            if let Some(test) = &self.kit.killing {
+            if let Some(test) = &kit.killing {
                 self.runs += 1;
                 let run_id = format!("testkit-{}-{}", self.seed, self.runs);
-                let may_kill = self.rng.chance(self.kit.crash_probability);
+                let may_kill = self.rng.chance(kit.crash_probability);
                 if self.in_child(test, Part::Start { submission: index, run_id }, may_kill).await? {
                     self.restart_in_children(test).await?;
                 }
             } else {
-                let crash = self.rng.chance(self.kit.crash_probability).then(|| self.pick_point(false));
-                if let Step::Crashed = self.start(&provider, submission, crash).await? {
+                let crash = self.rng.chance(kit.crash_probability);
+                let step = match &kit.submissions[index] {
+                    Work::Workflow(submission) => {
+                        let crash = crash.then(|| self.pick_point(&RUN_POINTS, 2));
+                        self.start(&provider, submission, crash).await?.crashed()
+                    }
+                    Work::Agent(agent) => {
+                        let crash = crash.then(|| self.pick_point(&AGENT_POINTS, AGENT_COMMITS));
+                        self.start_agent(&provider, index, agent, crash).await?
+                    }
+                };
+                if step {
                     self.restart(&provider).await?;
                 }
             }
-            if self.kit.mismatch.is_some() && self.rng.chance(0.3) {
+            if let Work::Workflow(submission) = &kit.submissions[index]
+                && kit.mismatch.is_some()
+                && self.rng.chance(0.3)
+            {
                 self.probe_mismatch(&provider, submission).await?;
             }
         }
@@ -518,11 +596,17 @@ impl<'k> SeedRun<'k> {
         let provider = provider_at(&sim.base_url(), tier)?;
         for _ in 0..self.kit.reconciliation_passes {
             self.clock.advance_ms(120_000);
-            let executor = self.executor(&provider, Failpoints::disarmed())?;
-            executor.0.recover_and_resume(Cause::command("testkit resume")).await.map_err(|e| e.to_string())?;
-            shut(executor.1);
-            for submission in &self.kit.submissions {
-                if let Step::Crashed = self.start(&provider, submission, None).await? {
+            let (executor, store) = self.executor(&provider, Failpoints::disarmed())?;
+            let recorder = self.recorder();
+            let recovered = recover(kit, &executor, &self.clock, &recorder).await;
+            shut(store);
+            recovered?;
+            for (index, work) in kit.submissions.iter().enumerate() {
+                let crashed = match work {
+                    Work::Workflow(submission) => self.start(&provider, submission, None).await?.crashed(),
+                    Work::Agent(agent) => self.start_agent(&provider, index, agent, None).await?,
+                };
+                if crashed {
                     return Err("a run crashed with no failpoint armed".to_owned());
                 }
             }
@@ -533,16 +617,23 @@ impl<'k> SeedRun<'k> {
         }
         sim.shutdown().await.map_err(|e| format!("simulator shutdown: {e}"))?;
         let mut report = invariants::check_files(&self.keel_db, &self.sim_db).map_err(|e| e.to_string())?;
+        let journals = agents::journals(&self.keel_db)?;
+        agents::check_requests(&agents::requests(&self.requests)?, &journals, &self.died, &mut report);
         report.mismatch_writes = self.out.report.mismatch_writes;
         report.details.append(&mut self.out.report.details);
         self.out.report = report;
         Ok(self.out)
     }
 
-    fn pick_point(&mut self, recovering: bool) -> (Point, u32) {
-        let points: &[Point] = if recovering { &RECOVERY_POINTS } else { &RUN_POINTS };
+    /// One of `points`, to fire on one of its first `hits` passes.
+    fn pick_point(&mut self, points: &[Point], hits: u64) -> (Point, u32) {
         let point = points[self.rng.below(points.len() as u64) as usize];
-        (point, 1 + self.rng.below(2) as u32)
+        (point, 1 + self.rng.below(hits) as u32)
+    }
+
+    /// This process's request recorder (the last process opened).
+    fn recorder(&self) -> agents::Recorder {
+        agents::Recorder { file: self.requests.clone(), process: self.processes }
     }
 
     /// A new "process" on the same files: its own store, executor and lease owner.
@@ -559,10 +650,17 @@ impl<'k> SeedRun<'k> {
     /// seeded delay, or the moment it reaches a seeded failpoint. True when it was killed.
     async fn in_child(&mut self, test: &str, part: Part, may_kill: bool) -> Result<bool, String> {
         let recovering = matches!(part, Part::Recover);
+        let (points, hits): (&[Point], u64) = match &part {
+            Part::Recover => (&RECOVERY_POINTS, 2),
+            Part::Start { submission, .. } => match self.kit.submissions.get(*submission) {
+                Some(Work::Agent(_)) => (&AGENT_POINTS, AGENT_COMMITS),
+                _ => (&RUN_POINTS, 2),
+            },
+        };
         let (kill, point) = match (may_kill, self.rng.chance(0.5)) {
             (false, _) => (Kill::Never, None),
             (true, true) => (Kill::After(self.rng.below(KILL_DELAY_MAX_MS)), None),
-            (true, false) => (Kill::AtPoint, Some(self.pick_point(recovering))),
+            (true, false) => (Kill::AtPoint, Some(self.pick_point(points, hits))),
         };
         self.processes += 1;
         let order = kill::Order {
@@ -571,6 +669,7 @@ impl<'k> SeedRun<'k> {
             tier: self.tier,
             now: self.clock.now(),
             process: self.processes,
+            requests: self.requests.clone(),
             point: point.map(|(point, nth)| (point.name().to_owned(), nth)),
             part,
         };
@@ -584,6 +683,7 @@ impl<'k> SeedRun<'k> {
             self.clock.advance_ms((last.at - self.clock.now()).num_milliseconds().max(0));
         }
         if killed {
+            self.died.insert(self.processes);
             self.out.kills += 1;
             self.note_crash(point, recovering);
         }
@@ -640,6 +740,7 @@ impl<'k> SeedRun<'k> {
         let result = task.await;
         shut(store);
         if fired.load(Ordering::SeqCst) {
+            self.died.insert(self.processes);
             self.note_crash(crash, false);
             return Ok(Step::Crashed);
         }
@@ -647,6 +748,36 @@ impl<'k> SeedRun<'k> {
             Ok(Ok(outcome)) => Ok(Step::Done(outcome)),
             Ok(Err(error)) => Err(format!("run of {} failed: {error}", submission.workflow)),
             Err(join) => Err(format!("run of {} panicked: {join}", submission.workflow)),
+        }
+    }
+
+    /// Starts or resumes the run of the kit's agent number `index` in a new "process",
+    /// crashed at `crash` when armed. True when it crashed.
+    async fn start_agent(
+        &mut self,
+        provider: &Arc<dyn PaymentProvider>,
+        index: usize,
+        agent: &Agent,
+        crash: Option<(Point, u32)>,
+    ) -> Result<bool, String> {
+        let (failpoints, fired) = self.armed(crash);
+        let (executor, store) = self.executor(provider, failpoints)?;
+        let (agent, clock, recorder) = (agent.clone(), Arc::clone(&self.clock), self.recorder());
+        let runtime = executor.runtime().clone();
+        let task = tokio::spawn(async move {
+            agents::drive(&agent, &runtime, &clock, &agent_run_id(index), &recorder, true).await
+        });
+        let result = task.await;
+        shut(store);
+        if fired.load(Ordering::SeqCst) {
+            self.died.insert(self.processes);
+            self.note_crash(crash, false);
+            return Ok(true);
+        }
+        match result {
+            Ok(Ok(())) => Ok(false),
+            Ok(Err(error)) => Err(error),
+            Err(join) => Err(format!("agent run {} panicked: {join}", agent_run_id(index))),
         }
     }
 
@@ -665,18 +796,20 @@ impl<'k> SeedRun<'k> {
     /// Restarts after a crash: recovery, which may itself crash (then restart again).
     async fn restart(&mut self, provider: &Arc<dyn PaymentProvider>) -> Result<(), String> {
         for round in 0..4 {
-            let crash = (round < 3 && self.rng.chance(0.3)).then(|| self.pick_point(true));
+            let crash = (round < 3 && self.rng.chance(0.3)).then(|| self.pick_point(&RECOVERY_POINTS, 2));
             let (failpoints, fired) = self.armed(crash);
             let (executor, store) = self.executor(provider, failpoints)?;
-            let task = tokio::spawn(async move { executor.recover_and_resume(Cause::command("testkit resume")).await });
+            let (kit, clock, recorder) = (self.kit.clone(), Arc::clone(&self.clock), self.recorder());
+            let task = tokio::spawn(async move { recover(&kit, &executor, &clock, &recorder).await });
             let result = task.await;
             shut(store);
             if fired.load(Ordering::SeqCst) {
+                self.died.insert(self.processes);
                 self.note_crash(crash, true);
                 continue;
             }
             return match result {
-                Ok(Ok(_)) => Ok(()),
+                Ok(Ok(())) => Ok(()),
                 Ok(Err(error)) => Err(format!("recovery failed: {error}")),
                 Err(join) => Err(format!("recovery panicked: {join}")),
             };
@@ -720,6 +853,13 @@ const RUN_POINTS: [Point; 7] = [
     Point::AfterCommitBeforeAnswer,
 ];
 
+/// Points an agent run may crash at: its journal's commits (its effects' driver is not on
+/// the failpoints' paths), on one of its first [`AGENT_COMMITS`].
+const AGENT_POINTS: [Point; 2] = [Point::InBatchBeforeCommit, Point::AfterCommitBeforeAnswer];
+
+/// How many commits of an agent run a crash is drawn among.
+const AGENT_COMMITS: u64 = 16;
+
 /// Points a recovery may crash at.
 const RECOVERY_POINTS: [Point; 6] = [
     Point::AfterRecover,
@@ -729,6 +869,29 @@ const RECOVERY_POINTS: [Point; 6] = [
     Point::InBatchBeforeCommit,
     Point::AfterCommitBeforeAnswer,
 ];
+
+impl<T> Step<T> {
+    fn crashed(&self) -> bool {
+        matches!(self, Step::Crashed)
+    }
+}
+
+/// What a restarted process does: recover and resume the workflows' runs, then resume every
+/// agent run of the kit that has started (the executor leaves those to their host).
+async fn recover(
+    kit: &Kit,
+    executor: &Executor,
+    clock: &Arc<ManualClock>,
+    recorder: &agents::Recorder,
+) -> Result<(), String> {
+    executor.recover_and_resume(Cause::command("testkit resume")).await.map_err(|e| e.to_string())?;
+    for (index, work) in kit.submissions.iter().enumerate() {
+        if let Work::Agent(agent) = work {
+            agents::drive(agent, executor.runtime(), clock, &agent_run_id(index), recorder, false).await?;
+        }
+    }
+    Ok(())
+}
 
 fn shut(store: store::Store) {
     // After a crash the writer may have panicked (a failpoint inside a batch): that is the

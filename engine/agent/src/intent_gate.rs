@@ -9,48 +9,67 @@
 //! attempts, classification, reconciliation. It never calls the provider itself and never
 //! decides a transition: the ledger does.
 //!
-//! Only refunds are supported: a charge needs a payment method, which an agent never holds.
+//! A refund needs nothing more. A charge needs a payment method, which the model never
+//! holds nor names: only a gate its host bound to one ([`IntentGate::paying_with`]) accepts a
+//! charge, and sends it with that secret (never stored, never shown to the model).
 
 use crate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
 use engine::event::{Cause, IntentKey, RunId};
 use engine::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
 use engine::ledger::IntentStatus;
 use engine::log::{Ask, Asking, IntentAnswer};
-use engine::provider::{BoxFuture, CallOutcome, EffectKind, UnknownReason};
+use engine::provider::{BoxFuture, CallOutcome, EffectKind, Secret, UnknownReason};
 
 /// The intent lifecycle behind an agent's effect tools.
 #[derive(Clone)]
 pub struct IntentGate {
     runtime: Runtime,
     cause: Cause,
+    /// The host's payment method for the run's charges, when it bound one.
+    payment_method: Option<Secret>,
 }
 
 impl IntentGate {
     /// A gate over `runtime`; every command it sends carries `cause`.
     pub fn new(runtime: Runtime, cause: Cause) -> Self {
-        Self { runtime, cause }
+        Self { runtime, cause, payment_method: None }
+    }
+
+    /// The same gate, accepting charges too, each sent with `payment_method` — the host's
+    /// card for this run, chosen by the host and never by the model.
+    pub fn paying_with(self, payment_method: Secret) -> Self {
+        Self { payment_method: Some(payment_method), ..self }
     }
 
     /// Guard step 10 for a reserved intent: takes it as far as the lifecycle allows now.
     pub async fn drive(&self, ticket: &EffectTicket) -> Result<IntentOutcome, WorkflowError> {
         let key = IntentKey::parse(&ticket.key)
             .ok_or_else(|| WorkflowError::Failed(format!("{} is not an intent key", ticket.key)))?;
-        executor::drive_intent(&self.runtime, self.cause.clone(), &key).await
+        executor::drive_intent(&self.runtime, self.cause.clone(), &key, self.payment_method.as_ref()).await
     }
 
     async fn reserve(&self, run_id: &str, tool: &str, intent: &EffectIntent, approval_required: bool) -> GateDecision {
         let refused = |code: &str, message: String| GateDecision::Refused { code: code.to_owned(), message };
-        if intent.operation != EffectKind::Refund.as_str() {
-            return refused(
-                "unsupported_operation",
-                format!("{} cannot go through an agent: only refunds can.", intent.operation),
-            );
-        }
+        let kind = match intent.operation.as_str() {
+            "refund" => EffectKind::Refund,
+            "charge" if self.payment_method.is_some() => EffectKind::Charge,
+            other => {
+                return refused(
+                    "unsupported_operation",
+                    format!(
+                        "{other} cannot go through this agent: only refunds, and charges of a card its host bound."
+                    ),
+                );
+            }
+        };
         let (Some(amount_minor), Some(currency)) = (intent.amount_minor, intent.currency.clone()) else {
-            return refused("invalid_arguments", "a refund needs an amount and a currency.".to_owned());
+            return refused(
+                "invalid_arguments",
+                format!("a {other} needs an amount and a currency.", other = kind.as_str()),
+            );
         };
         let request = IntentRequest {
-            kind: EffectKind::Refund,
+            kind,
             tenant: intent.tenant.clone(),
             intent_id: intent.intent_id.clone(),
             order_id: intent.reference.clone(),
@@ -58,7 +77,7 @@ impl IntentGate {
             amount_minor,
             currency,
             payload: intent.payload.clone(),
-            payment_method: None,
+            payment_method: self.payment_method.clone(),
             tool: Some(tool.to_owned()),
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));
@@ -150,5 +169,58 @@ impl EffectGate for IntentGate {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::clock::ManualClock;
+    use engine::lease::{LeaseOwner, Lessee};
+    use engine::memory::{MemoryLog, MemoryProvider};
+    use engine::provider::Capability;
+    use std::sync::Arc;
+
+    fn gate() -> IntentGate {
+        let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
+        let capability = Capability {
+            dedup_by_key: true,
+            lookup: true,
+            key_window_ms: 86_400_000,
+            consistency_window_ms: 2_000,
+            request_timeout_ms: 0,
+        };
+        let runtime = Runtime {
+            log: Arc::new(MemoryLog::new(clock.clone())),
+            provider: Arc::new(MemoryProvider::new(capability)),
+            clock,
+            lessee: Lessee::new(LeaseOwner::named("test")),
+        };
+        IntentGate::new(runtime, Cause::command("test"))
+    }
+
+    fn charge() -> EffectIntent {
+        EffectIntent {
+            operation: "charge".into(),
+            tenant: "t".into(),
+            intent_id: "pay-inv_1".into(),
+            reference: "inv_1".into(),
+            payload: serde_json::json!({"invoice": "inv_1"}),
+            amount_minor: Some(100),
+            currency: Some("EUR".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_charge_goes_through_only_a_gate_its_host_bound_to_a_card() {
+        let refused = gate().reserve("r1", "pay", &charge(), false).await;
+        assert!(
+            matches!(&refused, GateDecision::Refused { code, .. } if code == "unsupported_operation"),
+            "{refused:?}"
+        );
+        // Bound to a card, the charge reaches the ledger (which knows no run r1: refused there).
+        let bound = gate().paying_with(Secret::new("pm_card_visa_4242424242"));
+        let reached = bound.reserve("r1", "pay", &charge(), false).await;
+        assert!(matches!(&reached, GateDecision::Refused { code, .. } if code == "intent_unavailable"), "{reached:?}");
     }
 }

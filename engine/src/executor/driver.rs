@@ -110,12 +110,19 @@ pub async fn reserve_for_run(
 /// Takes one reserved intent as far as the lifecycle allows now — the same [`Driver`] a
 /// workflow's [`super::Context::intent`] uses: an approval it lacks stops it before any
 /// attempt, an attempt in flight or unknown is reconciled (when due), never resent blindly.
+/// `payment_method` is the invocation's secret for a charge (a refund needs none); without
+/// it a charge's attempt takes it from the log's vault, or waits for its caller.
 ///
 /// # Errors
 ///
 /// [`WorkflowError::Busy`] when another process holds the intent's run live; the log's
 /// failure.
-pub async fn drive_intent(runtime: &Runtime, cause: Cause, key: &IntentKey) -> Result<IntentOutcome, WorkflowError> {
+pub async fn drive_intent(
+    runtime: &Runtime,
+    cause: Cause,
+    key: &IntentKey,
+    payment_method: Option<&Secret>,
+) -> Result<IntentOutcome, WorkflowError> {
     let answer = runtime.log.ask(Ask::observe(cause.clone(), key.clone())).await?;
     // Agent effects are not on the crash-test failpoints' paths: they stay disarmed here.
     let disarmed = Failpoints::disarmed();
@@ -126,7 +133,7 @@ pub async fn drive_intent(runtime: &Runtime, cause: Cause, key: &IntentKey) -> R
     let mut leased = Leased::for_its_run(runtime, cause, &disarmed, answer.intent.run_id.clone()).await?;
     // The agent's effect acts inside its run's time: a request gets at most what is left.
     leased.driver.deadline_at = Some(run.deadline_at);
-    let outcome = leased.driver.drive_from(&answer.intent, None).await;
+    let outcome = leased.driver.drive_from(&answer.intent, payment_method).await;
     leased.release().await?;
     outcome
 }

@@ -199,12 +199,10 @@ impl Rig {
         self.log.execute_now(&Command::new(Cause::command("test"), answer)).expect("charged");
     }
 
-    /// [`drive_intent`] by a caller acting for the run (its cause names it: a network retry
-    /// is the run's, and waits the run's backoff).
     /// Drives `key` as an agent's gate does: with a cause of its own that names no run (the
     /// driver acts for the intent's run whatever its caller's cause says).
     fn drive(&self, key: &IntentKey) -> Result<IntentOutcome, WorkflowError> {
-        now_or_never(drive_intent(&self.runtime, Cause::command("agent"), key))
+        now_or_never(drive_intent(&self.runtime, Cause::command("agent"), key, None))
     }
 
     /// The charge reserved and sent, its answer lost, its lookup due.
