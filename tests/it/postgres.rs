@@ -346,7 +346,7 @@ fn every_bad_store_argument_is_a_usage_error_that_writes_nothing_and_never_print
     assert_eq!(effects_on(dir.path(), &key_of_charge()), 0, "nothing reached the provider");
 
     // A password in a reachable URL is not printed either (the cluster trusts local users).
-    let (code, verified, stderr) = run(keel(&with_password, None, &["verify"]));
+    let (code, verified, stderr) = run(keel(&with_password, None, &["verify", "--create"]));
     assert_eq!(code, 0, "{stderr}");
     assert!(!verified.to_string().contains(secret) && !stderr.contains(secret));
 }
