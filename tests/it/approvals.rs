@@ -119,10 +119,11 @@ fn run_events(db: &Path, run_id: &str) -> Vec<engine::event::Event> {
 #[test]
 fn an_approval_given_after_the_run_deadline_still_completes_the_refund_once() {
     let desk = Desk::new();
-    // 3.5 s of working time (a refund needs 2 s of it left to be reconciled); the human
-    // takes longer than the whole of it to approve.
-    let (run_id, key) = desk.suspended_refund(r#"{"deadline_ms": 3500}"#);
-    wait_ms(4_000);
+    // 6 s of working time (a refund needs 2 s of it left to be reconciled, and a loaded
+    // machine can spend a few before the refund: at 3.5 s one CI run ended `incomplete`); the
+    // human takes longer than the whole of it to approve.
+    let (run_id, key) = desk.suspended_refund(r#"{"deadline_ms": 6000}"#);
+    wait_ms(6_500);
     let (code, approved) = desk.keel(&["approve", &key, "--by", "ana"]);
     assert_eq!(code, 0, "{approved}");
     let (code, report) = desk.keel(&["agent", "resume", &run_id]);
