@@ -555,10 +555,9 @@ mod tests {
             cost_minor_max: None,
             attempts_per_intent_max: 3,
             reconciliations_per_intent_max: 3,
-            approval_threshold_minor: None,
-            policy: None,
             network_retries_max: None,
             reconciliations_max: None,
+            ..RunLimits::default()
         };
         let request = RunRequest { run_id: RunId::new("r1"), limits, deadline_ms: 60_000, cause: Cause::command("t") };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");

@@ -207,15 +207,9 @@ fn agent_run_id(index: usize) -> String {
 
 /// The spine's limits the kit gives a run unless told otherwise.
 fn default_limits() -> RunLimits {
-    RunLimits {
-        cost_minor_max: None,
-        attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
-        reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
-        approval_threshold_minor: None,
-        policy: None,
-        network_retries_max: None,
-        reconciliations_max: None,
-    }
+    // The spine's defaults for attempts and reconciliations per intent; no run-level bound
+    // the kit's schedules would have to budget for.
+    RunLimits { cost_minor_max: None, network_retries_max: None, reconciliations_max: None, ..RunLimits::default() }
 }
 
 /// The harness. Build it with [`Kit::new`], add [`Kit::submit`]s, run with [`Kit::run`].
