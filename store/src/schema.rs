@@ -556,8 +556,31 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
     conn.pragma_update(None, "cache_size", -32_768)?;
     // The writer reuses a handful of statements per event; keep them all prepared.
     conn.set_prepared_statement_cache_capacity(32);
-    migrate(&mut conn)?;
+    with_write_lock_patience(
+        || migrate(&mut conn),
+        |detail| {
+            tracing::warn!(%detail, "another process holds the event log's write lock while this one opens; asking again");
+        },
+    )?;
     Ok(conn)
+}
+
+/// Runs `work`, whose first statement asks for the write lock, again while another process
+/// holds that lock, up to [`WRITE_LOCK_PATIENCE_MS`]: each try waits one busy timeout in
+/// SQLite's handler (which is not fair: under many processes one can lose the lock for
+/// longer than a timeout while the others take turns), and `waited` is told of each. `work`
+/// must write nothing before it holds the lock, so a try that failed left nothing behind.
+pub(crate) fn with_write_lock_patience<T>(
+    mut work: impl FnMut() -> Result<T>,
+    mut waited: impl FnMut(&str),
+) -> Result<T> {
+    let patience = std::time::Instant::now() + Duration::from_millis(WRITE_LOCK_PATIENCE_MS);
+    loop {
+        match work() {
+            Err(Error::Busy { detail }) if std::time::Instant::now() < patience => waited(&detail),
+            other => return other,
+        }
+    }
 }
 
 /// Opens a read-only connection for a reader and checks the schema version.

@@ -227,11 +227,17 @@ impl Store {
     ///
     /// [`Error::SchemaTooNew`] for a file from a newer Keel, [`Error::Corrupt`] for a tail
     /// whose chain or payloads do not check, [`Error::Busy`] if another process holds the
-    /// write lock past the busy timeout, [`Error::Sqlite`] / [`Error::Io`] otherwise.
+    /// write lock past [`crate::WRITE_LOCK_PATIENCE_MS`], [`Error::Sqlite`] / [`Error::Io`] otherwise.
     pub fn open(path: &Path, options: Options, clock: Arc<dyn Clock>) -> Result<Store> {
         let conn = schema::open_writer(path, &options)?;
         if let Some(key) = &options.vault {
-            vault::check_key(&conn, key, clock.now())?;
+            // Its first open writes the vault's check row: as patient as the migration.
+            schema::with_write_lock_patience(
+                || vault::check_key(&conn, key, clock.now()),
+                |detail| {
+                    tracing::warn!(%detail, "another process holds the event log's write lock while the vault is checked");
+                },
+            )?;
         }
         let (chain, recorded) = chain::open_checked(&conn)?;
         tracing::info!(path = %path.display(), last_seq = chain.last_seq, recorded, "store opened");
@@ -511,16 +517,13 @@ impl Writer {
     /// [`crate::WRITE_LOCK_PATIENCE_MS`]: each try waits one busy timeout in SQLite's handler,
     /// and nothing is written before the lock is held.
     fn begin_immediate(&self) -> Result<()> {
-        let patience = std::time::Instant::now() + std::time::Duration::from_millis(crate::WRITE_LOCK_PATIENCE_MS);
-        loop {
-            match self.conn.execute_batch("BEGIN IMMEDIATE").map_err(Error::from) {
-                Err(Error::Busy { detail }) if std::time::Instant::now() < patience => {
-                    self.counters.lock_waits.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%detail, "another process holds the event log's write lock; asking again");
-                }
-                other => return other,
-            }
-        }
+        schema::with_write_lock_patience(
+            || self.conn.execute_batch("BEGIN IMMEDIATE").map_err(Error::from),
+            |detail| {
+                self.counters.lock_waits.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%detail, "another process holds the event log's write lock; asking again");
+            },
+        )
     }
 
     fn append_batch(&mut self, jobs: &[Job], now: DateTime<Utc>) -> Result<Vec<Outcome>> {

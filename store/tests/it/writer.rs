@@ -238,6 +238,27 @@ fn the_wal_is_checkpointed_off_the_writer_so_it_stays_bounded() {
     assert_eq!(fixture.event_count(), 1200 * 3);
 }
 
+/// Sixty-four `keel charge` processes opening one file: the open's migration check asks for
+/// the write lock too, and SQLite's busy handler is not fair, so one process could lose it
+/// for longer than a busy timeout and fail to open ("database is locked", `serve-bench`'s
+/// spawned pass, 2 of 1 024). The open is as patient as a batch.
+#[test]
+fn an_open_waits_out_another_process_holding_the_write_lock_past_one_busy_timeout() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("keel.db");
+    let clock = std::sync::Arc::new(engine::clock::ManualClock::new(start()));
+    let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
+    store::Store::open(&path, options.clone(), clock.clone()).expect("the file is made").shutdown().expect("shutdown");
+    let holder = rusqlite::Connection::open(&path).expect("a second connection");
+    holder.execute_batch("BEGIN IMMEDIATE").expect("the write lock");
+    let opening = std::thread::spawn(move || store::Store::open(&path, options, clock));
+    // Held for many of the opener's busy timeouts; an opener that gave up has ended by then.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    holder.execute_batch("COMMIT").expect("the lock given back");
+    let store = opening.join().expect("the opener returns").expect("the open waited for the lock, then opened");
+    store.shutdown().expect("shutdown");
+}
+
 #[test]
 fn a_batch_waits_out_another_process_holding_the_write_lock_past_one_busy_timeout() {
     let dir = tempfile::tempdir().expect("a temp dir");
