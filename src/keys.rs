@@ -57,6 +57,14 @@ struct Listed<'a> {
     revoked_at: Option<String>,
 }
 
+/// A key just created: as listed, and its token, shown this once.
+#[derive(Serialize)]
+struct Created<'a> {
+    #[serde(flatten)]
+    key: Listed<'a>,
+    secret: &'a str,
+}
+
 impl<'a> From<&'a ApiKey> for Listed<'a> {
     fn from(key: &'a ApiKey) -> Self {
         let at = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
@@ -111,8 +119,7 @@ fn create(db: &Path, out: &Output, tenant: &str, role: &str, name: &str) -> anyh
         Err(other) => return Err(other.into()),
     }
     let token = format!("{TOKEN_PREFIX}{id}_{secret}");
-    let mut document = serde_json::to_value(Listed::from(&key))?;
-    document["secret"] = serde_json::Value::String(token.clone());
+    let document = Created { key: Listed::from(&key), secret: &token };
     out.emit(&document, || {
         outln!("created key {} ({}) for tenant {}, role {}", key.name, key.id, key.tenant, role.as_str());
         outln!("secret (shown once, store it now; send it as `Authorization: Bearer …`):");

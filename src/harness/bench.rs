@@ -33,21 +33,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// The benchmark's figures, for one process.
+/// The benchmark's figures, for one process (what `keel bench --json` prints, read back by
+/// `--processes` and by `keel serve-bench`).
 #[derive(Debug, Serialize, Deserialize)]
-struct Report {
+pub(crate) struct Report {
     backend: LogKind,
     provider: ProviderKind,
-    intents: usize,
+    pub(crate) intents: usize,
     concurrency: usize,
     durability: String,
-    seconds: f64,
-    intents_per_s: f64,
+    pub(crate) seconds: f64,
+    pub(crate) intents_per_s: f64,
     /// Events written (SQLite counts them; PostgreSQL's writers do not).
     events: Option<u64>,
     events_per_s: Option<f64>,
-    p50_ms: f64,
-    p99_ms: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
     commits: u64,
     /// Commits per intent: fsyncs per intent at `full` on SQLite.
     commits_per_intent: f64,
@@ -66,7 +67,7 @@ impl Report {
     /// Whether every charge validated once, and every re-submission was answered from the
     /// log (so it made no provider call); with the in-process provider, whether its effects
     /// say the same.
-    fn ok(&self) -> bool {
+    pub(crate) fn ok(&self) -> bool {
         self.validated == self.intents
             && self.resubmitted_deduplicated == self.intents
             && self.effects_after_first_pass.is_none_or(|effects| effects == self.intents)

@@ -14,9 +14,16 @@ use super::bench::BENCH_TENANT;
 use crate::exit;
 use crate::output::Output;
 use anyhow::Context as _;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::process::{Command, Stdio};
+
+/// What `keel resume --json` prints that this measurement counts: the intents it found in
+/// flight and recovered.
+#[derive(Deserialize)]
+struct Resumed {
+    recovered: Vec<serde::de::IgnoredAny>,
+}
 
 /// One command's figures on one log.
 #[derive(Debug, Serialize)]
@@ -206,10 +213,10 @@ pub async fn run(out: &Output, dir: &Path, sizes: &[usize], runs: usize, in_flig
         let db_arg = db.display().to_string();
         let args = ["--json", "--db", &db_arg, "--provider", &url, "resume"].map(str::to_owned);
         let (wall, peak, stdout) = timed(&args)?;
-        let recovered = serde_json::from_str::<serde_json::Value>(&stdout)
-            .ok()
-            .and_then(|v| v["recovered"].as_array().map(Vec::len))
-            .unwrap_or(0);
+        let recovered = serde_json::from_str::<Resumed>(&stdout)
+            .with_context(|| format!("keel resume --json printed no report: {stdout}"))?
+            .recovered
+            .len();
         report.figures.push(Figure {
             command: format!("resume ({in_flight} in flight, {recovered} recovered)"),
             charges: in_flight,

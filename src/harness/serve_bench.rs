@@ -10,12 +10,14 @@
 //! `keel charge` processes against the first simulator. Every pass is bounded by its count and
 //! by `--max-seconds`. It measures and checks the effect counts; it asserts no timing.
 
+use super::bench::Report as BenchReport;
 use super::start_sim;
 use crate::exit;
 use crate::output::Output;
 use anyhow::{Context as _, bail};
-use serde::Serialize;
-use serde_json::{Value, json};
+use engine::executor::ValidatedBy;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -37,6 +39,9 @@ pub struct Args {
     pub dir: Option<PathBuf>,
 }
 
+/// How many failed requests a pass describes (the count is always whole).
+const FAILURES_SHOWN: usize = 5;
+
 /// One pass's figures.
 #[derive(Debug, Serialize)]
 struct Pass {
@@ -46,10 +51,41 @@ struct Pass {
     per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
+    /// What the first failed requests answered (at most `FAILURES_SHOWN`): a benchmark that
+    /// lost a request says why.
+    failures: Vec<String>,
+}
+
+/// What one load-generating task saw: its successes, every latency, its first failures.
+#[derive(Default)]
+struct Tally {
+    ok: usize,
+    latencies: Vec<Duration>,
+    failures: Vec<String>,
+}
+
+impl Tally {
+    fn record(&mut self, began: Instant, failure: Option<String>) {
+        self.latencies.push(began.elapsed());
+        match failure {
+            None => self.ok += 1,
+            Some(failure) if self.failures.len() < FAILURES_SHOWN => self.failures.push(failure),
+            Some(_) => {}
+        }
+    }
+
+    fn merge(mut self, other: Self) -> Self {
+        self.ok += other.ok;
+        self.latencies.extend(other.latencies);
+        self.failures.extend(other.failures);
+        self.failures.truncate(FAILURES_SHOWN);
+        self
+    }
 }
 
 impl Pass {
-    fn of(ok: usize, mut latencies: Vec<Duration>, seconds: f64) -> Self {
+    fn of(tally: Tally, seconds: f64) -> Self {
+        let Tally { ok, mut latencies, failures } = tally;
         latencies.sort();
         let percentile = |p: f64| {
             let index = ((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1));
@@ -62,7 +98,20 @@ impl Pass {
             per_s: ok as f64 / seconds,
             p50_ms: percentile(0.50),
             p99_ms: percentile(0.99),
+            failures,
         }
+    }
+
+    /// Joins the tallies of a pass's tasks.
+    async fn join(
+        workers: Vec<tokio::task::JoinHandle<anyhow::Result<Tally>>>,
+        started: Instant,
+    ) -> anyhow::Result<Self> {
+        let mut tally = Tally::default();
+        for worker in workers {
+            tally = tally.merge(worker.await??);
+        }
+        Ok(Self::of(tally, started.elapsed().as_secs_f64()))
     }
 }
 
@@ -75,9 +124,9 @@ struct Report {
     dedup_rate: f64,
     effects_after_serve: usize,
     effects_after_resubmission: usize,
-    bench_in_process: Value,
+    bench_in_process: BenchReport,
     /// `keel bench --provider URL`: the same charges through a simulator of its own.
-    bench_through_simulator: Value,
+    bench_through_simulator: BenchReport,
     effects_after_bench_through_simulator: usize,
     spawned_keel_charge: Pass,
     /// Serve over `keel bench` with the in-process provider (serve pays the simulator too).
@@ -117,9 +166,10 @@ pub async fn run(out: &Output, args: Args) -> anyhow::Result<u8> {
     let client = reqwest::Client::builder().pool_max_idle_per_host(args.concurrency).build()?;
     let budget = Duration::from_secs(args.max_seconds);
 
-    let serve = http_pass(&client, &base, &key, args.intents, args.concurrency, budget, Want::Provider).await?;
+    let serve = http_pass(&client, &base, &key, args.intents, args.concurrency, budget, ValidatedBy::Provider).await?;
     let effects_after_serve = provider_sim::list_effects(&dir.join("sim.db"))?.len();
-    let again = http_pass(&client, &base, &key, serve.requests, args.concurrency, budget, Want::Deduplicated).await?;
+    let again =
+        http_pass(&client, &base, &key, serve.requests, args.concurrency, budget, ValidatedBy::Deduplicated).await?;
     let effects_after_resubmission = provider_sim::list_effects(&dir.join("sim.db"))?.len();
     drop(server);
 
@@ -134,8 +184,8 @@ pub async fn run(out: &Output, args: Args) -> anyhow::Result<u8> {
     let report = Report {
         concurrency: args.concurrency,
         dedup_rate: again.ok as f64 / again.requests.max(1) as f64,
-        serve_vs_bench: ratio(per_s(&bench)),
-        serve_vs_bench_same_provider: ratio(per_s(&bench_http)),
+        serve_vs_bench: ratio(bench.intents_per_s),
+        serve_vs_bench_same_provider: ratio(bench_http.intents_per_s),
         serve_vs_spawn: ratio(spawned.per_s),
         serve,
         serve_resubmitted: again,
@@ -146,21 +196,19 @@ pub async fn run(out: &Output, args: Args) -> anyhow::Result<u8> {
         effects_after_bench_through_simulator,
         spawned_keel_charge: spawned,
     };
-    let bench_ok = |bench: &Value| bench["validated"] == bench["intents"] && bench["intents"].as_u64().is_some();
-    let ok = report.serve.ok == report.serve.requests
-        && effects_after_serve == report.serve.ok
-        && effects_after_resubmission == effects_after_serve
+    let effects_ok = effects_after_serve == report.serve.ok && effects_after_resubmission == effects_after_serve;
+    let ok = effects_ok
+        && report.serve.ok == report.serve.requests
         && report.serve_resubmitted.ok == report.serve_resubmitted.requests
-        && bench_ok(&report.bench_in_process)
-        && bench_ok(&report.bench_through_simulator)
-        && report.bench_through_simulator["resubmitted_deduplicated"] == report.bench_through_simulator["intents"]
-        && report.bench_through_simulator["intents"].as_u64()
-            == u64::try_from(effects_after_bench_through_simulator).ok();
-    out.emit(&report, || print(&report, ok));
+        && report.bench_in_process.ok()
+        && report.bench_through_simulator.ok()
+        && report.bench_through_simulator.intents == effects_after_bench_through_simulator
+        && report.spawned_keel_charge.ok == report.spawned_keel_charge.requests;
+    out.emit(&report, || print(&report, effects_ok));
     Ok(if ok { exit::OK } else { exit::INTERNAL })
 }
 
-fn print(report: &Report, ok: bool) {
+fn print(report: &Report, effects_ok: bool) {
     let line = |name: &str, pass: &Pass| {
         outln!(
             "  {name:<28} {:>6}/{:<6} in {:>6.2} s = {:>8.0}/s, p50 {:>7.2} ms, p99 {:>7.2} ms",
@@ -171,6 +219,9 @@ fn print(report: &Report, ok: bool) {
             pass.p50_ms,
             pass.p99_ms
         );
+        for failure in &pass.failures {
+            outln!("    failed: {failure}");
+        }
     };
     outln!("keel serve-bench: concurrency {}", report.concurrency);
     line("keel serve (HTTP, new keys)", &report.serve);
@@ -180,16 +231,16 @@ fn print(report: &Report, ok: bool) {
         report.dedup_rate,
         report.effects_after_serve,
         report.effects_after_resubmission,
-        if ok { "(no new effect)" } else { "(MISMATCH)" }
+        if effects_ok { "(one effect per charge, no new effect)" } else { "(MISMATCH)" }
     );
-    let bench = |name: &str, bench: &Value| {
+    let bench = |name: &str, bench: &BenchReport| {
         outln!(
             "  {name:<28} {:>13} in {:>6.2} s = {:>8.0}/s, p50 {:>7.2} ms, p99 {:>7.2} ms",
-            bench["intents"],
-            bench["seconds"].as_f64().unwrap_or(0.0),
-            per_s(bench),
-            bench["p50_ms"].as_f64().unwrap_or(0.0),
-            bench["p99_ms"].as_f64().unwrap_or(0.0)
+            bench.intents,
+            bench.seconds,
+            bench.intents_per_s,
+            bench.p50_ms,
+            bench.p99_ms
         );
     };
     bench("keel bench (in process)", &report.bench_in_process);
@@ -202,11 +253,6 @@ fn print(report: &Report, ok: bool) {
         report.serve_vs_bench_same_provider,
         report.serve_vs_spawn
     );
-}
-
-/// A `keel bench` report's charges per second.
-fn per_s(bench: &Value) -> f64 {
-    bench["intents_per_s"].as_f64().unwrap_or(0.0)
 }
 
 /// The run's directory: `--dir`, or a temporary one removed at the end.
@@ -244,12 +290,24 @@ impl Drop for RunDir {
     }
 }
 
+/// What `keel keys create --json` prints that the load generator needs.
+#[derive(Deserialize)]
+struct CreatedKey {
+    secret: String,
+}
+
+/// What `keel serve` answers a charge with that the load generator checks.
+#[derive(Deserialize)]
+struct ChargeAnswer {
+    source: Option<ValidatedBy>,
+}
+
 fn create_key(dir: &Path) -> anyhow::Result<String> {
     let output = keel(dir)?
         .args(["keys", "create", "--tenant", super::bench::BENCH_TENANT, "--role", "submit", "--name", "serve-bench"])
         .output()?;
-    let document: Value = serde_json::from_slice(&output.stdout).context("keel keys create prints JSON")?;
-    document["secret"].as_str().map(str::to_owned).context("keel keys create printed no secret")
+    let created: CreatedKey = serde_json::from_slice(&output.stdout).context("keel keys create prints its key")?;
+    Ok(created.secret)
 }
 
 fn start_serve(dir: &Path, provider: &str) -> anyhow::Result<(Reaped, String)> {
@@ -265,24 +323,6 @@ fn start_serve(dir: &Path, provider: &str) -> anyhow::Result<(Reaped, String)> {
     std::io::BufReader::new(stdout).read_line(&mut line)?;
     let addr = line.trim().strip_prefix("listening on http://").context("keel serve printed no address")?.to_owned();
     Ok((reaped, addr))
-}
-
-/// What every answer of a pass must be.
-#[derive(Clone, Copy)]
-enum Want {
-    /// A new effect.
-    Provider,
-    /// The stored result.
-    Deduplicated,
-}
-
-impl Want {
-    fn source(self) -> &'static str {
-        match self {
-            Self::Provider => "provider",
-            Self::Deduplicated => "deduplicated",
-        }
-    }
 }
 
 fn charge_body(i: usize) -> String {
@@ -303,7 +343,7 @@ async fn http_pass(
     count: usize,
     concurrency: usize,
     budget: Duration,
-    want: Want,
+    want: ValidatedBy,
 ) -> anyhow::Result<Pass> {
     wait_ready(client, base).await?;
     let next = Arc::new(AtomicUsize::new(0));
@@ -313,7 +353,7 @@ async fn http_pass(
         let (client, next, url, auth) =
             (client.clone(), next.clone(), format!("{base}/v1/charges"), format!("Bearer {key}"));
         workers.push(tokio::spawn(async move {
-            let (mut ok, mut latencies) = (0, Vec::new());
+            let mut tally = Tally::default();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= count || started.elapsed() > budget {
@@ -328,23 +368,23 @@ async fn http_pass(
                     .body(charge_body(i))
                     .send()
                     .await?;
-                let status = answer.status().as_u16();
-                let document: Value = answer.json().await?;
-                latencies.push(began.elapsed());
-                if status == 200 && document["source"] == want.source() {
-                    ok += 1;
-                }
+                let status = answer.status();
+                let body = answer.bytes().await?;
+                let source = serde_json::from_slice::<ChargeAnswer>(&body).ok().and_then(|answer| answer.source);
+                let failure = (!(status == reqwest::StatusCode::OK && source == Some(want))).then(|| {
+                    let body = String::from_utf8_lossy(&body);
+                    format!(
+                        "{status}, expected source {}: {}",
+                        want.as_str(),
+                        body.chars().take(300).collect::<String>()
+                    )
+                });
+                tally.record(began, failure);
             }
-            anyhow::Ok((ok, latencies))
+            anyhow::Ok(tally)
         }));
     }
-    let (mut ok, mut latencies) = (0, Vec::new());
-    for worker in workers {
-        let (o, l) = worker.await??;
-        ok += o;
-        latencies.extend(l);
-    }
-    Ok(Pass::of(ok, latencies, started.elapsed().as_secs_f64()))
+    Pass::join(workers, started).await
 }
 
 async fn wait_ready(client: &reqwest::Client, base: &str) -> anyhow::Result<()> {
@@ -359,7 +399,7 @@ async fn wait_ready(client: &reqwest::Client, base: &str) -> anyhow::Result<()> 
 
 /// `keel bench --intents N --concurrency C --json` in its own log `db`, through the provider
 /// at `provider` (`--provider URL`) or the in-process one, parsed.
-fn keel_bench(db: &Path, provider: Option<&str>, intents: usize, concurrency: usize) -> anyhow::Result<Value> {
+fn keel_bench(db: &Path, provider: Option<&str>, intents: usize, concurrency: usize) -> anyhow::Result<BenchReport> {
     let mut command = Command::new(std::env::current_exe()?);
     command.arg("--db").arg(db).args([
         "--json",
@@ -393,14 +433,14 @@ async fn spawn_pass(
         let (next, dir, provider) = (next.clone(), dir.join("spawned"), provider.to_owned());
         std::fs::create_dir_all(&dir)?;
         workers.push(tokio::spawn(async move {
-            let (mut ok, mut latencies) = (0, Vec::new());
+            let mut tally = Tally::default();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 if i >= count || started.elapsed() > budget {
                     break;
                 }
                 let began = Instant::now();
-                let status = tokio::process::Command::new(std::env::current_exe()?)
+                let output = tokio::process::Command::new(std::env::current_exe()?)
                     .arg("--db")
                     .arg(dir.join("keel.db"))
                     .args(["--provider", &provider, "charge", "--tenant", super::bench::BENCH_TENANT])
@@ -419,22 +459,17 @@ async fn spawn_pass(
                         "pm_bench_token_0123456789",
                     ])
                     .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
+                    .stderr(Stdio::piped())
+                    .output()
                     .await?;
-                latencies.push(began.elapsed());
-                if status.success() {
-                    ok += 1;
-                }
+                let failure = (!output.status.success()).then(|| {
+                    let stderr = String::from_utf8_lossy(&output.stderr);
+                    format!("keel charge {}: {}", output.status, stderr.trim().chars().take(300).collect::<String>())
+                });
+                tally.record(began, failure);
             }
-            anyhow::Ok((ok, latencies))
+            anyhow::Ok(tally)
         }));
     }
-    let (mut ok, mut latencies) = (0, Vec::new());
-    for worker in workers {
-        let (o, l) = worker.await??;
-        ok += o;
-        latencies.extend(l);
-    }
-    Ok(Pass::of(ok, latencies, started.elapsed().as_secs_f64()))
+    Pass::join(workers, started).await
 }

@@ -10,7 +10,7 @@ use super::workflow::Rejection;
 use crate::event::{IntentKey, RunId, RunStatus, Source};
 use crate::ledger::{Intent, IntentStatus, RejectCode};
 use chrono::{DateTime, Utc};
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
 /// Where an intent stands after Keel did everything it may do now.
@@ -72,8 +72,9 @@ impl Serialize for OutcomeStatus {
     }
 }
 
-/// How a validated intent came to be validated, as this call saw it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// How a validated intent came to be validated, as this call saw it (read back by clients of
+/// the JSON answers, such as `keel serve-bench`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ValidatedBy {
     /// The provider confirmed this call's attempt.
