@@ -148,12 +148,9 @@ fn round_batch(seed: u64, round: u64) -> Vec<(&'static str, Value)> {
 fn limits() -> RunLimits {
     RunLimits {
         cost_minor_max: Some(100_000),
-        attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
-        reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
-        approval_threshold_minor: None,
-        policy: None,
         network_retries_max: None,
         reconciliations_max: None,
+        ..RunLimits::default()
     }
 }
 

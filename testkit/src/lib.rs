@@ -52,6 +52,11 @@
 //!
 //! struct PayInvoice;
 //!
+//! /// What a caller submits: the invoice, and the card to pay it with.
+//! #[derive(Deserialize)]
+//! #[serde(deny_unknown_fields)]
+//! struct Submitted { invoice: String, cents: i64, card: String }
+//!
 //! /// What is stored (the card is a secret of the invocation, never stored).
 //! #[derive(Serialize, Deserialize)]
 //! struct Invoice { invoice: String, cents: i64 }
@@ -60,10 +65,8 @@
 //!     type Input = Invoice;
 //!     fn name(&self) -> &'static str { "pay_invoice" }
 //!     fn prepare(&self, raw: &Value) -> Result<Prepared<Invoice>, Rejection> {
-//!         let invalid = |d: &str| Rejection { code: RejectCode::InvalidArguments, details: vec![d.to_owned()] };
-//!         let card = raw["card"].as_str().ok_or_else(|| invalid("card is required"))?;
-//!         let invoice = raw["invoice"].as_str().ok_or_else(|| invalid("invoice is required"))?.to_owned();
-//!         let cents = raw["cents"].as_i64().ok_or_else(|| invalid("cents is required"))?;
+//!         let Submitted { invoice, cents, card } = Submitted::deserialize(raw)
+//!             .map_err(|e| Rejection { code: RejectCode::InvalidArguments, details: vec![e.to_string()] })?;
 //!         Ok(Prepared { input: Invoice { invoice, cents }, secrets: [("card".to_owned(), Secret::new(card))].into() })
 //!     }
 //!     fn run<'a>(&'a self, ctx: &'a mut Context, input: Invoice) -> BoxFuture<'a, Result<WorkflowEnd, WorkflowError>> {

@@ -58,12 +58,10 @@ async fn check(path: &Path) {
             run_id: RunId::new(format!("{name}-{runs}")),
             limits: RunLimits {
                 cost_minor_max: None,
-                attempts_per_intent_max: 3,
                 reconciliations_per_intent_max: 3,
-                approval_threshold_minor: None,
-                policy: None,
                 network_retries_max: None,
                 reconciliations_max: None,
+                ..RunLimits::default()
             },
             deadline_ms: 3_600_000,
             cause: Cause::command("adversarial"),

@@ -72,12 +72,10 @@ fn eight_workers_on_one_database_reserve_each_key_once() {
                                 run_id: RunId::new(format!("w{worker}-{id}")),
                                 limits: RunLimits {
                                     cost_minor_max: None,
-                                    attempts_per_intent_max: 3,
                                     reconciliations_per_intent_max: 3,
-                                    approval_threshold_minor: None,
-                                    policy: None,
                                     network_retries_max: None,
                                     reconciliations_max: None,
+                                    ..RunLimits::default()
                                 },
                                 deadline_ms: 600_000,
                                 cause: Cause::command("concurrency"),
@@ -181,12 +179,10 @@ fn a_proposal_that_loses_the_race_for_the_attempt_reports_the_winners_outcome() 
         run_id: RunId::new("late"),
         limits: RunLimits {
             cost_minor_max: None,
-            attempts_per_intent_max: 3,
             reconciliations_per_intent_max: 3,
-            approval_threshold_minor: None,
-            policy: None,
             network_retries_max: None,
             reconciliations_max: None,
+            ..RunLimits::default()
         },
         deadline_ms: 600_000,
         cause: Cause::command("late"),

@@ -143,12 +143,10 @@ impl World {
             run_id: RunId::new(format!("model-{}", self.runs)),
             limits: RunLimits {
                 cost_minor_max: Some(10_000),
-                attempts_per_intent_max: 3,
                 reconciliations_per_intent_max: 3,
-                approval_threshold_minor: None,
-                policy: None,
                 network_retries_max: None,
                 reconciliations_max: None,
+                ..RunLimits::default()
             },
             deadline_ms: 600_000,
             cause: Cause::command("model"),

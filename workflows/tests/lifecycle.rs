@@ -96,12 +96,10 @@ impl Harness {
 fn limits() -> RunLimits {
     RunLimits {
         cost_minor_max: None,
-        attempts_per_intent_max: 3,
         reconciliations_per_intent_max: 3,
-        approval_threshold_minor: None,
-        policy: None,
         network_retries_max: None,
         reconciliations_max: None,
+        ..RunLimits::default()
     }
 }
 
