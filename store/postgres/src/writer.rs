@@ -48,6 +48,7 @@ use engine::limits::{
 };
 use engine::log::{EventLog, LogError};
 use engine::provider::BoxFuture;
+use postgres::types::Type;
 use postgres::{Client, IsolationLevel, NoTls};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -474,10 +475,14 @@ fn decide_and_write(
     };
     let wrote = !sealed.is_empty() || !leases.is_empty();
     view.apply_leases(&leases)?;
+    if !sealed.is_empty() {
+        view.with(|tx| rows::insert_events(tx, &sealed))?;
+    }
+    for one in &sealed {
+        view.set_length(&one.stored.stream, one.stored.stream_seq);
+    }
     let mut entities = TxEntities::new(&view);
     for one in &sealed {
-        view.with(|tx| rows::insert_event(tx, one))?;
-        view.set_length(&one.stored.stream, one.stored.stream_seq);
         if let Err(error) = fold::apply(&mut entities, &one.stored) {
             // A failed or stale read makes the fold fail too: that is a retry, not a bug.
             entities.failed()?;
@@ -486,7 +491,12 @@ fn decide_and_write(
     }
     entities.write_back()?;
     if wrote {
-        view.with(|tx| Ok(tx.execute("INSERT INTO commits (id, at) VALUES ($1, $2)", &[&id, &now])?))?;
+        view.with(|tx| {
+            Ok(tx.execute_typed(
+                "INSERT INTO commits (id, at) VALUES ($1, $2)",
+                &[(&id, Type::UUID), (&now, Type::TIMESTAMPTZ)],
+            )?)
+        })?;
     }
     let reply = engine::ledger::reply_after(&view, &target);
     view.finish()?;
@@ -494,25 +504,28 @@ fn decide_and_write(
 }
 
 /// Seals a decision's events with the per-stream chain; a read failure fails the command.
+/// The sequences for all the events are taken in one call, and the ends of all their streams
+/// read in one statement, before sealing.
 fn seal_events(
     view: &Tx<'_, '_>,
     events: Vec<engine::event::Event>,
     command: &Command,
     now: DateTime<Utc>,
 ) -> Result<std::result::Result<Vec<Sealed>, Refusal>> {
+    if events.is_empty() {
+        return Ok(Ok(Vec::new()));
+    }
+    let mut streams: Vec<engine::event::StreamId> = events.iter().map(engine::event::Event::stream).collect();
+    streams.sort();
+    streams.dedup();
+    view.prefetch_ends(&streams.iter().collect::<Vec<_>>())?;
+    let mut seqs = view.with(|tx| rows::next_seqs(tx, events.len()))?.into_iter();
     let failure = std::cell::RefCell::new(None::<Error>);
     let note = |error: Error| {
         failure.borrow_mut().get_or_insert(error);
     };
-    let mut next_seq = || {
-        view.with(rows::next_seq).unwrap_or_else(|e| {
-            note(e);
-            0
-        })
-    };
-    let mut stream_hash = |stream: &engine::event::StreamId, stream_seq: u64| match view
-        .with(|tx| rows::stream_event_at(tx, stream, stream_seq))
-    {
+    let mut next_seq = || seqs.next().expect("seal numbers each event once: one sequence was taken for each");
+    let mut stream_hash = |stream: &engine::event::StreamId, stream_seq: u64| match view.event_at(stream, stream_seq) {
         Ok(Some((hash, _))) => hash,
         Ok(None) => {
             note(Error::corrupt(0, format!("stream {stream} has no event {stream_seq}")));
@@ -537,7 +550,7 @@ fn seal_events(
         match (tail, end) {
             (Tail::Intent(key), End::Latest) => view.intent(key).map(|i| i.last_seq),
             (Tail::Run(run_id), End::Latest) => view.run(run_id).map(|r| r.last_seq),
-            (_, End::First) => match view.with(|tx| rows::stream_event_at(tx, &stream, 1)) {
+            (_, End::First) => match view.event_at(&stream, 1) {
                 Ok(found) => found.map(|(_, seq)| seq),
                 Err(error) => {
                     note(error);
