@@ -160,8 +160,8 @@ pub const WRITER_BATCH_MAX: usize = 512;
 pub const WRITER_CHANNEL_CAPACITY: usize = 4_096;
 
 /// Default writer threads of the PostgreSQL store, each owning one connection and running one
-/// command's transaction at a time: commands on different entities commit concurrently, up to
-/// this many at once, without opening more connections than a small server allows per
+/// transaction (a batch of commands) at a time: commands on different entities commit
+/// concurrently, up to this many transactions at once, without opening more connections than a small server allows per
 /// process. Enforced where `store_postgres::PgLog` starts its pool; its options may change it
 /// within [`PG_WRITERS_MAX`].
 pub const PG_WRITERS_DEFAULT: usize = 8;
@@ -170,10 +170,19 @@ pub const PG_WRITERS_DEFAULT: usize = 8;
 /// `max_connections` is 100, shared by every worker process of a deployment.
 pub const PG_WRITERS_MAX: usize = 64;
 
-/// Times the PostgreSQL store runs one command's transaction before it answers with an
-/// error: a deadlock (40P01), a serialization failure (40001), a racing append to the same
-/// stream (23505 on `events`) or a dropped connection rolls the whole command back and runs it
-/// again. Sixteen outlasts a burst of workers colliding on one hot entity. Enforced by the
+/// Most commands one PostgreSQL writer thread runs in one transaction (group commit): each in
+/// its own savepoint, one `COMMIT` (one WAL flush, one commit id) for all. Commands queue
+/// while a thread waits on its server, so under load a batch fills without waiting for more.
+/// Bounded by PostgreSQL's subtransaction cache: a server process keeps the ids of at most 64
+/// subtransactions that wrote in shared memory (`PGPROC_MAX_CACHED_SUBXIDS`); past that,
+/// every other session's snapshot consults `pg_subtrans` on disk. Half of it leaves room and
+/// still spreads one flush over 32 commands. Enforced by `store_postgres::PgLog`'s writer loop.
+pub const PG_BATCH_COMMANDS_MAX: usize = 32;
+
+/// Times the PostgreSQL store runs one command before it answers with an error: a deadlock
+/// (40P01), a serialization failure (40001), a racing append to the same stream (23505 on
+/// `events`) or a dropped connection rolls the command back (to its savepoint, or with its
+/// whole batch) and runs it again in the writer's next transaction. Sixteen outlasts a burst of workers colliding on one hot entity. Enforced by the
 /// store's writer threads.
 pub const PG_COMMAND_ATTEMPTS_MAX: u32 = 16;
 
@@ -195,6 +204,9 @@ pub const PG_IMPORT_BATCH_EVENTS: usize = 2_000;
 
 const _: () = assert!(PG_WRITERS_DEFAULT <= PG_WRITERS_MAX);
 const _: () = assert!(PG_COMMAND_ATTEMPTS_MAX >= 2);
+// One savepoint per command: a full batch stays within the server's 64 cached subtransactions.
+const _: () = assert!(PG_BATCH_COMMANDS_MAX >= 1 && PG_BATCH_COMMANDS_MAX <= 64);
+const _: () = assert!(PG_BATCH_COMMANDS_MAX <= WRITER_CHANNEL_CAPACITY);
 
 /// Entities (intents and runs) the store's writer keeps decoded in memory between commands,
 /// and stream ids it remembers. A command reads the few entities it is about; a hot set of

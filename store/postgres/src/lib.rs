@@ -5,9 +5,10 @@
 //!
 //! - [`PgLog`] — the cheap-to-clone handle on a pool of writer threads, each owning one
 //!   connection. It implements [`engine::log::EventLog`]: each [`Command`](engine::ledger::Command)
-//!   runs in one READ COMMITTED transaction that takes the locks of the entities its decision
-//!   reads, decides with `engine::ledger::decide`, appends, folds, writes the rows and
-//!   answers after `COMMIT` (see [`writer`](crate::writer) for failure and retries).
+//!   runs in its own savepoint of a READ COMMITTED transaction shared with the commands queued
+//!   with it (group commit), takes the locks of the entities its decision reads, decides with
+//!   `engine::ledger::decide`, appends, folds, writes the rows and is answered after the one
+//!   `COMMIT` (see [`writer`](crate::writer) for failure and retries).
 //! - [`PgReader`] — reads outside any command: a stream, an intent, a run, the whole-log
 //!   [`Ledger`](engine::ledger::Ledger), and [`PgReader::verify`] ([`VerifyReport`]).
 //! - [`Import`] — a log decided elsewhere (SQLite), copied in bounded batches, each event

@@ -186,17 +186,19 @@ enum Kind {
     Other,
 }
 
-/// A simple query's text (`Q` message body), classified.
+/// A simple query's text (`Q` message body), classified. `ROLLBACK TO SAVEPOINT` ends no
+/// transaction (a batch's refused command is undone with it), so it is no rollback here.
 fn classify(tag: u8, body: &[u8]) -> Kind {
     if tag != b'Q' {
         return Kind::Other;
     }
     let text = String::from_utf8_lossy(body.strip_suffix(b"\0").unwrap_or(body)).trim().to_ascii_uppercase();
-    let first = text.split(|c: char| !c.is_ascii_alphabetic()).next().unwrap_or("");
-    match first {
-        "BEGIN" | "START" => Kind::Begin,
-        "COMMIT" | "END" => Kind::Commit,
-        "ROLLBACK" | "ABORT" => Kind::Rollback,
+    let mut words = text.split(|c: char| !c.is_ascii_alphabetic()).filter(|word| !word.is_empty());
+    match (words.next().unwrap_or(""), words.next()) {
+        ("BEGIN" | "START", _) => Kind::Begin,
+        ("COMMIT" | "END", _) => Kind::Commit,
+        ("ROLLBACK", Some("TO")) => Kind::Other,
+        ("ROLLBACK" | "ABORT", _) => Kind::Rollback,
         _ => Kind::Other,
     }
 }
@@ -320,6 +322,8 @@ mod tests {
         assert_eq!(classify(b'Q', b"START TRANSACTION ISOLATION LEVEL READ COMMITTED\0"), Kind::Begin);
         assert_eq!(classify(b'Q', b"begin\0"), Kind::Begin);
         assert_eq!(classify(b'Q', b"ROLLBACK\0"), Kind::Rollback);
+        assert_eq!(classify(b'Q', b"ROLLBACK TO SAVEPOINT command\0"), Kind::Other, "a savepoint ends no transaction");
+        assert_eq!(classify(b'Q', b"RELEASE SAVEPOINT command; SAVEPOINT command\0"), Kind::Other);
         assert_eq!(classify(b'Q', b"SELECT 'COMMIT'\0"), Kind::Other);
         assert_eq!(classify(b'P', b"\0COMMIT\0"), Kind::Other, "only a simple query ends a transaction here");
     }

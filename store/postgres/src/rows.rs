@@ -4,6 +4,11 @@
 //! layout of `store/FORMAT.md` ("PostgreSQL"), and the decoding of a row back into its typed
 //! value (an event checked against its own hash, an entity from its serde JSON). Nothing here
 //! locks: the callers (`crate::tx`) take the entity's lock first.
+//!
+//! The statements a command runs go with their parameters' types (`query_typed`,
+//! `execute_typed`): the server parses each in the same round trip that runs it, where an
+//! untyped one is prepared first, in a round trip of its own. What a command writes goes in
+//! one statement per table, its rows as arrays unnested.
 
 use crate::error::{Error, Result};
 use chrono::{DateTime, Utc};
@@ -12,6 +17,11 @@ use engine::event::{Cause, Event, StoredEvent, StreamId, chain_hash};
 use engine::ledger::{Intent, IntentStatus, Run};
 use postgres::GenericClient;
 use postgres::Row;
+use postgres::types::{ToSql, Type};
+use std::collections::HashMap;
+
+/// A statement parameter with its type.
+pub(crate) type Typed<'a> = (&'a (dyn ToSql + Sync), Type);
 
 /// The `SELECT` list of an event, matching [`decode_event`].
 pub(crate) const EVENT_COLUMNS: &str = "seq, stream, stream_seq, at, type, cause, payload, prev_hash, hash";
@@ -24,48 +34,27 @@ fn to_u64(n: i64, seq: u64, what: &str) -> Result<u64> {
     u64::try_from(n).map_err(|_| Error::corrupt(seq, format!("{what} {n} is negative")))
 }
 
-/// Inserts one sealed event.
-pub(crate) fn insert_event(client: &mut impl GenericClient, sealed: &Sealed) -> Result<()> {
-    let e = &sealed.stored;
-    client.execute(
-        "INSERT INTO events (seq, stream, stream_seq, at, type, cause, payload, prev_hash, hash) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        &[
-            &to_i64(e.seq),
-            &e.stream.as_str(),
-            &to_i64(e.stream_seq),
-            &e.at,
-            &e.event.type_name(),
-            &sealed.cause,
-            &sealed.payload,
-            &e.prev_hash,
-            &e.hash,
-        ],
-    )?;
-    Ok(())
-}
-
-/// Inserts sealed events in one statement (arrays unnested), as [`insert_event`] would one by
-/// one: what an import's batch writes.
+/// Inserts sealed events in one statement (arrays unnested): what a command appends, what an
+/// import's batch copies.
 pub(crate) fn insert_events(client: &mut impl GenericClient, sealed: &[Sealed]) -> Result<()> {
     let column = |f: fn(&Sealed) -> String| sealed.iter().map(f).collect::<Vec<String>>();
     let seqs: Vec<i64> = sealed.iter().map(|s| to_i64(s.stored.seq)).collect();
     let stream_seqs: Vec<i64> = sealed.iter().map(|s| to_i64(s.stored.stream_seq)).collect();
     let ats: Vec<DateTime<Utc>> = sealed.iter().map(|s| s.stored.at).collect();
-    client.execute(
+    client.execute_typed(
         "INSERT INTO events (seq, stream, stream_seq, at, type, cause, payload, prev_hash, hash) \
          SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::timestamptz[], $5::text[], $6::text[], \
          $7::text[], $8::text[], $9::text[])",
         &[
-            &seqs,
-            &column(|s| s.stored.stream.as_str().to_owned()),
-            &stream_seqs,
-            &ats,
-            &column(|s| s.stored.event.type_name().to_owned()),
-            &column(|s| s.cause.clone()),
-            &column(|s| s.payload.clone()),
-            &column(|s| s.stored.prev_hash.clone()),
-            &column(|s| s.stored.hash.clone()),
+            (&seqs, Type::INT8_ARRAY),
+            (&column(|s| s.stored.stream.as_str().to_owned()), Type::TEXT_ARRAY),
+            (&stream_seqs, Type::INT8_ARRAY),
+            (&ats, Type::TIMESTAMPTZ_ARRAY),
+            (&column(|s| s.stored.event.type_name().to_owned()), Type::TEXT_ARRAY),
+            (&column(|s| s.cause.clone()), Type::TEXT_ARRAY),
+            (&column(|s| s.payload.clone()), Type::TEXT_ARRAY),
+            (&column(|s| s.stored.prev_hash.clone()), Type::TEXT_ARRAY),
+            (&column(|s| s.stored.hash.clone()), Type::TEXT_ARRAY),
         ],
     )?;
     Ok(())
@@ -111,9 +100,9 @@ pub(crate) fn check_hash(stored: &StoredEvent) -> Result<()> {
 
 /// One stream's events in stream order, each decoded and hash-checked.
 pub(crate) fn stream_events(client: &mut impl GenericClient, stream: &StreamId) -> Result<Vec<StoredEvent>> {
-    let rows = client.query(
+    let rows = client.query_typed(
         &format!("SELECT {EVENT_COLUMNS} FROM events WHERE stream = $1 ORDER BY stream_seq"),
-        &[&stream.as_str()],
+        &[(&stream.as_str(), Type::TEXT)],
     )?;
     rows.iter()
         .map(|row| {
@@ -139,8 +128,10 @@ pub(crate) fn streams_rows(
 
 /// How many events `stream` holds (its last `stream_seq`).
 pub(crate) fn stream_length(client: &mut impl GenericClient, stream: &StreamId) -> Result<u64> {
-    let row =
-        client.query_one("SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1", &[&stream.as_str()])?;
+    let row = client.query_typed_one(
+        "SELECT coalesce(max(stream_seq), 0) FROM events WHERE stream = $1",
+        &[(&stream.as_str(), Type::TEXT)],
+    )?;
     to_u64(row.get(0), 0, "stream length")
 }
 
@@ -156,23 +147,37 @@ pub(crate) fn streams_holding_events(client: &mut impl GenericClient, streams: &
     Ok(rows.iter().map(|row| row.get(0)).collect())
 }
 
-/// The hash and global sequence of `stream`'s event at `stream_seq`.
-pub(crate) fn stream_event_at(
+/// The hash and global sequence of each event asked for by `(stream, stream_seq)`, in one
+/// statement (one probe of the `(stream, stream_seq)` index each); those not in the log are
+/// absent from the answer.
+pub(crate) fn events_at(
     client: &mut impl GenericClient,
-    stream: &StreamId,
-    stream_seq: u64,
-) -> Result<Option<(String, u64)>> {
-    let row = client.query_opt(
-        "SELECT hash, seq FROM events WHERE stream = $1 AND stream_seq = $2",
-        &[&stream.as_str(), &to_i64(stream_seq)],
+    at: &[(&StreamId, u64)],
+) -> Result<HashMap<(StreamId, u64), (String, u64)>> {
+    let streams: Vec<&str> = at.iter().map(|(stream, _)| stream.as_str()).collect();
+    let stream_seqs: Vec<i64> = at.iter().map(|(_, stream_seq)| to_i64(*stream_seq)).collect();
+    let rows = client.query_typed(
+        "SELECT e.stream, e.stream_seq, e.hash, e.seq FROM unnest($1::text[], $2::bigint[]) AS k(stream, stream_seq) \
+         JOIN events e ON e.stream = k.stream AND e.stream_seq = k.stream_seq",
+        &[(&streams, Type::TEXT_ARRAY), (&stream_seqs, Type::INT8_ARRAY)],
     )?;
-    row.map(|row| Ok((row.get(0), to_u64(row.get(1), 0, "seq")?))).transpose()
+    rows.iter()
+        .map(|row| {
+            let seq = to_u64(row.get(3), 0, "seq")?;
+            let stream_seq = to_u64(row.get(1), seq, "stream_seq")?;
+            Ok(((StreamId::from_stored(row.get(0)), stream_seq), (row.get(2), seq)))
+        })
+        .collect()
 }
 
-/// The next global sequence.
-pub(crate) fn next_seq(client: &mut impl GenericClient) -> Result<u64> {
-    let row = client.query_one("SELECT nextval('events_seq')", &[])?;
-    to_u64(row.get(0), 0, "nextval")
+/// `n` fresh global sequences in one call, ascending.
+pub(crate) fn next_seqs(client: &mut impl GenericClient, n: usize) -> Result<Vec<u64>> {
+    let rows = client
+        .query_typed("SELECT nextval('events_seq') FROM generate_series(1, $1)", &[(&to_i64(n as u64), Type::INT8)])?;
+    let mut seqs = rows.iter().map(|row| to_u64(row.get(0), 0, "nextval")).collect::<Result<Vec<u64>>>()?;
+    // One call's values ascend already; sorted so the order never rests on the plan.
+    seqs.sort_unstable();
+    Ok(seqs)
 }
 
 /// An entity row as read: its state's JSON (kept to tell whether it changed) and the length
@@ -200,12 +205,8 @@ impl EntityRow {
     }
 }
 
-fn intent_rows(
-    client: &mut impl GenericClient,
-    filter: &str,
-    params: &[&(dyn postgres::types::ToSql + Sync)],
-) -> Result<Vec<EntityRow>> {
-    let rows = client.query(&format!("SELECT key, state, stream_len FROM intents WHERE {filter}"), params)?;
+fn intent_rows(client: &mut impl GenericClient, filter: &str, params: &[Typed<'_>]) -> Result<Vec<EntityRow>> {
+    let rows = client.query_typed(&format!("SELECT key, state, stream_len FROM intents WHERE {filter}"), params)?;
     rows.iter()
         .map(|row| {
             let key: String = row.get("key");
@@ -214,12 +215,8 @@ fn intent_rows(
         .collect()
 }
 
-fn run_rows(
-    client: &mut impl GenericClient,
-    filter: &str,
-    params: &[&(dyn postgres::types::ToSql + Sync)],
-) -> Result<Vec<EntityRow>> {
-    let rows = client.query(&format!("SELECT run_id, state, stream_len FROM runs WHERE {filter}"), params)?;
+fn run_rows(client: &mut impl GenericClient, filter: &str, params: &[Typed<'_>]) -> Result<Vec<EntityRow>> {
+    let rows = client.query_typed(&format!("SELECT run_id, state, stream_len FROM runs WHERE {filter}"), params)?;
     rows.iter()
         .map(|row| {
             let run_id: String = row.get("run_id");
@@ -230,22 +227,26 @@ fn run_rows(
 
 /// One intent's row, by key (served by the primary key).
 pub(crate) fn intent_row(client: &mut impl GenericClient, key: &str) -> Result<Option<EntityRow>> {
-    Ok(intent_rows(client, "key = $1", &[&key])?.pop())
+    Ok(intent_rows(client, "key = $1", &[(&key, Type::TEXT)])?.pop())
 }
 
 /// One run's row, by id (served by the primary key).
 pub(crate) fn run_row(client: &mut impl GenericClient, run_id: &str) -> Result<Option<EntityRow>> {
-    Ok(run_rows(client, "run_id = $1", &[&run_id])?.pop())
+    Ok(run_rows(client, "run_id = $1", &[(&run_id, Type::TEXT)])?.pop())
 }
 
 /// The rows of the runs in `run_ids` that exist (served by the primary key).
 pub(crate) fn runs_rows(client: &mut impl GenericClient, run_ids: &[&str]) -> Result<Vec<EntityRow>> {
-    run_rows(client, "run_id = ANY($1)", &[&run_ids])
+    run_rows(client, "run_id = ANY($1)", &[(&run_ids, Type::TEXT_ARRAY)])
 }
 
 /// One order's intents, in reservation order (`intents_by_order`).
 pub(crate) fn order_rows(client: &mut impl GenericClient, tenant: &str, order_id: &str) -> Result<Vec<EntityRow>> {
-    intent_rows(client, "tenant = $1 AND order_id = $2 ORDER BY reserved_seq", &[&tenant, &order_id])
+    intent_rows(
+        client,
+        "tenant = $1 AND order_id = $2 ORDER BY reserved_seq",
+        &[(&tenant, Type::TEXT), (&order_id, Type::TEXT)],
+    )
 }
 
 /// The charges under one business reference, in reservation order (`intents_by_reference`).
@@ -253,13 +254,13 @@ pub(crate) fn reference_rows(client: &mut impl GenericClient, tenant: &str, refe
     intent_rows(
         client,
         "tenant = $1 AND business_ref = $2 AND kind = 'charge' ORDER BY reserved_seq",
-        &[&tenant, &reference],
+        &[(&tenant, Type::TEXT), (&reference, Type::TEXT)],
     )
 }
 
 /// One run's intents, in reservation order (`intents_by_run`).
 pub(crate) fn run_intent_rows(client: &mut impl GenericClient, run_id: &str) -> Result<Vec<EntityRow>> {
-    intent_rows(client, "run_id = $1 ORDER BY reserved_seq", &[&run_id])
+    intent_rows(client, "run_id = $1 ORDER BY reserved_seq", &[(&run_id, Type::TEXT)])
 }
 
 /// Intents in `statuses`, in key order, at most `limit` (`intents_by_status`).
@@ -269,13 +270,21 @@ pub(crate) fn status_rows(
     limit: usize,
 ) -> Result<Vec<EntityRow>> {
     let names: Vec<&str> = statuses.iter().map(IntentStatus::as_str).collect();
-    intent_rows(client, "status = ANY($1) ORDER BY key LIMIT $2", &[&names, &to_i64(limit as u64)])
+    intent_rows(
+        client,
+        "status = ANY($1) ORDER BY key LIMIT $2",
+        &[(&names, Type::TEXT_ARRAY), (&to_i64(limit as u64), Type::INT8)],
+    )
 }
 
 /// Intents whose reconciliation is due at `now`, oldest due first, ties in key order, at most
 /// `limit` (`intents_due`).
 pub(crate) fn due_rows(client: &mut impl GenericClient, now: DateTime<Utc>, limit: usize) -> Result<Vec<EntityRow>> {
-    intent_rows(client, "due_at <= $1 ORDER BY due_at, key LIMIT $2", &[&now, &to_i64(limit as u64)])
+    intent_rows(
+        client,
+        "due_at <= $1 ORDER BY due_at, key LIMIT $2",
+        &[(&now, Type::TIMESTAMPTZ), (&to_i64(limit as u64), Type::INT8)],
+    )
 }
 
 /// Runs not finished that may go on at `now` — no timer, or one that fired — in id order, at
@@ -285,7 +294,7 @@ pub(crate) fn awake_rows(client: &mut impl GenericClient, now: DateTime<Utc>, li
     run_rows(
         client,
         "(NOT finished AND wake_at IS NULL) OR wake_at <= $1 ORDER BY run_id LIMIT $2",
-        &[&now, &to_i64(limit as u64)],
+        &[(&now, Type::INT8), (&to_i64(limit as u64), Type::INT8)],
     )
 }
 
@@ -296,7 +305,11 @@ pub(crate) fn sleeping_rows(
     limit: usize,
 ) -> Result<Vec<EntityRow>> {
     let now = now.timestamp_micros();
-    run_rows(client, "wake_at > $1 ORDER BY wake_at, run_id LIMIT $2", &[&now, &to_i64(limit as u64)])
+    run_rows(
+        client,
+        "wake_at > $1 ORDER BY wake_at, run_id LIMIT $2",
+        &[(&now, Type::INT8), (&to_i64(limit as u64), Type::INT8)],
+    )
 }
 
 /// A run's `wake_at` column: its timer's fire time while it waits on one.
@@ -313,18 +326,8 @@ pub(crate) fn due_at(intent: &Intent) -> Option<DateTime<Utc>> {
 /// An intent's row to write: the intent, its `IntentReserved`'s sequence, its stream's length.
 pub(crate) type IntentRow<'a> = (&'a Intent, u64, u64);
 
-/// Writes (or rewrites) an intent's row. `reserved_seq` is its `IntentReserved`'s sequence.
-pub(crate) fn put_intent(
-    client: &mut impl GenericClient,
-    intent: &Intent,
-    reserved_seq: u64,
-    stream_len: u64,
-) -> Result<()> {
-    put_intents(client, &[(intent, reserved_seq, stream_len)])
-}
-
-/// Writes (or rewrites) intents' rows in one statement (arrays unnested), as [`put_intent`]
-/// would one by one: what an import's batch writes. The keys must be distinct.
+/// Writes (or rewrites) intents' rows in one statement (arrays unnested): what a command's
+/// fold changed, what an import's batch copies. The keys must be distinct.
 pub(crate) fn put_intents(client: &mut impl GenericClient, intents: &[IntentRow<'_>]) -> Result<()> {
     let text = |f: fn(&Intent) -> String| intents.iter().map(|(intent, ..)| f(intent)).collect::<Vec<String>>();
     let states: Vec<String> = intents
@@ -334,36 +337,31 @@ pub(crate) fn put_intents(client: &mut impl GenericClient, intents: &[IntentRow<
     let due: Vec<Option<DateTime<Utc>>> = intents.iter().map(|(intent, ..)| due_at(intent)).collect();
     let reserved: Vec<i64> = intents.iter().map(|(_, reserved_seq, _)| to_i64(*reserved_seq)).collect();
     let lengths: Vec<i64> = intents.iter().map(|(_, _, stream_len)| to_i64(*stream_len)).collect();
-    client.execute(
+    client.execute_typed(
         "INSERT INTO intents (key, tenant, order_id, business_ref, kind, run_id, status, due_at, reserved_seq, \
          stream_len, state) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], \
          $6::text[], $7::text[], $8::timestamptz[], $9::bigint[], $10::bigint[], $11::text[]) \
          ON CONFLICT (key) DO UPDATE SET status = excluded.status, due_at = excluded.due_at, \
          stream_len = excluded.stream_len, state = excluded.state",
         &[
-            &text(|i| i.definition.key.as_str().to_owned()),
-            &text(|i| i.definition.tenant.clone()),
-            &text(|i| i.definition.order_id.clone()),
-            &text(|i| i.definition.business_ref.clone()),
-            &text(|i| i.definition.kind.as_str().to_owned()),
-            &text(|i| i.run_id.as_str().to_owned()),
-            &text(|i| i.status.as_str().to_owned()),
-            &due,
-            &reserved,
-            &lengths,
-            &states,
+            (&text(|i| i.definition.key.as_str().to_owned()), Type::TEXT_ARRAY),
+            (&text(|i| i.definition.tenant.clone()), Type::TEXT_ARRAY),
+            (&text(|i| i.definition.order_id.clone()), Type::TEXT_ARRAY),
+            (&text(|i| i.definition.business_ref.clone()), Type::TEXT_ARRAY),
+            (&text(|i| i.definition.kind.as_str().to_owned()), Type::TEXT_ARRAY),
+            (&text(|i| i.run_id.as_str().to_owned()), Type::TEXT_ARRAY),
+            (&text(|i| i.status.as_str().to_owned()), Type::TEXT_ARRAY),
+            (&due, Type::TIMESTAMPTZ_ARRAY),
+            (&reserved, Type::INT8_ARRAY),
+            (&lengths, Type::INT8_ARRAY),
+            (&states, Type::TEXT_ARRAY),
         ],
     )?;
     Ok(())
 }
 
-/// Writes (or rewrites) a run's row.
-pub(crate) fn put_run(client: &mut impl GenericClient, run: &Run, stream_len: u64) -> Result<()> {
-    put_runs(client, &[(run, stream_len)])
-}
-
-/// Writes (or rewrites) runs' rows in one statement, as [`put_run`] would one by one. The
-/// run ids must be distinct.
+/// Writes (or rewrites) runs' rows in one statement (arrays unnested): what a command's fold
+/// changed, what an import's batch copies. The run ids must be distinct.
 pub(crate) fn put_runs(client: &mut impl GenericClient, runs: &[(&Run, u64)]) -> Result<()> {
     let ids: Vec<&str> = runs.iter().map(|(run, _)| run.run_id.as_str()).collect();
     let finished: Vec<bool> = runs.iter().map(|(run, _)| run.status.is_some()).collect();
@@ -371,12 +369,18 @@ pub(crate) fn put_runs(client: &mut impl GenericClient, runs: &[(&Run, u64)]) ->
     let states: Vec<String> =
         runs.iter().map(|(run, _)| serde_json::to_string(run).expect("a run serializes: plain fields")).collect();
     let wakes: Vec<Option<i64>> = runs.iter().map(|(run, _)| wake_column(run)).collect();
-    client.execute(
+    client.execute_typed(
         "INSERT INTO runs (run_id, finished, stream_len, state, wake_at) \
          SELECT * FROM unnest($1::text[], $2::boolean[], $3::bigint[], $4::text[], $5::bigint[]) \
          ON CONFLICT (run_id) DO UPDATE SET finished = excluded.finished, stream_len = excluded.stream_len, \
          state = excluded.state, wake_at = excluded.wake_at",
-        &[&ids, &finished, &lengths, &states, &wakes],
+        &[
+            (&ids, Type::TEXT_ARRAY),
+            (&finished, Type::BOOL_ARRAY),
+            (&lengths, Type::INT8_ARRAY),
+            (&states, Type::TEXT_ARRAY),
+            (&wakes, Type::INT8_ARRAY),
+        ],
     )?;
     Ok(())
 }

@@ -18,6 +18,13 @@
 //!
 //! A read that fails is remembered and reported by [`Tx::finish`], so the command fails
 //! instead of deciding on a guess. It never commits: `crate::writer` does.
+//!
+//! # Round trips
+//!
+//! What sealing and folding need of the log — the hash of each stream's last event (the chain
+//! goes on from it) and the sequence of its first (a reservation's order, a cause's parent) —
+//! is read for every stream of the command's events at once ([`Tx::prefetch_ends`]) and kept,
+//! and the fold's rows go back in one statement per table ([`TxEntities::write_back`]).
 
 use crate::error::{Error, Result};
 use crate::locks::Lock;
@@ -28,6 +35,7 @@ use engine::lease::{LeaseEffect, LeaseOwner, LeaseRow, LeaseView, Liveness, Owne
 use engine::ledger::fold::Entities;
 use engine::ledger::{Intent, IntentStatus, Run, RunHistory, View};
 use postgres::Transaction;
+use postgres::types::Type;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -49,6 +57,8 @@ pub(crate) struct Tx<'t, 'c> {
     known: RefCell<HashMap<StreamId, Known>>,
     /// Each stream's length as this command knows it (read with its entity, or written).
     lengths: RefCell<HashMap<StreamId, u64>>,
+    /// Events of the log read so far, by `(stream, stream_seq)`: their hash and sequence.
+    events: RefCell<HashMap<(StreamId, u64), (String, u64)>>,
     failure: RefCell<Option<Error>>,
 }
 
@@ -61,6 +71,7 @@ impl<'t, 'c> Tx<'t, 'c> {
             locked: RefCell::default(),
             known: RefCell::default(),
             lengths: RefCell::default(),
+            events: RefCell::default(),
             failure: RefCell::default(),
         }
     }
@@ -88,7 +99,7 @@ impl<'t, 'c> Tx<'t, 'c> {
         if self.locked.borrow().contains(&key) {
             return Ok(());
         }
-        self.with(|tx| Ok(tx.execute("SELECT pg_advisory_xact_lock($1)", &[&key])?))?;
+        self.with(|tx| Ok(tx.execute_typed("SELECT pg_advisory_xact_lock($1)", &[(&key, Type::INT8)])?))?;
         self.locked.borrow_mut().insert(key);
         Ok(())
     }
@@ -173,6 +184,41 @@ impl<'t, 'c> Tx<'t, 'c> {
         Ok(length)
     }
 
+    /// The hash and sequence of `stream`'s event at `stream_seq`, read once per command (or
+    /// with [`Tx::prefetch_ends`]).
+    pub(crate) fn event_at(&self, stream: &StreamId, stream_seq: u64) -> Result<Option<(String, u64)>> {
+        let at = (stream.clone(), stream_seq);
+        if let Some(known) = self.events.borrow().get(&at) {
+            return Ok(Some(known.clone()));
+        }
+        let found = self.with(|tx| rows::events_at(tx, &[(stream, stream_seq)]))?;
+        self.events.borrow_mut().extend(found);
+        Ok(self.events.borrow().get(&at).cloned())
+    }
+
+    /// Reads, in one statement, the first and the last event of each of `streams` that holds
+    /// any (their lengths known, or read under their locks first): what sealing events on them
+    /// and folding those events ask [`Tx::event_at`] for.
+    pub(crate) fn prefetch_ends(&self, streams: &[&StreamId]) -> Result<()> {
+        let mut wanted = Vec::with_capacity(2 * streams.len());
+        for &stream in streams {
+            let length = self.stream_length(stream)?;
+            for stream_seq in [1, length] {
+                let key = (stream.clone(), stream_seq);
+                if stream_seq >= 1 && !self.events.borrow().contains_key(&key) && !wanted.contains(&key) {
+                    wanted.push(key);
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let at: Vec<(&StreamId, u64)> = wanted.iter().map(|(stream, stream_seq)| (stream, *stream_seq)).collect();
+        let found = self.with(|tx| rows::events_at(tx, &at))?;
+        self.events.borrow_mut().extend(found);
+        Ok(())
+    }
+
     /// Records that `stream` now holds `length` events (this command appended them).
     pub(crate) fn set_length(&self, stream: &StreamId, length: u64) {
         self.lengths.borrow_mut().insert(stream.clone(), length);
@@ -199,15 +245,23 @@ impl<'t, 'c> Tx<'t, 'c> {
                     LeaseEffect::Hold { run_id, owner, token, expires_at } => {
                         let owner = serde_json::to_string(owner).expect("a lease owner serializes: plain fields");
                         let token = i64::try_from(*token).map_err(|_| Error::corrupt(0, format!("token {token}")))?;
-                        tx.execute(
+                        tx.execute_typed(
                             "INSERT INTO leases (run_id, owner, token, expires_at) VALUES ($1, $2, $3, $4) \
                              ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, token = excluded.token, \
                              expires_at = excluded.expires_at",
-                            &[&run_id.as_str(), &owner, &token, expires_at],
+                            &[
+                                (&run_id.as_str(), Type::TEXT),
+                                (&owner, Type::TEXT),
+                                (&token, Type::INT8),
+                                (expires_at, Type::TIMESTAMPTZ),
+                            ],
                         )?;
                     }
                     LeaseEffect::Release { run_id } => {
-                        tx.execute("UPDATE leases SET expires_at = NULL WHERE run_id = $1", &[&run_id.as_str()])?;
+                        tx.execute_typed(
+                            "UPDATE leases SET expires_at = NULL WHERE run_id = $1",
+                            &[(&run_id.as_str(), Type::TEXT)],
+                        )?;
                     }
                 }
             }
@@ -218,7 +272,10 @@ impl<'t, 'c> Tx<'t, 'c> {
     fn lease(&self, run_id: &RunId) -> Result<Option<LeaseRow>> {
         self.lock(Lock::Stream(&run_id.stream()))?;
         let row = self.with(|tx| {
-            Ok(tx.query_opt("SELECT owner, token, expires_at FROM leases WHERE run_id = $1", &[&run_id.as_str()])?)
+            Ok(tx.query_typed_opt(
+                "SELECT owner, token, expires_at FROM leases WHERE run_id = $1",
+                &[(&run_id.as_str(), Type::TEXT)],
+            )?)
         })?;
         let Some(row) = row else { return Ok(None) };
         let bad = |what: String| Error::corrupt(0, format!("lease of run {run_id}: {what}"));
@@ -372,7 +429,7 @@ impl<'a, 't, 'c> TxEntities<'a, 't, 'c> {
                     return None;
                 }
             };
-            let reserved_seq = self.tx.with(|tx| rows::stream_event_at(tx, &stream, 1));
+            let reserved_seq = self.tx.event_at(&stream, 1);
             match (row.intent(), reserved_seq) {
                 (Ok(intent), Ok(Some((_, reserved_seq)))) => {
                     self.touched.insert(stream.clone(), Touched::Intent { intent: Box::new(intent), reserved_seq });
@@ -407,24 +464,37 @@ impl<'a, 't, 'c> TxEntities<'a, 't, 'c> {
         self.touched.get_mut(&stream)
     }
 
-    /// Writes every touched entity's row with its stream's length, and remembers the rows.
+    /// Writes every touched entity's row with its stream's length — the intents in one
+    /// statement, the runs in another — and remembers the rows.
     pub(crate) fn write_back(mut self) -> Result<()> {
         if let Some(error) = self.failure.take() {
             return Err(error);
         }
+        let mut intents = Vec::new();
+        let mut runs = Vec::new();
+        let mut written = Vec::with_capacity(self.touched.len());
         for (stream, touched) in &self.touched {
             let stream_len = self.tx.stream_length(stream)?;
             let state = match touched {
                 Touched::Intent { intent, reserved_seq } => {
-                    self.tx.with(|tx| rows::put_intent(tx, intent, *reserved_seq, stream_len))?;
+                    intents.push((&**intent, *reserved_seq, stream_len));
                     serde_json::to_string(intent).expect("an intent serializes: plain fields")
                 }
                 Touched::Run(run) => {
-                    self.tx.with(|tx| rows::put_run(tx, run, stream_len))?;
+                    runs.push((&**run, stream_len));
                     serde_json::to_string(run).expect("a run serializes: plain fields")
                 }
             };
-            self.tx.wrote(EntityRow { stream: stream.clone(), state, stream_len });
+            written.push(EntityRow { stream: stream.clone(), state, stream_len });
+        }
+        if !intents.is_empty() {
+            self.tx.with(|tx| rows::put_intents(tx, &intents))?;
+        }
+        if !runs.is_empty() {
+            self.tx.with(|tx| rows::put_runs(tx, &runs))?;
+        }
+        for row in written {
+            self.tx.wrote(row);
         }
         Ok(())
     }

@@ -1,37 +1,44 @@
-//! The writers: a pool of threads, each owning one connection, each running one command's
-//! transaction at a time.
+//! The writers: a pool of threads, each owning one connection, each running one batch of
+//! commands in one transaction at a time (group commit).
 //!
 //! [`PgLog`] is the handle (cheap to clone); behind it, [`Options::writers`] threads share
 //! one bounded channel. [`EventLog::execute`] hands the command to whichever thread is free
-//! and awaits its answer on a oneshot. Commands on different entities commit concurrently;
-//! commands on one entity serialise on its lock (`crate::tx`). There is no global lock and
-//! no global head row: sequences come from `events_seq`, the chain is per stream.
+//! and awaits its answer on a oneshot. A free thread takes the commands queued, up to
+//! `PG_BATCH_COMMANDS_MAX`, without waiting for more. Commands on different entities commit
+//! concurrently; commands on one entity serialise on its lock (`crate::tx`). There is no
+//! global lock and no global head row: sequences come from `events_seq`, the chain is per
+//! stream.
 //!
 //! It never decides nor folds anything itself: every decision is `engine::ledger::decide`'s,
 //! every fold `engine::ledger::fold::apply`'s, every seal `engine::append::seal`'s.
 //!
-//! # One command
+//! # One batch
 //!
-//! `BEGIN` (READ COMMITTED) → decide over [`Tx`] (locks taken on read) → seal with the
-//! per-stream chain → insert the events, fold them into the entities they touch, write the
-//! rows and the lease effects → insert a fresh `commits(id)` row when anything was written →
-//! compute the reply inside the transaction → `COMMIT` → answer.
+//! `BEGIN` (READ COMMITTED) → for each command, in the order taken: a savepoint → decide over
+//! [`Tx`] (locks taken on read; the batch's earlier commands' writes are seen, their locks
+//! already held) → seal with the per-stream chain → insert the events, fold them into the
+//! entities they touch, write the rows and the lease effects → compute the reply. Then one
+//! fresh `commits(id)` row when anything was written → `COMMIT` → every answer.
 //!
 //! # Failure
 //!
-//! A deadlock, a serialization failure, a racing append (`UNIQUE(stream, stream_seq)`), an
-//! entity found stale, or a connection lost before `COMMIT` rolls the command back (the
-//! server aborts what it did not commit) and runs it again from the start, up to
-//! `PG_COMMAND_ATTEMPTS_MAX` times with a short jittered pause. A connection lost *during*
-//! `COMMIT` is the database's own unknown outcome: the thread reconnects, waits for the old
-//! server process to end, and looks its commit id up — present, the command committed and
-//! its reply (computed before `COMMIT`) is answered; absent, it runs the command again. It
-//! never assumes either. A refusal writes nothing and is answered at once.
+//! A refusal or an error rolls its command back to its savepoint: the batch's other
+//! commands go on, and their answers wait for its `COMMIT` like the refusal's. A deadlock, a
+//! serialization failure, a racing append (`UNIQUE(stream, stream_seq)`) or an entity found
+//! stale makes that command run again in the thread's next transaction, after this one ends
+//! (so a deadlock's other party is no longer waited for), up to `PG_COMMAND_ATTEMPTS_MAX`
+//! times with a short jittered pause. A connection lost before `COMMIT` rolls the whole batch
+//! back (the server aborts what it did not commit) and runs it again. A connection lost
+//! *during* `COMMIT` is the database's own unknown outcome: the thread reconnects, waits for
+//! the old server process to end, and looks the batch's one commit id up — present, the whole
+//! batch committed and the replies (computed before `COMMIT`) are answered; absent, the whole
+//! batch runs again, refusals included (they decided over writes that did not commit). It
+//! never assumes either.
 //!
 //! # Shutdown
 //!
 //! Dropping the last handle (or [`PgLog::shutdown`]) closes the channel; each thread
-//! finishes the command it holds and exits.
+//! finishes the batch it holds and exits.
 
 use crate::error::{Error, Result};
 use crate::rows;
@@ -43,11 +50,12 @@ use engine::clock::Clock;
 use engine::lease::{ExpiryOnly, OwnerProbe};
 use engine::ledger::{Command, Decision, Refusal, Reply, View as _, fold};
 use engine::limits::{
-    LEASE_TTL_DEFAULT_MS, PG_COMMAND_ATTEMPTS_MAX, PG_COMMIT_RESOLVE_WAIT_MS, PG_RETRY_BACKOFF_MAX_MS,
-    PG_WRITERS_DEFAULT, PG_WRITERS_MAX, WRITER_CHANNEL_CAPACITY,
+    LEASE_TTL_DEFAULT_MS, PG_BATCH_COMMANDS_MAX, PG_COMMAND_ATTEMPTS_MAX, PG_COMMIT_RESOLVE_WAIT_MS,
+    PG_RETRY_BACKOFF_MAX_MS, PG_WRITERS_DEFAULT, PG_WRITERS_MAX, WRITER_CHANNEL_CAPACITY,
 };
 use engine::log::{EventLog, LogError};
 use engine::provider::BoxFuture;
+use postgres::types::Type;
 use postgres::{Client, IsolationLevel, NoTls};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,9 +93,11 @@ pub struct WriterStats {
     pub commands: u64,
     /// Transactions committed that wrote something.
     pub commits: u64,
-    /// Commands run again after a conflict, a deadlock or a lost connection.
+    /// Commands run again after a conflict, a deadlock or a lost connection (each command of a
+    /// batch run again counts).
     pub retries: u64,
-    /// `COMMIT`s whose answer was lost and resolved by looking the commit id up.
+    /// `COMMIT`s (of whole batches) whose answer was lost and resolved by looking the commit
+    /// id up.
     pub resolved_commits: u64,
 }
 
@@ -244,16 +254,33 @@ impl EventLog for PgLog {
     }
 }
 
-/// What one attempt at a command came to.
+/// What one command came to inside a batch's transaction.
+enum Step {
+    /// Its answer, given once the batch commits.
+    Answered(Answer),
+    /// Rolled back: run it again in the next transaction. Why, for the error it ends with
+    /// when it never gets through.
+    Again(String),
+}
+
+/// What one attempt at a batch came to.
 enum Attempt {
-    /// Committed (or nothing to commit): the answer.
-    Done(Answer),
-    /// Rolled back: run it again.
+    /// Committed (or nothing to commit): each command's step, in order.
+    Done(Vec<Step>),
+    /// Rolled back as a whole: run every command again.
     Again(Error),
-    /// `COMMIT` was sent and its answer lost: the id to look up, the reply if it is there.
-    Unknown { id: uuid::Uuid, reply: Reply, error: Error },
-    /// Failed for good.
+    /// `COMMIT` was sent and its answer lost: the id to look up, the steps if it is there.
+    Unknown { id: uuid::Uuid, steps: Vec<Step>, error: Error },
+    /// Failed for good, every command with it.
     Failed(Error),
+}
+
+impl Attempt {
+    /// A failure of the batch as a whole: run it again when the connection is gone or the
+    /// server's error is one a new attempt may get past.
+    fn from_error(error: Error) -> Self {
+        if error.is_retryable() || error.is_connection() { Self::Again(error) } else { Self::Failed(error) }
+    }
 }
 
 /// One writer thread's state.
@@ -294,16 +321,20 @@ fn reconnecting<T>(url: &str, mut step: impl FnMut(&mut Client) -> Result<T>) ->
 impl Writer {
     fn run(mut self, receiver: &Mutex<mpsc::Receiver<Job>>) {
         loop {
-            let job = {
+            let jobs = {
                 let mut receiver =
                     receiver.lock().expect("the receiver lock is never poisoned: nothing panics holding it");
-                receiver.blocking_recv()
+                let Some(first) = receiver.blocking_recv() else { break };
+                let mut jobs = Vec::with_capacity(PG_BATCH_COMMANDS_MAX);
+                jobs.push(first);
+                // What is queued already, not what may come: a batch never waits to fill.
+                while jobs.len() < PG_BATCH_COMMANDS_MAX {
+                    let Ok(job) = receiver.try_recv() else { break };
+                    jobs.push(job);
+                }
+                jobs
             };
-            let Some(job) = job else { break };
-            let answer = self.execute(&job.command);
-            self.counters.commands.fetch_add(1, Ordering::Relaxed);
-            // A caller that stopped waiting needs no answer.
-            let _ = job.reply.send(answer);
+            self.execute(jobs);
         }
         tracing::debug!("postgres writer drained and stopped");
     }
@@ -317,48 +348,78 @@ impl Writer {
         Ok(self.client.as_mut().expect("connected just above"))
     }
 
-    fn execute(&mut self, command: &Command) -> Answer {
-        let mut last = None;
+    /// Runs `jobs` as batches until each is answered: the first attempt all of them, each
+    /// later one those sent back by a conflict (or all, after the batch rolled back). A
+    /// command is answered as soon as the transaction that decided it ends.
+    fn execute(&mut self, jobs: Vec<Job>) {
+        // Each job not answered yet, with why it last ran again.
+        let mut pending: Vec<(Job, Option<String>)> = jobs.into_iter().map(|job| (job, None)).collect();
         for attempt in 1..=PG_COMMAND_ATTEMPTS_MAX {
+            if pending.is_empty() {
+                return;
+            }
             if attempt > 1 {
-                self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                self.counters.retries.fetch_add(pending.len() as u64, Ordering::Relaxed);
                 pause(attempt);
             }
-            match self.attempt(command) {
-                Attempt::Done(answer) => return answer,
-                Attempt::Again(error) => {
-                    tracing::debug!(%error, attempt, "postgres command runs again");
-                    last = Some(error);
+            let commands: Vec<&Command> = pending.iter().map(|(job, _)| &job.command).collect();
+            let tried = self.attempt(&commands);
+            let steps = self.steps(tried, commands.len(), attempt);
+            let mut again = Vec::new();
+            for ((job, _), step) in pending.into_iter().zip(steps) {
+                match step {
+                    Step::Answered(answer) => self.answer(job, answer),
+                    Step::Again(why) => {
+                        tracing::debug!(%why, attempt, "postgres command runs again");
+                        again.push((job, Some(why)));
+                    }
                 }
-                Attempt::Failed(error) => {
-                    return Err(LogError::Unavailable { detail: error.to_string(), maybe_committed: false });
-                }
-                Attempt::Unknown { id, reply, error } => {
-                    tracing::warn!(%error, %id, "the answer to COMMIT was lost: looking the commit up");
-                    match self.resolve(id) {
-                        Ok(true) => {
-                            self.counters.resolved_commits.fetch_add(1, Ordering::Relaxed);
-                            self.counters.commits.fetch_add(1, Ordering::Relaxed);
-                            return Ok(reply);
-                        }
-                        Ok(false) => last = Some(error),
-                        Err(lookup) => {
-                            return Err(LogError::Unavailable {
-                                detail: format!(
-                                    "COMMIT's answer was lost ({error}) and looking it up failed: {lookup}"
-                                ),
-                                maybe_committed: true,
-                            });
-                        }
+            }
+            pending = again;
+        }
+        for (job, last) in pending {
+            let detail = format!("gave up after {PG_COMMAND_ATTEMPTS_MAX} attempts: {}", last.unwrap_or_default());
+            self.answer(job, Err(LogError::Unavailable { detail, maybe_committed: false }));
+        }
+    }
+
+    fn answer(&self, job: Job, answer: Answer) {
+        self.counters.commands.fetch_add(1, Ordering::Relaxed);
+        // A caller that stopped waiting needs no answer.
+        let _ = job.reply.send(answer);
+    }
+
+    /// What an attempt at a batch of `n` commands came to for each of them, a lost `COMMIT`
+    /// looked up first.
+    fn steps(&mut self, attempt: Attempt, n: usize, number: u32) -> Vec<Step> {
+        let every = |step: &dyn Fn() -> Step| -> Vec<Step> { (0..n).map(|_| step()).collect() };
+        match attempt {
+            Attempt::Done(steps) => steps,
+            Attempt::Again(error) => {
+                tracing::debug!(%error, attempt = number, commands = n, "postgres batch runs again");
+                every(&|| Step::Again(error.to_string()))
+            }
+            Attempt::Failed(error) => every(&|| {
+                Step::Answered(Err(LogError::Unavailable { detail: error.to_string(), maybe_committed: false }))
+            }),
+            Attempt::Unknown { id, steps, error } => {
+                tracing::warn!(%error, %id, "the answer to COMMIT was lost: looking the commit up");
+                match self.resolve(id) {
+                    Ok(true) => {
+                        self.counters.resolved_commits.fetch_add(1, Ordering::Relaxed);
+                        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+                        steps
+                    }
+                    Ok(false) => every(&|| Step::Again(error.to_string())),
+                    Err(lookup) => {
+                        let detail = format!("COMMIT's answer was lost ({error}) and looking it up failed: {lookup}");
+                        every(&|| {
+                            Step::Answered(Err(LogError::Unavailable { detail: detail.clone(), maybe_committed: true }))
+                        })
                     }
                 }
             }
         }
-        let detail = last.map_or_else(String::new, |error| error.to_string());
-        Err(LogError::Unavailable {
-            detail: format!("gave up after {PG_COMMAND_ATTEMPTS_MAX} attempts: {detail}"),
-            maybe_committed: false,
-        })
     }
 
     /// Whether the transaction `id` committed, once the server process that ran it is gone.
@@ -390,7 +451,8 @@ impl Writer {
         Ok(client.query_one("SELECT EXISTS (SELECT 1 FROM commits WHERE id = $1)", &[&id])?.get(0))
     }
 
-    fn attempt(&mut self, command: &Command) -> Attempt {
+    /// Runs `commands` in one transaction, each in its own savepoint, and commits them.
+    fn attempt(&mut self, commands: &[&Command]) -> Attempt {
         let now = self.clock.now().trunc_subsecs(6);
         let options = self.options.clone();
         let client = match self.client() {
@@ -403,44 +465,76 @@ impl Writer {
             Ok(tx) => tx,
             Err(error) => return Attempt::Again(error.into()),
         };
+        let mut steps = Vec::with_capacity(commands.len());
+        let mut wrote = false;
+        for (n, command) in commands.iter().enumerate() {
+            match run_one(&mut tx, &options, command, now, n == 0) {
+                Ok((step, wrote_this)) => {
+                    wrote |= wrote_this;
+                    steps.push(step);
+                }
+                Err(error) => {
+                    let _ = tx.rollback();
+                    return Attempt::from_error(error);
+                }
+            }
+        }
         let id = uuid::Uuid::new_v4();
-        let decided = decide_and_write(&mut tx, &options, command, now, id);
-        let (reply, wrote) = match decided {
-            Ok(Ok(done)) => done,
-            Ok(Err(refusal)) => {
-                // Nothing written: ending the transaction either way is the same.
+        if wrote {
+            let recorded = tx.execute_typed(
+                "INSERT INTO commits (id, at) VALUES ($1, $2)",
+                &[(&id, Type::UUID), (&now, Type::TIMESTAMPTZ)],
+            );
+            if let Err(error) = recorded {
                 let _ = tx.rollback();
-                return Attempt::Done(Err(LogError::Refused(refusal)));
+                return Attempt::from_error(error.into());
             }
-            Err(error) => {
-                let _ = tx.rollback();
-                return if error.is_retryable() || error.is_connection() {
-                    Attempt::Again(error)
-                } else {
-                    Attempt::Failed(error)
-                };
-            }
-        };
+        }
         match tx.commit() {
             Ok(()) => {
                 if wrote {
                     self.counters.commits.fetch_add(1, Ordering::Relaxed);
                 }
-                Attempt::Done(Ok(reply))
+                Attempt::Done(steps)
             }
             Err(error) => {
                 let error = Error::from(error);
                 if error.is_connection() && wrote {
-                    Attempt::Unknown { id, reply, error }
-                } else if error.is_retryable() || error.is_connection() {
-                    // The server answered that it did not commit (or there was nothing to commit).
-                    Attempt::Again(error)
+                    Attempt::Unknown { id, steps, error }
                 } else {
-                    Attempt::Failed(error)
+                    // The server answered that it did not commit (or there was nothing to commit).
+                    Attempt::from_error(error)
                 }
             }
         }
     }
+}
+
+/// Runs one command of a batch inside its own savepoint (the previous command's released in
+/// the same round trip): its step, and whether it wrote. `Err` is the batch's: the connection
+/// is gone, or the savepoint itself failed.
+fn run_one(
+    tx: &mut postgres::Transaction<'_>,
+    options: &Options,
+    command: &Command,
+    now: DateTime<Utc>,
+    first: bool,
+) -> Result<(Step, bool)> {
+    // One savepoint name, released before it is set again: savepoints never nest.
+    tx.batch_execute(if first { "SAVEPOINT command" } else { "RELEASE SAVEPOINT command; SAVEPOINT command" })?;
+    let (step, wrote) = match decide_and_write(tx, options, command, now) {
+        Ok(Ok((reply, wrote))) => return Ok((Step::Answered(Ok(reply)), wrote)),
+        Ok(Err(refusal)) => (Step::Answered(Err(LogError::Refused(refusal))), false),
+        Err(error) if error.is_connection() => return Err(error),
+        Err(error) if error.is_retryable() => (Step::Again(error.to_string()), false),
+        Err(error) => {
+            (Step::Answered(Err(LogError::Unavailable { detail: error.to_string(), maybe_committed: false })), false)
+        }
+    };
+    // A refusal wrote nothing but may hold locks; a failure may have written: either way,
+    // only this command is undone.
+    tx.batch_execute("ROLLBACK TO SAVEPOINT command")?;
+    Ok((step, wrote))
 }
 
 /// A jittered pause before attempt `attempt` (from 2): up to `min(2^attempt, max)` ms.
@@ -452,13 +546,12 @@ fn pause(attempt: u32) {
 
 /// Decides `command` inside `tx` and writes what it decided; `Ok(Err(refusal))` wrote
 /// nothing. On success, the reply (read inside the transaction, after the writes) and whether
-/// anything was written (then a `commits` row with `id` was too).
+/// anything was written.
 fn decide_and_write(
     tx: &mut postgres::Transaction<'_>,
     options: &Options,
     command: &Command,
     now: DateTime<Utc>,
-    id: uuid::Uuid,
 ) -> Result<std::result::Result<(Reply, bool), Refusal>> {
     let view = Tx::new(tx, &*options.owner_probe, options.lease_ttl_ms);
     let decided = engine::ledger::decide(&view, &view, command, now);
@@ -474,10 +567,14 @@ fn decide_and_write(
     };
     let wrote = !sealed.is_empty() || !leases.is_empty();
     view.apply_leases(&leases)?;
+    if !sealed.is_empty() {
+        view.with(|tx| rows::insert_events(tx, &sealed))?;
+    }
+    for one in &sealed {
+        view.set_length(&one.stored.stream, one.stored.stream_seq);
+    }
     let mut entities = TxEntities::new(&view);
     for one in &sealed {
-        view.with(|tx| rows::insert_event(tx, one))?;
-        view.set_length(&one.stored.stream, one.stored.stream_seq);
         if let Err(error) = fold::apply(&mut entities, &one.stored) {
             // A failed or stale read makes the fold fail too: that is a retry, not a bug.
             entities.failed()?;
@@ -485,34 +582,34 @@ fn decide_and_write(
         }
     }
     entities.write_back()?;
-    if wrote {
-        view.with(|tx| Ok(tx.execute("INSERT INTO commits (id, at) VALUES ($1, $2)", &[&id, &now])?))?;
-    }
     let reply = engine::ledger::reply_after(&view, &target);
     view.finish()?;
     Ok(Ok((reply, wrote)))
 }
 
 /// Seals a decision's events with the per-stream chain; a read failure fails the command.
+/// The sequences for all the events are taken in one call, and the ends of all their streams
+/// read in one statement, before sealing.
 fn seal_events(
     view: &Tx<'_, '_>,
     events: Vec<engine::event::Event>,
     command: &Command,
     now: DateTime<Utc>,
 ) -> Result<std::result::Result<Vec<Sealed>, Refusal>> {
+    if events.is_empty() {
+        return Ok(Ok(Vec::new()));
+    }
+    let mut streams: Vec<engine::event::StreamId> = events.iter().map(engine::event::Event::stream).collect();
+    streams.sort();
+    streams.dedup();
+    view.prefetch_ends(&streams.iter().collect::<Vec<_>>())?;
+    let mut seqs = view.with(|tx| rows::next_seqs(tx, events.len()))?.into_iter();
     let failure = std::cell::RefCell::new(None::<Error>);
     let note = |error: Error| {
         failure.borrow_mut().get_or_insert(error);
     };
-    let mut next_seq = || {
-        view.with(rows::next_seq).unwrap_or_else(|e| {
-            note(e);
-            0
-        })
-    };
-    let mut stream_hash = |stream: &engine::event::StreamId, stream_seq: u64| match view
-        .with(|tx| rows::stream_event_at(tx, stream, stream_seq))
-    {
+    let mut next_seq = || seqs.next().expect("seal numbers each event once: one sequence was taken for each");
+    let mut stream_hash = |stream: &engine::event::StreamId, stream_seq: u64| match view.event_at(stream, stream_seq) {
         Ok(Some((hash, _))) => hash,
         Ok(None) => {
             note(Error::corrupt(0, format!("stream {stream} has no event {stream_seq}")));
@@ -537,7 +634,7 @@ fn seal_events(
         match (tail, end) {
             (Tail::Intent(key), End::Latest) => view.intent(key).map(|i| i.last_seq),
             (Tail::Run(run_id), End::Latest) => view.run(run_id).map(|r| r.last_seq),
-            (_, End::First) => match view.with(|tx| rows::stream_event_at(tx, &stream, 1)) {
+            (_, End::First) => match view.event_at(&stream, 1) {
                 Ok(found) => found.map(|(_, seq)| seq),
                 Err(error) => {
                     note(error);

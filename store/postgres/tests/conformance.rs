@@ -647,3 +647,202 @@ fn postgres_a_connection_cut_while_a_log_opens_is_connected_again_not_fatal() {
     assert_eq!((cuts.mid_transaction, cuts.before_commit, cuts.after_commit), (1, 1, 1), "{cuts:?}");
     PgChecks(direct).verify().unwrap_or_else(|report| panic!("{report}"));
 }
+
+// ---- Group commit: commands taken together, one COMMIT ------------------------------------
+
+/// A test's hold on the lock of a run's stream (a session lock on a connection of its own):
+/// a command that reads that run waits at it.
+struct Holds {
+    holder: ::postgres::Client,
+    watcher: ::postgres::Client,
+}
+
+impl Holds {
+    fn new(url: &str) -> Self {
+        Self { holder: admin(url), watcher: admin(url) }
+    }
+
+    fn hold(&mut self, run_id: &str) {
+        let lock = store_postgres::stream_lock_key(&RunId::new(run_id).stream());
+        self.holder.execute("SELECT pg_advisory_lock($1)", &[&lock]).expect("holds the run's lock");
+    }
+
+    fn release(&mut self, run_id: &str) {
+        let lock = store_postgres::stream_lock_key(&RunId::new(run_id).stream());
+        self.holder.execute("SELECT pg_advisory_unlock($1)", &[&lock]).expect("releases the run's lock");
+    }
+
+    /// Returns once a command waits at one of the held locks (polled: the server is the
+    /// only one who knows).
+    fn until_one_waits(&mut self) {
+        let mut waiting = || -> i64 {
+            self.watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                    &[],
+                )
+                .expect("reads pg_locks")
+                .get(0)
+        };
+        for _ in 0..3_000 {
+            if waiting() > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(waiting(), 1, "a command waits at a held lock");
+    }
+}
+
+type Answer<'a> = engine::provider::BoxFuture<'a, Result<Reply, LogError>>;
+
+/// Hands `command` to `log`'s writers and returns the pending answer: polled once, it is in
+/// their channel.
+fn queue(log: &PgLog, command: Command) -> Answer<'_> {
+    let mut answer = log.execute(command);
+    let polled = answer.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
+    assert!(polled.is_pending(), "the one writer is busy: the command waits in its channel");
+    answer
+}
+
+/// Runs `batch` (its first command reads run `first_run`) as one batch of `log`'s one
+/// writer: a gate command holds the writer while the batch is queued behind it; once the gate
+/// is answered the writer takes the whole queue and stops at `first_run`'s lock, where
+/// `arm` runs before it is let go. Each command's answer, in order.
+fn run_batch(
+    log: &PgLog,
+    url: &str,
+    gate: &str,
+    first_run: &str,
+    batch: Vec<Command>,
+    arm: impl FnOnce(),
+) -> Vec<Result<Reply, LogError>> {
+    let rt = runtime();
+    let mut holds = Holds::new(url);
+    let gate_run = format!("run-{gate}");
+    holds.hold(&gate_run);
+    holds.hold(first_run);
+    let gated = queue(log, start_and_reserve(&gate_run, charge(gate, 100)));
+    holds.until_one_waits();
+    let answers: Vec<Answer<'_>> = batch.into_iter().map(|command| queue(log, command)).collect();
+    holds.release(&gate_run);
+    assert!(intent_of(rt.block_on(gated)).1, "the gate reserves, alone in its transaction");
+    holds.until_one_waits();
+    arm();
+    holds.release(first_run);
+    answers.into_iter().map(|answer| rt.block_on(answer)).collect()
+}
+
+fn one_writer(url: &str) -> PgLog {
+    let options = store_postgres::Options { writers: 1, ..Default::default() };
+    PgLog::open(url, options, Arc::new(ManualClock::new(start()))).expect("the postgres log opens")
+}
+
+/// An outcome for an intent nobody reserved: refused after reading (and locking) it.
+fn refused_outcome() -> Command {
+    succeed("never-reserved", 1, 100)
+}
+
+#[test]
+fn postgres_a_refused_or_failing_command_in_a_batch_is_undone_alone_and_the_others_commit() {
+    let url = pg_url("batch_refused");
+    let log = one_writer(&url);
+    // The server refuses to write the row of intent "boom": its command fails after its events
+    // were inserted, so only its savepoint's rollback keeps them out of the log.
+    admin(&url)
+        .batch_execute(
+            "CREATE FUNCTION keel_test_boom() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             IF NEW.key LIKE '%boom%' THEN RAISE EXCEPTION 'the test refuses intent boom'; END IF; RETURN NEW; \
+             END $$; \
+             CREATE TRIGGER keel_test_boom BEFORE INSERT OR UPDATE ON intents FOR EACH ROW EXECUTE FUNCTION keel_test_boom()",
+        )
+        .expect("creates the trigger");
+    let batch = vec![
+        start_and_reserve("run-b1", charge("b1", 100)),
+        refused_outcome(),
+        start_and_reserve("run-boom", charge("boom", 100)),
+        start_and_reserve("run-b4", charge("b4", 100)),
+    ];
+    let mut answers = run_batch(&log, &url, "gate", "run-b1", batch, || {}).into_iter();
+    let mut next = || answers.next().expect("four answers");
+    assert!(intent_of(next()).1, "the first reserves");
+    let refused = next();
+    assert!(matches!(refused, Err(LogError::Refused(_))), "the second is refused: {refused:?}");
+    let failed = next();
+    assert!(
+        matches!(&failed, Err(LogError::Unavailable { maybe_committed: false, .. })),
+        "the third fails, not committed: {failed:?}"
+    );
+    assert!(intent_of(next()).1, "the last reserves after them");
+    let stats = log.stats();
+    assert_eq!((stats.commands, stats.commits), (5, 2), "the gate alone, then one COMMIT for four: {stats:?}");
+    let checks = PgChecks(url);
+    for id in ["gate", "b1", "b4"] {
+        assert_eq!(checks.stream(&key(id).stream()).len(), 1, "{id}: reserved once");
+    }
+    assert!(checks.stream(&key("never-reserved").stream()).is_empty(), "the refused one wrote nothing");
+    assert!(checks.stream(&key("boom").stream()).is_empty(), "the failed one's events were rolled back");
+    assert!(checks.stream(&RunId::new("run-boom").stream()).is_empty(), "its run's too");
+    checks.verify().unwrap_or_else(|report| panic!("{report}"));
+}
+
+#[test]
+fn postgres_commands_on_one_entity_in_a_batch_decide_in_order_each_over_the_one_before() {
+    let url = pg_url("batch_order");
+    let log = one_writer(&url);
+    // Each but the first is refused unless it sees what the one before it wrote.
+    let batch = vec![start_and_reserve("run-o", charge("o", 100)), start_attempt("run-o", "o"), succeed("o", 1, 100)];
+    let answers = run_batch(&log, &url, "gate", "run-o", batch, || {});
+    let statuses: Vec<IntentStatus> = answers.into_iter().map(|answer| intent_of(answer).0.status).collect();
+    assert_eq!(statuses, [IntentStatus::Reserved, IntentStatus::Attempting, IntentStatus::Validated]);
+    let stats = log.stats();
+    assert_eq!((stats.commands, stats.commits), (4, 2), "one COMMIT for the three: {stats:?}");
+    let checks = PgChecks(url);
+    let types: Vec<&str> = checks.stream(&key("o").stream()).iter().map(|e| e.event.type_name()).collect();
+    assert_eq!(types.len(), 3, "one event per command, in order: {types:?}");
+    checks.verify().unwrap_or_else(|report| panic!("{report}"));
+}
+
+#[test]
+fn postgres_a_batch_whose_commit_answer_is_lost_is_all_answered_or_all_run_again() {
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
+    let direct = pg_url("batch_lost_commit");
+    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
+    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let log = one_writer(&through);
+    let batch = |n: u32| {
+        vec![
+            start_and_reserve(&format!("run-l{n}-a"), charge(&format!("l{n}-a"), 100)),
+            refused_outcome(),
+            start_and_reserve(&format!("run-l{n}-b"), charge(&format!("l{n}-b"), 100)),
+        ]
+    };
+    let check = |n: u32, answers: Vec<Result<Reply, LogError>>| {
+        let mut answers = answers.into_iter();
+        assert!(intent_of(answers.next().expect("three answers")).1, "batch {n}: the first reserves");
+        let refused = answers.next().expect("three answers");
+        assert!(matches!(refused, Err(LogError::Refused(_))), "batch {n}: refused: {refused:?}");
+        assert!(intent_of(answers.next().expect("three answers")).1, "batch {n}: the last reserves");
+    };
+    // Committed, answer lost: the batch's one commit id is found and every reply answered.
+    let answers = run_batch(&log, &direct, "gate-1", "run-l1-a", batch(1), || {
+        proxy.arm(Cut::AfterCommit { wait_ms: 200 });
+    });
+    check(1, answers);
+    let stats = log.stats();
+    assert_eq!((stats.resolved_commits, stats.retries), (1, 0), "resolved as committed, nothing run again: {stats:?}");
+    // Never committed: the id is not found and the whole batch runs again, its refusal too.
+    let answers = run_batch(&log, &direct, "gate-2", "run-l2-a", batch(2), || proxy.arm(Cut::BeforeCommit));
+    check(2, answers);
+    let stats = log.stats();
+    assert_eq!(stats.resolved_commits, 1, "the second was not committed: {stats:?}");
+    assert_eq!(stats.retries, 3, "its three commands ran again: {stats:?}");
+    let cuts = proxy.cuts();
+    assert_eq!((cuts.after_commit, cuts.before_commit), (1, 1), "{cuts:?}");
+    let checks = PgChecks(direct);
+    for id in ["gate-1", "l1-a", "l1-b", "gate-2", "l2-a", "l2-b"] {
+        assert_eq!(checks.stream(&key(id).stream()).len(), 1, "{id}: exactly one IntentReserved");
+    }
+    checks.verify().unwrap_or_else(|report| panic!("{report}"));
+}
