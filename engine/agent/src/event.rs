@@ -107,6 +107,11 @@ pub struct CallHold {
 /// One durable fact of an agent run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "AgentRunStarted, the largest, is one per run and is built and folded a handful of times: \
+              boxing its limits would cost every reader a deref for no measurable gain"
+)]
 pub enum AgentEvent {
     /// The run started: its limits, absolute deadline, grants and tools are fixed here.
     AgentRunStarted {
