@@ -76,9 +76,12 @@ pub struct Figures {
     pub retries_prevented: RetriesPrevented,
     /// Runs started.
     pub runs: u64,
-    /// Model cost, minor units.
+    /// Model cost of the runs whose cost is known, minor units.
     pub cost_minor: i64,
-    /// `cost_minor / validated`.
+    /// Runs whose model cost is unknown (an answer from a model without a price): not in
+    /// `cost_minor`.
+    pub cost_unknown_runs: u64,
+    /// `cost_minor / validated`; `null` when some run's cost is unknown.
     pub cost_per_validated_intent_minor: Option<f64>,
     /// Runs stopped by each budget.
     pub runs_stopped_by_budget: std::collections::BTreeMap<&'static str, u64>,
@@ -141,6 +144,7 @@ fn figures(segment: &Segment) -> Figures {
         },
         runs: segment.runs,
         cost_minor: segment.cost_minor,
+        cost_unknown_runs: segment.cost_unknown_runs,
         cost_per_validated_intent_minor: segment.cost_per_validated(),
         runs_stopped_by_budget: stops,
         time_to_definitive_outcome_ms: Quantiles {
@@ -234,8 +238,12 @@ fn print_human(report: &Report) {
             prevented.refused_resends,
             prevented.reconciliation_found_effect
         );
+        let unknown = match figures.cost_unknown_runs {
+            0 => String::new(),
+            n => format!("; {n} run(s) of unknown cost, an answer without a price"),
+        };
         outln!(
-            "  cost per validated intent   {:>8}  ({} minor units over {} run(s))",
+            "  cost per validated intent   {:>8}  ({} minor units over {} run(s){unknown})",
             figures.cost_per_validated_intent_minor.map_or("-".to_owned(), |c| format!("{c:.2}")),
             figures.cost_minor,
             figures.runs
@@ -287,6 +295,9 @@ pub fn prometheus_lines(report: &Report) -> Vec<String> {
     });
     family("cost_per_validated_intent_minor", "Model cost per validated intent, minor units.", &|f| {
         f.cost_per_validated_intent_minor.map(|c| c.to_string())
+    });
+    family("runs_cost_unknown", "Runs whose model cost is unknown: an answer from a model without a price.", &|f| {
+        Some(f.cost_unknown_runs.to_string())
     });
     family("time_to_definitive_outcome_p50_ms", "Median time from reservation to a definitive outcome.", &|f| {
         f.time_to_definitive_outcome_ms.p50.map(|v| v.to_string())

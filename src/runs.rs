@@ -2,7 +2,8 @@
 //! the operator's view of runs.
 //!
 //! Owns the translation between flags and run queries (a status parsed into the engine's
-//! `RunStatus`, a workflow, a time), the rendering of a run with its budgets, the operator's
+//! `RunStatus`, a workflow, a time), the rendering of a run with its budgets (and an agent
+//! run's model cost, unknown — never 0 — once an answer had no price), the operator's
 //! cancellation of a run and the signals an operator delivers. Every read is of entity rows
 //! (`runs`, `intents`) or of one run's own stream (an agent run's facts, for its budgets):
 //! never the whole log. It never decides whether a run may be cancelled or signalled (the
@@ -182,7 +183,11 @@ fn budgets(run: &Run, intents: &[Intent], agent: Option<&AgentState>, now: DateT
         }
         out.push(Budget::new("input_tokens", state.input_tokens_committed(), limits.input_tokens_max.map(int)));
         out.push(Budget::new("output_tokens", state.output_tokens_committed(), limits.output_tokens_max.map(int)));
-        out.push(Budget::new("agent_cost_minor", state.cost_committed_minor(), limits.cost_minor_max));
+        // A cost limit counts what calls hold; without one there is no cost budget to show
+        // (the run's model cost, known or not, is `model_cost`).
+        if let Some(max) = limits.cost_minor_max {
+            out.push(Budget::new("agent_cost_minor", state.cost_committed_minor(), Some(max)));
+        }
         out.push(Budget::new("schema_corrections", state.schema_corrections, Some(int(limits.schema_corrections_max))));
         out.push(Budget::new(
             "turns_without_progress",
@@ -234,6 +239,7 @@ pub fn run_document(reader: &store::Reader, run_id: &RunId, now: DateTime<Utc>) 
             "agent": agent.as_ref().and_then(|s| s.header.as_ref()).map(|h| &h.limits),
         },
         "capabilities": agent.as_ref().and_then(|s| s.header.as_ref()).map(|h| &h.capabilities),
+        "model_cost": agent.as_ref().filter(|s| s.header.is_some()).map(AgentState::model_cost),
         "budgets": budgets,
         "intents": rows,
     });
@@ -264,6 +270,9 @@ pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
         if let Some(header) = agent.as_ref().and_then(|s| s.header.as_ref()) {
             let grants: Vec<&str> = header.capabilities.iter().map(String::as_str).collect();
             outln!("  capabilities: {}", if grants.is_empty() { "(none)".to_owned() } else { grants.join(", ") });
+        }
+        if let Some(cost) = agent.as_ref().filter(|s| s.header.is_some()).map(AgentState::model_cost) {
+            outln!("  model cost: {cost}");
         }
         outln!("  budgets (used / max, left):");
         let width = budgets.iter().map(|b| b.name.len()).max().unwrap_or(0);

@@ -9,7 +9,7 @@
 
 use crate::exit;
 use crate::output::{Failure, Outcome, Output};
-use agent::{AgentEvent, AgentState};
+use agent::{AgentEvent, AgentState, ModelCost};
 use chrono::{DateTime, SecondsFormat, Utc};
 use engine::event::{Event, RunId, StoredEvent};
 use engine::ledger::fold;
@@ -57,8 +57,10 @@ pub struct Counters {
     pub input_tokens: u64,
     /// Output tokens.
     pub output_tokens: u64,
-    /// Model cost, minor units.
-    pub cost_minor: i64,
+    /// Model cost so far, its sub-agents' included: `cost_minor` (minor units, `null` once an
+    /// answer had no price — unknown, never 0) and `unpriced_answers`.
+    #[serde(flatten)]
+    pub cost: ModelCost,
     /// Schema corrections.
     pub schema_corrections: u32,
 }
@@ -130,7 +132,7 @@ fn described(run: Vec<StoredEvent>, intents: Vec<Vec<StoredEvent>>) -> anyhow::R
                     tool_calls: agent.tool_calls,
                     input_tokens: agent.input_tokens,
                     output_tokens: agent.output_tokens,
-                    cost_minor: agent.cost_minor,
+                    cost: agent.model_cost(),
                     schema_corrections: agent.schema_corrections,
                 });
             }
@@ -245,7 +247,7 @@ fn print_node(node: &Node, depth: usize) {
     if let Some(budget) = &node.budget {
         line.push_str(&format!(
             "  calls {}/{} tokens {}+{} cost {}",
-            budget.model_calls, budget.tool_calls, budget.input_tokens, budget.output_tokens, budget.cost_minor
+            budget.model_calls, budget.tool_calls, budget.input_tokens, budget.output_tokens, budget.cost
         ));
     }
     if !node.actor.starts_with("command:") && node.actor != "run" {

@@ -667,7 +667,8 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
         /// What the run spent on models, in minor units, as its harness counted it (added
-        /// after release; absent from older rows and from runs that call no model).
+        /// after release; absent from older rows, from runs that call no model, and from an
+        /// agent run whose cost is unknown — an answer from a model without a price).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cost_minor: Option<i64>,
     },

@@ -1,5 +1,5 @@
-//! The metrics projection (schema version 7; `refused` and `tool` since version 9) and the
-//! figures `keel metrics` reads from it.
+//! The metrics projection (schema version 7; `refused` and `tool` since version 9,
+//! `cost_unknown` since version 10) and the figures `keel metrics` reads from it.
 //!
 //! Owns the tables `intent_facts` and `run_facts`: one narrow row per intent and per run,
 //! derived from the entity's state and written by the writer in the transaction of every
@@ -127,6 +127,30 @@ pub(crate) fn put_run_facts(conn: &Connection, stream: i64, run: &Run) -> Result
     Ok(())
 }
 
+/// Whether `run`'s model cost is unknown: a finished agent run that recorded none.
+fn cost_unknown(run: &Run) -> bool {
+    run.is_agent() && run.status.is_some() && run.cost_minor.is_none()
+}
+
+/// Version 10's column, written apart and only for a run whose cost is unknown (it is set
+/// once, when the run finishes, and never goes back): the version-7 back-fill writes a
+/// version-7 table through [`put_run_facts`], which never names it.
+pub(crate) fn put_run_cost_unknown(conn: &Connection, stream: i64, run: &Run) -> Result<()> {
+    if cost_unknown(run) {
+        conn.prepare_cached("UPDATE run_facts SET cost_unknown = 1 WHERE run = ?1")?.execute([stream])?;
+    }
+    Ok(())
+}
+
+/// Version 10's Rust half: marks the finished agent runs already in the file that recorded
+/// no cost.
+pub(crate) fn backfill_cost_unknown(conn: &Connection) -> Result<()> {
+    for (stream, run) in crate::rows::runs_listed(conn)? {
+        put_run_cost_unknown(conn, stream, &run)?;
+    }
+    Ok(())
+}
+
 /// Version 6's Rust half: a row for every intent and run already in the file. An intent's
 /// reservation time is its stream's first event's, and a definitive intent's settled time
 /// its latest event's (a later deduplication of a validated intent moves it: the one
@@ -230,8 +254,11 @@ pub struct Segment {
     pub reconciled_found: u64,
     /// Runs started in the window.
     pub runs: u64,
-    /// What those runs spent on models, in minor units.
+    /// What those runs spent on models, in minor units, over the runs whose cost is known.
     pub cost_minor: i64,
+    /// Of those runs, the ones whose model cost is unknown (an answer without a price): not
+    /// in `cost_minor`.
+    pub cost_unknown_runs: u64,
     /// Runs stopped by each budget, by their stop status.
     pub budget_stops: BTreeMap<&'static str, u64>,
     /// Milliseconds from reservation to a definitive outcome, ascending.
@@ -256,10 +283,11 @@ impl Segment {
     }
 
     /// Model cost over validated intents (minor units; tools and reconciliations cost
-    /// nothing Keel can count).
+    /// nothing Keel can count). None when some run's cost is unknown: an average over an
+    /// unknown is unknown.
     pub fn cost_per_validated(&self) -> Option<f64> {
         #[allow(clippy::cast_precision_loss, reason = "costs and counts far below 2^53")]
-        (self.validated > 0).then(|| self.cost_minor as f64 / self.validated as f64)
+        (self.validated > 0 && self.cost_unknown_runs == 0).then(|| self.cost_minor as f64 / self.validated as f64)
     }
 
     /// The `q`-quantile (0 < q ≤ 1) of the time to a definitive outcome, nearest rank.
@@ -355,7 +383,7 @@ pub(crate) fn figures(
     }
     let run_key = by.map_or("NULL", Dimension::run_column);
     let runs = format!(
-        "SELECT {run_key}, r.status, count(*), sum(r.cost_minor) FROM run_facts r \
+        "SELECT {run_key}, r.status, count(*), sum(r.cost_minor), sum(r.cost_unknown) FROM run_facts r \
          WHERE r.started_at >= ?1 AND {run_scope} GROUP BY 1, 2"
     );
     let mut statement = conn.prepare(&runs)?;
@@ -367,6 +395,7 @@ pub(crate) fn figures(
         let segment = segments.entry(value.clone()).or_insert_with(|| Segment { value, ..Segment::default() });
         segment.runs += count;
         segment.cost_minor = segment.cost_minor.saturating_add(row.get(3)?);
+        segment.cost_unknown_runs += row.get::<_, u64>(4)?;
         if let Some(stop) = status.as_deref().and_then(RunStatus::parse).filter(|s| BUDGET_STOPS.contains(s)) {
             *segment.budget_stops.entry(stop.as_str()).or_default() += count;
         }
@@ -379,4 +408,17 @@ pub(crate) fn figures(
         segments.push(Segment::default());
     }
     Ok(segments)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Segment;
+
+    #[test]
+    fn no_cost_per_validated_intent_is_computed_over_a_run_of_unknown_cost() {
+        let known = Segment { validated: 4, cost_minor: 10, ..Segment::default() };
+        assert_eq!(known.cost_per_validated(), Some(2.5));
+        let unknown = Segment { cost_unknown_runs: 1, ..known };
+        assert_eq!(unknown.cost_per_validated(), None, "10 is the known part only: no average of it");
+    }
 }

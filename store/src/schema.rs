@@ -474,6 +474,17 @@ ALTER TABLE intent_facts ADD COLUMN refused INTEGER NOT NULL DEFAULT 0 CHECK (re
 ALTER TABLE intent_facts ADD COLUMN tool TEXT;
 "#;
 
+/// Version 10: the metrics projection tells an unknown model cost from a cost of 0. An agent
+/// run some of whose answers had no price records no cost (`RunFinished.cost_minor` absent),
+/// and `run_facts.cost_minor` holds 0 for it; the back-fill marks the finished agent runs the
+/// file already holds without a recorded cost.
+const V10: &str = r#"
+-- 1 when the run is a finished agent run whose model cost is unknown (an answer from a model
+-- without a price, or a run recorded before its cost was): `keel metrics` counts such runs
+-- and computes no average over them.
+ALTER TABLE run_facts ADD COLUMN cost_unknown INTEGER NOT NULL DEFAULT 0 CHECK (cost_unknown IN (0, 1));
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -493,6 +504,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V7, then: Some(crate::metrics::backfill) },
     Migration { sql: V8, then: Some(crate::rebuild::wake_timers) },
     Migration { sql: V9, then: None },
+    Migration { sql: V10, then: Some(crate::metrics::backfill_cost_unknown) },
 ];
 
 /// The schema version this build writes and reads.

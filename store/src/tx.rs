@@ -337,6 +337,7 @@ impl<'a> TxEntities<'a> {
             if let Entity::Run(run) = &touched.entity {
                 rows::put_run(conn, id, run)?;
                 crate::metrics::put_run_facts(conn, id, run)?;
+                crate::metrics::put_run_cost_unknown(conn, id, run)?;
             }
         }
         for (&id, touched) in &self.touched {

@@ -40,6 +40,10 @@ pub struct AgentHost<'a> {
     pub run_id: &'a str,
     /// The intent lifecycle your effect tools reserve and drive through.
     pub gate: &'a Arc<IntentGate>,
+    /// The run's journal as this process found it, folded (empty for a new run): a tool whose
+    /// host state derives from the recorded facts rebuilds it from here, as a restarted
+    /// process must — nothing else survives a crash.
+    pub recorded: &'a AgentState,
 }
 
 /// A user's agent and the model's scripted answers. Build it with [`Agent::new`], give it to
@@ -238,7 +242,7 @@ pub(crate) async fn drive(
         gate = gate.paying_with(Secret::new(card));
     }
     let gate = Arc::new(gate);
-    let registry = (agent.tools)(&AgentHost { run_id, gate: &gate });
+    let registry = (agent.tools)(&AgentHost { run_id, gate: &gate, recorded: &recorded });
     let spec = RunSpec {
         run_id: run_id.to_owned(),
         workflow: agent.workflow.clone(),

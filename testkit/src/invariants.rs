@@ -11,7 +11,7 @@
 //! | 2 | the key is the intent key, always | each effect's key is `IntentKey::new(kind, tenant, intent_id)` and names a reserved intent |
 //! | 3 | write-ahead | each key has at least as many committed `AttemptStarted` as effects |
 //! | 4 | no blind resend | attempt n > 1 follows a proven absence (`AttemptNotSent`, lookup `resend_allowed`) or a key-deduplicating provider without lookup; one `OutcomeUnknown` per attempt |
-//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, release of an intent never sent, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls, input and output tokens and model cost stay within the limits its journal's header recorded, its sub-agents' carves counted, each sub-agent within its carve, and no model or tool call of it is reserved after its deadline |
+//! | 5 | budgets never refilled | folding event by event, an intent's money is released only by a release fact (decline, release of an intent never sent, cancel, denial, proven-absent escalation, resolved absent), no run's remaining budget goes negative, and every other spent counter — attempts and reconciliations per intent, network retries and reconciliations per run — stays within its limit (a fold of the log cannot go down; a refilled count shows as spending past its limit), no attempt starts after its run's deadline (time), and an agent run's model calls, tool calls, input and output tokens, model cost and money its effect calls may move stay within the limits its journal's header recorded, its sub-agents' carves counted, each sub-agent within its carve, and no model or tool call of it is reserved after its deadline |
 //! | 6 | replay is deterministic | two folds of the log render identically; `verify` (files) passes |
 //! | 8 | refunds ≤ charged | after every event, per order: refunds reserved, unknown or validated ≤ validated charges; and the provider's refunds ≤ its charges |
 //! | 9 | liveness | at the end no intent is left `attempting`, `outcome_unknown` or `reconciling` |
@@ -446,8 +446,8 @@ fn within_agent_budgets(
     }
 }
 
-/// One agent run's (or sub-agent's) calls, `(model, tool)`, tokens and model cost against its
-/// header.
+/// One agent run's (or sub-agent's) calls, `(model, tool)`, tokens, model cost and the money
+/// its effect calls may move against its header.
 fn within_header(state: &agent::AgentState, (model_calls, tool_calls): (u32, u32), seq: u64, report: &mut Report) {
     let header = state.header();
     let limits = &header.limits;
@@ -457,6 +457,7 @@ fn within_header(state: &agent::AgentState, (model_calls, tool_calls): (u32, u32
         ("input tokens", i128::from(state.input_tokens), limits.input_tokens_max.map(i128::from)),
         ("output tokens", i128::from(state.output_tokens), limits.output_tokens_max.map(i128::from)),
         ("minor units of model cost", i128::from(state.cost_minor), limits.cost_minor_max.map(i128::from)),
+        ("minor units of money", i128::from(state.money_committed_minor()), limits.money_minor_max.map(i128::from)),
     ];
     for (dimension, spent, max) in over {
         if let Some(max) = max

@@ -5,6 +5,7 @@
 mod adversarial;
 mod agent;
 mod agent_attacks;
+mod agent_cost;
 mod agent_recovery;
 mod approvals;
 mod chaos;

@@ -86,13 +86,13 @@ fn measure(label: &str, registry: &Registry, arguments: &str, expect_admit: bool
     let call = ToolCall { id: "c1".into(), name: "read_refund_policy".into(), arguments: arguments.into() };
     let state = state(registry, &call);
     let now = DateTime::<Utc>::UNIX_EPOCH;
-    let admitted = matches!(decide(&state, registry, &call, now, false), Verdict::Admit(_));
+    let admitted = matches!(decide(&state, registry, &call, now, false, None), Verdict::Admit(_));
     assert_eq!(admitted, expect_admit, "{label}: unexpected verdict");
     let mut best = f64::MAX;
     for _ in 0..5 {
         let started = Instant::now();
         for _ in 0..ITERATIONS {
-            black_box(decide(black_box(&state), registry, black_box(&call), now, false));
+            black_box(decide(black_box(&state), registry, black_box(&call), now, false, None));
         }
         best = best.min(started.elapsed().as_nanos() as f64 / f64::from(ITERATIONS));
     }

@@ -1,9 +1,12 @@
-//! The limits an agent run starts with, and the price table its cost is measured with.
+//! The limits an agent run starts with, the price table its cost is measured with, and what
+//! that measure says.
 //!
-//! Owns [`AgentLimits`] (every dimension of SPEC "Budgets" the agent harness enforces) and
-//! [`PriceTable`]. Both are written into `AgentRunStarted`, so the run's bounds are facts
-//! in its journal: a restart folds them back and never refills a budget. The counters
-//! themselves live in [`super::AgentState`]; the checks are in the guard and the loop.
+//! Owns [`AgentLimits`] (every dimension of SPEC "Budgets" the agent harness enforces),
+//! [`PriceTable`] and [`ModelCost`]. The first two are written into `AgentRunStarted`, so the
+//! run's bounds are facts in its journal: a restart folds them back and never refills a
+//! budget. The counters themselves live in [`super::AgentState`]; the checks are in the
+//! guard and the loop. A cost it cannot measure is never reported as a number: an answer
+//! from a model without a price makes the run's cost unknown, not 0.
 
 use engine::limits;
 use serde::{Deserialize, Serialize};
@@ -51,6 +54,15 @@ pub struct AgentLimits {
     /// stored form so their hash chain still checks; a sub-agent's own is `Some(0)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delegations_max: Option<u32>,
+    /// Money the run's effect tools may move, minor units, within the spine run's own money
+    /// budget (which bounds every intent the run reserves, its sub-agents' included). A
+    /// sub-agent's is carved: what its [`crate::Delegation`] asks for, clamped to what the
+    /// spine run has left when it starts; a call past it is refused before its intent is
+    /// reserved, counted from the journal (`ToolCallReserved.money_minor`). `None` — a run
+    /// asking none, or recorded before the cap existed — means no cap beyond the spine run's,
+    /// and is left out of the stored form so old hash chains still check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub money_minor_max: Option<i64>,
     /// Prices per model, to measure cost.
     pub prices: PriceTable,
 }
@@ -71,6 +83,7 @@ impl Default for AgentLimits {
             output_tokens_per_call: limits::AGENT_OUTPUT_TOKENS_PER_CALL_DEFAULT,
             approval_wait_ms: Some(limits::AGENT_APPROVAL_WAIT_DEFAULT_MS),
             delegations_max: Some(limits::AGENT_DELEGATIONS_DEFAULT),
+            money_minor_max: None,
             prices: PriceTable::default(),
         }
     }
@@ -146,6 +159,9 @@ impl AgentLimits {
             }
             None => {}
         }
+        if let Some(max) = self.money_minor_max {
+            within_i64("money_minor_max", max, AMOUNT_MINOR_MAX)?;
+        }
         within("deadline_ms", self.deadline_ms, 0, AGENT_DEADLINE_MAX_MS)?;
         let corrections = self.schema_corrections_max.into();
         within("schema_corrections_max", corrections, 0, AGENT_SCHEMA_CORRECTIONS_MAX.into())?;
@@ -201,6 +217,29 @@ fn entries<'a>(field: &str, names: impl ExactSizeIterator<Item = &'a String>) ->
         }
     }
     Ok(())
+}
+
+/// What an agent run (its sub-agents included) spent on its models, as far as it can be
+/// measured: the sum of its answers' prices, or unknown once an answer came from a model the
+/// price table does not hold (no table, or a model absent from it). Serialised as
+/// `{"cost_minor": 30, "unpriced_answers": 0}` or `{"cost_minor": null, "unpriced_answers": 2}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ModelCost {
+    /// Minor units; `None` when some answer had no price: unknown, never 0.
+    pub cost_minor: Option<i64>,
+    /// Answers from a model without a price.
+    pub unpriced_answers: u32,
+}
+
+impl std::fmt::Display for ModelCost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.cost_minor {
+            Some(cost) => write!(f, "{cost} minor units"),
+            None => {
+                write!(f, "unknown ({} without a price)", crate::run_loop::count_of(self.unpriced_answers, "answer"))
+            }
+        }
+    }
 }
 
 /// Why limits were refused (the CLI's `--limits`, or a library caller's).

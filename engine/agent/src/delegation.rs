@@ -13,13 +13,20 @@
 //! repetition). Then the run's delegation count is checked (past `delegations_max` the run
 //! stops `delegation_budget`) and the sub-agent's limits are carved: what it asks for,
 //! clamped to what its parent has left of every dimension — model calls, tool calls, input
-//! and output tokens, model cost, time (its deadline is never past its parent's). Its
+//! and output tokens, model cost, time (its deadline is never past its parent's), and the
+//! money its effects may move: what it asks for, clamped to what the spine run has left of
+//! its money budget (read through the gate just before) and to the parent's own cap. Its
 //! `AgentRunStarted`, those limits included, is recorded (as a `Delegated` fact) in the same
 //! batch as the call's `ToolCallReserved`, before the sub-agent's first model call; from then
 //! on the parent's state counts the whole carve as committed, and once the sub-agent stops,
 //! what it really committed (`AgentState::carved`). The fold refuses a carve past what the
 //! parent had left and a second carve for one call, so neither a crash nor a replay refills
-//! a budget: a resumed run folds the same carve and the sub-agent's own journal back.
+//! a budget: a resumed run folds the same carve and the sub-agent's own journal back. The
+//! money a sub-agent's effect calls may move is recorded with each call's reservation and
+//! counted against its carve by the guard (step 7c), before the gate reserves the intent: a
+//! refund past it is refused `budget_exhausted`, and a resume counts what the journal holds.
+//! (The fold checks a money carve against the parent's own cap only; what the spine run had
+//! left is the spine's, which checks every reservation against the run's budget anyway.)
 //!
 //! # What a sub-agent is
 //!
@@ -118,13 +125,15 @@ fn smaller<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
 
 /// Guard step 7b for delegation call `call_id` of `tool`, whose reservation is not folded
 /// yet: the sub-agent's `AgentRunStarted` (wrapped in `Delegated`), its limits carved out of
-/// what `state` has left; or the stop when the run may start no sub-agent. Pure.
+/// what `state` has left at `now` — its money out of `money_left`, what the spine run has
+/// left of its money budget (`None`: it has none), and of the run's own cap; or the stop when
+/// the run may start no sub-agent. Pure.
 pub(crate) fn carve(
     state: &AgentState,
     delegation: &Delegation,
     (tool, call_id): (&str, &str),
     question: &str,
-    now: DateTime<Utc>,
+    (now, money_left): (DateTime<Utc>, Option<i64>),
 ) -> Result<AgentEvent, Box<AgentEvent>> {
     let header = state.header();
     let parent = &header.limits;
@@ -143,6 +152,7 @@ pub(crate) fn carve(
     let tools_left = parent.tool_calls_max.saturating_sub(state.tool_calls_committed().saturating_add(1));
     let tokens_left = |max: Option<u64>, committed: u64| max.map(|max| max.saturating_sub(committed));
     let cost_left = parent.cost_minor_max.map(|max| max.saturating_sub(state.cost_committed_minor()).max(0));
+    let own_money_left = parent.money_minor_max.map(|max| max.saturating_sub(state.money_committed_minor()).max(0));
     let asked = &delegation.limits;
     let deadline =
         engine::clock::checked_plus_ms(now, asked.deadline_ms).map_or(header.deadline, |d| d.min(header.deadline));
@@ -158,6 +168,7 @@ pub(crate) fn carve(
             tokens_left(parent.output_tokens_max, state.output_tokens_committed()),
         ),
         cost_minor_max: smaller(asked.cost_minor_max, cost_left),
+        money_minor_max: smaller(asked.money_minor_max, smaller(money_left.map(|left| left.max(0)), own_money_left)),
         deadline_ms: u64::try_from((deadline - now).num_milliseconds()).unwrap_or(0),
         delegations_max: Some(0),
         prices: parent.prices.clone(),

@@ -29,7 +29,7 @@
 //!
 //! An event variant is never edited once released; add a new one.
 
-use super::budget::AgentLimits;
+use super::budget::{AgentLimits, ModelCost};
 use super::model::{Message, ModelResponse, ResponseBlock, ToolResultBlock};
 use super::outcome::{AgentStatus, ControlEvent, RunOutcome};
 use chrono::{DateTime, Utc};
@@ -107,6 +107,11 @@ pub struct CallHold {
 /// One durable fact of an agent run.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "AgentRunStarted, the largest, is one per run and is built and folded a handful of times: \
+              boxing its limits would cost every reader a deref for no measurable gain"
+)]
 pub enum AgentEvent {
     /// The run started: its limits, absolute deadline, grants and tools are fixed here.
     AgentRunStarted {
@@ -207,6 +212,11 @@ pub enum AgentEvent {
         per_tool: u32,
         /// Attempts of this signature, this one included.
         per_signature: u32,
+        /// Money the call's effect may move (its intent's amount), minor units, when it moves
+        /// money: what a money cap counts, from the journal, unless the call is then refused
+        /// (absent in runs written before calls counted it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        money_minor: Option<i64>,
     },
     /// An admitted tool call ended; its result is what the model reads.
     ToolResultRecorded {
@@ -436,6 +446,10 @@ pub struct AgentState {
     pub approval_waits: BTreeMap<String, ApprovalWait>,
     /// The sub-agents the run started, folded, by the call id of their delegation.
     pub delegations: BTreeMap<String, AgentState>,
+    /// Money each admitted effect call may move, by model call and call id: every one the
+    /// guard reserved and nothing refused (a declined or unknown one included — the fold
+    /// cannot tell a decline from an effect, so a cap counts what was asked for).
+    money: BTreeMap<(u32, String), i64>,
     events: u64,
 }
 
@@ -453,6 +467,8 @@ pub struct Carved {
     pub output_tokens: u64,
     /// Model cost, minor units.
     pub cost_minor: i64,
+    /// Money its effect tools may move, minor units.
+    pub money_minor: i64,
 }
 
 impl Carved {
@@ -463,6 +479,7 @@ impl Carved {
             input_tokens: self.input_tokens.saturating_add(other.input_tokens),
             output_tokens: self.output_tokens.saturating_add(other.output_tokens),
             cost_minor: self.cost_minor.saturating_add(other.cost_minor),
+            money_minor: self.money_minor.saturating_add(other.money_minor),
         }
     }
 }
@@ -598,11 +615,15 @@ impl AgentState {
                 self.push_result(position, call_id, tool, ToolOutcome::Refused, message, false)?;
             }
             AgentEvent::ToolCallRefused { call_id, tool, code, message } => {
+                // A reserved call refused (by the ledger, a human, a missing gate) moved nothing.
+                if let Some(turn) = self.turns.last() {
+                    self.money.remove(&(turn.call, call_id.clone()));
+                }
                 self.refusals += 1;
                 self.push_control(code, tool, u64::from(self.refusals));
                 self.push_result(position, call_id, tool, ToolOutcome::Refused, message, false)?;
             }
-            AgentEvent::ToolCallReserved { call_id, tool, signature, total, per_tool, per_signature } => {
+            AgentEvent::ToolCallReserved { call_id, tool, signature, total, per_tool, per_signature, money_minor } => {
                 ensure!(*total == self.tool_calls + 1, "agent journal position {position}: tool count");
                 let tool_count = self.tool_calls_by_tool.entry(tool.clone()).or_default();
                 ensure!(*per_tool == *tool_count + 1, "agent journal position {position}: per-tool count");
@@ -616,6 +637,11 @@ impl AgentState {
                     turn.reserved.insert(call_id.clone()),
                     "agent journal position {position}: call reserved twice"
                 );
+                let model_call = turn.call;
+                if let Some(amount) = money_minor {
+                    ensure!(*amount >= 0, "agent journal position {position}: a negative amount of money");
+                    self.money.insert((model_call, call_id.clone()), *amount);
+                }
                 self.push_control("tool_call", tool, u64::from(*total));
             }
             AgentEvent::ToolResultRecorded { call_id, tool, outcome, content, progress, .. } => {
@@ -757,6 +783,14 @@ impl AgentState {
             let committed = u64::try_from(self.cost_committed_minor()).unwrap_or(0);
             over("cost minor units", asked, left(u64::try_from(max).unwrap_or(0), committed))
         })
+        .or_else(|| {
+            // Against the run's own cap; what its spine run has left is the spine's to check,
+            // at every reservation.
+            let max = limits.money_minor_max?;
+            let asked = carve.money_minor_max.map_or(u64::MAX, |m| u64::try_from(m).unwrap_or(0));
+            let committed = u64::try_from(self.money_committed_minor()).unwrap_or(0);
+            over("money minor units", asked, left(u64::try_from(max).unwrap_or(0), committed))
+        })
     }
 
     /// What the run's sub-agents hold of its budgets (see [`Carved`]).
@@ -770,6 +804,7 @@ impl AgentState {
                     input_tokens: child.input_tokens_committed(),
                     output_tokens: child.output_tokens_committed(),
                     cost_minor: child.cost_committed_minor(),
+                    money_minor: child.money_committed_minor(),
                 },
                 None => Carved {
                     model_calls: limits.model_calls_max,
@@ -777,6 +812,7 @@ impl AgentState {
                     input_tokens: limits.input_tokens_max.unwrap_or_else(|| child.input_tokens_committed()),
                     output_tokens: limits.output_tokens_max.unwrap_or_else(|| child.output_tokens_committed()),
                     cost_minor: limits.cost_minor_max.unwrap_or_else(|| child.cost_committed_minor()),
+                    money_minor: limits.money_minor_max.unwrap_or_else(|| child.money_committed_minor()),
                 },
             };
             sum.add(held)
@@ -799,10 +835,17 @@ impl AgentState {
         self.delegations.values().fold(self.model_calls, |sum, child| sum.saturating_add(child.model_calls))
     }
 
-    /// Model cost of the answered calls of the run and of its sub-agents, minor units: what
-    /// the spine records as the run's model cost when it finishes.
-    pub fn model_cost_minor(&self) -> i64 {
-        self.delegations.values().fold(self.cost_minor, |sum, child| sum.saturating_add(child.cost_minor))
+    /// Model cost of the answered calls of the run and of its sub-agents: what the spine
+    /// records as the run's model cost when it finishes. Unknown once any of those answers
+    /// came from a model without a price — what such an answer holds (its call's hold) bounds
+    /// the budgets, but it is no measure of what the vendor billed.
+    pub fn model_cost(&self) -> ModelCost {
+        let unpriced_answers = self
+            .delegations
+            .values()
+            .fold(self.unpriced_answers, |sum, child| sum.saturating_add(child.unpriced_answers));
+        let priced = self.delegations.values().fold(self.cost_minor, |sum, child| sum.saturating_add(child.cost_minor));
+        ModelCost { cost_minor: (unpriced_answers == 0).then_some(priced), unpriced_answers }
     }
 
     /// Tool attempts admitted by the run and by its sub-agents.
@@ -876,6 +919,14 @@ impl AgentState {
     pub fn cost_committed_minor(&self) -> i64 {
         let own = self.holds.values().fold(self.cost_minor, |sum, h| sum.saturating_add(h.cost_minor.unwrap_or(0)));
         own.saturating_add(self.carved().cost_minor)
+    }
+
+    /// Money the run's admitted effect calls may move, and what its sub-agents hold of it
+    /// (see [`Carved`]), minor units: what a money cap counts. Folded from the journal, so a
+    /// resumed run finds it spent.
+    pub fn money_committed_minor(&self) -> i64 {
+        let own = self.money.values().fold(0_i64, |sum, amount| sum.saturating_add(*amount));
+        own.saturating_add(self.carved().money_minor)
     }
 
     /// The last turn, when it still has tool calls to answer or has not been closed.

@@ -138,19 +138,27 @@ pub trait EffectGate: Send + Sync {
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision>;
     /// Records how the body's effect ended (validated / declined / unknown).
     fn settle<'a>(&'a self, ticket: &'a EffectTicket, outcome: &'a EffectOutcome) -> BoxFuture<'a, ()>;
+    /// What `run_id` has left of its money budget, minor units (`None`: it has none): read
+    /// before a delegation's carve, whose money it bounds. A gate that cannot read it answers
+    /// `Some(0)`: nothing is carved that is not known to be left.
+    fn money_left<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Option<i64>>;
 }
 
 /// An in-memory [`EffectGate`] for tests, as `MemoryJournal` is for the journal: one payload
 /// fingerprint per intent key, so a repeated call is deduplicated and a changed one refused
 /// `intent_payload_mismatch`, as the spine answers; every approval check gets the one answer
 /// it was built with; what each effect was settled with is kept, in order, for the test to
-/// read. It checks no money and no reference.
+/// read. It checks no reference, and money only when given a budget
+/// ([`MemoryGate::with_money_budget`]): the sum of the amounts it reserved, as the spine's
+/// run budget counts them.
 #[derive(Debug)]
 pub struct MemoryGate {
     intents: Mutex<BTreeMap<String, String>>,
     approval: ApprovalDecision,
     settled: Mutex<Vec<EffectOutcome>>,
     reserved: Mutex<Vec<(String, String)>>,
+    budget: Option<i64>,
+    committed: Mutex<i64>,
 }
 
 impl MemoryGate {
@@ -161,7 +169,15 @@ impl MemoryGate {
             approval,
             settled: Mutex::new(Vec::new()),
             reserved: Mutex::new(Vec::new()),
+            budget: None,
+            committed: Mutex::new(0),
         }
+    }
+
+    /// The same gate, holding every run to a money budget of `max_minor`: a reservation past
+    /// it is refused `budget_exhausted`, as the spine refuses it.
+    pub fn with_money_budget(self, max_minor: i64) -> Self {
+        Self { budget: Some(max_minor), ..self }
     }
 
     /// Every reservation asked of this gate, oldest first: the run it was asked for and the
@@ -197,8 +213,19 @@ impl EffectGate for MemoryGate {
                 message: "this idempotency key was used with other arguments".into(),
             },
             None => {
-                intents.insert(key.clone(), fingerprint.clone());
-                GateDecision::Proceed(EffectTicket { key, fingerprint, approval_required })
+                let mut committed = self.committed.lock().expect("the gate's lock is never held across a panic");
+                let amount = intent.amount_minor.unwrap_or(0);
+                match self.budget {
+                    Some(max) if committed.saturating_add(amount) > max => GateDecision::Refused {
+                        code: "budget_exhausted".into(),
+                        message: format!("the run has committed {committed} of its {max}; {amount} more asked"),
+                    },
+                    _ => {
+                        *committed = committed.saturating_add(amount);
+                        intents.insert(key.clone(), fingerprint.clone());
+                        GateDecision::Proceed(EffectTicket { key, fingerprint, approval_required })
+                    }
+                }
             }
         };
         Box::pin(async move { decision })
@@ -211,5 +238,11 @@ impl EffectGate for MemoryGate {
     fn settle<'a>(&'a self, _ticket: &'a EffectTicket, outcome: &'a EffectOutcome) -> BoxFuture<'a, ()> {
         self.settled.lock().expect("the gate's lock is never held across a panic").push(outcome.clone());
         Box::pin(async {})
+    }
+
+    fn money_left<'a>(&'a self, _run_id: &'a str) -> BoxFuture<'a, Option<i64>> {
+        let committed = *self.committed.lock().expect("the gate's lock is never held across a panic");
+        let left = self.budget.map(|max| max.saturating_sub(committed).max(0));
+        Box::pin(async move { left })
     }
 }

@@ -11,7 +11,11 @@
 //! 7. repetition budget by canonical signature → else the run stops `repeated_call`
 //!    (7b) for a delegation — a sub-agent as a tool, `super::delegation` — the delegation
 //!    budget → else the run stops `delegation_budget`; then the sub-agent's carve out of what
-//!    the run has left, recorded with the reservation
+//!    the run has left (its money out of what its spine run has left, which the gate reads
+//!    first), recorded with the reservation
+//!    (7c) for an effect under a money cap (a sub-agent's carve, `AgentLimits::money_minor_max`)
+//!    → past it, error result `budget_exhausted`, nothing reserved; the amount is recorded
+//!    with the reservation, so the cap is counted from the journal
 //! 8. intent reservation (effect tools, through [`EffectGate`])
 //! 9. approval (when the tool's policy or the spine's threshold requires it, whichever is
 //!    stricter: the reservation's ticket says so, through [`EffectGate`]) → pending: the run
@@ -187,6 +191,8 @@ fn stop(status: AgentStatus, subject: &str, count: u64, detail: String) -> Verdi
 }
 
 /// Guard steps 1–7 for `call`, against the folded `state`. Pure: no I/O, no clock read.
+/// `money_left` is what the run's spine run has left of its money budget (`None`: it has
+/// none), which only a delegation's carve reads.
 ///
 /// # Panics
 /// When `state` has no run header (the run was never started).
@@ -196,6 +202,7 @@ pub fn decide(
     call: &ToolCall,
     now: DateTime<Utc>,
     cancelled: bool,
+    money_left: Option<i64>,
 ) -> Verdict {
     let header = state.header();
     let limits = &header.limits;
@@ -307,13 +314,30 @@ pub fn decide(
     // 7b. A delegation: the run's delegation budget, then the sub-agent's carve.
     let carve = match (&entry.delegation, &prepared.work) {
         (Some(delegation), Work::Delegate { question }) => {
-            match crate::delegation::carve(state, delegation, (tool, &call.id), question, now) {
+            match crate::delegation::carve(state, delegation, (tool, &call.id), question, (now, money_left)) {
                 Ok(start) => Some(start),
                 Err(stop) => return Verdict::Stop(*stop),
             }
         }
         _ => None,
     };
+    // 7c. A money cap, counted from the journal: refused before any intent is reserved.
+    let money_minor = prepared.intent.as_ref().and_then(|intent| intent.amount_minor);
+    if let (Some(max), Some(amount)) = (limits.money_minor_max, money_minor) {
+        let committed = state.money_committed_minor();
+        if committed.checked_add(amount).is_none_or(|after| after > max) {
+            return Verdict::Refuse(AgentEvent::ToolCallRefused {
+                call_id: call.id.clone(),
+                tool: tool.to_owned(),
+                code: "budget_exhausted".into(),
+                message: format!(
+                    "refused by the guard: run {} may move {max} minor units (its money cap) and has committed \
+                     {committed}; {amount} more asked. Nothing was executed.",
+                    header.run_id
+                ),
+            });
+        }
+    }
     Verdict::Admit(Box::new(Admission {
         carve,
         reservation: AgentEvent::ToolCallReserved {
@@ -323,6 +347,7 @@ pub fn decide(
             total: state.tool_calls + 1,
             per_tool: per_tool + 1,
             per_signature: per_signature + 1,
+            money_minor,
         },
         tool: tool.to_owned(),
         effect: entry.spec.effect,
@@ -415,7 +440,13 @@ impl Registry {
             return Ok(Invoked::Recorded);
         }
         let env = scope.env();
-        let verdict = decide(scope.state(), self, call, env.clock.now(), env.cancel.is_cancelled());
+        // A delegation's carve takes its money out of what the spine run has left: read first.
+        let delegates = self.entry(&call.name).is_some_and(|entry| entry.delegation.is_some());
+        let money_left = match (delegates, env.gate) {
+            (true, Some(gate)) => gate.money_left(&scope.root().header().run_id).await,
+            _ => None,
+        };
+        let verdict = decide(scope.state(), self, call, env.clock.now(), env.cancel.is_cancelled(), money_left);
         let admission = match verdict {
             Verdict::Refuse(event) | Verdict::Stop(event) => {
                 scope.record(vec![event]).await?;

@@ -3,7 +3,8 @@
 //!
 //! Owns [`IntentGate`]. Guard step 8 is [`executor::reserve_for_run`] (key + fingerprint +
 //! money, the cumulative invariants and the reference check in one commit, journaled on the
-//! agent's run); step 9 reads the intent's approval, which the ledger binds to the
+//! agent's run); what a delegation's carve may take of the run's money is read from the
+//! run's intents, as the ledger sums them; step 9 reads the intent's approval, which the ledger binds to the
 //! fingerprint and re-checks, with its expiry, when the attempt starts; step 10 — the tool
 //! body — calls [`IntentGate::drive`], which is [`executor::drive_intent`]: write-ahead
 //! attempts, classification, reconciliation. It never calls the provider itself and never
@@ -110,6 +111,34 @@ impl IntentGate {
         }
     }
 
+    /// What `run_id` has left of its money budget: its limit less the amounts of the intents
+    /// it reserved whose money counts (`Intent::money_committed`, as the ledger's reservation
+    /// check sums them), read from its journal's intent links. A log that cannot be read
+    /// leaves nothing to carve.
+    async fn money_left(&self, run_id: &str) -> Option<i64> {
+        let run_id = RunId::new(run_id);
+        let cause = self.cause.clone().for_run(&run_id);
+        let Ok(history) = self.runtime.log.ask(Ask::load_run(cause.clone(), run_id.clone())).await else {
+            return Some(0);
+        };
+        let max = history.run.limits.cost_minor_max?;
+        let keys: std::collections::BTreeSet<IntentKey> = history
+            .journal
+            .iter()
+            .filter_map(|entry| entry.name.strip_prefix("intent:").and_then(IntentKey::parse))
+            .collect();
+        let mut committed = 0_i64;
+        for key in keys {
+            let Ok(IntentAnswer { intent, .. }) = self.runtime.log.ask(Ask::observe(cause.clone(), key)).await else {
+                return Some(0);
+            };
+            if intent.run_id == run_id && intent.money_committed() {
+                committed = committed.saturating_add(intent.definition.amount_minor);
+            }
+        }
+        Some(max.saturating_sub(committed).max(0))
+    }
+
     async fn approval(&self, ticket: &EffectTicket) -> ApprovalDecision {
         let Some(key) = IntentKey::parse(&ticket.key) else {
             return ApprovalDecision::Denied { reason: format!("{} is not an intent key", ticket.key) };
@@ -146,6 +175,10 @@ impl EffectGate for IntentGate {
 
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, _intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
         Box::pin(self.approval(ticket))
+    }
+
+    fn money_left<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Option<i64>> {
+        Box::pin(self.money_left(run_id))
     }
 
     /// A body that returned recorded its outcome through the driver already. A body cut

@@ -129,7 +129,8 @@ pub fn prompt_version(system: &str, prompt: &str) -> String {
 }
 
 /// What a batch of facts means for the spine: the run's end (with what it spent on models,
-/// `folded` being the run's state after the batch), an approval window opened, a deadline
+/// `folded` being the run's state after the batch — none when an answer had no price: an
+/// unknown cost is never recorded as 0), an approval window opened, a deadline
 /// moved by the time a human took.
 fn spine_requests(events: &[AgentEvent], folded: &AgentState) -> Vec<SpineRequest> {
     events
@@ -138,7 +139,7 @@ fn spine_requests(events: &[AgentEvent], folded: &AgentState) -> Vec<SpineReques
             AgentEvent::RunStopped { status, detail, .. } => Some(SpineRequest::Finish {
                 status: status.run_status(),
                 detail: detail.clone(),
-                cost_minor: Some(folded.model_cost_minor()),
+                cost_minor: folded.model_cost().cost_minor,
             }),
             AgentEvent::ApprovalAwaited { intent_key, closes_at, .. } => {
                 IntentKey::parse(intent_key).map(|key| SpineRequest::OpenApprovalWindow { key, closes_at: *closes_at })
@@ -387,6 +388,51 @@ mod tests {
         let third = Action::ClaimRun { run_id: RunId::new("r1"), owner: process(3).owner().clone() };
         let held = log.execute_now(&Command::new(Cause::command("resume"), third));
         assert!(matches!(held, Err(LogError::Refused(Refusal::LeaseHeld { .. }))), "{held:?}");
+    }
+
+    fn answered(call: u32, cost_minor: Option<i64>) -> [AgentEvent; 2] {
+        let response = crate::ModelResponse {
+            id: None,
+            model: "m".into(),
+            content: vec![crate::ResponseBlock::Text { text: "ok".into() }],
+            stop_reason: crate::StopReason::EndTurn,
+            usage: crate::Usage { input_tokens: Some(10), output_tokens: Some(2) },
+        };
+        [
+            AgentEvent::ModelCallReserved { call, hold: None },
+            AgentEvent::ModelAnswerRecorded { call, response, cost_minor },
+        ]
+    }
+
+    /// The `cost_minor` of the `RunFinished` a run whose answers cost `costs` records.
+    async fn finished_cost(costs: &[Option<i64>]) -> Option<i64> {
+        let log = Arc::new(MemoryLog::new(Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH))));
+        let journal = journal(&log, true);
+        let mut events = vec![started("r1")];
+        for (call, cost) in (1..).zip(costs) {
+            events.extend(answered(call, *cost));
+        }
+        events.push(AgentEvent::RunStopped {
+            status: AgentStatus::Completed,
+            subject: "run".into(),
+            count: 0,
+            detail: None,
+            text: None,
+        });
+        journal.append(events).await.expect("appends");
+        let finished = log.events().into_iter().find_map(|e| match e.event {
+            Event::RunFinished { cost_minor, .. } => Some(cost_minor),
+            _ => None,
+        });
+        finished.expect("the stop finished the run")
+    }
+
+    #[tokio::test]
+    async fn a_run_records_its_exact_cost_and_none_once_an_answer_had_no_price() {
+        assert_eq!(finished_cost(&[Some(30), Some(12)]).await, Some(42), "every answer priced: the exact sum");
+        assert_eq!(finished_cost(&[Some(30), None]).await, None, "one answer without a price: unknown, not 30");
+        assert_eq!(finished_cost(&[None]).await, None, "no price at all: unknown, not 0");
+        assert_eq!(finished_cost(&[]).await, Some(0), "no answer: nothing spent");
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@
 //!   SPEC's eleven guard steps ([`guard`]), is the only way to it.
 //! - [`ModelTransport`], the normalised [`ModelResponse`] and [`ModelRequest`] ([`model`]);
 //!   the HTTP and scripted transports live in `adapters`.
-//! - [`AgentLimits`] and the [`PriceTable`] ([`budget`]).
+//! - [`AgentLimits`], the [`PriceTable`] and the [`ModelCost`] it measures ([`budget`]).
 //! - [`AgentEvent`], the durable facts, and their fold [`AgentState`] ([`event`]).
 //! - [`AgentJournal`], the door to durability: [`LogJournal`] over the engine's `EventLog`,
 //!   [`MemoryJournal`] for tests ([`journal`]).
@@ -69,7 +69,7 @@ pub mod registry;
 pub mod run_loop;
 pub mod workflow_model;
 
-pub use budget::{AgentLimits, LimitsError, ModelPrice, PriceTable};
+pub use budget::{AgentLimits, LimitsError, ModelCost, ModelPrice, PriceTable};
 pub use control::{Cancellation, ManualTimer, Timer};
 pub use delegation::{DelegateArgs, Delegation};
 pub use event::{AgentEvent, AgentState, CallHold, Carved, CorrectionCode, ToolOutcome};

@@ -475,7 +475,8 @@ fn guard_stop_after_completion(
         return None;
     }
     let env = scope.env();
-    match guard::decide(state, registry, call, env.clock.now(), env.cancel.is_cancelled()) {
+    // Whether the guard stops, not what a carve would take: the spine's money is not read.
+    match guard::decide(state, registry, call, env.clock.now(), env.cancel.is_cancelled(), None) {
         Verdict::Stop(event) => Some(or_completed(state, completion, event)),
         Verdict::Admit(_) | Verdict::Refuse(_) => None,
     }

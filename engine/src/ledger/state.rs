@@ -326,8 +326,9 @@ pub struct Run {
     /// they were recorded).
     #[serde(default, skip_serializing_if = "RunVersions::is_unknown")]
     pub versions: RunVersions,
-    /// What it spent on models, from its `RunFinished` (`None` while running, and for runs
-    /// that call no model).
+    /// What it spent on models, from its `RunFinished` (`None` while running, for runs
+    /// that call no model, and for an agent run whose cost is unknown: an answer from a
+    /// model without a price).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_minor: Option<i64>,
     /// Global sequence of its latest event.

@@ -331,11 +331,12 @@ fn version_8_fills_the_fire_time_of_runs_waiting_on_a_timer_and_resume_reads_it(
     fixture.store.execute_blocking(start_only).expect("a run without a timer");
     fixture.store.shutdown().expect("shutdown");
 
-    // The same file as version 7 had it: no column, no indexes (nor version 9's columns).
+    // The same file as version 7 had it: no column, no indexes (nor version 9's and 10's columns).
     let raw = fixture.raw();
     raw.execute_batch(
         "DROP INDEX runs_sleeping; DROP INDEX runs_awake; ALTER TABLE runs DROP COLUMN wake_at; \
-         ALTER TABLE intent_facts DROP COLUMN refused; ALTER TABLE intent_facts DROP COLUMN tool; PRAGMA user_version = 7;",
+         ALTER TABLE intent_facts DROP COLUMN refused; ALTER TABLE intent_facts DROP COLUMN tool; \
+         ALTER TABLE run_facts DROP COLUMN cost_unknown; PRAGMA user_version = 7;",
     )
     .expect("back to v7");
     drop(raw);
@@ -380,11 +381,11 @@ fn version_9_counts_refused_resends_and_names_the_proposing_tool_on_a_version_8_
     fixture.store.execute_blocking(outcome("v8_lost_0001", 1, lost)).expect("unknown");
     fixture.store.shutdown().expect("shutdown");
 
-    // The same file as version 8 had it: no column for either.
+    // The same file as version 8 had it: no column for either (nor version 10's).
     let raw = fixture.raw();
     raw.execute_batch(
         "ALTER TABLE intent_facts DROP COLUMN refused; ALTER TABLE intent_facts DROP COLUMN tool; \
-         PRAGMA user_version = 8;",
+         ALTER TABLE run_facts DROP COLUMN cost_unknown; PRAGMA user_version = 8;",
     )
     .expect("back to v8");
     drop(raw);
@@ -417,4 +418,64 @@ fn version_9_counts_refused_resends_and_names_the_proposing_tool_on_a_version_8_
     );
     let report = reader.verify().expect("verify runs");
     assert!(report.is_ok(), "the rebuilt rows agree: {report:?}");
+}
+
+#[test]
+fn version_10_marks_the_finished_agent_runs_that_recorded_no_model_cost() {
+    use crate::support::Fixture;
+    use engine::event::{RunStatus, RunVersions};
+    use engine::ledger::{AgentRunStart, SpineRequest};
+    let mut fixture = Fixture::new();
+    // Three agent runs: finished with a cost, finished without one, still running.
+    for (run, finish) in [("a-priced", Some(Some(42))), ("a-unpriced", Some(None)), ("a-running", None)] {
+        let spine: Vec<SpineRequest> = finish
+            .map(|cost_minor| SpineRequest::Finish { status: RunStatus::Completed, detail: None, cost_minor })
+            .into_iter()
+            .collect();
+        let start = AgentRunStart {
+            workflow: "ticket-review".to_owned(),
+            deadline_at: start() + chrono::TimeDelta::minutes(10),
+            input: json!({}),
+            limits: RunLimits::default(),
+            versions: RunVersions::default(),
+            owner: None,
+        };
+        let batch = engine::log::AgentBatch {
+            run_id: RunId::new(run),
+            position: 0,
+            entries: vec![json!({"type": "opaque to the spine"})],
+            start: Some(start),
+            spine,
+        };
+        let command = engine::log::Ask::record_agent_entries(Cause::command("test"), batch).into_command();
+        fixture.store.execute_blocking(command).expect("the agent batch is recorded");
+    }
+    fixture.store.shutdown().expect("shutdown");
+    let unknown = |raw: &rusqlite::Connection| -> Vec<(String, i64, i64)> {
+        let mut statement = raw
+            .prepare(
+                "SELECT s.name, f.cost_minor, f.cost_unknown FROM run_facts f JOIN streams s ON s.id = f.run \
+                 ORDER BY s.name",
+            )
+            .expect("prepares");
+        let rows = statement.query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?))).expect("queries");
+        rows.collect::<rusqlite::Result<_>>().expect("reads")
+    };
+    let expected = vec![
+        ("run:a-priced".to_owned(), 42, 0),
+        ("run:a-running".to_owned(), 0, 0),
+        ("run:a-unpriced".to_owned(), 0, 1),
+    ];
+    assert_eq!(unknown(&fixture.raw()), expected, "the writer marks the run that recorded no cost");
+
+    // The same file as version 9 had it: no column; the migration fills it from the run rows.
+    let raw = fixture.raw();
+    raw.execute_batch("ALTER TABLE run_facts DROP COLUMN cost_unknown; PRAGMA user_version = 9;").expect("back to v9");
+    drop(raw);
+    fixture.reopen();
+    fixture.store.shutdown().expect("shutdown");
+    assert_eq!(unknown(&fixture.raw()), expected, "the back-fill marks what the writer marks");
+    let reader = Reader::open(&fixture.path).expect("reader");
+    let all = reader.metrics(None, None, None, start()).expect("figures");
+    assert_eq!((all[0].runs, all[0].cost_minor, all[0].cost_unknown_runs), (3, 42, 1), "{all:?}");
 }

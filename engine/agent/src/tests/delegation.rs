@@ -248,5 +248,138 @@ async fn a_sub_agents_model_cost_is_its_parents() {
     assert_eq!(outcome.status, AgentStatus::Completed, "{outcome:?}");
     let state = AgentState::from_events(&journal.events());
     // Five answers of 100 input tokens at one minor unit a token: the desk's two included.
-    assert_eq!((state.cost_minor, state.model_cost_minor()), (300, 500));
+    assert_eq!((state.cost_minor, state.model_cost().cost_minor), (300, Some(500)));
+}
+
+#[tokio::test]
+async fn a_sub_agents_answer_without_a_price_makes_its_parents_cost_unknown() {
+    let mut rig = Rig::new();
+    with_desk(&mut rig, desk_limits());
+    let journal = MemoryJournal::new();
+    let price = ModelPrice { input_minor_per_mtok: 1_000_000, output_minor_per_mtok: 0 };
+    let prices = PriceTable(BTreeMap::from([("test-model".to_owned(), price)]));
+    let limits = AgentLimits { prices, cost_minor_max: Some(10_000), ..AgentLimits::default() };
+    // The desk's first answer comes from a model the table does not price.
+    let mut steps = desk_script();
+    if let Step::Answer(response) = &mut steps[2] {
+        response.model = "unpriced-model".into();
+    }
+    go_desk(&rig, &journal, &Script::new(steps), limits).await;
+    let state = AgentState::from_events(&journal.events());
+    assert_eq!(state.unpriced_answers, 0, "the parent's own answers were all priced");
+    assert_eq!(state.delegations["p2"].unpriced_answers, 1);
+    assert_eq!(state.model_cost(), ModelCost { cost_minor: None, unpriced_answers: 1 }, "unknown, never a partial sum");
+    assert_eq!(state.model_cost().to_string(), "unknown (1 answer without a price)");
+}
+
+/// The desk's money carve, from its start in `events`.
+fn desk_money(events: &[AgentEvent]) -> Option<i64> {
+    AgentState::from_events(events).delegations.get("p2").and_then(|desk| desk.header().limits.money_minor_max)
+}
+
+#[tokio::test]
+async fn a_sub_agents_money_cap_is_the_smaller_of_what_it_asks_and_what_the_run_has_left() {
+    // The run may move 10 000; the parent refunds 3 000 itself before it delegates.
+    let script = || {
+        Script::new(vec![
+            refund("p1", "k0", 3_000, "EUR"),
+            ask_desk("p2", "Refund what is left."),
+            says("Nothing to refund."),
+            says("Done."),
+        ])
+    };
+    for (asked, carved) in [(Some(9_000), 7_000), (Some(2_000), 2_000), (None, 7_000)] {
+        let mut rig = Rig::new();
+        rig.gate = MemoryGate::new(ApprovalDecision::Approved).with_money_budget(10_000);
+        with_desk(&mut rig, AgentLimits { money_minor_max: asked, ..desk_limits() });
+        let journal = MemoryJournal::new();
+        go_desk(&rig, &journal, &script(), AgentLimits::default()).await;
+        assert_eq!(desk_money(&journal.events()), Some(carved), "asked {asked:?} with 7 000 left");
+    }
+    // A run without a money budget carves what the desk asks, or no cap at all.
+    let mut rig = Rig::new();
+    with_desk(&mut rig, AgentLimits { money_minor_max: None, ..desk_limits() });
+    let journal = MemoryJournal::new();
+    go_desk(&rig, &journal, &script(), AgentLimits::default()).await;
+    assert_eq!(desk_money(&journal.events()), None, "no cap beyond the run's, which has none");
+}
+
+/// The desk refunds 600 of its 1 000, then asks for 500 more.
+fn capped_script() -> Vec<Step> {
+    vec![
+        calls("p1", "read_ticket", r#"{"input":42}"#),
+        ask_desk("p2", "Refund 6.00 EUR with key k1, then 5.00 EUR with key k2."),
+        refund("d1", "k1", 600, "EUR"),
+        refund("d2", "k2", 500, "EUR"),
+        says("Refunded 6.00 EUR; 5.00 EUR more was refused."),
+        says("The desk refunded 6.00 EUR."),
+    ]
+}
+
+fn capped_rig() -> Rig {
+    let mut rig = Rig::new();
+    with_desk(&mut rig, AgentLimits { money_minor_max: Some(1_000), no_progress_iterations_max: 4, ..desk_limits() });
+    rig
+}
+
+fn refused_codes(events: &[AgentEvent]) -> Vec<String> {
+    let state = AgentState::from_events(events);
+    let desk = state.delegations.get("p2").map(|desk| desk.control.clone()).unwrap_or_default();
+    desk.into_iter().filter(|e| e.kind == "budget_exhausted").map(|e| e.name).collect()
+}
+
+#[tokio::test]
+async fn a_refund_within_a_sub_agents_cap_goes_through_and_one_past_it_is_refused_before_any_reservation() {
+    let rig = capped_rig();
+    let journal = MemoryJournal::new();
+    let outcome = go_desk(&rig, &journal, &Script::new(capped_script()), AgentLimits::default()).await;
+    assert_eq!(outcome.status, AgentStatus::Completed, "{outcome:?}");
+    assert_eq!(rig.refunds(), 1, "the 600 went through, the 500 never reached a body");
+    assert_eq!(
+        rig.gate.reservations(),
+        vec![("run-1".to_owned(), "refund:t1:k1".to_owned())],
+        "the refund past the cap reserved nothing"
+    );
+    let events = journal.events();
+    assert_eq!(refused_codes(&events), ["refund"], "refused by the cap, by name");
+    let refusal = events.iter().find_map(|e| match e {
+        AgentEvent::Delegated { fact, .. } => match &**fact {
+            AgentEvent::ToolCallRefused { code, message, .. } if code == "budget_exhausted" => Some(message.clone()),
+            _ => None,
+        },
+        _ => None,
+    });
+    let refusal = refusal.expect("the refusal is the desk's result");
+    assert!(
+        refusal.contains("may move 1000 minor units (its money cap) and has committed 600; 500 more asked"),
+        "{refusal}"
+    );
+    assert_eq!(AgentState::from_events(&events).delegations["p2"].money_committed_minor(), 600);
+}
+
+#[tokio::test]
+async fn after_a_crash_a_sub_agents_spent_money_is_still_spent() {
+    let full = MemoryJournal::new();
+    let reference = go_desk(&capped_rig(), &full, &Script::new(capped_script()), AgentLimits::default()).await;
+    assert_eq!(reference.status, AgentStatus::Completed);
+    let length = full.events().len();
+    let carve = full.events().iter().position(|e| matches!(e, AgentEvent::Delegated { .. })).expect("a carve");
+    for crash_at in carve..length {
+        let rig = capped_rig();
+        let crashing = MemoryJournal::crash_after(crash_at);
+        let spec = spec(AgentLimits::default(), CAPS);
+        let run1 = run(rig.env(&crashing), &Script::new(capped_script()), &rig.registry, &spec, &desk_done).await;
+        assert!(matches!(run1, Err(AgentError::Journal(JournalError::Crashed { .. }))), "crash at {crash_at}");
+        let survived = crashing.events();
+        let answered = AgentState::from_events(&survived).answers_made() as usize;
+        let restarted = MemoryJournal::with_events(survived);
+        let second = Script::skipping(capped_script(), answered);
+        let outcome = go_desk(&rig, &restarted, &second, AgentLimits::default()).await;
+        assert_eq!(outcome.status, AgentStatus::Completed, "crash at {crash_at}: {outcome:?}");
+        let events = restarted.events();
+        assert_eq!(refused_codes(&events), ["refund"], "crash at {crash_at}: the 500 is still past the cap");
+        let desk = &AgentState::from_events(&events).delegations["p2"];
+        assert_eq!(desk.money_committed_minor(), 600, "crash at {crash_at}: the 600 is counted once");
+        assert!(rig.refunds() <= 1, "crash at {crash_at}: one refund body at most");
+    }
 }
