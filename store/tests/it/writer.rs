@@ -1,5 +1,6 @@
-//! The writer's contract, one caller at a time: refusals write nothing, time is stamped from
-//! the clock, state survives a restart, failures roll back, shutdown closes.
+//! The writer's contract: refusals write nothing, time is stamped from the clock, state
+//! survives a restart, failures roll back, a batch keeps its bound, the verified point and
+//! the in-batch crash point follow what is appended, shutdown closes.
 
 use crate::support::{Fixture, charge, intent_of, key, outcome, start, start_and_reserve, start_attempt, succeed};
 use chrono::SubsecRound;
