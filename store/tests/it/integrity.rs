@@ -258,3 +258,69 @@ fn an_event_that_skips_a_place_on_its_stream_is_refused_by_an_open_that_checks_i
     }
     assert!(matches!(first_mismatch(&fixture), Mismatch::Event { seq: 8, .. }));
 }
+
+/// Another writer's events, appended inside this writer's batch at the one moment its write
+/// lock otherwise rules out: after it read the stream positions and the log's head it appends
+/// at, before it inserts. A trigger makes them the moment the writer gives the actor
+/// `command:racer` its id (its last write before the batch's events); each row is `(seq,
+/// stream, stream_seq)`. The row's content is never read: the insert it collides with fails.
+fn race_the_writer(fixture: &Fixture, rows: &[(u64, &str, u64)]) {
+    let inserts: String = rows
+        .iter()
+        .map(|(seq, stream, stream_seq)| {
+            format!(
+                "INSERT INTO events (seq, stream, stream_seq, type, at, actor, payload, hash) VALUES ({seq}, \
+                 (SELECT id FROM streams WHERE name = '{stream}'), {stream_seq}, 11, 0, NEW.id, x'', zeroblob(32));"
+            )
+        })
+        .collect();
+    fixture
+        .raw()
+        .execute_batch(&format!(
+            "CREATE TRIGGER racer AFTER INSERT ON actors WHEN NEW.name = 'command:racer' BEGIN {inserts} END"
+        ))
+        .expect("install the racing writer");
+}
+
+/// Intent 1's first attempt, asked by the actor `race_the_writer` waits for: its
+/// `AttemptStarted` is seq 9 and place 2 on the intent's stream.
+fn racing_attempt() -> engine::ledger::Command {
+    engine::ledger::Command { cause: engine::event::Cause::command("racer"), ..start_attempt("run-1", "intent-000001") }
+}
+
+/// The answer to an append that lost its race: the batch failed, nothing committed, with the
+/// conflict's own words — not SQLite's — and the log as it was. Then, the racer gone, the
+/// same command appends where it meant to.
+fn assert_lost_the_race(fixture: &Fixture, conflict: Error) {
+    match fixture.store.execute_blocking(racing_attempt()) {
+        Err(engine::log::LogError::Unavailable { detail, maybe_committed }) => {
+            assert!(!maybe_committed);
+            assert_eq!(detail, conflict.to_string());
+        }
+        other => panic!("expected the conflict {conflict}, got {other:?}"),
+    }
+    assert_eq!(fixture.event_count(), 8, "the racer's rows went with the rolled-back batch");
+    fixture.raw().execute_batch("DROP TRIGGER racer").expect("the racer gone");
+    fixture.store.execute_blocking(racing_attempt()).expect("the attempt, appended once nothing races it");
+    let report = fixture.store.reader().expect("reader").verify().expect("verify");
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.events, 9);
+}
+
+#[test]
+fn an_append_that_lost_its_stream_position_to_another_writer_is_a_conflict_naming_the_stream() {
+    let fixture = populated();
+    let stream = key("intent-000001").stream().to_string();
+    // Places 2 and 3 of the intent's stream, far above the log's head: only the stream collides.
+    race_the_writer(&fixture, &[(100, &stream, 2), (101, &stream, 3)]);
+    assert_lost_the_race(&fixture, Error::Conflict { stream, expected: 2, found: 3 });
+}
+
+#[test]
+fn an_append_that_lost_its_global_seq_to_another_writer_is_a_conflict_on_the_whole_log() {
+    let fixture = populated();
+    // Seqs 9 and 10, on another stream far past its end: only the global sequence collides.
+    let other = key("intent-000002").stream().to_string();
+    race_the_writer(&fixture, &[(9, &other, 100), (10, &other, 101)]);
+    assert_lost_the_race(&fixture, Error::Conflict { stream: "*".to_owned(), expected: 9, found: 10 });
+}

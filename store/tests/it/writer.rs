@@ -1,10 +1,12 @@
-//! The writer's contract, one caller at a time: refusals write nothing, time is stamped from
-//! the clock, state survives a restart, failures roll back, shutdown closes.
+//! The writer's contract: refusals write nothing, time is stamped from the clock, state
+//! survives a restart, failures roll back, a batch keeps its bound, the verified point and
+//! the in-batch crash point follow what is appended, shutdown closes.
 
 use crate::support::{Fixture, charge, intent_of, key, outcome, start, start_and_reserve, start_attempt, succeed};
 use chrono::SubsecRound;
 use engine::event::{Cause, RunId};
 use engine::ledger::{Action, Command, IntentStatus, Refusal, RejectCode, Reply};
+use engine::limits::{VERIFIED_MARK_EVENTS, WRITER_BATCH_MAX};
 use engine::log::{EventLog, LogError};
 use engine::provider::{CallOutcome, UnknownReason};
 use serde_json::json;
@@ -292,5 +294,96 @@ fn a_batch_waits_out_another_process_holding_the_write_lock_past_one_busy_timeou
     assert!(fresh && intent.status == IntentStatus::Reserved, "the batch committed once the lock came back");
     let stats = store.stats();
     assert_eq!((stats.failed_batches, stats.events), (0, 3), "no batch failed, nothing lost: {stats:?}");
+    store.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_batch_takes_at_most_the_batch_bound_of_the_commands_queued_behind_it() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("keel.db");
+    let clock = std::sync::Arc::new(engine::clock::ManualClock::new(start()));
+    let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
+    let store = store::Store::open(&path, options, clock).expect("the store opens");
+    // Another process holds the write lock, so the writer's first batch waits with one command.
+    let (held, release) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
+    let holder_path = path.clone();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(&holder_path).expect("a second connection");
+        conn.execute_batch("BEGIN IMMEDIATE").expect("the write lock");
+        held.0.send(()).expect("told");
+        release.1.recv().expect("released");
+        conn.execute_batch("COMMIT").expect("the lock given back");
+    });
+    held.1.recv().expect("the lock is held");
+    let waiting = store.clone();
+    let first =
+        std::thread::spawn(move || waiting.execute_blocking(start_and_reserve("run-0", charge("intent-000000", 100))));
+    // Ordering, not timing: the first batch has asked for the lock, so it holds its one command.
+    while store.stats().lock_waits == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // One more than a batch's bound queued behind it: each future polled once has sent its
+    // command and waits for the answer.
+    let mut queued: Vec<_> = (1..=WRITER_BATCH_MAX + 1)
+        .map(|i| store.execute(start_and_reserve(&format!("run-{i}"), charge(&format!("intent-{i:06}"), 100))))
+        .collect();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for future in &mut queued {
+        assert!(future.as_mut().poll(&mut cx).is_pending(), "answered before the lock came back");
+    }
+    release.0.send(()).expect("release");
+    holder.join().expect("the holder ends");
+    assert!(intent_of(first.join().expect("the first caller returns")).1);
+    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    for future in queued {
+        assert!(intent_of(runtime.block_on(future)).1);
+    }
+    let stats = store.stats();
+    assert_eq!(stats.commands, WRITER_BATCH_MAX as u64 + 2);
+    assert_eq!(stats.batches, 3, "the first command, a full batch, then the one left over: {stats:?}");
+    store.shutdown().expect("shutdown");
+}
+
+#[test]
+fn the_verified_point_is_recorded_in_the_batch_that_passes_the_mark_and_not_before() {
+    let fixture = Fixture::new();
+    let verified = || -> u64 {
+        let text: String = fixture
+            .raw()
+            .query_row("SELECT value FROM meta WHERE key = 'verified_seq'", [], |row| row.get(0))
+            .expect("meta holds the verified point");
+        text.parse().expect("a sequence")
+    };
+    let reserve = |i: u64| {
+        let id = format!("intent-{i:06}");
+        fixture.store.execute_blocking(start_and_reserve(&format!("run-{i}"), charge(&id, 100))).expect("reserved");
+    };
+    // Three events a reservation, one reservation a batch: `short` of them end just below the
+    // mark, one more ends at or past it.
+    let short = (VERIFIED_MARK_EVENTS - 1) / 3;
+    for i in 0..short {
+        reserve(i);
+    }
+    assert_eq!(verified(), 0, "recorded before the log grew by the mark");
+    reserve(short);
+    assert_eq!(verified(), 3 * (short + 1), "recorded by the batch that passed the mark, the store still open");
+}
+
+#[test]
+fn only_a_batch_that_appends_passes_the_crash_point_before_its_commit() {
+    let fired = std::sync::Arc::new(std::sync::Mutex::new(0_u32));
+    let seen = std::sync::Arc::clone(&fired);
+    let hook: engine::failpoints::Hook =
+        std::sync::Arc::new(move |_| *seen.lock().expect("the count is never poisoned") += 1);
+    let failpoints = engine::failpoints::Failpoints::armed(engine::failpoints::Point::InBatchBeforeCommit, 1, hook);
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let clock = std::sync::Arc::new(engine::clock::ManualClock::new(start()));
+    let options = store::Options { failpoints, ..store::Options::default() };
+    let store = store::Store::open(&dir.path().join("keel.db"), options, clock).expect("the store opens");
+    let refused = store.execute_blocking(start_attempt("run-1", "intent-nobody"));
+    assert!(matches!(refused, Err(LogError::Refused(_))), "{refused:?}");
+    assert_eq!(*fired.lock().expect("not poisoned"), 0, "a batch that appends nothing has nothing to lose");
+    store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))).expect("reserved");
+    assert_eq!(*fired.lock().expect("not poisoned"), 1, "the reservation's batch passed the point");
     store.shutdown().expect("shutdown");
 }
