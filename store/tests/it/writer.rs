@@ -240,6 +240,22 @@ fn the_wal_is_checkpointed_off_the_writer_so_it_stays_bounded() {
     assert_eq!(fixture.event_count(), 1200 * 3);
 }
 
+/// Another process's write lock on `path`, taken before this returns and given back once the
+/// returned sender is told (or dropped); the handle ends with it.
+fn hold_write_lock(path: &std::path::Path) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (held, release) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
+    let holder_path = path.to_owned();
+    let holder = std::thread::spawn(move || {
+        let conn = rusqlite::Connection::open(&holder_path).expect("a second connection");
+        conn.execute_batch("BEGIN IMMEDIATE").expect("the write lock");
+        held.0.send(()).expect("told");
+        let _ = release.1.recv();
+        conn.execute_batch("COMMIT").expect("the lock given back");
+    });
+    held.1.recv().expect("the lock is held");
+    (release.0, holder)
+}
+
 /// Sixty-four `keel charge` processes opening one file: the open's migration check asks for
 /// the write lock too, and SQLite's busy handler is not fair, so one process could lose it
 /// for longer than a busy timeout and fail to open ("database is locked", `serve-bench`'s
@@ -251,12 +267,12 @@ fn an_open_waits_out_another_process_holding_the_write_lock_past_one_busy_timeou
     let clock = std::sync::Arc::new(engine::clock::ManualClock::new(start()));
     let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
     store::Store::open(&path, options.clone(), clock.clone()).expect("the file is made").shutdown().expect("shutdown");
-    let holder = rusqlite::Connection::open(&path).expect("a second connection");
-    holder.execute_batch("BEGIN IMMEDIATE").expect("the write lock");
+    let (release, holder) = hold_write_lock(&path);
     let opening = std::thread::spawn(move || store::Store::open(&path, options, clock));
     // Held for many of the opener's busy timeouts; an opener that gave up has ended by then.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    holder.execute_batch("COMMIT").expect("the lock given back");
+    release.send(()).expect("release");
+    holder.join().expect("the holder ends");
     let store = opening.join().expect("the opener returns").expect("the open waited for the lock, then opened");
     store.shutdown().expect("shutdown");
 }
@@ -269,16 +285,7 @@ fn a_batch_waits_out_another_process_holding_the_write_lock_past_one_busy_timeou
     let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
     let store = store::Store::open(&path, options, clock).expect("the store opens");
     // Another process takes the write lock and keeps it for many of the writer's busy timeouts.
-    let (held, release) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
-    let holder_path = path.clone();
-    let holder = std::thread::spawn(move || {
-        let conn = rusqlite::Connection::open(&holder_path).expect("a second connection");
-        conn.execute_batch("BEGIN IMMEDIATE").expect("the write lock");
-        held.0.send(()).expect("told");
-        release.1.recv().expect("released");
-        conn.execute_batch("COMMIT").expect("the lock given back");
-    });
-    held.1.recv().expect("the lock is held");
+    let (release, holder) = hold_write_lock(&path);
     let answer = std::thread::scope(|scope| {
         let pending = scope.spawn(|| store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))));
         // Released only once the writer has asked again at least once: ordering, not timing.
@@ -286,7 +293,7 @@ fn a_batch_waits_out_another_process_holding_the_write_lock_past_one_busy_timeou
         while store.stats().lock_waits < 2 && !pending.is_finished() {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        release.0.send(()).expect("release");
+        release.send(()).expect("release");
         pending.join().expect("the caller returns")
     });
     holder.join().expect("the holder ends");
@@ -305,16 +312,7 @@ fn a_batch_takes_at_most_the_batch_bound_of_the_commands_queued_behind_it() {
     let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
     let store = store::Store::open(&path, options, clock).expect("the store opens");
     // Another process holds the write lock, so the writer's first batch waits with one command.
-    let (held, release) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel::<()>());
-    let holder_path = path.clone();
-    let holder = std::thread::spawn(move || {
-        let conn = rusqlite::Connection::open(&holder_path).expect("a second connection");
-        conn.execute_batch("BEGIN IMMEDIATE").expect("the write lock");
-        held.0.send(()).expect("told");
-        release.1.recv().expect("released");
-        conn.execute_batch("COMMIT").expect("the lock given back");
-    });
-    held.1.recv().expect("the lock is held");
+    let (release, holder) = hold_write_lock(&path);
     let waiting = store.clone();
     let first =
         std::thread::spawn(move || waiting.execute_blocking(start_and_reserve("run-0", charge("intent-000000", 100))));
@@ -331,7 +329,7 @@ fn a_batch_takes_at_most_the_batch_bound_of_the_commands_queued_behind_it() {
     for future in &mut queued {
         assert!(future.as_mut().poll(&mut cx).is_pending(), "answered before the lock came back");
     }
-    release.0.send(()).expect("release");
+    release.send(()).expect("release");
     holder.join().expect("the holder ends");
     assert!(intent_of(first.join().expect("the first caller returns")).1);
     let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
