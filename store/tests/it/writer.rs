@@ -240,6 +240,15 @@ fn the_wal_is_checkpointed_off_the_writer_so_it_stays_bounded() {
     assert_eq!(fixture.event_count(), 1200 * 3);
 }
 
+/// A log's path in `dir`, store options whose busy timeout is short (50 ms: a lock held
+/// longer outlasts many of them) and a manual clock.
+fn impatient(
+    dir: &tempfile::TempDir,
+) -> (std::path::PathBuf, store::Options, std::sync::Arc<engine::clock::ManualClock>) {
+    let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
+    (dir.path().join("keel.db"), options, std::sync::Arc::new(engine::clock::ManualClock::new(start())))
+}
+
 /// Another process's write lock on `path`, taken before this returns and given back once the
 /// returned sender is told (or dropped); the handle ends with it.
 fn hold_write_lock(path: &std::path::Path) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
@@ -263,9 +272,7 @@ fn hold_write_lock(path: &std::path::Path) -> (std::sync::mpsc::Sender<()>, std:
 #[test]
 fn an_open_waits_out_another_process_holding_the_write_lock_past_one_busy_timeout() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("keel.db");
-    let clock = std::sync::Arc::new(engine::clock::ManualClock::new(start()));
-    let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
+    let (path, options, clock) = impatient(&dir);
     store::Store::open(&path, options.clone(), clock.clone()).expect("the file is made").shutdown().expect("shutdown");
     let (release, holder) = hold_write_lock(&path);
     let opening = std::thread::spawn(move || store::Store::open(&path, options, clock));
@@ -280,9 +287,7 @@ fn an_open_waits_out_another_process_holding_the_write_lock_past_one_busy_timeou
 #[test]
 fn a_batch_waits_out_another_process_holding_the_write_lock_past_one_busy_timeout() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("keel.db");
-    let clock = std::sync::Arc::new(engine::clock::ManualClock::new(start()));
-    let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
+    let (path, options, clock) = impatient(&dir);
     let store = store::Store::open(&path, options, clock).expect("the store opens");
     // Another process takes the write lock and keeps it for many of the writer's busy timeouts.
     let (release, holder) = hold_write_lock(&path);
@@ -307,9 +312,7 @@ fn a_batch_waits_out_another_process_holding_the_write_lock_past_one_busy_timeou
 #[test]
 fn a_batch_takes_at_most_the_batch_bound_of_the_commands_queued_behind_it() {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("keel.db");
-    let clock = std::sync::Arc::new(engine::clock::ManualClock::new(start()));
-    let options = store::Options { busy_timeout_ms: 50, ..store::Options::default() };
+    let (path, options, clock) = impatient(&dir);
     let store = store::Store::open(&path, options, clock).expect("the store opens");
     // Another process holds the write lock, so the writer's first batch waits with one command.
     let (release, holder) = hold_write_lock(&path);
