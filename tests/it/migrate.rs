@@ -1,8 +1,9 @@
 //! `keel migrate --to postgres://…` through the real binary, on the throwaway PostgreSQL of
 //! `store_postgres::cluster` (installed when missing; a cluster that cannot start fails the
 //! test, never skips it): a log made by real commands copied and checked equal, a non-empty
-//! target, an interrupted migration resumed, another source on a half-migrated target, a
-//! tampered source, a bad or unreachable URL, the vault.
+//! target, an interrupted migration resumed (cut short in process, and a real `keel migrate`
+//! SIGKILLed with a batch written but not committed), another source on a half-migrated
+//! target, a tampered source, a bad or unreachable URL, the vault.
 
 use crate::cli::{charge_args, keel, start_sim, temp};
 use engine::event::StreamId;
@@ -185,6 +186,98 @@ fn an_interrupted_migration_resumes_and_finishes_equal() {
     let mut pg = PgReader::open(&url).expect("connects");
     let report = pg.verify().expect("reads");
     assert!(report.is_ok(), "{report}");
+    let sqlite = store::Reader::open(&db).expect("reads");
+    assert_eq!(folded(&sqlite.ledger().expect("folds")), folded(&pg.ledger().expect("folds")));
+}
+
+/// Extends the log at `db` with `charges` charges of `keel bench` (ten events each, over
+/// runs and intents).
+fn bench_log(db: &Path, charges: usize) {
+    let n = charges.to_string();
+    let keep = db.to_str().expect("a utf-8 path");
+    let (code, out, stderr) = keel(db, None, &["bench", "--intents", &n, "--durability", "normal", "--keep", keep]);
+    assert_eq!(code, 0, "{out} {stderr}");
+}
+
+/// The advisory lock the hold on the second batch waits at (the test's own number).
+const SECOND_BATCH_HOLD: i64 = 4_242;
+
+/// Makes every progress update after the first batch's wait at [`SECOND_BATCH_HOLD`]: a
+/// batch past the first writes its events and rows, then stops inside its transaction until
+/// the lock is free. The schema is made first, as `keel migrate` would (the target stays
+/// empty: its tables hold no rows).
+fn hold_batches_after_the_first(url: &str) -> postgres::Client {
+    let mut client = postgres::Client::connect(url, postgres::NoTls).expect("connects");
+    store_postgres::schema::migrate(&mut client).expect("migrates");
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION test_hold_batch() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN PERFORM pg_advisory_xact_lock({SECOND_BATCH_HOLD}); RETURN NEW; END $$; \
+             CREATE TRIGGER test_hold_batch BEFORE UPDATE ON keel_provenance FOR EACH ROW \
+             WHEN (OLD.copied_events > 0) EXECUTE FUNCTION test_hold_batch();"
+        ))
+        .expect("the hold's trigger");
+    let mut holder = postgres::Client::connect(url, postgres::NoTls).expect("connects");
+    holder.execute("SELECT pg_advisory_lock($1)", &[&SECOND_BATCH_HOLD]).expect("holds");
+    holder
+}
+
+fn events_in(url: &str) -> u64 {
+    let mut client = postgres::Client::connect(url, postgres::NoTls).expect("connects");
+    let n: i64 = client.query_one("SELECT count(*) FROM events", &[]).expect("counts").get(0);
+    u64::try_from(n).expect("a count")
+}
+
+#[test]
+fn a_migrate_process_sigkilled_mid_batch_resumes_and_finishes_equal() {
+    let (dir, db) = temp();
+    real_log(dir.path(), &db);
+    bench_log(&db, 700);
+    let source = store::Reader::open(&db).expect("reads").verify().expect("verifies");
+    let batch = engine::limits::PG_IMPORT_BATCH_EVENTS as u64;
+    assert!(source.events > 3 * batch, "several batches: {} events", source.events);
+    let url = pg_url("migrate_sigkill");
+    let holder = hold_batches_after_the_first(&url);
+
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--db")
+        .arg(&db)
+        .args(["--json", "migrate", "--to", &url])
+        .env_remove("KEEL_DB")
+        .env_remove("KEEL_STORE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("keel migrate starts");
+    let waiting = store_postgres::cluster::wait_for_lock_waiters(&url, 1).expect("reads pg_locks");
+    assert_eq!(waiting, 1, "the second batch waits inside its transaction, its events written");
+    child.kill().expect("SIGKILL");
+    let status = child.wait().expect("reaped");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "killed, not finished");
+    // The killed session's transaction ends once it may go on and finds its client gone;
+    // then the hold is taken away, leaving the target as the kill left it.
+    drop(holder);
+    let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+    client
+        .batch_execute("DROP TRIGGER test_hold_batch ON keel_provenance; DROP FUNCTION test_hold_batch()")
+        .expect("drops");
+    let provenance = PgReader::open(&url).expect("connects").verify().expect("reads").provenance.expect("begun");
+    let copied = provenance.copied_events;
+    assert!(copied > 0 && copied < source.events, "the first batch only: {copied} of {}", source.events);
+    assert!(provenance.finished_at.is_none(), "unfinished");
+    assert_eq!(events_in(&url), copied, "the second batch, never committed, left nothing");
+
+    let (code, summary, stderr) = migrate(&db, &url, &[]);
+    assert_eq!(code, 0, "{summary} {stderr}");
+    assert_eq!(summary["resumed"], true, "{summary}");
+    assert!(stderr.contains("resuming the migration"), "{stderr}");
+    assert_eq!(summary["events"], source.events, "{summary}");
+    assert_eq!(summary["copied_events"].as_u64(), Some(source.events - copied), "only the rest: {summary}");
+    assert_eq!(events_in(&url), source.events);
+    let mut pg = PgReader::open(&url).expect("connects");
+    let report = pg.verify().expect("reads");
+    assert!(report.is_ok(), "{report}");
+    assert_eq!((report.intents, report.runs), (source.intents, source.runs), "{report}");
     let sqlite = store::Reader::open(&db).expect("reads");
     assert_eq!(folded(&sqlite.ledger().expect("folds")), folded(&pg.ledger().expect("folds")));
 }

@@ -1,7 +1,8 @@
 //! A throwaway PostgreSQL for tests: found or installed, started in a temporary directory
 //! on a free port, one database per test, stopped when done.
 //!
-//! Owns [`Cluster`] and [`shared`] (one cluster per test binary). It finds `initdb` and
+//! Owns [`Cluster`], [`shared`] (one cluster per test binary) and [`wait_for_lock_waiters`] (how a
+//! test knows a session stopped at a lock it holds). It finds `initdb` and
 //! `pg_ctl` on the `PATH`, then under `/usr/lib/postgresql/*/bin`; when they are missing and
 //! the process runs as root, it installs Debian's `postgresql` package itself (under a file
 //! lock, so parallel test binaries do not race, saying what it does on stderr). As root, the
@@ -231,6 +232,34 @@ impl Cluster {
     /// Its directory (data, log, socket).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+}
+
+/// The longest [`wait_for_lock_waiters`] polls.
+const LOCK_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until `n` sessions of the database at `url` wait for an advisory lock (polled in
+/// `pg_locks`: the server is the only one who knows), at most 30 s, and returns how many do
+/// then — `n` unless the wait ran out, which the caller asserts.
+///
+/// # Errors
+///
+/// When the database cannot be reached or read.
+pub fn wait_for_lock_waiters(url: &str, n: i64) -> Result<i64, postgres::Error> {
+    let mut watcher = postgres::Client::connect(url, postgres::NoTls)?;
+    let deadline = std::time::Instant::now() + LOCK_WAIT_MAX;
+    loop {
+        let found: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )?
+            .get(0);
+        if found >= n || std::time::Instant::now() >= deadline {
+            return Ok(found);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
