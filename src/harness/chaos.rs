@@ -6,8 +6,9 @@
 //! and hands every child the database through it, starts [`WORKERS`] `keel worker`
 //! processes, and then, round after round: starts two `keel soak-worker` children submitting
 //! the same batch at once (the same keys from two places, while the workers take over what
-//! the kills leave), arms a cut at the proxy most rounds (the three moments in turn: mid-transaction
-//! after a seeded number of messages, instead of a `COMMIT`, after one with a seeded wait), SIGKILLs the submitters after
+//! the kills leave), arms a cut at the proxy most rounds (the four moments in turn: mid-transaction
+//! after a seeded number of messages, instead of a `COMMIT`, after one with a seeded wait, and a
+//! partition of every connection past the lease, then resumed or closed, seeded), SIGKILLs the submitters after
 //! a seeded delay, SIGKILLs a worker every third round (and starts another in its place), and
 //! now and then SIGSTOPs one past its lease before letting it go on — a worker alive when the others
 //! must treat it as gone, whose later writes must be fenced. A worker that ends by itself is
@@ -25,7 +26,7 @@ use std::net::ToSocketAddrs as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use store_postgres::proxy::{Cut, Proxy};
+use store_postgres::proxy::{Cut, Heal, Proxy};
 
 /// `keel worker` processes on the log at once.
 pub(super) const WORKERS: usize = 4;
@@ -38,7 +39,7 @@ const POLL_MS: u64 = 50;
 /// starts, connects through the proxy and runs its batch in 250–350 ms on an idle machine,
 /// several times that on a loaded one, so kills land before, during and after its attempts.
 const KILL_DELAY_MS: (u64, u64) = (50, 1_200);
-/// How long past its lease a stalled worker stays stopped.
+/// How long past its lease a stalled worker stays stopped, and a partition lasts.
 const STALL_PAST_LEASE_MS: u64 = 300;
 
 /// One worker slot: the process in it and how many have run in it.
@@ -136,12 +137,17 @@ fn signal(pid: &str, signal: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `n`th cut: the three moments in turn, their details seeded.
+/// The `n`th cut: the four moments in turn, their details seeded. A partition outlasts the
+/// lease, so that what the workers held is taken over once it ends, their late writes fenced.
 fn draw_cut(n: u64, rng: &mut Rng) -> Cut {
-    match n % 3 {
+    match n % 4 {
         0 => Cut::MidTransaction { skip: rng.below(8) as u32 },
         1 => Cut::BeforeCommit,
-        _ => Cut::AfterCommit { wait_ms: [0, 5, 50][rng.below(3) as usize] },
+        2 => Cut::AfterCommit { wait_ms: [0, 5, 50][rng.below(3) as usize] },
+        _ => Cut::Partition {
+            ms: LEASE_TTL_MS + STALL_PAST_LEASE_MS,
+            heal: if rng.chance(0.5) { Heal::Resume } else { Heal::Close },
+        },
     }
 }
 

@@ -14,7 +14,8 @@
 //! - on PostgreSQL, the chaos of [`super::chaos`]: two children a round submitting the same
 //!   batch, four `keel worker` processes SIGKILLed (and restarted) or SIGSTOPped past their
 //!   lease at random, and a TCP proxy between every child and the database cutting
-//!   connections mid-transaction and mid-`COMMIT`. It runs in a fresh database on the named
+//!   connections mid-transaction and mid-`COMMIT`, and partitioning them all away past the
+//!   lease. It runs in a fresh database on the named
 //!   server, never in the one named.
 //!
 //! Then it heals: stops the faults (the simulator restarted without its plan, the proxy
@@ -626,8 +627,8 @@ fn print_report(soak: &SoakReport, keep: bool) {
     );
     if let Some(cuts) = &soak.proxy_cuts {
         outln!(
-            "  connections cut: {} mid-transaction, {} instead of COMMIT, {} after COMMIT; {} workers stalled past \
-             their lease; {} workers ended by themselves",
+            "  connections cut: {} mid-transaction, {} instead of COMMIT, {} after COMMIT; {} partitions past the \
+             lease; {} workers stalled past their lease; {} workers ended by themselves",
             cuts.mid_transaction,
             cuts.before_commit,
             cuts.after_commit,
@@ -640,6 +641,7 @@ fn print_report(soak: &SoakReport, keep: bool) {
          blind_resends {}  write_ahead_violations {}  refund_overdraws {}  key_mismatches {}  evidence_mismatches {}",
         soak.double_effects,
         soak.lost_answers,
+            cuts.partitions,
         soak.budget_refills,
         soak.unreconciled,
         soak.unresolved,

@@ -3,7 +3,8 @@
 //! never skips). Four `keel worker` processes, two submitters a round sending the same keys,
 //! a simulator playing every fault kind, workers SIGKILLed and restarted or SIGSTOPped past
 //! their lease, and the soak's own TCP proxy cutting connections mid-transaction, instead of
-//! `COMMIT` and after it; then the heal and every invariant. Seeded, a fresh seed each run: a
+//! `COMMIT` and after it, and partitioning them away past the lease; then the heal and every
+//! invariant. Seeded, a fresh seed each run: a
 //! failure names its seed, and `KEEL_SEED=N` replays its schedule, workload and faults (where
 //! a kill lands within a child still depends on the machine).
 
@@ -39,7 +40,7 @@ fn four_workers_on_postgres_keep_every_invariant_through_kills_stalls_and_cut_co
     assert_eq!((report["store"].as_str(), report["seed"].as_u64()), (Some("postgres"), Some(seed)), "{context}");
     assert!(report["kills"].as_u64().is_some_and(|k| k >= 30), "{context}");
     // The chaos happened: a test whose faults never fired proves nothing.
-    for moment in ["mid_transaction", "before_commit", "after_commit"] {
+    for moment in ["mid_transaction", "before_commit", "after_commit", "partitions"] {
         assert!(report["proxy_cuts"][moment].as_u64().is_some_and(|n| n > 0), "no cut {moment}: {context}");
     }
     for happened in ["recovery_kills", "stalls", "crash_unknowns", "effects"] {

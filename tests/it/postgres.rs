@@ -3,8 +3,9 @@
 //! test, never skips): a charge, its re-submission, refunds, `show` and `verify`; a charge
 //! killed mid-attempt finished by `keel worker --once`, and by `keel resume` then `keel
 //! reconcile`; two workers on one database sharing
-//! crashed runs; and every bad store argument refused, writing nothing, never printing a
-//! password.
+//! crashed runs; a worker partitioned from the database past its lease, taken over, fenced,
+//! its late answer kept; and every bad store argument refused, writing nothing, never
+//! printing a password.
 
 use crate::cli::{charge_args, start_sim, temp};
 use engine::event::{Event, IntentKey};
@@ -14,7 +15,9 @@ use std::collections::BTreeSet;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 use store_postgres::PgReader;
+use store_postgres::proxy::{Cut, Heal, Proxy};
 use testkit::sample::TENANT;
 
 /// A fresh database on the suite's cluster.
@@ -224,7 +227,82 @@ fn two_workers_on_one_postgres_database_finish_every_crashed_run_once() {
     verify_clean(&url);
 }
 
-/// Events in the database at `url`, as `keel verify` counts them.
+/// Waits (at most 60 s) until `condition` holds.
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The refund's second attempt (its first crashed unsent) is held this long by the
+/// simulator, the effect made first.
+const SLOW_REFUND: &str = r#"{"seed": 1, "rules": [{"operation": "refund", "fault": "slow", "times": 1, "ms": 2500}]}"#;
+
+#[test]
+fn a_worker_partitioned_from_postgres_past_its_lease_is_fenced_and_its_late_answer_is_kept() {
+    let url = database("partition");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), Some(SLOW_REFUND));
+    let (code, charged, stderr) = run(keel(&url, Some(sim.url()), &charge_args("order_1842_charge", "4900")));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    // Its first attempt written ahead, never sent: a worker proves it absent once the request
+    // timeout has passed, then sends attempt 2, which the simulator holds.
+    let timeout = ["--provider-timeout-ms", "3000"];
+    crash(&url, sim.url(), &[&timeout[..], &refund_args("order_1842_refund", "1000")].concat(), "after_reservation");
+    let refund = key("refund", "order_1842_refund");
+    let attempts = |url: &str| reader(url).intent(&refund).expect("reads").map(|i| (i.status, i.attempts));
+
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|e| panic!("{e}"));
+    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
+    let through = url.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    // Its own request timeout outlasts the partition: the answer it waits for stays definitive.
+    let worker = ["worker", "--poll-ms", "50", "--health-ms", "200", "--lease-ttl-ms", "1000"];
+    let partitioned = keel(&through, Some(sim.url()), &[&worker[..], &["--provider-timeout-ms", "10000"]].concat())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("keel worker starts");
+    wait_until("the worker's resend is in flight", || attempts(&url) == Some((IntentStatus::Attempting, 2)));
+    // Cut off from the database, not closed: it renews nothing, and once its lease expires
+    // a worker on a direct connection takes the run over and reconciles the attempt.
+    proxy.arm(Cut::Partition { ms: 600_000, heal: Heal::Resume });
+    wait_until("a second worker takes the expired run over", || {
+        let output = keel(&url, Some(sim.url()), &["worker", "--once", "--poll-ms", "50", "--lease-ttl-ms", "1000"])
+            .output()
+            .expect("runs");
+        let done = summary(&output);
+        assert_eq!(output.status.code(), Some(0), "{done:#}");
+        done["recovered"] == 1
+    });
+    assert_eq!(attempts(&url), Some((IntentStatus::Validated, 2)), "final, no third attempt");
+    assert_eq!(effects_on(dir.path(), &refund), 1, "the takeover looked it up, nothing was resent");
+    assert!(proxy.held() > 0, "the partition held the first worker's connections");
+
+    proxy.heal();
+    let late = || {
+        let events = reader(&url).stream(&refund.stream()).expect("reads");
+        events.iter().any(|e| matches!(e.event, Event::LateAnswerRecorded { .. }))
+    };
+    wait_until("the partitioned worker's answer is recorded as evidence", late);
+    let status = Command::new("kill").args(["-TERM", &partitioned.id().to_string()]).status().expect("kill runs");
+    assert!(status.success());
+    let output = partitioned.wait_with_output().expect("the worker ends");
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last: Value = stdout.lines().last().and_then(|line| serde_json::from_str(line).ok()).unwrap_or(Value::Null);
+    assert_eq!(last["fenced"], 1, "the partitioned worker stopped acting for the run it lost: {stdout}");
+    assert_eq!(effects_on(dir.path(), &refund), 1, "one effect in the end");
+    let ledger = reader(&url).ledger().expect("folds");
+    for run in ledger.runs() {
+        let events = reader(&url).stream(&run.run_id.stream()).expect("reads");
+        let finished = events.iter().filter(|e| matches!(e.event, Event::RunFinished { .. })).count();
+        assert!(finished <= 1, "{} finished {finished} times", run.run_id);
+    }
+    verify_clean(&url);
+}
+
 /// Asserts that the database at `url` holds no Keel log: nothing, not even its tables, was
 /// written there.
 fn assert_no_log(url: &str) {

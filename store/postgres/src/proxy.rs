@@ -1,5 +1,6 @@
 //! A TCP proxy between Keel processes and PostgreSQL that cuts connections at chosen moments
-//! of a transaction: the network failures the writers must survive, on demand.
+//! of a transaction, or partitions them away for a while: the network failures the writers
+//! must survive, on demand.
 //!
 //! Owns [`Proxy`] (a listener on 127.0.0.1 forwarding every connection to one upstream
 //! server, byte for byte) and [`Cut`] (what the next cut is). The proxy reads the frontend
@@ -15,6 +16,13 @@
 //! - [`Cut::AfterCommit`]: the `COMMIT` is forwarded, the server's answer never is, and both
 //!   sides are closed after a wait: the server commits (or, with no wait, may or may not),
 //!   the client cannot know which.
+//! - [`Cut::Partition`]: a blackhole, not a cut, and not one connection's: from the moment it
+//!   is armed, every connection — each at its next message outside a transaction, so that no
+//!   server-side transaction is left holding its locks — has nothing forwarded in either
+//!   direction, and is not closed, until the partition's time is up (or [`Proxy::heal`]);
+//!   then what was held goes on ([`Heal::Resume`]) or the connection is closed
+//!   ([`Heal::Close`]). A connection that sends nothing meanwhile never notices, as an idle
+//!   TCP connection survives a short partition.
 //!
 //! What comes from the server is forwarded as it comes, unread. It is test tooling: the
 //! conformance suite and `keel soak --store postgres://…` use it; it must never stand between
@@ -23,8 +31,8 @@
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// Where the next cut lands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +51,23 @@ pub enum Cut {
         /// How long the server has to commit before its connection is closed.
         wait_ms: u64,
     },
+    /// Every connection held, neither side closed, for `ms` from the moment it is armed;
+    /// then `heal`.
+    Partition {
+        /// How long the partition lasts.
+        ms: u64,
+        /// What becomes of the connections it held.
+        heal: Heal,
+    },
+}
+
+/// What becomes of a connection a partition held, once it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heal {
+    /// What was held is forwarded and the connection goes on, as after a network blip.
+    Resume,
+    /// The connection is closed, as after a TCP timeout: the client connects again.
+    Close,
 }
 
 /// How many cuts of each kind the proxy made.
@@ -54,6 +79,15 @@ pub struct Cuts {
     pub before_commit: u64,
     /// [`Cut::AfterCommit`] cuts.
     pub after_commit: u64,
+    /// [`Cut::Partition`]s.
+    pub partitions: u64,
+}
+
+/// A partition in progress (or just over: `until` passed).
+#[derive(Clone, Copy, Debug)]
+struct Partition {
+    until: Instant,
+    heal: Heal,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +96,12 @@ struct Shared {
     mid_transaction: AtomicU64,
     before_commit: AtomicU64,
     after_commit: AtomicU64,
+    partitions: AtomicU64,
+    partition: Mutex<Option<Partition>>,
+    /// Connections a partition holds now.
+    held: AtomicU64,
+    /// Wakes the connections a partition holds when it ends early.
+    healed: Condvar,
     closed: AtomicBool,
 }
 
@@ -69,6 +109,61 @@ impl Shared {
     fn armed(&self) -> MutexGuard<'_, Option<Cut>> {
         // A poisoned lock only means a forwarding thread panicked; the cut it holds is data.
         self.armed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn partition(&self) -> MutexGuard<'_, Option<Partition>> {
+        // As above: a poisoned lock only means a forwarding thread panicked.
+        self.partition.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a partition holds the connections now.
+    fn partitioned(&self) -> bool {
+        self.partition().is_some_and(|p| Instant::now() < p.until)
+    }
+
+    /// Blocks until the partition in progress ends, and says what becomes of a connection it
+    /// held (`Resume` when none is in progress).
+    fn wait_out_partition(&self) -> Heal {
+        let mut partition = self.partition();
+        loop {
+            let Some(Partition { until, heal }) = *partition else { return Heal::Resume };
+            let now = Instant::now();
+            if now >= until {
+                return heal;
+            }
+            partition = self.healed.wait_timeout(partition, until - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Ends the partition in progress now, as it was to end.
+    fn end_partition(&self) {
+        if let Some(partition) = self.partition().as_mut() {
+            partition.until = partition.until.min(Instant::now());
+        }
+        self.healed.notify_all();
+    }
+}
+
+/// One connection's part in a partition, shared by its two directions.
+#[derive(Debug, Default)]
+struct Held(AtomicBool);
+
+impl Held {
+    /// Before forwarding anything: once the connection is held (`enter` says whether it may
+    /// be held now), waits the partition out. False when the connection must be closed.
+    fn pass(&self, shared: &Shared, enter: bool) -> bool {
+        if !self.0.load(Ordering::SeqCst) {
+            if !(enter && shared.partitioned()) {
+                return true;
+            }
+            self.0.store(true, Ordering::SeqCst);
+            shared.held.fetch_add(1, Ordering::SeqCst);
+        }
+        let heal = shared.wait_out_partition();
+        if self.0.swap(false, Ordering::SeqCst) {
+            shared.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        heal == Heal::Resume
     }
 }
 
@@ -120,14 +215,33 @@ impl Proxy {
         self.port
     }
 
-    /// Arms `cut`, replacing one armed and not yet made.
+    /// Arms `cut`, replacing one armed and not yet made. A [`Cut::Partition`] is made at
+    /// once (replacing one in progress), on every connection, and leaves an armed cut armed.
     pub fn arm(&self, cut: Cut) {
-        *self.shared.armed() = Some(cut);
+        match cut {
+            Cut::Partition { ms, heal } => {
+                *self.shared.partition() = Some(Partition { until: Instant::now() + Duration::from_millis(ms), heal });
+                self.shared.partitions.fetch_add(1, Ordering::SeqCst);
+            }
+            other => *self.shared.armed() = Some(other),
+        }
     }
 
-    /// Disarms: nothing more is cut.
+    /// Ends a partition in progress now: what it held is forwarded, or closed, as its
+    /// [`Heal`] says.
+    pub fn heal(&self) {
+        self.shared.end_partition();
+    }
+
+    /// Disarms: nothing more is cut, and a partition in progress ends ([`Proxy::heal`]).
     pub fn disarm(&self) {
         *self.shared.armed() = None;
+        self.heal();
+    }
+
+    /// How many connections a partition holds now (each reached it with a message to send).
+    pub fn held(&self) -> u64 {
+        self.shared.held.load(Ordering::SeqCst)
     }
 
     /// Whether a cut is armed and not yet made.
@@ -141,6 +255,7 @@ impl Proxy {
             mid_transaction: self.shared.mid_transaction.load(Ordering::SeqCst),
             before_commit: self.shared.before_commit.load(Ordering::SeqCst),
             after_commit: self.shared.after_commit.load(Ordering::SeqCst),
+            partitions: self.shared.partitions.load(Ordering::SeqCst),
         }
     }
 }
@@ -157,19 +272,25 @@ impl Drop for Proxy {
 /// Starts the two forwarding threads of one connection.
 fn forward(client: TcpStream, server: TcpStream, shared: Arc<Shared>) -> std::io::Result<()> {
     let mute = Arc::new(AtomicBool::new(false));
+    let held = Arc::new(Held::default());
     let (mut from_server, mut to_client) = (server.try_clone()?, client.try_clone()?);
-    let muted = Arc::clone(&mute);
+    let (muted, down_held, down_shared) = (Arc::clone(&mute), Arc::clone(&held), Arc::clone(&shared));
     std::thread::Builder::new().name("keel-pg-proxy-down".to_owned()).spawn(move || {
         let mut buffer = [0_u8; 16_384];
         while let Ok(n) = from_server.read(&mut buffer) {
-            if n == 0 || muted.load(Ordering::SeqCst) || to_client.write_all(&buffer[..n]).is_err() {
+            // The server's side enters no partition itself: only once its client's did.
+            if n == 0
+                || muted.load(Ordering::SeqCst)
+                || !down_held.pass(&down_shared, false)
+                || to_client.write_all(&buffer[..n]).is_err()
+            {
                 break;
             }
         }
         let _ = to_client.shutdown(Shutdown::Both);
     })?;
     std::thread::Builder::new().name("keel-pg-proxy-up".to_owned()).spawn(move || {
-        let mut up = Upstream { client, server, shared, mute, in_transaction: false };
+        let mut up = Upstream { client, server, shared, mute, held, in_transaction: false };
         up.run();
         let _ = up.server.shutdown(Shutdown::Both);
         let _ = up.client.shutdown(Shutdown::Both);
@@ -209,6 +330,7 @@ struct Upstream {
     server: TcpStream,
     shared: Arc<Shared>,
     mute: Arc<AtomicBool>,
+    held: Arc<Held>,
     in_transaction: bool,
 }
 
@@ -239,6 +361,10 @@ impl Upstream {
                 return;
             }
             let kind = classify(header[0], &message[5..]);
+            // A partition holds a connection between its transactions, never inside one.
+            if !self.held.pass(&self.shared, !self.in_transaction) {
+                return;
+            }
             match self.step(kind) {
                 Step::Forward => {
                     if self.server.write_all(&message).is_err() {
@@ -278,6 +404,9 @@ impl Upstream {
             let mut packet = header.to_vec();
             packet.resize(8 + rest, 0);
             self.client.read_exact(&mut packet[8..])?;
+            if !self.held.pass(&self.shared, true) {
+                return Err(std::io::ErrorKind::ConnectionAborted.into());
+            }
             self.server.write_all(&packet)?;
             if code != SSL_REQUEST && code != GSS_REQUEST {
                 return Ok(());
@@ -305,6 +434,7 @@ impl Upstream {
                 self.shared.mid_transaction.fetch_add(1, Ordering::SeqCst);
                 Step::Drop
             }
+            // A partition is never armed: `Proxy::arm` makes it at once.
             _ => return Step::Forward,
         };
         *armed = None;

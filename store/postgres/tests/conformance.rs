@@ -21,7 +21,7 @@ use engine::memory::MemoryProvider;
 use engine::provider::EffectKind;
 use serde_json::json;
 use std::sync::Arc;
-use store_postgres::proxy::{Cut, Proxy};
+use store_postgres::proxy::{Cut, Heal, Proxy};
 use store_postgres::{PgLog, PgReader};
 use support::{capability, charge, intent_of, key, limits, start, start_and_reserve, start_attempt, succeed};
 
@@ -699,6 +699,41 @@ type Answer<'a> = engine::provider::BoxFuture<'a, Result<Reply, LogError>>;
 
 /// Hands `command` to `log`'s writers and returns the pending answer: polled once, it is in
 /// their channel.
+#[test]
+fn postgres_a_partition_holds_a_command_whole_then_it_goes_on_or_connects_again() {
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
+    let direct = pg_url("partition");
+    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
+    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let clock = Arc::new(ManualClock::new(start()));
+    let options = store_postgres::Options { writers: 1, ..Default::default() };
+    let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
+    let rt = runtime();
+    let checks = PgChecks(direct);
+    for (n, heal) in [Heal::Resume, Heal::Close].into_iter().enumerate() {
+        // Far longer than the test: only the heal ends it.
+        proxy.arm(Cut::Partition { ms: 600_000, heal });
+        let id = format!("partitioned-{n}");
+        let answer = {
+            let (log, command) = (log.clone(), start_and_reserve(&format!("run-partitioned-{n}"), charge(&id, 100)));
+            rt.spawn(async move { log.execute(command).await })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while proxy.held() == 0 {
+            assert!(std::time::Instant::now() < deadline, "{heal:?}: the command's connection reaches the partition");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(checks.stream(&key(&id).stream()).is_empty(), "{heal:?}: held before its transaction began");
+        proxy.heal();
+        let (intent, fresh) = intent_of(rt.block_on(answer).expect("no panic"));
+        assert!(fresh && intent.status == IntentStatus::Reserved, "{heal:?}");
+        assert_eq!(checks.stream(&key(&id).stream()).len(), 1, "{heal:?}: one IntentReserved");
+        assert_eq!(proxy.held(), 0, "{heal:?}: nothing is held once healed");
+    }
+    assert_eq!(proxy.cuts().partitions, 2, "{:?}", proxy.cuts());
+    checks.verify().unwrap_or_else(|report| panic!("{report}"));
+}
+
 fn queue(log: &PgLog, command: Command) -> Answer<'_> {
     let mut answer = log.execute(command);
     let polled = answer.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
