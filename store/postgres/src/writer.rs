@@ -300,16 +300,17 @@ fn backend_pid(client: &mut Client) -> Result<i32> {
 
 /// Connects to `url` and runs `step` on the connection, again on a new connection when the
 /// connection is lost (at most `PG_COMMAND_ATTEMPTS_MAX` times, paused as a retried command
-/// is): a dropped connection while a log is being opened is not the end of the process. Every
-/// `step` is safe to run again — the migration is one transaction that re-reads the version
-/// it starts from, so a lost `COMMIT` answer makes the next run find it done.
+/// is): a dropped connection while a log is being opened, or while a lost `COMMIT` is looked
+/// up, is not the end of the process. Every `step` is safe to run again — the migration is one
+/// transaction that re-reads the version it starts from, so a lost `COMMIT` answer makes the
+/// next run find it done; the lookup only reads, and ends a server process already ending.
 fn reconnecting<T>(url: &str, mut step: impl FnMut(&mut Client) -> Result<T>) -> Result<(Client, T)> {
     let mut attempt = 1;
     loop {
         let result = connect(url).and_then(|mut client| step(&mut client).map(|value| (client, value)));
         match result {
             Err(error) if error.is_connection() && attempt < PG_COMMAND_ATTEMPTS_MAX => {
-                tracing::debug!(%error, attempt, "postgres connection lost while opening the log: connecting again");
+                tracing::debug!(%error, attempt, "postgres connection lost (opening the log, or looking a commit up): connecting again");
                 attempt += 1;
                 pause(attempt);
             }
@@ -423,32 +424,40 @@ impl Writer {
     }
 
     /// Whether the transaction `id` committed, once the server process that ran it is gone.
+    /// The lookup runs on a new connection, connected again when that one is lost too (as
+    /// [`reconnecting`] does): the answer is still there to be read, so a second lost
+    /// connection is no reason to leave the commands unresolved.
     fn resolve(&mut self, id: uuid::Uuid) -> Result<bool> {
         let old = self.backend;
         self.client = None;
-        let client = self.client()?;
         let step = Duration::from_millis(10);
         let mut waited = Duration::ZERO;
         let limit = Duration::from_millis(PG_COMMIT_RESOLVE_WAIT_MS);
-        loop {
-            let alive: bool =
-                client.query_one("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", &[&old])?.get(0);
-            if !alive {
-                break;
+        let (client, (backend, committed)) = reconnecting(&self.url, |client| {
+            loop {
+                let alive: bool =
+                    client.query_one("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", &[&old])?.get(0);
+                if !alive {
+                    break;
+                }
+                if waited >= 2 * limit {
+                    return Err(Error::CommitUnresolved(format!(
+                        "server process {old} did not end after being terminated"
+                    )));
+                }
+                if waited >= limit {
+                    // Ends it: a commit it had not made is aborted, one it made stays.
+                    client.execute("SELECT pg_terminate_backend($1)", &[&old])?;
+                }
+                std::thread::sleep(step);
+                waited += step;
             }
-            if waited >= 2 * limit {
-                return Err(Error::CommitUnresolved(format!(
-                    "server process {old} did not end after being terminated"
-                )));
-            }
-            if waited >= limit {
-                // Ends it: a commit it had not made is aborted, one it made stays.
-                client.execute("SELECT pg_terminate_backend($1)", &[&old])?;
-            }
-            std::thread::sleep(step);
-            waited += step;
-        }
-        Ok(client.query_one("SELECT EXISTS (SELECT 1 FROM commits WHERE id = $1)", &[&id])?.get(0))
+            let committed = client.query_one("SELECT EXISTS (SELECT 1 FROM commits WHERE id = $1)", &[&id])?.get(0);
+            Ok((backend_pid(client)?, committed))
+        })?;
+        self.backend = backend;
+        self.client = Some(client);
+        Ok(committed)
     }
 
     /// Runs `commands` in one transaction, each in its own savepoint, and commits them.

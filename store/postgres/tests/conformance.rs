@@ -648,6 +648,42 @@ fn postgres_a_connection_cut_while_a_log_opens_is_connected_again_not_fatal() {
     PgChecks(direct).verify().unwrap_or_else(|report| panic!("{report}"));
 }
 
+#[test]
+fn postgres_a_lost_commit_whose_lookup_loses_its_connection_too_connects_again_and_resolves() {
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
+    let direct = pg_url("lost_lookup");
+    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
+    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let clock = Arc::new(ManualClock::new(start()));
+    let options = store_postgres::Options { writers: 1, ..Default::default() };
+    let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
+    let rt = runtime();
+    // The COMMIT goes through, its answer never does; the connection closes 3 s later, and
+    // the lookup's new connection is partitioned away, then closed.
+    proxy.arm(Cut::AfterCommit { wait_ms: 3_000 });
+    let answer = {
+        let (log, command) = (log.clone(), start_and_reserve("run-lost-lookup", charge("lost-lookup", 100)));
+        rt.spawn(async move { log.execute(command).await })
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting until {what}");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    };
+    until("the COMMIT is forwarded", &|| proxy.cuts().after_commit == 1);
+    proxy.arm(Cut::Partition { ms: 600_000, heal: Heal::Close });
+    until("the lookup's connection is held", &|| proxy.held() > 0);
+    proxy.heal();
+    let (intent, fresh) = intent_of(rt.block_on(answer).expect("no panic"));
+    assert!(fresh && intent.status == IntentStatus::Reserved, "answered as committed: {intent:?}");
+    assert_eq!(log.stats().resolved_commits, 1, "resolved by the commit id: {:?}", log.stats());
+    let checks = PgChecks(direct);
+    assert_eq!(checks.stream(&key("lost-lookup").stream()).len(), 1, "one IntentReserved");
+    checks.verify().unwrap_or_else(|report| panic!("{report}"));
+}
+
 // ---- Group commit: commands taken together, one COMMIT ------------------------------------
 
 /// A test's hold on the lock of a run's stream (a session lock on a connection of its own):
