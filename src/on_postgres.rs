@@ -120,8 +120,7 @@ fn existing_log(url: &PgUrl, create: crate::CreateFlag) -> Result<(), Failure> {
         return Ok(());
     }
     let holds = wiring::postgres_blocking(|| {
-        store_postgres::PgReader::open(&url.url())
-            .and_then(|mut reader| reader.holds_log())
+        store_postgres::PgReader::holds_log(&url.url())
             .with_context(|| format!("cannot reach the PostgreSQL database at {} ({url})", url.server()))
     })?;
     if holds { Ok(()) } else { Err(Failure::MissingPostgresLog(url.to_string())) }

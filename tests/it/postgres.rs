@@ -4,8 +4,8 @@
 //! killed mid-attempt finished by `keel worker --once`, and by `keel resume` then `keel
 //! reconcile`; two workers on one database sharing
 //! crashed runs; a worker partitioned from the database past its lease, taken over, fenced,
-//! its late answer kept; and every bad store argument refused, writing nothing, never
-//! printing a password.
+//! its late answer kept, and one that starts partitioned away; and every bad store argument
+//! refused, writing nothing, never printing a password.
 
 use crate::cli::{charge_args, start_sim, temp};
 use engine::event::{Event, IntentKey};
@@ -300,6 +300,32 @@ fn a_worker_partitioned_from_postgres_past_its_lease_is_fenced_and_its_late_answ
         let finished = events.iter().filter(|e| matches!(e.event, Event::RunFinished { .. })).count();
         assert!(finished <= 1, "{} finished {finished} times", run.run_id);
     }
+    verify_clean(&url);
+}
+
+#[test]
+fn a_worker_that_starts_while_the_database_is_partitioned_away_connects_again_once_it_heals() {
+    let url = database("start_partitioned");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    crash(&url, sim.url(), &charge_args("order_1842_charge", "4900"), "after_provider_answer");
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|e| panic!("{e}"));
+    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
+    let through = url.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    // Its first connection is held, then closed, as after a TCP timeout.
+    proxy.arm(Cut::Partition { ms: 600_000, heal: Heal::Close });
+    let worker = keel(&through, Some(sim.url()), &["worker", "--once", "--poll-ms", "50"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("keel worker starts");
+    wait_until("the worker's first connection is held", || proxy.held() > 0);
+    proxy.heal();
+    let output = worker.wait_with_output().expect("the worker ends");
+    let done = summary(&output);
+    assert_eq!(output.status.code(), Some(0), "{done:#}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(done["recovered"], 1, "it went on to recover the crashed charge: {done:#}");
+    assert_eq!(intent_status(&url, &key("charge", "order_1842_charge")), Some(IntentStatus::Validated));
     verify_clean(&url);
 }
 

@@ -135,13 +135,16 @@ impl PgReader {
         Ok(Self { client: crate::writer::connect(url)? })
     }
 
-    /// Whether the database holds a Keel log (its schema was ever created).
+    /// Whether the database at `url` holds a Keel log (its schema was ever created), asked on
+    /// a connection of its own, connected again when it is lost on the way (as
+    /// [`PgLog::open`](crate::PgLog::open) is): a connection dropped while a process starts
+    /// is not the end of it.
     ///
     /// # Errors
     ///
-    /// PostgreSQL's.
-    pub fn holds_log(&mut self) -> Result<bool> {
-        Ok(crate::schema::version(&mut self.client)? > 0)
+    /// PostgreSQL's, once connecting again gave up.
+    pub fn holds_log(url: &str) -> Result<bool> {
+        Ok(crate::writer::reconnecting(url, |client| Ok(crate::schema::version(client)? > 0))?.1)
     }
 
     fn snapshot(&mut self) -> Result<Transaction<'_>> {

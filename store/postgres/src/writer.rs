@@ -300,17 +300,18 @@ fn backend_pid(client: &mut Client) -> Result<i32> {
 
 /// Connects to `url` and runs `step` on the connection, again on a new connection when the
 /// connection is lost (at most `PG_COMMAND_ATTEMPTS_MAX` times, paused as a retried command
-/// is): a dropped connection while a log is being opened, or while a lost `COMMIT` is looked
-/// up, is not the end of the process. Every `step` is safe to run again — the migration is one
-/// transaction that re-reads the version it starts from, so a lost `COMMIT` answer makes the
-/// next run find it done; the lookup only reads, and ends a server process already ending.
-fn reconnecting<T>(url: &str, mut step: impl FnMut(&mut Client) -> Result<T>) -> Result<(Client, T)> {
+/// is): a dropped connection while a log is being opened or asked whether it exists, or while
+/// a lost `COMMIT` is looked up, is not the end of the process. Every `step` is safe to run
+/// again — the migration is one transaction that re-reads the version it starts from, so a
+/// lost `COMMIT` answer makes the next run find it done; the existence check and the lookup
+/// only read (the lookup ends a server process already ending).
+pub(crate) fn reconnecting<T>(url: &str, mut step: impl FnMut(&mut Client) -> Result<T>) -> Result<(Client, T)> {
     let mut attempt = 1;
     loop {
         let result = connect(url).and_then(|mut client| step(&mut client).map(|value| (client, value)));
         match result {
             Err(error) if error.is_connection() && attempt < PG_COMMAND_ATTEMPTS_MAX => {
-                tracing::debug!(%error, attempt, "postgres connection lost (opening the log, or looking a commit up): connecting again");
+                tracing::debug!(%error, attempt, "postgres connection lost: connecting again");
                 attempt += 1;
                 pause(attempt);
             }
