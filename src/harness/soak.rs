@@ -98,6 +98,11 @@ struct SoakReport {
     /// Effects at the provider whose intent let its money go (declined, released, rejected,
     /// escalated with absence proven) or does not exist: a definitive answer the log lost.
     lost_answers: u64,
+    /// Definitive answers that reached a worker after its attempt stopped being awaited —
+    /// its lease taken, its attempt declared crashed and reconciled by another — and were
+    /// kept as evidence (`LateAnswerRecorded`) although its own writes were fenced: the
+    /// proof that fencing kept the answers it refused to act on.
+    fenced_late_answers: u64,
     /// Whether the children kept payment methods in a vault (`--vault`).
     vault: bool,
     /// Intents left neither final nor awaiting a human's approval after healing: reserved,
@@ -550,6 +555,8 @@ fn report(
         .iter()
         .filter(|e| matches!(&e.event, Event::OutcomeUnknown { reason: UnknownReason::Crash, .. }))
         .count() as u64;
+    let fenced_late_answers =
+        events.iter().filter(|e| matches!(&e.event, Event::LateAnswerRecorded { .. })).count() as u64;
     let ledger = log.ledger()?;
     let mut lost_answers = 0;
     for effect in &effects {
@@ -596,6 +603,7 @@ fn report(
         refund_overdraws: report.refund_overdraws,
         unreconciled: report.unreconciled,
         lost_answers,
+        fenced_late_answers,
         vault,
         unresolved,
         verify_failures: report.verify_failures,
@@ -614,7 +622,7 @@ fn print_report(soak: &SoakReport, keep: bool) {
     let during = if soak.store == "postgres" { "of keel worker" } else { "during recovery" };
     outln!(
         "soak seed {} on {}: {} kills ({} {during}) over {} rounds, {} intents, {} effects, {} events, \
-         {} attempts caught in flight",
+         {} attempts caught in flight, {} late answers kept from fenced workers",
         soak.seed,
         soak.store,
         soak.kills,
@@ -623,7 +631,8 @@ fn print_report(soak: &SoakReport, keep: bool) {
         soak.intents,
         soak.effects,
         soak.events,
-        soak.crash_unknowns
+        soak.crash_unknowns,
+        soak.fenced_late_answers
     );
     if let Some(cuts) = &soak.proxy_cuts {
         outln!(
@@ -632,6 +641,7 @@ fn print_report(soak: &SoakReport, keep: bool) {
             cuts.mid_transaction,
             cuts.before_commit,
             cuts.after_commit,
+            cuts.partitions,
             soak.stalls,
             soak.worker_exits
         );
@@ -641,7 +651,6 @@ fn print_report(soak: &SoakReport, keep: bool) {
          blind_resends {}  write_ahead_violations {}  refund_overdraws {}  key_mismatches {}  evidence_mismatches {}",
         soak.double_effects,
         soak.lost_answers,
-            cuts.partitions,
         soak.budget_refills,
         soak.unreconciled,
         soak.unresolved,

@@ -4,9 +4,9 @@
 //! a simulator playing every fault kind, workers SIGKILLed and restarted or SIGSTOPped past
 //! their lease, and the soak's own TCP proxy cutting connections mid-transaction, instead of
 //! `COMMIT` and after it, and partitioning them away past the lease; then the heal and every
-//! invariant. Seeded, a fresh seed each run: a
-//! failure names its seed, and `KEEL_SEED=N` replays its schedule, workload and faults (where
-//! a kill lands within a child still depends on the machine).
+//! invariant (the fenced workers' late answers counted, kept as evidence). Seeded, a fresh
+//! seed each run: a failure names its seed, and `KEEL_SEED=N` replays its schedule, workload
+//! and faults (where a kill lands within a child still depends on the machine).
 
 use serde_json::Value;
 use std::process::Command;
@@ -43,6 +43,7 @@ fn four_workers_on_postgres_keep_every_invariant_through_kills_stalls_and_cut_co
     for moment in ["mid_transaction", "before_commit", "after_commit", "partitions"] {
         assert!(report["proxy_cuts"][moment].as_u64().is_some_and(|n| n > 0), "no cut {moment}: {context}");
     }
+    assert!(report["fenced_late_answers"].as_u64().is_some(), "the late answers kept are counted: {context}");
     for happened in ["recovery_kills", "stalls", "crash_unknowns", "effects"] {
         assert!(report[happened].as_u64().is_some_and(|n| n > 0), "no {happened}: {context}");
     }

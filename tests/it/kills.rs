@@ -23,6 +23,7 @@ fn three_hundred_sigkills_break_no_invariant() {
     assert!(report["kills"].as_u64().is_some_and(|k| k >= 300), "{report:#}");
     assert!(report["crash_unknowns"].as_u64().is_some_and(|n| n > 0), "some kills landed mid-attempt: {report:#}");
     assert_eq!(report["vault"], true, "{report:#}");
+    assert!(report["fenced_late_answers"].as_u64().is_some(), "the late answers kept are counted: {report:#}");
     for counter in
         ["double_effects", "budget_refills", "unreconciled", "unresolved", "verify_failures", "blind_resends"]
     {
