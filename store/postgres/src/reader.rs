@@ -8,8 +8,8 @@
 //!
 //! [`PgReader::stream`], [`PgReader::intent`] and [`PgReader::run`] read what they return
 //! through an index. [`PgReader::ledger`] folds the whole log into memory (checkers and tests
-//! only). [`PgReader::verify`] reads everything, one stream's events in memory at a time,
-//! plus the list of stream names and one retry counter per run that made network retries.
+//! only). [`PgReader::verify`] reads everything, a page of streams in memory at a time (their
+//! names, events and rows), plus one retry counter per run that made network retries.
 
 use crate::error::{Error, Result};
 use crate::rows::{self, EVENT_COLUMNS, EntityRow};
@@ -17,8 +17,9 @@ use engine::event::{GENESIS_HASH, IntentKey, RunId, StoredEvent, StreamId};
 use engine::ledger::{Intent, Ledger, Run};
 use postgres::{Client, IsolationLevel, Transaction};
 use serde::Serialize;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
+use std::num::NonZeroUsize;
 
 /// Mismatches [`PgReader::verify`] lists before it only counts them.
 pub const VERIFY_MISMATCHES_MAX: usize = 100;
@@ -30,6 +31,8 @@ const VERIFY_PAGE_STREAMS: usize = 500;
 /// A read-only handle on the log, with its own connection.
 pub struct PgReader {
     client: Client,
+    /// Streams (or entity rows) `verify` reads a query.
+    verify_page: usize,
 }
 
 /// One thing `verify` found wrong.
@@ -132,7 +135,7 @@ impl PgReader {
     ///
     /// PostgreSQL's.
     pub fn open(url: &str) -> Result<Self> {
-        Ok(Self { client: crate::writer::connect(url)? })
+        Ok(Self { client: crate::writer::connect(url)?, verify_page: VERIFY_PAGE_STREAMS })
     }
 
     /// Whether the database at `url` holds a Keel log (its schema was ever created), asked on
@@ -238,6 +241,15 @@ impl PgReader {
             .collect()
     }
 
+    /// Reads `streams` streams (or entity rows) a query in [`PgReader::verify`] instead of
+    /// 500: its report is the same whatever the page; tests make pages small to check that
+    /// nothing is lost at their boundaries.
+    #[must_use]
+    pub fn with_verify_page(mut self, streams: NonZeroUsize) -> Self {
+        self.verify_page = streams.get();
+        self
+    }
+
     /// Checks the whole log against itself, in one snapshot: every stream's chain (numbered
     /// 1, 2, 3 … with increasing sequences, each event linked to its stream's previous one
     /// and carrying its own hash, decoded, on the stream it belongs on, accepted by the fold),
@@ -246,83 +258,31 @@ impl PgReader {
     ///
     /// Mismatches are data in the report, never an `Err`.
     ///
+    /// # Cost
+    ///
+    /// Reads everything once, a page of stream names at a time (a keyset cursor on the
+    /// `(stream, stream_seq)` index: `stream > last ORDER BY stream LIMIT page`), then the
+    /// `intents` and `runs` rows a page at a time the same way. It holds one page's names,
+    /// events and rows, plus a counter per run that made network retries (from the intents'
+    /// pass to its run's stream): no list of every stream or entity, whatever the history.
+    ///
     /// # Errors
     ///
     /// Only when the database cannot be read.
     pub fn verify(&mut self) -> Result<VerifyReport> {
+        let page = self.verify_page;
         let mut tx = self.snapshot()?;
         let mut report = VerifyReport { provenance: crate::import::provenance(&mut tx)?, ..VerifyReport::default() };
-        let streams: Vec<String> =
-            tx.query("SELECT DISTINCT stream FROM events ORDER BY stream", &[])?.iter().map(|r| r.get(0)).collect();
-        report.streams = streams.len() as u64;
         let mut retries: BTreeMap<RunId, u32> = BTreeMap::new();
-        let mut intents = BTreeSet::new();
-        let mut runs = BTreeSet::new();
         // Intent streams first: they count the network retries the run rows hold.
-        let (intent_streams, others): (Vec<&String>, Vec<&String>) =
-            streams.iter().partition(|name| name.starts_with("intent:"));
-        let ordered: Vec<&str> = intent_streams.into_iter().chain(others).map(String::as_str).collect();
-        for page in ordered.chunks(VERIFY_PAGE_STREAMS) {
-            let mut events_of = rows::streams_rows(&mut tx, page)?;
-            let keys: Vec<&str> = page.iter().filter_map(|name| name.strip_prefix("intent:")).collect();
-            let intent_rows = rows::indexed_intents(&mut tx, &keys)?;
-            let run_ids: Vec<&str> = page.iter().filter_map(|name| name.strip_prefix("run:")).collect();
-            let run_rows = rows::indexed_runs(&mut tx, &run_ids)?;
-            for name in page {
-                let stream = StreamId::from_stored((*name).to_owned());
-                // A stream with events has its entity, even when it does not check.
-                if let Some(key) = name.strip_prefix("intent:") {
-                    intents.insert(key.to_owned());
-                } else if let Some(run_id) = name.strip_prefix("run:") {
-                    runs.insert(run_id.to_owned());
-                }
-                let found = events_of.remove(*name).unwrap_or_default();
-                let Some(events) = checked_stream(found, &stream, &mut report) else { continue };
-                report.events += events.len() as u64;
-                let len = events.len() as u64;
-                if let Some(key) = name.strip_prefix("intent:") {
-                    report.intents += 1;
-                    match engine::ledger::fold::intent_alone(&events) {
-                        Ok((intent, counted)) => {
-                            for (run_id, n) in counted {
-                                *retries.entry(run_id).or_insert(0) += n;
-                            }
-                            let row = intent_rows.get(key);
-                            if compare_intent(key, &intent, len, row.map(|r| &r.entity), &mut report) {
-                                let reserved_seq = events.first().map_or(0, |e| e.seq);
-                                if let Some(detail) = row.and_then(|r| r.intent_columns_differ(&intent, reserved_seq)) {
-                                    report.push(Mismatch::Intent { key: key.to_owned(), detail });
-                                }
-                            }
-                        }
-                        Err(error) => report.push(fold_mismatch(&error)),
-                    }
-                } else if let Some(run_id) = name.strip_prefix("run:") {
-                    report.runs += 1;
-                    match engine::ledger::fold::history(&events) {
-                        Ok(history) => {
-                            let mut run = history.run;
-                            run.network_retries = retries.remove(&run.run_id).unwrap_or(0);
-                            let row = run_rows.get(run_id);
-                            if compare_run(run_id, &run, len, row.map(|r| &r.entity), &mut report)
-                                && let Some(detail) = row.and_then(|r| r.run_columns_differ(&run))
-                            {
-                                report.push(Mismatch::Run { run_id: run_id.to_owned(), detail });
-                            }
-                        }
-                        Err(error) => report.push(fold_mismatch(&error)),
-                    }
-                } else if name.starts_with("facts:") {
-                    if let Err(error) = engine::facts::fold(&events) {
-                        report.push(fold_mismatch(&error));
-                    }
-                } else if let Some(first) = events.first() {
-                    report.push(Mismatch::Event {
-                        seq: first.seq,
-                        stream: (*name).to_owned(),
-                        detail: "a stream of no known kind".to_owned(),
-                    });
-                }
+        for intents in [true, false] {
+            let mut after: Option<String> = None;
+            loop {
+                let names = rows::stream_names_after(&mut tx, after.as_deref(), intents, page)?;
+                let Some(last) = names.last() else { break };
+                after = Some(last.clone());
+                report.streams += names.len() as u64;
+                verify_page(&mut tx, &names, &mut retries, &mut report)?;
             }
         }
         for (run_id, n) in retries {
@@ -331,19 +291,110 @@ impl PgReader {
                 detail: format!("{n} network retries by a run with no stream"),
             });
         }
-        for key in tx.query("SELECT key FROM intents ORDER BY key", &[])?.iter().map(|r| r.get::<_, String>(0)) {
-            report.intent_rows += 1;
-            if !intents.contains(&key) {
-                report.push(Mismatch::Intent { key, detail: "a row without events".to_owned() });
-            }
-        }
-        for run_id in tx.query("SELECT run_id FROM runs ORDER BY run_id", &[])?.iter().map(|r| r.get::<_, String>(0)) {
-            report.run_rows += 1;
-            if !runs.contains(&run_id) {
-                report.push(Mismatch::Run { run_id, detail: "a row without events".to_owned() });
-            }
-        }
+        rows_without_events(&mut tx, Table::Intents, page, &mut report)?;
+        rows_without_events(&mut tx, Table::Runs, page, &mut report)?;
         Ok(report)
+    }
+}
+
+/// Checks one page of streams: each one's chain, then its entity row against its replay.
+fn verify_page(
+    tx: &mut Transaction<'_>,
+    names: &[String],
+    retries: &mut BTreeMap<RunId, u32>,
+    report: &mut VerifyReport,
+) -> Result<()> {
+    let page: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut events_of = rows::streams_rows(tx, &page)?;
+    let keys: Vec<&str> = page.iter().filter_map(|name| name.strip_prefix("intent:")).collect();
+    let intent_rows = rows::indexed_intents(tx, &keys)?;
+    let run_ids: Vec<&str> = page.iter().filter_map(|name| name.strip_prefix("run:")).collect();
+    let run_rows = rows::indexed_runs(tx, &run_ids)?;
+    for name in page {
+        let stream = StreamId::from_stored(name.to_owned());
+        let found = events_of.remove(name).unwrap_or_default();
+        let Some(events) = checked_stream(found, &stream, report) else { continue };
+        report.events += events.len() as u64;
+        let len = events.len() as u64;
+        if let Some(key) = name.strip_prefix("intent:") {
+            report.intents += 1;
+            match engine::ledger::fold::intent_alone(&events) {
+                Ok((intent, counted)) => {
+                    for (run_id, n) in counted {
+                        *retries.entry(run_id).or_insert(0) += n;
+                    }
+                    let row = intent_rows.get(key);
+                    if compare_intent(key, &intent, len, row.map(|r| &r.entity), report) {
+                        let reserved_seq = events.first().map_or(0, |e| e.seq);
+                        if let Some(detail) = row.and_then(|r| r.intent_columns_differ(&intent, reserved_seq)) {
+                            report.push(Mismatch::Intent { key: key.to_owned(), detail });
+                        }
+                    }
+                }
+                Err(error) => report.push(fold_mismatch(&error)),
+            }
+        } else if let Some(run_id) = name.strip_prefix("run:") {
+            report.runs += 1;
+            match engine::ledger::fold::history(&events) {
+                Ok(history) => {
+                    let mut run = history.run;
+                    run.network_retries = retries.remove(&run.run_id).unwrap_or(0);
+                    let row = run_rows.get(run_id);
+                    if compare_run(run_id, &run, len, row.map(|r| &r.entity), report)
+                        && let Some(detail) = row.and_then(|r| r.run_columns_differ(&run))
+                    {
+                        report.push(Mismatch::Run { run_id: run_id.to_owned(), detail });
+                    }
+                }
+                Err(error) => report.push(fold_mismatch(&error)),
+            }
+        } else if name.starts_with("facts:") {
+            if let Err(error) = engine::facts::fold(&events) {
+                report.push(fold_mismatch(&error));
+            }
+        } else if let Some(first) = events.first() {
+            report.push(Mismatch::Event {
+                seq: first.seq,
+                stream: name.to_owned(),
+                detail: "a stream of no known kind".to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The entity tables `verify` reads back for rows whose stream holds no event.
+#[derive(Clone, Copy)]
+enum Table {
+    Intents,
+    Runs,
+}
+
+/// Counts `table`'s rows, a page at a time in key order, and reports each one whose stream
+/// holds no event (a stream with events has its entity even when it does not check).
+fn rows_without_events(tx: &mut Transaction<'_>, table: Table, page: usize, report: &mut VerifyReport) -> Result<()> {
+    let mut after: Option<String> = None;
+    loop {
+        let rows = match table {
+            Table::Intents => rows::intent_keys_after(tx, after.as_deref(), page)?,
+            Table::Runs => rows::run_ids_after(tx, after.as_deref(), page)?,
+        };
+        let Some((last, _)) = rows.last() else { return Ok(()) };
+        after = Some(last.clone());
+        for (name, has_events) in rows {
+            match table {
+                Table::Intents => report.intent_rows += 1,
+                Table::Runs => report.run_rows += 1,
+            }
+            if has_events {
+                continue;
+            }
+            let detail = "a row without events".to_owned();
+            report.push(match table {
+                Table::Intents => Mismatch::Intent { key: name, detail },
+                Table::Runs => Mismatch::Run { run_id: name, detail },
+            });
+        }
     }
 }
 

@@ -126,6 +126,72 @@ pub(crate) fn streams_rows(
     Ok(grouped)
 }
 
+/// The next `limit` stream names after `after` (from the first without it), in name order:
+/// the intent streams (`intents`) or every other one. A keyset page of the
+/// `(stream, stream_seq)` index: what `verify` walks instead of every name at once.
+pub(crate) fn stream_names_after(
+    client: &mut impl GenericClient,
+    after: Option<&str>,
+    intents: bool,
+    limit: usize,
+) -> Result<Vec<String>> {
+    let limit = i64::try_from(limit).expect("a page size far below 2^63");
+    let rows = match after {
+        None => client.query_typed(
+            "SELECT DISTINCT stream FROM events WHERE starts_with(stream, 'intent:') = $1 \
+             ORDER BY stream LIMIT $2",
+            &[(&intents, Type::BOOL), (&limit, Type::INT8)],
+        )?,
+        Some(after) => client.query_typed(
+            "SELECT DISTINCT stream FROM events WHERE stream > $1 AND starts_with(stream, 'intent:') = $2 \
+             ORDER BY stream LIMIT $3",
+            &[(&after, Type::TEXT), (&intents, Type::BOOL), (&limit, Type::INT8)],
+        )?,
+    };
+    Ok(rows.iter().map(|row| row.get(0)).collect())
+}
+
+/// The next `limit` rows of `intents` after the key `after`, in key order: each key, and
+/// whether its stream holds any event.
+pub(crate) fn intent_keys_after(
+    client: &mut impl GenericClient,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, bool)>> {
+    entity_keys_after(client, "key", "intents", "intent:", after, limit)
+}
+
+/// As [`intent_keys_after`], for `runs`.
+pub(crate) fn run_ids_after(
+    client: &mut impl GenericClient,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, bool)>> {
+    entity_keys_after(client, "run_id", "runs", "run:", after, limit)
+}
+
+fn entity_keys_after(
+    client: &mut impl GenericClient,
+    column: &str,
+    table: &str,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, bool)>> {
+    let limit = i64::try_from(limit).expect("a page size far below 2^63");
+    let select = format!(
+        "SELECT {column}, EXISTS (SELECT 1 FROM events WHERE events.stream = '{prefix}' || {column}) FROM {table}"
+    );
+    let rows = match after {
+        None => client.query_typed(&format!("{select} ORDER BY {column} LIMIT $1"), &[(&limit, Type::INT8)])?,
+        Some(after) => client.query_typed(
+            &format!("{select} WHERE {column} > $1 ORDER BY {column} LIMIT $2"),
+            &[(&after, Type::TEXT), (&limit, Type::INT8)],
+        )?,
+    };
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
+}
+
 /// How many events `stream` holds (its last `stream_seq`).
 pub(crate) fn stream_length(client: &mut impl GenericClient, stream: &StreamId) -> Result<u64> {
     let row = client.query_typed_one(

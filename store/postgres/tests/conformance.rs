@@ -522,6 +522,68 @@ fn postgres_events_are_append_only_and_a_tampered_event_is_reported_by_verify() 
 }
 
 #[test]
+fn postgres_verify_pages_find_every_tampering_across_their_boundaries_with_the_same_report() {
+    let url = pg_url("tamper_paged");
+    let clock = Arc::new(ManualClock::new(start()));
+    let log = pg_open(&url, &clock);
+    let ids: Vec<String> = (0..7).map(|n| format!("paged-{n}")).collect();
+    runtime().block_on(async {
+        for id in &ids {
+            intent_of(log.execute(start_and_reserve(&format!("run-{id}"), charge(id, 100))).await);
+            intent_of(log.execute(start_attempt(&format!("run-{id}"), id)).await);
+        }
+    });
+    log.shutdown();
+    let clean = PgReader::open(&url).expect("reader").verify().expect("reads");
+    assert!(clean.is_ok(), "{clean}");
+    // An event, a run's row, and an intent and a run whose rows were moved to keys of no
+    // stream: each a missing row and a row without events, found on different pages.
+    let (event_on, run_row) = (key(&ids[1]).stream(), RunId::new("run-paged-3"));
+    admin(&url)
+        .batch_execute(&format!(
+            "ALTER TABLE events DISABLE TRIGGER events_append_only; \
+             UPDATE events SET payload = replace(payload, '100', '999') WHERE stream = '{event_on}' AND stream_seq = 1; \
+             ALTER TABLE events ENABLE TRIGGER events_append_only; \
+             UPDATE runs SET stream_len = stream_len + 1 WHERE run_id = '{run_row}'; \
+             UPDATE intents SET key = key || '-moved' WHERE key = '{}'; \
+             UPDATE runs SET run_id = run_id || '-moved' WHERE run_id = 'run-paged-6';",
+            key(&ids[4]).as_str()
+        ))
+        .expect("tampers");
+    let whole = PgReader::open(&url).expect("reader").verify().expect("reads");
+    assert_eq!(whole.mismatch_count, 6, "{:#?}", whole.mismatches);
+    assert_eq!((whole.streams, whole.intent_rows, whole.run_rows), (14, 7, 7), "{whole}");
+    for page in [1, 2, 3] {
+        let paged = PgReader::open(&url)
+            .expect("reader")
+            .with_verify_page(std::num::NonZeroUsize::new(page).expect("not zero"))
+            .verify()
+            .expect("reads");
+        assert_eq!(paged, whole, "pages of {page} report as one page does");
+    }
+    let found = |wanted: &dyn Fn(&store_postgres::Mismatch) -> bool| whole.mismatches.iter().any(wanted);
+    assert!(found(
+        &|m| matches!(m, store_postgres::Mismatch::Event { detail, .. } if detail.contains("hash mismatch"))
+    ));
+    assert!(found(
+        &|m| matches!(m, store_postgres::Mismatch::Run { run_id, detail } if run_id == "run-paged-3" && detail.contains("folds"))
+    ));
+    for moved in [key(&ids[4]).as_str().to_owned(), "run-paged-6".to_owned()] {
+        let named = |m: &store_postgres::Mismatch| match m {
+            store_postgres::Mismatch::Intent { key, detail }
+            | store_postgres::Mismatch::Run { run_id: key, detail } => (key.clone(), detail.clone()),
+            store_postgres::Mismatch::Event { .. } => (String::new(), String::new()),
+        };
+        assert!(
+            found(&|m| named(m) == (moved.clone(), "missing: the stream has events but no row".to_owned())),
+            "{moved}"
+        );
+        let ghost = format!("{moved}-moved");
+        assert!(found(&|m| named(m) == (ghost.clone(), "a row without events".to_owned())), "{ghost}");
+    }
+}
+
+#[test]
 fn postgres_a_recovery_that_raced_an_answer_on_a_range_read_runs_again_never_forks() {
     let url = pg_url("stale_range");
     let clock = Arc::new(ManualClock::new(start()));
