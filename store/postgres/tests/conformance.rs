@@ -408,6 +408,12 @@ fn a_charge_and_its_refund_run_end_to_end_through_the_executor(backend: Backend)
 
 // ---- PostgreSQL only -------------------------------------------------------------------
 
+/// How many sessions wait for an advisory lock in the database at `url`, once `n` do (or the
+/// cluster's bounded wait ran out).
+fn wait_for_lock_waiters(url: &str, n: i64) -> i64 {
+    store_postgres::cluster::wait_for_lock_waiters(url, n).unwrap_or_else(|e| panic!("reads pg_locks: {e}"))
+}
+
 fn admin(url: &str) -> ::postgres::Client {
     ::postgres::Client::connect(url, ::postgres::NoTls).expect("a superuser connection")
 }
@@ -602,24 +608,7 @@ fn postgres_a_recovery_that_raced_an_answer_on_a_range_read_runs_again_never_for
         let log = recovering.clone();
         rt.spawn(async move { log.execute(recover).await })
     };
-    let mut watcher = admin(&url);
-    let mut waiting = || -> i64 {
-        watcher
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                &[],
-            )
-            .expect("reads pg_locks")
-            .get(0)
-    };
-    for _ in 0..500 {
-        if waiting() > 0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(waiting(), 1, "the recovery waits at the run's lock");
+    assert_eq!(wait_for_lock_waiters(&url, 1), 1, "the recovery waits at the run's lock");
     // …while the attempt's answer commits on the intent's stream.
     let (answered, _) = intent_of(rt.block_on(answering.execute(succeed("raced", 1, 500))));
     assert_eq!(answered.status, IntentStatus::Validated);
@@ -711,6 +700,41 @@ fn postgres_a_connection_cut_while_a_log_opens_is_connected_again_not_fatal() {
 }
 
 #[test]
+fn postgres_a_partition_holds_a_command_whole_then_it_goes_on_or_connects_again() {
+    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
+    let direct = pg_url("partition");
+    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
+    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let clock = Arc::new(ManualClock::new(start()));
+    let options = store_postgres::Options { writers: 1, ..Default::default() };
+    let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
+    let rt = runtime();
+    let checks = PgChecks(direct);
+    for (n, heal) in [Heal::Resume, Heal::Close].into_iter().enumerate() {
+        // Far longer than the test: only the heal ends it.
+        proxy.arm(Cut::Partition { ms: 600_000, heal });
+        let id = format!("partitioned-{n}");
+        let answer = {
+            let (log, command) = (log.clone(), start_and_reserve(&format!("run-partitioned-{n}"), charge(&id, 100)));
+            rt.spawn(async move { log.execute(command).await })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while proxy.held() == 0 {
+            assert!(std::time::Instant::now() < deadline, "{heal:?}: the command's connection reaches the partition");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(checks.stream(&key(&id).stream()).is_empty(), "{heal:?}: held before its transaction began");
+        proxy.heal();
+        let (intent, fresh) = intent_of(rt.block_on(answer).expect("no panic"));
+        assert!(fresh && intent.status == IntentStatus::Reserved, "{heal:?}");
+        assert_eq!(checks.stream(&key(&id).stream()).len(), 1, "{heal:?}: one IntentReserved");
+        assert_eq!(proxy.held(), 0, "{heal:?}: nothing is held once healed");
+    }
+    assert_eq!(proxy.cuts().partitions, 2, "{:?}", proxy.cuts());
+    checks.verify().unwrap_or_else(|report| panic!("{report}"));
+}
+
+#[test]
 fn postgres_a_lost_commit_whose_lookup_loses_its_connection_too_connects_again_and_resolves() {
     let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
     let direct = pg_url("lost_lookup");
@@ -752,12 +776,12 @@ fn postgres_a_lost_commit_whose_lookup_loses_its_connection_too_connects_again_a
 /// a command that reads that run waits at it.
 struct Holds {
     holder: ::postgres::Client,
-    watcher: ::postgres::Client,
+    url: String,
 }
 
 impl Holds {
     fn new(url: &str) -> Self {
-        Self { holder: admin(url), watcher: admin(url) }
+        Self { holder: admin(url), url: url.to_owned() }
     }
 
     fn hold(&mut self, run_id: &str) {
@@ -770,26 +794,9 @@ impl Holds {
         self.holder.execute("SELECT pg_advisory_unlock($1)", &[&lock]).expect("releases the run's lock");
     }
 
-    /// Returns once a command waits at one of the held locks (polled: the server is the
-    /// only one who knows).
+    /// Returns once a command waits at one of the held locks.
     fn until_one_waits(&mut self) {
-        let mut waiting = || -> i64 {
-            self.watcher
-                .query_one(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-                     AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-                    &[],
-                )
-                .expect("reads pg_locks")
-                .get(0)
-        };
-        for _ in 0..3_000 {
-            if waiting() > 0 {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(waiting(), 1, "a command waits at a held lock");
+        assert_eq!(wait_for_lock_waiters(&self.url, 1), 1, "a command waits at a held lock");
     }
 }
 
@@ -797,41 +804,6 @@ type Answer<'a> = engine::provider::BoxFuture<'a, Result<Reply, LogError>>;
 
 /// Hands `command` to `log`'s writers and returns the pending answer: polled once, it is in
 /// their channel.
-#[test]
-fn postgres_a_partition_holds_a_command_whole_then_it_goes_on_or_connects_again() {
-    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
-    let direct = pg_url("partition");
-    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
-    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
-    let clock = Arc::new(ManualClock::new(start()));
-    let options = store_postgres::Options { writers: 1, ..Default::default() };
-    let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
-    let rt = runtime();
-    let checks = PgChecks(direct);
-    for (n, heal) in [Heal::Resume, Heal::Close].into_iter().enumerate() {
-        // Far longer than the test: only the heal ends it.
-        proxy.arm(Cut::Partition { ms: 600_000, heal });
-        let id = format!("partitioned-{n}");
-        let answer = {
-            let (log, command) = (log.clone(), start_and_reserve(&format!("run-partitioned-{n}"), charge(&id, 100)));
-            rt.spawn(async move { log.execute(command).await })
-        };
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while proxy.held() == 0 {
-            assert!(std::time::Instant::now() < deadline, "{heal:?}: the command's connection reaches the partition");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert!(checks.stream(&key(&id).stream()).is_empty(), "{heal:?}: held before its transaction began");
-        proxy.heal();
-        let (intent, fresh) = intent_of(rt.block_on(answer).expect("no panic"));
-        assert!(fresh && intent.status == IntentStatus::Reserved, "{heal:?}");
-        assert_eq!(checks.stream(&key(&id).stream()).len(), 1, "{heal:?}: one IntentReserved");
-        assert_eq!(proxy.held(), 0, "{heal:?}: nothing is held once healed");
-    }
-    assert_eq!(proxy.cuts().partitions, 2, "{:?}", proxy.cuts());
-    checks.verify().unwrap_or_else(|report| panic!("{report}"));
-}
-
 fn queue(log: &PgLog, command: Command) -> Answer<'_> {
     let mut answer = log.execute(command);
     let polled = answer.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop()));
