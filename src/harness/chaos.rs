@@ -3,16 +3,18 @@
 //!
 //! Owns the PostgreSQL rounds of the soak and nothing else (the workload, the fault plan, the
 //! heal and the checks are [`super::soak`]'s). It starts a [`Proxy`] in front of the server
-//! and hands every child the database through it, starts [`WORKERS`] `keel worker`
-//! processes, and then, round after round: starts two `keel soak-worker` children submitting
-//! the same batch at once (the same keys from two places, while the workers take over what
-//! the kills leave), arms a cut at the proxy most rounds (the four moments in turn: mid-transaction
-//! after a seeded number of messages, instead of a `COMMIT`, after one with a seeded wait, and a
-//! partition of every connection past the lease, then resumed or closed, seeded), SIGKILLs the submitters after
-//! a seeded delay, SIGKILLs a worker every third round (and starts another in its place), and
-//! now and then SIGSTOPs one past its lease before letting it go on — a worker alive when the others
-//! must treat it as gone, whose later writes must be fenced. A worker that ends by itself is
-//! counted and restarted: a worker stops only when told.
+//! and hands every child the database through it — worker 0 through a second proxy of its
+//! own —, starts [`WORKERS`] `keel worker` processes, and then, round after round: starts two
+//! `keel soak-worker` children submitting the same batch at once (the same keys from two
+//! places, while the workers take over what the kills leave), arms a cut most rounds (the four
+//! moments in turn: mid-transaction after a seeded number of messages, instead of a `COMMIT`,
+//! after one with a seeded wait — at the first proxy —, and a partition of worker 0 past its
+//! lease, then resumed or closed, seeded — at its own: the others take its runs over meanwhile),
+//! SIGKILLs the submitters after a seeded delay, SIGKILLs a worker every third round (and
+//! starts another in its place), and now and then SIGSTOPs one past its lease before letting
+//! it go on — a worker alive when the others must treat it as gone, whose later writes must be
+//! fenced. A worker that ends by itself is counted and restarted: a worker stops only when
+//! told.
 //!
 //! It never runs outside the soak's own fresh database, and it never judges what happened:
 //! the soak's report does.
@@ -26,7 +28,7 @@ use std::net::ToSocketAddrs as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use store_postgres::proxy::{Cut, Heal, Proxy};
+use store_postgres::proxy::{Cut, Cuts, Heal, Proxy};
 
 /// `keel worker` processes on the log at once.
 pub(super) const WORKERS: usize = 4;
@@ -51,6 +53,8 @@ struct Slot {
 /// The workers, their files and the command that starts one.
 struct Workers<'a> {
     log: &'a Log,
+    /// The log as worker 0 reaches it: through a proxy of its own, the one partitions cut off.
+    island: &'a Log,
     url: &'a str,
     dir: &'a Path,
     slots: Vec<Slot>,
@@ -58,7 +62,8 @@ struct Workers<'a> {
 
 impl Workers<'_> {
     fn command(&self, index: usize) -> anyhow::Result<Command> {
-        let mut command = keel(self.log, self.url, None, super::soak::WORKER_TIMEOUT_MS)?;
+        let log = if index == 0 { self.island } else { self.log };
+        let mut command = keel(log, self.url, None, super::soak::WORKER_TIMEOUT_MS)?;
         command.args(["worker", "--poll-ms", &POLL_MS.to_string(), "--health-ms", "600000"]);
         command.stderr(stderr_file(self.dir, &format!("worker-{index}.err"))?).stdin(Stdio::null());
         Ok(command)
@@ -137,8 +142,9 @@ fn signal(pid: &str, signal: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `n`th cut: the four moments in turn, their details seeded. A partition outlasts the
-/// lease, so that what the workers held is taken over once it ends, their late writes fenced.
+/// The `n`th cut: the four moments in turn, their details seeded. A partition (of worker 0)
+/// outlasts the lease, so that the other workers take over what it held meanwhile, and its
+/// late writes are fenced once it ends.
 fn draw_cut(n: u64, rng: &mut Rng) -> Cut {
     match n % 4 {
         0 => Cut::MidTransaction { skip: rng.below(8) as u32 },
@@ -169,7 +175,11 @@ pub(super) fn run(
         .with_context(|| format!("{} resolves to no address", url.server()))?;
     let proxy = Proxy::start(upstream).context("cannot start the chaos proxy")?;
     let through = Log::Postgres(url.through("127.0.0.1", proxy.port()));
-    let mut workers = Workers { log: &through, url: provider, dir, slots: Vec::with_capacity(WORKERS) };
+    // Worker 0 alone behind the partitions: the others take its runs over meanwhile.
+    let island = Proxy::start(upstream).context("cannot start the chaos proxy")?;
+    let islanded = Log::Postgres(url.through("127.0.0.1", island.port()));
+    let mut workers =
+        Workers { log: &through, island: &islanded, url: provider, dir, slots: Vec::with_capacity(WORKERS) };
     for index in 0..WORKERS {
         workers.start(index)?;
     }
@@ -185,7 +195,10 @@ pub(super) fn run(
         };
         let submitters = [submit()?, submit()?];
         if rng.chance(0.8) {
-            proxy.arm(draw_cut(armed, rng));
+            match draw_cut(armed, rng) {
+                partition @ Cut::Partition { .. } => island.arm(partition),
+                cut => proxy.arm(cut),
+            }
             armed += 1;
         }
         std::thread::sleep(Duration::from_millis(KILL_DELAY_MS.0 + rng.below(KILL_DELAY_MS.1 - KILL_DELAY_MS.0)));
@@ -229,7 +242,8 @@ pub(super) fn run(
     std::thread::sleep(Duration::from_millis(2 * LEASE_TTL_MS));
     workers.restart_exited(&mut counts)?;
     proxy.disarm();
+    island.disarm();
     drop(workers);
-    counts.proxy_cuts = Some(proxy.cuts());
+    counts.proxy_cuts = Some(Cuts { partitions: island.cuts().partitions, ..proxy.cuts() });
     Ok(counts)
 }

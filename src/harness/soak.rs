@@ -14,7 +14,7 @@
 //! - on PostgreSQL, the chaos of [`super::chaos`]: two children a round submitting the same
 //!   batch, four `keel worker` processes SIGKILLed (and restarted) or SIGSTOPped past their
 //!   lease at random, and a TCP proxy between every child and the database cutting
-//!   connections mid-transaction and mid-`COMMIT`, and partitioning them all away past the
+//!   connections mid-transaction and mid-`COMMIT`, and partitioning one worker away past its
 //!   lease. It runs in a fresh database on the named
 //!   server, never in the one named.
 //!

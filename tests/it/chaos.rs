@@ -3,7 +3,7 @@
 //! never skips). Four `keel worker` processes, two submitters a round sending the same keys,
 //! a simulator playing every fault kind, workers SIGKILLed and restarted or SIGSTOPped past
 //! their lease, and the soak's own TCP proxy cutting connections mid-transaction, instead of
-//! `COMMIT` and after it, and partitioning them away past the lease; then the heal and every
+//! `COMMIT` and after it, and partitioning a worker away past its lease; then the heal and every
 //! invariant (the fenced workers' late answers counted, kept as evidence). Seeded, a fresh
 //! seed each run: a failure names its seed, and `KEEL_SEED=N` replays its schedule, workload
 //! and faults (where a kill lands within a child still depends on the machine).
