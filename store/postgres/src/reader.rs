@@ -24,8 +24,9 @@ use std::num::NonZeroUsize;
 /// Mismatches [`PgReader::verify`] lists before it only counts them.
 pub const VERIFY_MISMATCHES_MAX: usize = 100;
 
-/// Streams `verify` reads a page at a time: one query for their events and one for each kind
-/// of row, not three round trips a stream.
+/// Streams `verify` reads a page at a time: one query for their names (the keyset page), one
+/// for their events and one for each kind of row, not three round trips a stream; and the
+/// entity rows it reads back afterwards, a page of keys a query.
 const VERIFY_PAGE_STREAMS: usize = 500;
 
 /// A read-only handle on the log, with its own connection.
