@@ -2,6 +2,7 @@
 
 mod concurrency;
 mod equivalence;
+mod format;
 mod integrity;
 mod keys;
 mod migration;
