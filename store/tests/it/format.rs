@@ -1,8 +1,9 @@
-//! The compact event rows as `store/FORMAT.md` lays them out ("What a compact payload leaves
-//! out"): a reservation's payload leaves out what its stream's name says, and only when the
-//! name can be split back into it; either way a reader gets the event back whole.
+//! Rows as `store/FORMAT.md` lays them out. A compact event's payload leaves out what its
+//! stream's name says ("What a compact payload leaves out"), and only when the name can be
+//! split back into it; an intent's row leaves out its definition, which its reservation holds
+//! ("Entity rows"). Either way a reader gets the whole back.
 
-use crate::support::{Fixture, charge, contains, start_and_reserve};
+use crate::support::{Fixture, charge, contains, key, start_and_reserve};
 use engine::event::{Event, IntentKey};
 use engine::provider::EffectKind;
 
@@ -44,4 +45,16 @@ fn a_tenant_holding_a_colon_is_kept_in_the_payload_because_the_key_cannot_be_spl
     let (stored, event) = reserved("tenant:colon", "intent-colon");
     assert!(contains(&stored, b"tenant:colon"), "split at its first two ':' the key would say tenant 'tenant'");
     assert_eq!(names(&event), ("tenant:colon", "intent-colon"));
+}
+
+#[test]
+fn an_intents_row_leaves_out_the_definition_its_reservation_holds() {
+    let fixture = Fixture::new();
+    fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))).expect("reserved");
+    let state: Vec<u8> =
+        fixture.raw().query_row("SELECT state FROM intents", [], |row| row.get(0)).expect("the intent's row");
+    // The order id is the definition's `order_id`, its `business_ref` and inside its `payload`.
+    assert!(!contains(&state, b"order-intent-000001"), "the definition is stored once, in the reservation");
+    let row = fixture.store.reader().expect("a reader").intent(&key("intent-000001")).expect("read").expect("a row");
+    assert_eq!((row.order_id.as_str(), row.amount_minor), ("order-intent-000001", 100));
 }
