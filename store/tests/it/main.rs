@@ -7,6 +7,7 @@ mod integrity;
 mod keys;
 mod migration;
 mod projection;
+mod rows;
 mod schema;
 mod support;
 mod vault;
