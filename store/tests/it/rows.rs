@@ -127,3 +127,15 @@ fn a_tenants_runs_are_those_that_reserved_only_its_intents_listed_by_page_and_by
     assert_eq!(page(Some(RunState::Running), None, 1), ["run-2"], "the limit counts the runs kept");
     assert_eq!(page(Some(RunState::Finished(RunStatus::Completed)), None, 10), ["run-1"]);
 }
+
+#[test]
+fn runs_are_matched_by_state_through_the_unfinished_ones_or_all() {
+    let fixture = tenants();
+    let reader = fixture.store.reader().expect("a reader");
+    let matching = |state| -> Vec<String> {
+        let filter = store::RunFilter { state, ..store::RunFilter::default() };
+        reader.runs_matching(&filter).expect("runs").into_iter().map(|row| row.run_id).collect()
+    };
+    assert_eq!(matching(Some(RunState::Running)), ["run-2", "run-3", "run-4", "run-5", "run-6"]);
+    assert_eq!(matching(None), ["run-1", "run-2", "run-3", "run-4", "run-5", "run-6"]);
+}
