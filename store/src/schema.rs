@@ -19,7 +19,8 @@ use std::time::Duration;
 pub const BUSY_TIMEOUT_DEFAULT_MS: u64 = 5_000;
 
 /// How long the writer keeps asking for the write lock before a batch fails, in busy
-/// timeouts of [`Options::busy_timeout_ms`] each. SQLite's busy handler is not fair: with
+/// timeouts of [`Options::busy_timeout_ms`] each (the default of
+/// [`Options::write_lock_patience_ms`]). SQLite's busy handler is not fair: with
 /// several processes writing one file under load, one of them can lose the lock for longer
 /// than one timeout while the others take turns. Nothing of the batch is written before the
 /// lock is held, so asking again is safe; past this the other side is taken to be stuck and
@@ -56,6 +57,9 @@ pub struct Options {
     pub durability: Durability,
     /// See [`BUSY_TIMEOUT_DEFAULT_MS`].
     pub busy_timeout_ms: u64,
+    /// How long an open or a batch keeps asking for a write lock another process holds.
+    /// Default [`WRITE_LOCK_PATIENCE_MS`]; a test of what happens past it shortens it.
+    pub write_lock_patience_ms: u64,
     /// Crash points inside the writer (`in_batch_before_commit`, `after_commit_before_answer`).
     /// Disarmed by default; only crash tests arm them, through the binary's `KEEL_FAILPOINT`.
     pub failpoints: engine::failpoints::Failpoints,
@@ -76,6 +80,7 @@ impl std::fmt::Debug for Options {
         f.debug_struct("Options")
             .field("durability", &self.durability)
             .field("busy_timeout_ms", &self.busy_timeout_ms)
+            .field("write_lock_patience_ms", &self.write_lock_patience_ms)
             .field("lease_ttl_ms", &self.lease_ttl_ms)
             .field("vault", &self.vault.is_some())
             .finish_non_exhaustive()
@@ -87,6 +92,7 @@ impl Default for Options {
         Self {
             durability: Durability::Full,
             busy_timeout_ms: BUSY_TIMEOUT_DEFAULT_MS,
+            write_lock_patience_ms: WRITE_LOCK_PATIENCE_MS,
             failpoints: engine::failpoints::Failpoints::disarmed(),
             lease_ttl_ms: engine::limits::LEASE_TTL_DEFAULT_MS,
             owner_probe: std::sync::Arc::new(engine::lease::ExpiryOnly),
@@ -569,6 +575,7 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
     // The writer reuses a handful of statements per event; keep them all prepared.
     conn.set_prepared_statement_cache_capacity(32);
     with_write_lock_patience(
+        options.write_lock_patience_ms,
         || migrate(&mut conn),
         |detail| {
             tracing::warn!(%detail, "another process holds the event log's write lock while this one opens; asking again");
@@ -578,15 +585,17 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
 }
 
 /// Runs `work`, whose first statement asks for the write lock, again while another process
-/// holds that lock, up to [`WRITE_LOCK_PATIENCE_MS`]: each try waits one busy timeout in
-/// SQLite's handler (which is not fair: under many processes one can lose the lock for
-/// longer than a timeout while the others take turns), and `waited` is told of each. `work`
-/// must write nothing before it holds the lock, so a try that failed left nothing behind.
+/// holds that lock, up to `patience_ms` ([`Options::write_lock_patience_ms`]): each try
+/// waits one busy timeout in SQLite's handler (which is not fair: under many processes one
+/// can lose the lock for longer than a timeout while the others take turns), and `waited` is
+/// told of each. `work` must write nothing before it holds the lock, so a try that failed
+/// left nothing behind.
 pub(crate) fn with_write_lock_patience<T>(
+    patience_ms: u64,
     mut work: impl FnMut() -> Result<T>,
     mut waited: impl FnMut(&str),
 ) -> Result<T> {
-    let patience = std::time::Instant::now() + Duration::from_millis(WRITE_LOCK_PATIENCE_MS);
+    let patience = std::time::Instant::now() + Duration::from_millis(patience_ms);
     loop {
         match work() {
             Err(Error::Busy { detail }) if std::time::Instant::now() < patience => waited(&detail),

@@ -227,12 +227,13 @@ impl Store {
     ///
     /// [`Error::SchemaTooNew`] for a file from a newer Keel, [`Error::Corrupt`] for a tail
     /// whose chain or payloads do not check, [`Error::Busy`] if another process holds the
-    /// write lock past [`crate::WRITE_LOCK_PATIENCE_MS`], [`Error::Sqlite`] / [`Error::Io`] otherwise.
+    /// write lock past [`Options::write_lock_patience_ms`], [`Error::Sqlite`] / [`Error::Io`] otherwise.
     pub fn open(path: &Path, options: Options, clock: Arc<dyn Clock>) -> Result<Store> {
         let conn = schema::open_writer(path, &options)?;
         if let Some(key) = &options.vault {
             // Its first open writes the vault's check row: as patient as the migration.
             schema::with_write_lock_patience(
+                options.write_lock_patience_ms,
                 || vault::check_key(&conn, key, clock.now()),
                 |detail| {
                     tracing::warn!(%detail, "another process holds the event log's write lock while the vault is checked");
@@ -257,6 +258,7 @@ impl Store {
             broken: None,
             failpoints,
             lease_ttl_ms: options.lease_ttl_ms,
+            write_lock_patience_ms: options.write_lock_patience_ms,
             owner_probe: Arc::clone(&options.owner_probe),
             vault: options.vault.clone(),
         };
@@ -381,6 +383,8 @@ struct Writer {
     failpoints: engine::failpoints::Failpoints,
     /// How long a lease hold lasts.
     lease_ttl_ms: u64,
+    /// How long a batch asks for a write lock another process holds.
+    write_lock_patience_ms: u64,
     /// What the host can tell about other lease holders.
     owner_probe: Arc<dyn OwnerProbe>,
     /// The vault's key, checked at open: reservations' payment methods are sealed with it.
@@ -514,10 +518,11 @@ impl Writer {
     }
 
     /// `BEGIN IMMEDIATE`, asked again while another process holds the write lock, up to
-    /// [`crate::WRITE_LOCK_PATIENCE_MS`]: each try waits one busy timeout in SQLite's handler,
+    /// [`Options::write_lock_patience_ms`]: each try waits one busy timeout in SQLite's handler,
     /// and nothing is written before the lock is held.
     fn begin_immediate(&self) -> Result<()> {
         schema::with_write_lock_patience(
+            self.write_lock_patience_ms,
             || self.conn.execute_batch("BEGIN IMMEDIATE").map_err(Error::from),
             |detail| {
                 self.counters.lock_waits.fetch_add(1, Ordering::Relaxed);

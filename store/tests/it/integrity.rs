@@ -170,6 +170,16 @@ fn a_changed_intent_status_column_is_named_with_both_values() {
 }
 
 #[test]
+fn a_changed_run_finished_column_is_named_with_both_values() {
+    let fixture = populated();
+    fixture
+        .raw()
+        .execute("UPDATE runs SET finished = 1 WHERE stream = (SELECT id FROM streams WHERE name = 'run:run-1')", [])
+        .expect("update");
+    assert_eq!(first_mismatch(&fixture).to_string(), "runs row run-1: column finished is true, the state says false");
+}
+
+#[test]
 fn a_corrupt_intent_state_is_named_with_the_first_differing_field() {
     let fixture = populated();
     // Intent 1's row given intent 2's (validated) state.

@@ -2,10 +2,12 @@
 
 mod concurrency;
 mod equivalence;
+mod format;
 mod integrity;
 mod keys;
 mod migration;
 mod projection;
+mod rows;
 mod schema;
 mod support;
 mod vault;

@@ -178,6 +178,11 @@ pub fn intent_of(reply: Result<Reply, LogError>) -> (Intent, bool) {
     }
 }
 
+/// Whether `needle` occurs in `haystack`, byte for byte.
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 /// A new file at `path` as schema `version` left it: the migrations up to it, nothing else.
 pub fn file_at_version(path: &std::path::Path, version: usize) {
     let mut conn = rusqlite::Connection::open(path).expect("creates the file");

@@ -2,7 +2,7 @@
 //! (never in clear on disk), bound to its intent, shredded in the commit that makes the intent
 //! final, refused under another key, rotated and purged as a whole.
 
-use crate::support::{Fixture, charge, key, start, start_and_reserve, succeed};
+use crate::support::{Fixture, charge, contains, key, start, start_and_reserve, succeed};
 use engine::clock::ManualClock;
 use engine::event::IntentKey;
 use engine::log::{EventLog, Unsealed};
@@ -53,10 +53,6 @@ fn vault_rows(path: &Path) -> Vec<(String, Vec<u8>)> {
         .expect("query")
         .collect::<Result<_, _>>()
         .expect("rows")
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 #[test]

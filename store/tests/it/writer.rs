@@ -1,6 +1,7 @@
 //! The writer's contract: refusals write nothing, time is stamped from the clock, state
-//! survives a restart, failures roll back, a batch keeps its bound, the verified point and
-//! the in-batch crash point follow what is appended, shutdown closes.
+//! survives a restart, causes name their parents, failures roll back, a batch waits out
+//! another process's write lock up to its patience and keeps its bound, the verified point
+//! and the in-batch crash point follow what is appended, shutdown closes.
 
 use crate::support::{Fixture, charge, intent_of, key, outcome, start, start_and_reserve, start_attempt, succeed};
 use chrono::SubsecRound;
@@ -75,6 +76,21 @@ fn events_are_stamped_with_the_clock_truncated_to_microseconds() {
     // The writer's state and a fold of what it stored agree to the microsecond.
     let refolded = fixture.store.reader().expect("reader").ledger().expect("fold");
     assert_eq!(refolded.intent(&key("intent-000001")), Some(&intent));
+}
+
+/// Every event's cause names the event that caused it. An attempt's is its intent's first
+/// event, the reservation, which an earlier batch wrote: the writer reads its seq from the log.
+#[test]
+fn an_attempt_in_a_later_batch_names_its_intents_reservation_as_its_cause() {
+    let fixture = Fixture::new();
+    fixture.store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100))).expect("reserved");
+    fixture.store.execute_blocking(start_attempt("run-1", "intent-000001")).expect("attempt");
+    let events = fixture.store.reader().expect("reader").events_since(0).expect("events");
+    let parents: Vec<_> = events.iter().map(|e| (e.event.type_name(), e.cause.parent)).collect();
+    assert_eq!(
+        parents,
+        [("RunStarted", None), ("StepRecorded", Some(1)), ("IntentReserved", Some(2)), ("AttemptStarted", Some(3))]
+    );
 }
 
 /// Drives intents into several statuses and returns the replies' view of them.
@@ -306,6 +322,33 @@ fn a_batch_waits_out_another_process_holding_the_write_lock_past_one_busy_timeou
     assert!(fresh && intent.status == IntentStatus::Reserved, "the batch committed once the lock came back");
     let stats = store.stats();
     assert_eq!((stats.failed_batches, stats.events), (0, 3), "no batch failed, nothing lost: {stats:?}");
+    store.shutdown().expect("shutdown");
+}
+
+/// Past its patience a batch stops asking: its callers learn the lock stayed taken, with
+/// nothing committed, instead of waiting for ever behind a stuck process; the writer goes on.
+#[test]
+fn a_batch_gives_up_once_another_process_holds_the_write_lock_past_its_patience() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (path, options, clock) = impatient(&dir);
+    // No patience at all: the first busy timeout ends the batch.
+    let options = store::Options { write_lock_patience_ms: 0, ..options };
+    let store = store::Store::open(&path, options, clock).expect("the store opens");
+    let (release, holder) = hold_write_lock(&path);
+    // The lock comes back only after the answer: a writer that kept asking never answers.
+    let answer = store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100)));
+    release.send(()).expect("release");
+    holder.join().expect("the holder ends");
+    match answer {
+        Err(LogError::Unavailable { detail, maybe_committed }) => {
+            assert!(!maybe_committed, "nothing is written before the lock is held");
+            assert!(detail.starts_with("database busy"), "{detail}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    let stats = store.stats();
+    assert_eq!((stats.lock_waits, stats.failed_batches, stats.events), (0, 1, 0), "asked once: {stats:?}");
+    assert!(intent_of(store.execute_blocking(start_and_reserve("run-1", charge("intent-000001", 100)))).1);
     store.shutdown().expect("shutdown");
 }
 
