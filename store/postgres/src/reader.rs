@@ -40,6 +40,8 @@ pub struct PgReader {
     client: Client,
     /// Streams (or entity rows) `verify` reads a query.
     verify_page: usize,
+    /// Intents or runs `each_intent` and `each_run` read a query.
+    list_page: usize,
 }
 
 /// One thing `verify` found wrong.
@@ -142,7 +144,7 @@ impl PgReader {
     ///
     /// PostgreSQL's.
     pub fn open(url: &str) -> Result<Self> {
-        Ok(Self { client: crate::writer::connect(url)?, verify_page: VERIFY_PAGE_STREAMS })
+        Ok(Self { client: crate::writer::connect(url)?, verify_page: VERIFY_PAGE_STREAMS, list_page: LIST_PAGE })
     }
 
     /// Whether the database at `url` holds a Keel log (its schema was ever created), asked on
@@ -202,11 +204,12 @@ impl PgReader {
     ///
     /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
     pub fn each_intent(&mut self, status: Option<IntentStatus>, each: &mut impl FnMut(Intent)) -> Result<u64> {
+        let limit = self.list_page;
         let mut tx = self.snapshot()?;
         let (mut after, mut handed) = (None::<String>, 0u64);
         loop {
-            let page = rows::intents_page(&mut tx, status, after.as_deref(), LIST_PAGE)?;
-            let full = page.len() == LIST_PAGE;
+            let page = rows::intents_page(&mut tx, status, after.as_deref(), limit)?;
+            let full = page.len() == limit;
             for row in page {
                 let intent = row.intent()?;
                 after = Some(intent.key().as_str().to_owned());
@@ -229,11 +232,12 @@ impl PgReader {
     ///
     /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
     pub fn each_run(&mut self, unfinished_only: bool, each: &mut impl FnMut(Run, Vec<Intent>)) -> Result<u64> {
+        let limit = self.list_page;
         let mut tx = self.snapshot()?;
         let (mut after, mut handed) = (None::<String>, 0u64);
         loop {
-            let page = rows::runs_page(&mut tx, unfinished_only, after.as_deref(), LIST_PAGE)?;
-            let full = page.len() == LIST_PAGE;
+            let page = rows::runs_page(&mut tx, unfinished_only, after.as_deref(), limit)?;
+            let full = page.len() == limit;
             let runs: Vec<Run> = page.iter().map(EntityRow::run).collect::<Result<_>>()?;
             let ids: Vec<&str> = runs.iter().map(|run| run.run_id.as_str()).collect();
             let mut intents: BTreeMap<RunId, Vec<Intent>> = BTreeMap::new();
@@ -327,6 +331,15 @@ impl PgReader {
     #[must_use]
     pub fn with_verify_page(mut self, streams: NonZeroUsize) -> Self {
         self.verify_page = streams.get();
+        self
+    }
+
+    /// Reads `items` intents or runs a query in [`PgReader::each_intent`] and
+    /// [`PgReader::each_run`] instead of 500: what they hand is the same whatever the page;
+    /// tests make pages small to check that nothing is lost or repeated at their boundaries.
+    #[must_use]
+    pub fn with_list_page(mut self, items: NonZeroUsize) -> Self {
+        self.list_page = items.get();
         self
     }
 
