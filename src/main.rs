@@ -1168,7 +1168,16 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
             let ask = |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone());
-            ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Cancel).await
+            ops::operator(
+                || wiring::open_store(db, setting.durability),
+                ops::agent_run_in(db),
+                &out,
+                key,
+                ask,
+                &by,
+                ops::Decision::Cancel,
+            )
+            .await
         }
         Command::Resolve {
             key,
@@ -1184,21 +1193,40 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             existing_log(db, create)?;
             let setting = setting(Some(&store), Some(&provider));
             let decision = ops::Resolution { landed, by, reason, override_reason };
-            ops::resolve(db, setting.durability, &setting.provider, &out, &key, decision).await
+            let open = || wiring::open_store(db, setting.durability);
+            ops::resolve(open, ops::intent_in(db), &setting.provider, &out, &key, decision).await
         }
         Command::Approve { key, by, fingerprint, ttl_ms, create, store } => {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
             let ask = |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone());
-            ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Approve).await
+            ops::operator(
+                || wiring::open_store(db, setting.durability),
+                ops::agent_run_in(db),
+                &out,
+                key,
+                ask,
+                &by,
+                ops::Decision::Approve,
+            )
+            .await
         }
         Command::Deny { key, decided: Decided { by, reason }, create, store } => {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
             let ask = |cause, key| Ask::deny(cause, key, by.clone(), reason.clone());
-            ops::operator(db, setting.durability, &out, key, ask, &by, ops::Decision::Deny).await
+            ops::operator(
+                || wiring::open_store(db, setting.durability),
+                ops::agent_run_in(db),
+                &out,
+                key,
+                ask,
+                &by,
+                ops::Decision::Deny,
+            )
+            .await
         }
         Command::Serve { args, store, provider } => {
             let setting = setting(Some(&store), Some(&provider));

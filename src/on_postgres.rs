@@ -1,5 +1,7 @@
 //! The commands that run on a PostgreSQL log (`--store postgres://…`): charge, refund,
-//! resume, reconcile, worker, show, verify, bench and soak (with its hidden soak-worker).
+//! resume, reconcile, worker, intents (not `--stuck`), show, the operator's decisions
+//! (resolve, approve, deny, cancel), runs, run show, verify, bench and soak (with its hidden
+//! soak-worker).
 //!
 //! Owns the dispatch of a parsed command when the log is in PostgreSQL: each supported
 //! command opens a `PgLog` (or a `PgReader`) and runs the same `ops`, `worker` and `harness`
@@ -11,13 +13,16 @@ use crate::output::{Failure, Outcome, Output};
 use crate::wiring::{self, Node};
 use crate::{Cli, Command, harness, ops, policy_rules, refund_input, required_provider, worker};
 use anyhow::Context as _;
-use engine::event::RunId;
+use engine::event::{IntentKey, RunId};
+use engine::ledger::Intent;
+use engine::log::Ask;
 use engine::provider::{BoxFuture, EffectKind};
 use std::sync::Arc;
 use store_postgres::PgLog;
 
 /// The commands that run on PostgreSQL today, as the usage error lists them.
-pub const SUPPORTED: &str = "charge, refund, resume, reconcile, worker, show, verify, bench and soak";
+pub const SUPPORTED: &str = "charge, refund, resume, reconcile, worker, intents, show, resolve, approve, deny, cancel, \
+                             runs, run show, verify, bench and soak";
 
 /// Why an agent run found on PostgreSQL is left as it is.
 pub const AGENT_RUNS_ON_SQLITE_ONLY: &str = "agent runs run on SQLite only for now: nothing was done for it";
@@ -80,6 +85,63 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
             let key = ops::parse_key(&key)?;
             wiring::postgres_blocking(|| ops::show_postgres(&mut reader(url, create)?, out, &key))
         }
+        Command::Intents { stuck: true, .. } => Err(Failure::Usage(
+            "intents --stuck does not run on PostgreSQL yet (it reads the vault, which is SQLite's); \
+             `keel intents --state escalated` and `--state awaiting_approval` list what waits for a human"
+                .to_owned(),
+        )),
+        Command::Intents { state, create, .. } => {
+            let state = ops::parse_state(state.as_deref())?;
+            wiring::postgres_blocking(|| ops::list_intents_postgres(&mut reader(url, create)?, out, state))
+        }
+        Command::Cancel { key, decided: crate::Decided { by, reason }, create, store } => {
+            let key = ops::parse_key(&key)?;
+            provider_of(Some(&store), None);
+            existing_log(url, create)?;
+            let ask = |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone());
+            ops::operator(|| decision_log(url), agent_run_in(url), out, key, ask, &by, ops::Decision::Cancel).await
+        }
+        Command::Approve { key, by, fingerprint, ttl_ms, create, store } => {
+            let key = ops::parse_key(&key)?;
+            provider_of(Some(&store), None);
+            existing_log(url, create)?;
+            let ask = |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone());
+            ops::operator(|| decision_log(url), agent_run_in(url), out, key, ask, &by, ops::Decision::Approve).await
+        }
+        Command::Deny { key, decided: crate::Decided { by, reason }, create, store } => {
+            let key = ops::parse_key(&key)?;
+            provider_of(Some(&store), None);
+            existing_log(url, create)?;
+            let ask = |cause, key| Ask::deny(cause, key, by.clone(), reason.clone());
+            ops::operator(|| decision_log(url), agent_run_in(url), out, key, ask, &by, ops::Decision::Deny).await
+        }
+        Command::Resolve {
+            key,
+            landed,
+            absent: _,
+            override_reason,
+            decided: crate::Decided { by, reason },
+            create,
+            store,
+            provider,
+        } => {
+            let key = ops::parse_key(&key)?;
+            let provider = provider_of(Some(&store), Some(&provider));
+            existing_log(url, create)?;
+            let decision = ops::Resolution { landed, by, reason, override_reason };
+            let intent_of = |key: &IntentKey| -> Result<Option<Intent>, Failure> {
+                wiring::postgres_blocking(|| Ok(reader(url, create)?.intent(key)?))
+            };
+            ops::resolve(|| decision_log(url), intent_of, &provider, out, &key, decision).await
+        }
+        Command::Runs { status, workflow, since, create } => {
+            let filter = crate::runs::filter(status.as_deref(), workflow, since.as_deref())?;
+            wiring::postgres_blocking(|| crate::runs::list_postgres(&mut reader(url, create)?, out, &filter))
+        }
+        Command::Run { command: crate::RunCommand::Show { run_id, create } } => {
+            let run_id = RunId::new(run_id);
+            wiring::postgres_blocking(|| crate::runs::show_postgres(&mut reader(url, create)?, out, &run_id))
+        }
         Command::Verify { create } => {
             wiring::postgres_blocking(|| ops::verify_postgres(&mut reader(url, create)?, out))
         }
@@ -111,6 +173,23 @@ fn node(
     rules: Option<engine::policy::Rules>,
 ) -> anyhow::Result<Node<PgLog>> {
     Ok(Node::over(wiring::open_postgres(url, None)?, wiring::http_provider(provider)?, rules))
+}
+
+/// The log an operator's decision is recorded on: one writer connection, as one command is
+/// all it sends.
+fn decision_log(url: &PgUrl) -> anyhow::Result<PgLog> {
+    wiring::open_postgres(url, Some(1))
+}
+
+/// Whether the run `run_id` of the PostgreSQL log at `url` is an agent's (`false` when it
+/// cannot be read: the hint it chooses is the plain one).
+fn agent_run_in(url: &PgUrl) -> impl FnOnce(&RunId) -> bool + '_ {
+    move |run_id| {
+        let run = wiring::postgres_blocking(|| {
+            store_postgres::PgReader::open(&url.url()).ok().and_then(|mut reader| reader.run(run_id).ok().flatten())
+        });
+        run.is_some_and(|run| run.is_agent())
+    }
 }
 
 /// Refuses a database that holds no Keel log unless `--create` asks for one, as a missing

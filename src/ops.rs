@@ -11,7 +11,7 @@ use crate::{EffectArgs, LimitArgs, ProviderArgs, exit};
 use engine::event::{AfterLookup, Cause, Event, IntentKey, RunId};
 use engine::executor::{IntentOutcome, RunOutcome, RunRequest, WorkflowError};
 use engine::ledger::{Intent, IntentStatus};
-use engine::log::{Ask, Asking, EventLog, IntentAnswer, LogError};
+use engine::log::{Ask, Asking, IntentAnswer, LogError};
 use engine::policy::{PolicyStamp, Rules};
 use serde_json::{Map, Value, json};
 use std::io::Read as _;
@@ -194,9 +194,36 @@ pub fn reader(db: &Path, create: crate::CreateFlag) -> Result<store::Reader, Fai
 pub fn list_intents(reader: &store::Reader, out: &Output, state: Option<IntentStatus>) -> Outcome {
     let rows = reader.intents(state.map(|s| s.as_str()))?;
     let waiting = crate::stuck::waiting_rows(reader, &rows, engine::clock::Clock::now(&crate::wiring::SystemClock))?;
-    let mut document = name_intent_keys(serde_json::to_value(&rows)?);
+    print_intents(out, state, &rows, &waiting)
+}
+
+/// `keel intents [--state S]` on PostgreSQL (no vault there: a charge waiting for its payment
+/// method waits for its caller), read a page at a time.
+pub fn list_intents_postgres(
+    reader: &mut store_postgres::PgReader,
+    out: &Output,
+    state: Option<IntentStatus>,
+) -> Outcome {
+    let now = engine::clock::Clock::now(&crate::wiring::SystemClock);
+    let (mut rows, mut waiting) = (Vec::new(), Vec::new());
+    reader.each_intent(state, &mut |intent| {
+        waiting.push(crate::stuck::waiting_without_vault(&intent, now));
+        rows.push(store::IntentRow::from_intent(&intent));
+    })?;
+    print_intents(out, state, &rows, &waiting)
+}
+
+/// An intent listing (a row an intent, and why it waits when it does): what `keel intents` prints
+/// on either log.
+fn print_intents(
+    out: &Output,
+    state: Option<IntentStatus>,
+    rows: &[store::IntentRow],
+    waiting: &[Option<crate::stuck::Waiting>],
+) -> Outcome {
+    let mut document = name_intent_keys(serde_json::to_value(rows)?);
     if let Value::Array(items) = &mut document {
-        for (item, waits) in items.iter_mut().zip(&waiting) {
+        for (item, waits) in items.iter_mut().zip(waiting) {
             if let (Value::Object(map), Some(waits)) = (item, waits) {
                 map.insert("waiting".to_owned(), serde_json::to_value(waits)?);
             }
@@ -218,7 +245,7 @@ pub fn list_intents(reader: &store::Reader, out: &Output, state: Option<IntentSt
             "LAST SENT",
             "RECONCILE AFTER"
         );
-        for (row, waits) in rows.iter().zip(&waiting) {
+        for (row, waits) in rows.iter().zip(waiting) {
             let time = |t: &Option<String>| {
                 t.as_deref()
                     .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
@@ -568,10 +595,12 @@ pub enum Decision {
     Resolve,
 }
 
-/// `keel cancel|approve|deny`: one operator decision, recorded with the name.
-pub async fn operator(
-    db: &Path,
-    durability: store::Durability,
+/// `keel cancel|approve|deny`: one operator decision, recorded with the name, on the log
+/// `open` opens once `--by` is checked (a blank name opens nothing). `agent_run` says whether
+/// the intent's run is an agent's, for the hint printed after an approval.
+pub async fn operator<B: Backend>(
+    open: impl FnOnce() -> anyhow::Result<B>,
+    agent_run: impl FnOnce(&RunId) -> bool,
     out: &Output,
     key: IntentKey,
     ask: impl FnOnce(Cause, IntentKey) -> Ask<IntentAnswer>,
@@ -581,17 +610,22 @@ pub async fn operator(
     if by.trim().is_empty() {
         return Err(Failure::Usage("--by needs the operator's name".into()));
     }
-    let store = open_store(db, durability)?;
-    let result = (&store as &dyn EventLog).ask(ask(Cause::operator(by), key)).await;
-    store.shutdown()?;
+    let store = open()?;
+    let result = store.event_log().ask(ask(Cause::operator(by), key)).await;
+    store.close()?;
     match result {
-        Ok(answer) => {
-            let run = store::Reader::open(db).ok().and_then(|r| r.run(&answer.intent.run_id).ok().flatten());
-            let agent = run.is_some_and(|run| run.workflow.starts_with(engine::ledger::AGENT_WORKFLOW_PREFIX));
-            print_decision(out, &answer.intent, decision, agent)
-        }
+        Ok(answer) => print_decision(out, &answer.intent, decision, agent_run(&answer.intent.run_id)),
         Err(LogError::Refused(refusal)) => Err(Failure::refusal(&refusal)),
         Err(other) => Err(other.into()),
+    }
+}
+
+/// Whether the run `run_id` of the SQLite log at `db` is an agent's (`false` when it cannot
+/// be read: the hint it chooses is the plain one).
+pub fn agent_run_in(db: &Path) -> impl FnOnce(&RunId) -> bool + '_ {
+    move |run_id| {
+        let run = store::Reader::open(db).ok().and_then(|reader| reader.run(run_id).ok().flatten());
+        run.is_some_and(|run| run.workflow.starts_with(engine::ledger::AGENT_WORKFLOW_PREFIX))
     }
 }
 
@@ -638,11 +672,12 @@ pub struct Resolution {
     pub override_reason: Option<String>,
 }
 
-/// `keel resolve KEY --landed REF|--absent [--override REASON]`: checked with the provider
-/// when the intent's provider can look it up (`--provider` is then required).
-pub async fn resolve(
-    db: &Path,
-    durability: store::Durability,
+/// `keel resolve KEY --landed REF|--absent [--override REASON]` on the log `open` opens:
+/// checked with the provider when the intent's provider can look it up (`--provider` is then
+/// required; without one, `intent_of` reads the intent to tell).
+pub async fn resolve<B: Backend>(
+    open: impl FnOnce() -> anyhow::Result<B>,
+    intent_of: impl FnOnce(&IntentKey) -> Result<Option<Intent>, Failure>,
     provider: &ProviderArgs,
     out: &Output,
     key: &IntentKey,
@@ -652,8 +687,7 @@ pub async fn resolve(
         return Err(Failure::Usage("--by needs the operator's name".into()));
     }
     if provider.url.is_none() {
-        let reader = reader(db, crate::CreateFlag::default())?;
-        match reader.intent_state(key)? {
+        match intent_of(key)? {
             None => return Err(Failure::NotFound(format!("no intent with key {key} in this log"))),
             Some(intent) if intent.capability.lookup => {
                 return Err(Failure::MissingProvider(format!(
@@ -666,16 +700,17 @@ pub async fn resolve(
     }
     let resolved = match &provider.url {
         Some(_) => {
-            let node = Node::open(db, durability, provider, None)?;
+            let provider = crate::wiring::http_provider(provider)?;
+            let node = Node::over(open()?, provider, None);
             let result = node
                 .executor
                 .resolve(key, &decision.by, &decision.reason, decision.landed, decision.override_reason)
                 .await;
-            node.store.shutdown()?;
+            node.shutdown()?;
             result
         }
         None => {
-            let store = open_store(db, durability)?;
+            let store = open()?;
             let resolution = engine::log::Resolution {
                 key: key.clone(),
                 by: decision.by.clone(),
@@ -684,8 +719,8 @@ pub async fn resolve(
                 lookup: None,
                 override_reason: decision.override_reason,
             };
-            let result = (&store as &dyn EventLog).ask(Ask::resolve(Cause::operator(&decision.by), resolution)).await;
-            store.shutdown()?;
+            let result = store.event_log().ask(Ask::resolve(Cause::operator(&decision.by), resolution)).await;
+            store.close()?;
             result.map(|answer| answer.intent).map_err(Into::into)
         }
     };
@@ -693,6 +728,11 @@ pub async fn resolve(
         Ok(intent) => print_decision(out, &intent, Decision::Resolve, false),
         Err(error) => Err(workflow_failure(error)),
     }
+}
+
+/// The state of `key`'s intent in the SQLite log at `db`, for [`resolve`].
+pub fn intent_in(db: &Path) -> impl FnOnce(&IntentKey) -> Result<Option<Intent>, Failure> + '_ {
+    move |key| Ok(reader(db, crate::CreateFlag::default())?.intent_state(key)?)
 }
 
 /// `keel verify`.

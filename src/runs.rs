@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use engine::canonical::parse_strict;
 use engine::clock::Clock as _;
 use engine::event::{Cause, RunId, RunStatus, SignalName};
-use engine::ledger::{Intent, Run};
+use engine::ledger::{Intent, Run, RunHistory};
 use engine::limits::SIGNAL_PAYLOAD_MAX_BYTES;
 use engine::log::{Ask, Asking, EventLog, LogError};
 use serde::Serialize;
@@ -79,7 +79,22 @@ pub fn filter(status: Option<&str>, workflow: Option<String>, since: Option<&str
 
 /// `keel runs`.
 pub fn list(reader: &store::Reader, out: &Output, filter: &RunFilter) -> Outcome {
-    let mut rows = reader.runs_matching(filter)?;
+    print_runs(out, reader.runs_matching(filter)?)
+}
+
+/// `keel runs` on PostgreSQL, read a page at a time.
+pub fn list_postgres(reader: &mut store_postgres::PgReader, out: &Output, filter: &RunFilter) -> Outcome {
+    let mut rows = Vec::new();
+    reader.each_run(filter.unfinished_only(), &mut |run, intents| {
+        if filter.matches(&run) {
+            rows.push(store::RunRow::from_run(&run, &intents));
+        }
+    })?;
+    print_runs(out, rows)
+}
+
+/// A run listing, oldest first: what `keel runs` prints on either log.
+fn print_runs(out: &Output, mut rows: Vec<store::RunRow>) -> Outcome {
     rows.sort_by(|a, b| a.started_at.cmp(&b.started_at).then_with(|| a.run_id.cmp(&b.run_id)));
     out.emit(&rows, || {
         if rows.is_empty() {
@@ -140,9 +155,9 @@ fn int(value: impl TryInto<i64>) -> i64 {
     value.try_into().unwrap_or(i64::MAX)
 }
 
-/// An agent run's facts, folded (its own stream).
-fn agent_state(reader: &store::Reader, run_id: &RunId) -> anyhow::Result<Option<AgentState>> {
-    let Some(history) = reader.history(run_id)? else { return Ok(None) };
+/// An agent run's facts, folded from its stream's `history`.
+fn agent_state(history: Option<RunHistory>, run_id: &RunId) -> anyhow::Result<Option<AgentState>> {
+    let Some(history) = history else { return Ok(None) };
     let facts: Result<Vec<AgentEvent>, _> = history.agent_entries.into_iter().map(serde_json::from_value).collect();
     let facts = facts.map_err(|e| anyhow::anyhow!("run {run_id}: its agent facts do not decode: {e}"))?;
     Ok(Some(AgentState::from_events(&facts)))
@@ -222,34 +237,76 @@ pub fn run_document(reader: &store::Reader, run_id: &RunId, now: DateTime<Utc>) 
     let Some((run, intents)) = reader.run_state(run_id)? else {
         return Ok(None);
     };
-    let agent = if run.is_agent() { agent_state(reader, run_id)? } else { None };
-    let budgets = budgets(&run, &intents, agent.as_ref(), now);
-    let rows: Vec<store::IntentRow> = intents.iter().map(store::IntentRow::from_intent).collect();
-    let document = json!({
-        "run_id": run.run_id,
-        "workflow": run.workflow,
-        "status": run.status.map_or("running", |s| s.as_str()),
-        "stop": run.status.map(|s| json!({"status": s.as_str(), "detail": run.detail})),
-        "started_at": run.started_at,
-        "deadline_at": run.deadline_at,
-        "cancel_requested": run.cancel_requested,
-        "wakes_at": run.wake_at,
-        "limits": {
-            "spine": run.limits,
-            "agent": agent.as_ref().and_then(|s| s.header.as_ref()).map(|h| &h.limits),
-        },
-        "capabilities": agent.as_ref().and_then(|s| s.header.as_ref()).map(|h| &h.capabilities),
-        "model_cost": agent.as_ref().filter(|s| s.header.is_some()).map(AgentState::model_cost),
-        "budgets": budgets,
-        "intents": rows,
-    });
-    Ok(Some(RunShown { run, intents, agent, budgets, document: name_intent_keys(document) }))
+    let agent = if run.is_agent() { agent_state(reader.history(run_id)?, run_id)? } else { None };
+    Ok(Some(RunShown::new(run, intents, agent, now)))
+}
+
+/// [`run_document`] on PostgreSQL.
+///
+/// # Errors
+///
+/// As [`run_document`]'s.
+pub fn run_document_postgres(
+    reader: &mut store_postgres::PgReader,
+    run_id: &RunId,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Option<RunShown>> {
+    let Some((run, intents)) = reader.run_state(run_id)? else {
+        return Ok(None);
+    };
+    let agent = if run.is_agent() {
+        let events = reader.stream(&run_id.stream())?;
+        let history = (!events.is_empty())
+            .then(|| engine::ledger::fold::history(&events))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("run {run_id}: its stream does not fold: {e}"))?;
+        agent_state(history, run_id)?
+    } else {
+        None
+    };
+    Ok(Some(RunShown::new(run, intents, agent, now)))
+}
+
+impl RunShown {
+    /// `run`'s rendering at `now`: its budgets and its JSON document.
+    fn new(run: Run, intents: Vec<Intent>, agent: Option<AgentState>, now: DateTime<Utc>) -> Self {
+        let budgets = budgets(&run, &intents, agent.as_ref(), now);
+        let rows: Vec<store::IntentRow> = intents.iter().map(store::IntentRow::from_intent).collect();
+        let document = json!({
+            "run_id": run.run_id,
+            "workflow": run.workflow,
+            "status": run.status.map_or("running", |s| s.as_str()),
+            "stop": run.status.map(|s| json!({"status": s.as_str(), "detail": run.detail})),
+            "started_at": run.started_at,
+            "deadline_at": run.deadline_at,
+            "cancel_requested": run.cancel_requested,
+            "wakes_at": run.wake_at,
+            "limits": {
+                "spine": run.limits,
+                "agent": agent.as_ref().and_then(|s| s.header.as_ref()).map(|h| &h.limits),
+            },
+            "capabilities": agent.as_ref().and_then(|s| s.header.as_ref()).map(|h| &h.capabilities),
+            "model_cost": agent.as_ref().filter(|s| s.header.is_some()).map(AgentState::model_cost),
+            "budgets": budgets,
+            "intents": rows,
+        });
+        RunShown { run, intents, agent, budgets, document: name_intent_keys(document) }
+    }
 }
 
 /// `keel run show RUN_ID`.
 pub fn show(reader: &store::Reader, out: &Output, run_id: &RunId) -> Outcome {
-    let Some(RunShown { run, intents, agent, budgets, document }) = run_document(reader, run_id, SystemClock.now())?
-    else {
+    print_shown(out, run_id, run_document(reader, run_id, SystemClock.now())?)
+}
+
+/// `keel run show RUN_ID` on PostgreSQL.
+pub fn show_postgres(reader: &mut store_postgres::PgReader, out: &Output, run_id: &RunId) -> Outcome {
+    print_shown(out, run_id, run_document_postgres(reader, run_id, SystemClock.now())?)
+}
+
+/// What `keel run show` prints of a run on either log.
+fn print_shown(out: &Output, run_id: &RunId, shown: Option<RunShown>) -> Outcome {
+    let Some(RunShown { run, intents, agent, budgets, document }) = shown else {
         return Err(Failure::NotFound(format!("no run {run_id} in this log")));
     };
     let status = run.status.map_or("running", |s| s.as_str());

@@ -53,6 +53,26 @@ pub struct RunFilter {
     pub since: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+impl RunFilter {
+    /// Whether only unfinished runs can match: a store reads those through their index.
+    pub fn unfinished_only(&self) -> bool {
+        matches!(self.state, Some(RunState::Running))
+    }
+
+    /// Whether `run` is one this filter selects (whichever store it was read from).
+    pub fn matches(&self, run: &Run) -> bool {
+        let state_matches = match self.state {
+            None => true,
+            Some(RunState::Running) => run.status.is_none(),
+            Some(RunState::Finished(status)) => run.status == Some(status),
+        };
+        let workflow_matches = self.workflow.as_deref().is_none_or(|w| {
+            run.workflow == w || run.workflow.strip_prefix(engine::ledger::AGENT_WORKFLOW_PREFIX) == Some(w)
+        });
+        state_matches && workflow_matches && self.since.is_none_or(|since| run.started_at >= since)
+    }
+}
+
 /// A read-only view of the log, on its own connection.
 #[derive(Debug)]
 pub struct Reader {
@@ -414,18 +434,9 @@ impl Reader {
     /// through their index); never the log.
     pub fn runs_matching(&self, filter: &RunFilter) -> Result<Vec<RunRow>> {
         let snapshot = self.conn.unchecked_transaction()?;
-        let unfinished_only = matches!(filter.state, Some(RunState::Running));
         let mut out = Vec::new();
-        for (stream, run) in rows::runs_where(&snapshot, unfinished_only)? {
-            let state_matches = match filter.state {
-                None | Some(RunState::Running) => true,
-                Some(RunState::Finished(status)) => run.status == Some(status),
-            };
-            let workflow_matches = filter.workflow.as_deref().is_none_or(|w| {
-                run.workflow == w || run.workflow.strip_prefix(engine::ledger::AGENT_WORKFLOW_PREFIX) == Some(w)
-            });
-            let recent = filter.since.is_none_or(|since| run.started_at >= since);
-            if state_matches && workflow_matches && recent {
+        for (stream, run) in rows::runs_where(&snapshot, filter.unfinished_only())? {
+            if filter.matches(&run) {
                 out.push(RunRow::from_run(&run, &run_intents(&snapshot, stream)?));
             }
         }

@@ -4,11 +4,12 @@
 //! killed mid-attempt finished by `keel worker --once`, and by `keel resume` then `keel
 //! reconcile`; two workers on one database sharing
 //! crashed runs; a worker partitioned from the database past its lease, taken over, fenced,
-//! its late answer kept, and one that starts partitioned away; and every bad store argument
-//! refused, writing nothing, never printing a password.
+//! its late answer kept, and one that starts partitioned away; the operator's commands
+//! (`intents`, `resolve`, `approve`, `deny`, `cancel`, `runs`, `run show`) as on SQLite; and
+//! every bad store argument refused, writing nothing, never printing a password.
 
 use crate::cli::{charge_args, start_sim, temp};
-use engine::event::{Event, IntentKey};
+use engine::event::{Event, IntentKey, ResolutionCheck};
 use engine::ledger::IntentStatus;
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -329,6 +330,205 @@ fn a_worker_that_starts_while_the_database_is_partitioned_away_connects_again_on
     verify_clean(&url);
 }
 
+fn event_count(url: &str) -> usize {
+    reader(url).events().expect("reads").len()
+}
+
+/// `keel --store STORE ARGS` as an operator reads it: its text, not `--json`.
+fn keel_text(store: &str, args: &[&str]) -> (i32, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["--store", store])
+        .args(args)
+        .env_remove("KEEL_PROVIDER_URL")
+        .env_remove("KEEL_DB")
+        .env_remove("KEEL_STORE")
+        .output()
+        .expect("keel runs");
+    (output.status.code().unwrap_or(-1), String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The intent keys `keel intents --state STATE` lists.
+fn listed(url: &str, state: &str) -> Vec<String> {
+    let (code, listed, stderr) = run(keel(url, None, &["intents", "--state", state]));
+    assert_eq!(code, 0, "{listed} {stderr}");
+    let rows = listed.as_array().unwrap_or_else(|| panic!("a list: {listed}"));
+    rows.iter().map(|row| row["intent_key"].as_str().expect("each row names its intent").to_owned()).collect()
+}
+
+/// An intent whose answer was lost on PostgreSQL is listed by `intents --state`, refused a
+/// cancel and a resolution the provider's lookup contradicts (writing nothing), then resolved
+/// with the reference the provider confirms, as on SQLite; bad input is the same usage error.
+#[test]
+fn an_unknown_charge_is_listed_and_resolved_against_the_providers_lookup_on_postgres() {
+    let url = database("resolve");
+    let (dir, _) = temp();
+    let plan = r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":1500}]}"#;
+    let sim = start_sim(dir.path(), Some(plan));
+    let lost = [&["--provider-timeout-ms", "300"][..], &charge_args("order_1900_charge", "2500")].concat();
+    let (code, unknown, stderr) = run(keel(&url, Some(sim.url()), &lost));
+    assert_eq!((code, unknown["status"].as_str()), (2, Some("outcome_unknown")), "{unknown} {stderr}");
+    let charge = key("charge", "order_1900_charge");
+    assert_eq!(listed(&url, "outcome_unknown"), [charge.as_str()]);
+    assert!(listed(&url, "validated").is_empty());
+    let (code, text) = keel_text(&url, &["intents"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.starts_with("STATUS") && text.contains(charge.as_str()), "a header, then its row: {text}");
+
+    let before = event_count(&url);
+    let (code, bogus, _) = run(keel(&url, None, &["intents", "--state", "bogus"]));
+    assert_eq!((code, bogus["status"].as_str()), (64, Some("usage_error")), "{bogus}");
+    assert!(bogus["error"].as_str().is_some_and(|e| e.contains("outcome_unknown")), "names the states: {bogus}");
+    let nothing = key("charge", "order_0000_nothing");
+    let args = ["resolve", nothing.as_str(), "--absent", "--by", "ana", "--reason", "r"];
+    let (code, missing, _) = run(keel(&url, None, &args));
+    assert_eq!((code, missing["reason"].as_str()), (64, Some("not_found")), "{missing}");
+    let (code, refused, _) = run(keel(&url, None, &["cancel", charge.as_str(), "--by", "ana", "--reason", "asked"]));
+    assert_eq!(code, 2, "cancel is refused while the outcome is unknown: {refused}");
+    let real = provider_sim::list_effects(&dir.path().join("sim.db")).expect("effects")[0].id.clone();
+    let args = ["resolve", charge.as_str(), "--landed", "ch_DOES_NOT_EXIST", "--by", "ana", "--reason", "looked"];
+    let (code, contradicted, _) = run(keel(&url, Some(sim.url()), &args));
+    assert_eq!(code, 2, "{contradicted}");
+    assert!(contradicted["error"].to_string().contains(&real), "says what the provider says: {contradicted}");
+    let args = ["resolve", charge.as_str(), "--landed", &real, "--by", "ana", "--reason", "r"];
+    let (code, unasked, _) = run(keel(&url, None, &args));
+    assert_eq!(code, 64, "a provider that can look up must be asked: {unasked}");
+    assert_eq!(event_count(&url), before, "refusals and bad input write nothing");
+
+    let (code, resolved, stderr) = run(keel(&url, Some(sim.url()), &args));
+    assert_eq!((code, resolved["status"].as_str()), (0, Some("validated")), "{resolved} {stderr}");
+    let events = reader(&url).stream(&charge.stream()).expect("reads");
+    let last = events.last().expect("events");
+    let Event::IntentResolved { by, landed, check, .. } = &last.event else { panic!("resolved last: {last:?}") };
+    assert_eq!((by.as_str(), landed.as_deref()), ("ana", Some(real.as_str())));
+    assert_eq!(*check, ResolutionCheck::Confirmed, "the provider's lookup agreed");
+    assert_eq!(listed(&url, "validated"), [charge.as_str()]);
+    assert!(listed(&url, "outcome_unknown").is_empty());
+    assert_eq!(effects_on(dir.path(), &charge), 1);
+    verify_clean(&url);
+}
+
+/// A charge above the approval threshold on PostgreSQL waits, listed, until approved (bound to
+/// its fingerprint), then is effected once when re-submitted; another is denied and never
+/// effected.
+#[test]
+fn an_approved_charge_is_effected_once_and_a_denied_one_never_on_postgres() {
+    let url = database("approve");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    let gated = |intent_id: &'static str, order: &'static str| {
+        let mut args = charge_args(intent_id, "5000");
+        args[6] = order;
+        args.extend(["--approval-threshold-minor", "1000"]);
+        args
+    };
+    let approved = gated("order_1842_charge", "order_1842");
+    let (code, waiting, stderr) = run(keel(&url, Some(sim.url()), &approved));
+    assert_eq!((code, waiting["status"].as_str()), (2, Some("awaiting_approval")), "{waiting} {stderr}");
+    let charge = key("charge", "order_1842_charge");
+    assert_eq!(listed(&url, "awaiting_approval"), [charge.as_str()]);
+
+    let before = event_count(&url);
+    let wrong = "0".repeat(64);
+    let (code, refused, _) =
+        run(keel(&url, None, &["approve", charge.as_str(), "--by", "lead", "--fingerprint", &wrong]));
+    assert_eq!(code, 2, "{refused}");
+    let (code, blank, _) = run(keel(&url, None, &["approve", charge.as_str(), "--by", " "]));
+    assert_eq!((code, blank["status"].as_str()), (64, Some("usage_error")), "{blank}");
+    assert_eq!(event_count(&url), before, "a refused approval writes nothing");
+    assert_eq!(effects_on(dir.path(), &charge), 0);
+    let (code, text) = keel_text(&url, &["approve", charge.as_str(), "--by", "lead"]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.starts_with(&format!("approved {charge} by lead")), "{text}");
+    let (code, done, _) = run(keel(&url, Some(sim.url()), &approved));
+    assert_eq!((code, done["status"].as_str()), (0, Some("validated")), "{done}");
+    let (code, again, _) = run(keel(&url, Some(sim.url()), &approved));
+    assert_eq!((code, again["source"].as_str()), (0, Some("deduplicated")), "{again}");
+    assert_eq!(effects_on(dir.path(), &charge), 1, "effected exactly once");
+
+    let other = gated("order_1843_charge", "order_1843");
+    let (code, waiting, _) = run(keel(&url, Some(sim.url()), &other));
+    assert_eq!((code, waiting["status"].as_str()), (2, Some("awaiting_approval")), "{waiting}");
+    let denied = key("charge", "order_1843_charge");
+    let (code, shown, _) = run(keel(&url, None, &["deny", denied.as_str(), "--by", "lead", "--reason", "suspicious"]));
+    assert_eq!((code, shown["status"].as_str()), (0, Some("rejected")), "{shown}");
+    let (code, after, _) = run(keel(&url, Some(sim.url()), &other));
+    assert_eq!((code, after["status"].as_str()), (2, Some("rejected")), "{after}");
+    assert_eq!(effects_on(dir.path(), &denied), 0, "a denied charge is never effected");
+    assert_eq!(listed(&url, "validated"), [charge.as_str()]);
+    assert_eq!(listed(&url, "rejected"), [denied.as_str()]);
+    verify_clean(&url);
+}
+
+/// `keel cancel` on PostgreSQL ends an intent that has nothing in flight, recorded with the
+/// operator's name and reason; an unknown key is refused as on SQLite and writes nothing.
+#[test]
+fn cancel_ends_a_waiting_intent_with_the_operators_name_on_postgres() {
+    let url = database("cancel");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    let mut args = charge_args("order_1844_charge", "5000");
+    args.extend(["--approval-threshold-minor", "1000"]);
+    let (code, waiting, _) = run(keel(&url, Some(sim.url()), &args));
+    assert_eq!((code, waiting["status"].as_str()), (2, Some("awaiting_approval")), "{waiting}");
+    let charge = key("charge", "order_1844_charge");
+    let before = event_count(&url);
+    let nothing = key("charge", "order_0000_nothing");
+    let (code, missing, _) = run(keel(&url, None, &["cancel", nothing.as_str(), "--by", "ana", "--reason", "r"]));
+    assert_eq!((code, missing["reason"].as_str()), (64, Some("not_found")), "{missing}");
+    assert_eq!(event_count(&url), before, "an unknown key writes nothing");
+    let (code, cancelled, _) = run(keel(&url, None, &["cancel", charge.as_str(), "--by", "ana", "--reason", "asked"]));
+    assert_eq!((code, cancelled["status"].as_str()), (0, Some("cancelled")), "{cancelled}");
+    let last = reader(&url).stream(&charge.stream()).expect("reads").pop().expect("events");
+    assert_eq!(last.cause.actor, "operator:ana", "{last:?}");
+    assert!(matches!(last.event, Event::IntentCancelled { .. }), "{last:?}");
+    assert_eq!(listed(&url, "cancelled"), [charge.as_str()]);
+    assert_eq!(effects_on(dir.path(), &charge), 0);
+    verify_clean(&url);
+}
+
+/// `keel runs` on PostgreSQL lists and filters the runs as on SQLite (by status, workflow and
+/// start), and `keel run show` renders one with its intents and budgets; bad input and an
+/// unknown run are the same usage errors.
+#[test]
+fn runs_are_listed_filtered_and_shown_on_postgres() {
+    let url = database("runs");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (code, charged, _) = run(keel(&url, Some(sim.url()), &charge_args("order_1842_charge", "4900")));
+    assert_eq!(code, 0, "{charged}");
+    let charge_run = charged["run_id"].as_str().expect("a run").to_owned();
+    let (code, refunded, _) = run(keel(&url, Some(sim.url()), &refund_args("order_1842_refund_1", "1000")));
+    assert_eq!(code, 0, "{refunded}");
+    let refund_run = refunded["run_id"].as_str().expect("a run").to_owned();
+    let ids = |args: &[&str]| -> Vec<String> {
+        let (code, listed, stderr) = run(keel(&url, None, &[&["runs"][..], args].concat()));
+        assert_eq!(code, 0, "{args:?}: {listed} {stderr}");
+        let rows = listed.as_array().unwrap_or_else(|| panic!("a list: {listed}"));
+        rows.iter().map(|row| row["run_id"].as_str().expect("each row names its run").to_owned()).collect()
+    };
+    assert_eq!(ids(&[]), [charge_run.as_str(), refund_run.as_str()], "oldest first");
+    assert_eq!(ids(&["--status", "completed", "--workflow", "refund"]), [refund_run.as_str()]);
+    assert_eq!(ids(&["--workflow", "charge", "--since", "1h"]), [charge_run.as_str()]);
+    assert!(ids(&["--since", "2999-01-01T00:00:00Z"]).is_empty());
+    assert!(ids(&["--status", "running"]).is_empty());
+
+    let (code, shown, stderr) = run(keel(&url, None, &["run", "show", &charge_run]));
+    assert_eq!((code, shown["status"].as_str()), (0, Some("completed")), "{shown} {stderr}");
+    assert_eq!(shown["intents"][0]["intent_key"], key("charge", "order_1842_charge").as_str(), "{shown}");
+    let budgets = shown["budgets"].as_array().expect("budgets");
+    let money = budgets.iter().find(|b| b["name"] == "cost_minor").expect("a money budget");
+    assert_eq!(money["used"].as_i64(), Some(4900), "{shown}");
+    let (code, text) = keel_text(&url, &["run", "show", &refund_run]);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.starts_with(&format!("run {refund_run}: completed")), "{text}");
+
+    let (code, bogus, _) = run(keel(&url, None, &["runs", "--status", "bogus"]));
+    assert_eq!((code, bogus["status"].as_str()), (64, Some("usage_error")), "{bogus}");
+    assert!(bogus["error"].as_str().is_some_and(|e| e.contains("deadline_exceeded")), "names them: {bogus}");
+    let (code, missing, _) = run(keel(&url, None, &["run", "show", "no-such-run"]));
+    assert_eq!((code, missing["reason"].as_str()), (64, Some("not_found")), "{missing}");
+}
+
 /// Asserts that the database at `url` holds no Keel log: nothing, not even its tables, was
 /// written there.
 fn assert_no_log(url: &str) {
@@ -399,13 +599,12 @@ fn every_bad_store_argument_is_a_usage_error_that_writes_nothing_and_never_print
             "two different logs",
         ),
         (
-            vec!["--store", &with_password, "intents"],
-            "charge, refund, resume, reconcile, worker, show, verify, bench and soak",
+            vec!["--store", &with_password, "metrics"],
+            "charge, refund, resume, reconcile, worker, intents, show, resolve, approve, deny, cancel, runs, run \
+             show, verify, bench and soak",
         ),
-        (
-            vec!["--store", &with_password, "cancel", "charge:t:order_1842_charge", "--by", "ana", "--reason", "r"],
-            "does not run on PostgreSQL",
-        ),
+        (vec!["--store", &with_password, "trace", "run-1"], "does not run on PostgreSQL"),
+        (vec!["--store", &with_password, "intents", "--stuck"], "intents --stuck does not run on PostgreSQL"),
     ];
     for (args, named) in &cases {
         let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
@@ -422,7 +621,7 @@ fn every_bad_store_argument_is_a_usage_error_that_writes_nothing_and_never_print
     }
     // KEEL_STORE is read as --store is.
     let output = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["--provider", sim.url(), "intents"])
+        .args(["--provider", sim.url(), "metrics"])
         .env("KEEL_STORE", &with_password)
         .env_remove("KEEL_DB")
         .output()

@@ -7,14 +7,16 @@
 //! # Cost
 //!
 //! [`PgReader::stream`], [`PgReader::intent`] and [`PgReader::run`] read what they return
-//! through an index. [`PgReader::ledger`] folds the whole log into memory (checkers and tests
+//! through an index, as [`PgReader::run_state`] does a run and its intents.
+//! [`PgReader::each_intent`] and [`PgReader::each_run`] read a page at a time (a keyset cursor
+//! on an index), holding one page in memory. [`PgReader::ledger`] folds the whole log into memory (checkers and tests
 //! only). [`PgReader::verify`] reads everything, a page of streams in memory at a time (their
 //! names, events and rows), plus one retry counter per run that made network retries.
 
 use crate::error::{Error, Result};
 use crate::rows::{self, EVENT_COLUMNS, EntityRow};
 use engine::event::{GENESIS_HASH, IntentKey, RunId, StoredEvent, StreamId};
-use engine::ledger::{Intent, Ledger, Run};
+use engine::ledger::{Intent, IntentStatus, Ledger, Run};
 use postgres::{Client, IsolationLevel, Transaction};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -29,11 +31,17 @@ pub const VERIFY_MISMATCHES_MAX: usize = 100;
 /// entity rows it reads back afterwards, a page of keys a query.
 const VERIFY_PAGE_STREAMS: usize = 500;
 
+/// Intents [`PgReader::each_intent`] reads a query, and runs [`PgReader::each_run`] does (with
+/// their intents in one more): one round trip for a page of full states, as `verify`'s pages.
+const LIST_PAGE: usize = 500;
+
 /// A read-only handle on the log, with its own connection.
 pub struct PgReader {
     client: Client,
     /// Streams (or entity rows) `verify` reads a query.
     verify_page: usize,
+    /// Intents or runs `each_intent` and `each_run` read a query.
+    list_page: usize,
 }
 
 /// One thing `verify` found wrong.
@@ -136,7 +144,7 @@ impl PgReader {
     ///
     /// PostgreSQL's.
     pub fn open(url: &str) -> Result<Self> {
-        Ok(Self { client: crate::writer::connect(url)?, verify_page: VERIFY_PAGE_STREAMS })
+        Ok(Self { client: crate::writer::connect(url)?, verify_page: VERIFY_PAGE_STREAMS, list_page: LIST_PAGE })
     }
 
     /// Whether the database at `url` holds a Keel log (its schema was ever created), asked on
@@ -185,6 +193,81 @@ impl PgReader {
         let names: Vec<&str> = keys.iter().map(IntentKey::as_str).collect();
         let mut found = rows::indexed_intents(&mut tx, &names)?;
         names.iter().map(|key| found.remove(*key).map(|row| row.entity.intent()).transpose()).collect()
+    }
+
+    /// Hands `each` every intent in key order, only those in `status` when given, read in one
+    /// snapshot a page of [`LIST_PAGE`] at a time (a keyset cursor: `key > last ORDER
+    /// BY key LIMIT page`, on `intents_by_status` with a status, the primary key without). It
+    /// holds one page, whatever the log holds. Returns how many it handed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
+    pub fn each_intent(&mut self, status: Option<IntentStatus>, each: &mut impl FnMut(Intent)) -> Result<u64> {
+        let limit = self.list_page;
+        let mut tx = self.snapshot()?;
+        let (mut after, mut handed) = (None::<String>, 0u64);
+        loop {
+            let page = rows::intents_page(&mut tx, status, after.as_deref(), limit)?;
+            let full = page.len() == limit;
+            for row in page {
+                let intent = row.intent()?;
+                after = Some(intent.key().as_str().to_owned());
+                handed += 1;
+                each(intent);
+            }
+            if !full {
+                return Ok(handed);
+            }
+        }
+    }
+
+    /// Hands `each` every run in id order, only the unfinished with `unfinished_only`, with the
+    /// intents it reserved in reservation order, read in one snapshot a page of [`LIST_PAGE`]
+    /// runs at a time (a keyset cursor on the primary key, then the page's intents in one query
+    /// on `intents_by_run`). It holds one page, whatever the log holds. Returns how many it
+    /// handed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
+    pub fn each_run(&mut self, unfinished_only: bool, each: &mut impl FnMut(Run, Vec<Intent>)) -> Result<u64> {
+        let limit = self.list_page;
+        let mut tx = self.snapshot()?;
+        let (mut after, mut handed) = (None::<String>, 0u64);
+        loop {
+            let page = rows::runs_page(&mut tx, unfinished_only, after.as_deref(), limit)?;
+            let full = page.len() == limit;
+            let runs: Vec<Run> = page.iter().map(EntityRow::run).collect::<Result<_>>()?;
+            let ids: Vec<&str> = runs.iter().map(|run| run.run_id.as_str()).collect();
+            let mut intents: BTreeMap<RunId, Vec<Intent>> = BTreeMap::new();
+            for row in rows::runs_intent_rows(&mut tx, &ids)? {
+                let intent = row.intent()?;
+                intents.entry(intent.run_id.clone()).or_default().push(intent);
+            }
+            for run in runs {
+                after = Some(run.run_id.as_str().to_owned());
+                handed += 1;
+                let reserved = intents.remove(&run.run_id).unwrap_or_default();
+                each(run, reserved);
+            }
+            if !full {
+                return Ok(handed);
+            }
+        }
+    }
+
+    /// One run's row and the rows of the intents it reserved, in reservation order, read in
+    /// one snapshot through the primary key and `intents_by_run`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for a row that does not decode; PostgreSQL's.
+    pub fn run_state(&mut self, run_id: &RunId) -> Result<Option<(Run, Vec<Intent>)>> {
+        let mut tx = self.snapshot()?;
+        let Some(row) = rows::run_row(&mut tx, run_id.as_str())? else { return Ok(None) };
+        let intents = rows::run_intent_rows(&mut tx, run_id.as_str())?;
+        Ok(Some((row.run()?, intents.iter().map(EntityRow::intent).collect::<Result<_>>()?)))
     }
 
     /// One run's row.
@@ -248,6 +331,15 @@ impl PgReader {
     #[must_use]
     pub fn with_verify_page(mut self, streams: NonZeroUsize) -> Self {
         self.verify_page = streams.get();
+        self
+    }
+
+    /// Reads `items` intents or runs a query in [`PgReader::each_intent`] and
+    /// [`PgReader::each_run`] instead of 500: what they hand is the same whatever the page;
+    /// tests make pages small to check that nothing is lost or repeated at their boundaries.
+    #[must_use]
+    pub fn with_list_page(mut self, items: NonZeroUsize) -> Self {
+        self.list_page = items.get();
         self
     }
 

@@ -343,6 +343,52 @@ pub(crate) fn status_rows(
     )
 }
 
+/// The next `limit` intents after the key `after` (exclusive; `None` from the first), in key
+/// order, only those in `status` when given: a keyset page of `intents_by_status` with a
+/// status, of the primary key without.
+pub(crate) fn intents_page(
+    client: &mut impl GenericClient,
+    status: Option<IntentStatus>,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<EntityRow>> {
+    let limit = to_i64(limit as u64);
+    // The empty string sorts before every key, in every collation.
+    let after = after.unwrap_or_default();
+    match status {
+        Some(status) => intent_rows(
+            client,
+            "status = $1 AND key > $2 ORDER BY key LIMIT $3",
+            &[(&status.as_str(), Type::TEXT), (&after, Type::TEXT), (&limit, Type::INT8)],
+        ),
+        None => intent_rows(client, "key > $1 ORDER BY key LIMIT $2", &[(&after, Type::TEXT), (&limit, Type::INT8)]),
+    }
+}
+
+/// The next `limit` runs after the id `after` (exclusive; `None` from the first), in id
+/// order, only the unfinished with `unfinished_only`: a keyset page of the primary key.
+pub(crate) fn runs_page(
+    client: &mut impl GenericClient,
+    unfinished_only: bool,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<EntityRow>> {
+    let limit = to_i64(limit as u64);
+    // The empty string sorts before every id, in every collation.
+    let after = after.unwrap_or_default();
+    let filter = if unfinished_only {
+        "NOT finished AND run_id > $1 ORDER BY run_id LIMIT $2"
+    } else {
+        "run_id > $1 ORDER BY run_id LIMIT $2"
+    };
+    run_rows(client, filter, &[(&after, Type::TEXT), (&limit, Type::INT8)])
+}
+
+/// The intents the runs `run_ids` reserved, by run then in reservation order (`intents_by_run`).
+pub(crate) fn runs_intent_rows(client: &mut impl GenericClient, run_ids: &[&str]) -> Result<Vec<EntityRow>> {
+    intent_rows(client, "run_id = ANY($1) ORDER BY run_id, reserved_seq", &[(&run_ids, Type::TEXT_ARRAY)])
+}
+
 /// Intents whose reconciliation is due at `now`, oldest due first, ties in key order, at most
 /// `limit` (`intents_due`).
 pub(crate) fn due_rows(client: &mut impl GenericClient, now: DateTime<Utc>, limit: usize) -> Result<Vec<EntityRow>> {

@@ -20,6 +20,7 @@ use engine::log::{EventLog, LogError};
 use engine::memory::MemoryProvider;
 use engine::provider::EffectKind;
 use serde_json::json;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use store_postgres::proxy::{Cut, Heal, Proxy};
 use store_postgres::{PgLog, PgReader};
@@ -587,6 +588,58 @@ fn postgres_verify_pages_find_every_tampering_across_their_boundaries_with_the_s
         let ghost = format!("{moved}-moved");
         assert!(found(&|m| named(m) == (ghost.clone(), "a row without events".to_owned())), "{ghost}");
     }
+}
+
+#[test]
+fn postgres_intents_and_runs_are_listed_whole_across_page_boundaries() {
+    let url = pg_url("list_paged");
+    let clock = Arc::new(ManualClock::new(start()));
+    let log = pg_open(&url, &clock);
+    let ids: Vec<String> = (0..7).map(|n| format!("listed-{n}")).collect();
+    runtime().block_on(async {
+        for (n, id) in ids.iter().enumerate() {
+            intent_of(log.execute(start_and_reserve(&format!("run-{id}"), charge(id, 100))).await);
+            if n % 2 == 0 {
+                intent_of(log.execute(start_attempt(&format!("run-{id}"), id)).await);
+            }
+        }
+    });
+    log.shutdown();
+    let listed = |page: usize, status: Option<IntentStatus>| {
+        let mut reader = PgReader::open(&url).expect("reader").with_list_page(NonZeroUsize::new(page).expect("not 0"));
+        let mut keys = Vec::new();
+        let handed =
+            reader.each_intent(status, &mut |intent| keys.push(intent.key().as_str().to_owned())).expect("reads");
+        assert_eq!(handed, keys.len() as u64);
+        keys
+    };
+    let runs = |page: usize| {
+        let mut reader = PgReader::open(&url).expect("reader").with_list_page(NonZeroUsize::new(page).expect("not 0"));
+        let mut found = Vec::new();
+        reader
+            .each_run(false, &mut |run, intents| {
+                let keys: Vec<String> = intents.iter().map(|i| i.key().as_str().to_owned()).collect();
+                found.push((run.run_id.as_str().to_owned(), keys));
+            })
+            .expect("reads");
+        found
+    };
+    let every: Vec<String> = ids.iter().map(|id| key(id).as_str().to_owned()).collect();
+    let attempting: Vec<String> = every.iter().step_by(2).cloned().collect();
+    let reserved: Vec<String> = every.iter().skip(1).step_by(2).cloned().collect();
+    let each_run: Vec<(String, Vec<String>)> =
+        ids.iter().zip(&every).map(|(id, key)| (format!("run-{id}"), vec![key.clone()])).collect();
+    for page in [1, 2, 3, 7, 8, 500] {
+        assert_eq!(listed(page, None), every, "pages of {page}: every intent once, in key order");
+        assert_eq!(listed(page, Some(IntentStatus::Attempting)), attempting, "pages of {page}");
+        assert_eq!(listed(page, Some(IntentStatus::Reserved)), reserved, "pages of {page}");
+        assert!(listed(page, Some(IntentStatus::Validated)).is_empty(), "pages of {page}");
+        assert_eq!(runs(page), each_run, "pages of {page}: every run once, with its intent");
+    }
+    let (run, intents) =
+        PgReader::open(&url).expect("reader").run_state(&RunId::new("run-listed-3")).expect("reads").expect("a run");
+    assert_eq!((run.run_id.as_str(), intents.len()), ("run-listed-3", 1));
+    assert!(PgReader::open(&url).expect("reader").run_state(&RunId::new("run-none")).expect("reads").is_none());
 }
 
 #[test]
