@@ -543,10 +543,14 @@ fn print_resume(
     report: &engine::executor::ResumeReport,
     agents: &[crate::agent::AgentResumed],
 ) -> Outcome {
-    let mut document = serde_json::to_value(report)?;
-    if let Some(map) = document.as_object_mut() {
-        map.insert("agent_runs".into(), serde_json::to_value(agents)?);
+    /// `keel resume --json`: the engine's report with the agent runs resumed beside it.
+    #[derive(serde::Serialize)]
+    struct Resumed<'a> {
+        #[serde(flatten)]
+        report: &'a engine::executor::ResumeReport,
+        agent_runs: &'a [crate::agent::AgentResumed],
     }
+    let document = serde_json::to_value(Resumed { report, agent_runs: agents })?;
     out.emit(&name_intent_keys(document), || {
         outln!(
             "recovered {}, resumed {} and {}, reconciled {}, left {} asleep",
