@@ -15,6 +15,7 @@
 //! (`super::scale`) uses to grow its logs; [`leave_in_flight`] writes charges whose provider
 //! never answers and exits once every attempt is durable, as a crash would leave them.
 
+use super::latency::Latencies;
 use crate::ProviderArgs;
 use crate::backend::{Location, PgUrl};
 use crate::exit;
@@ -341,11 +342,6 @@ async fn measure<B: Backend>(
     let effects_after = counted.map(MemoryProvider::effect_count);
     node.shutdown()?;
     drop(node);
-    let mut sorted = latencies;
-    sorted.sort();
-    let percentile = |p: f64| {
-        sorted.get(((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-    };
     Ok(Report {
         backend,
         provider: match args.provider {
@@ -359,8 +355,8 @@ async fn measure<B: Backend>(
         intents_per_s: intents as f64 / seconds,
         events,
         events_per_s: events.map(|events| events as f64 / seconds),
-        p50_ms: percentile(0.50),
-        p99_ms: percentile(0.99),
+        p50_ms: latencies.percentile_ms(0.50),
+        p99_ms: latencies.percentile_ms(0.99),
         commits,
         commits_per_intent: commits as f64 / intents as f64,
         validated: first_pass,
@@ -604,7 +600,7 @@ async fn pass<B: Backend>(
     concurrency: usize,
     expect: Expect,
     progress: Progress,
-) -> anyhow::Result<(usize, Vec<Duration>, f64)> {
+) -> anyhow::Result<(usize, Latencies, f64)> {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut workers = Vec::new();
@@ -612,13 +608,13 @@ async fn pass<B: Backend>(
         let (node, next, progress) = (node.clone(), next.clone(), progress.clone());
         workers.push(tokio::spawn(async move {
             let mut matched = 0;
-            let mut latencies = Vec::new();
+            let mut latencies = Latencies::default();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(input) = inputs.get(i) else { break };
                 let began = Instant::now();
                 let outcome = node.executor.start("charge", &input, bench_run()).await?;
-                latencies.push(began.elapsed());
+                latencies.record(began.elapsed());
                 progress.inc(1);
                 if outcome.intent.as_ref().is_some_and(|intent| expect.matches(intent)) {
                     matched += 1;
@@ -628,11 +624,11 @@ async fn pass<B: Backend>(
         }));
     }
     let mut matched = 0;
-    let mut latencies = Vec::new();
+    let mut latencies = Latencies::default();
     for worker in workers {
         let (m, l) = worker.await??;
         matched += m;
-        latencies.extend(l);
+        latencies.merge(&l);
     }
     Ok((matched, latencies, started.elapsed().as_secs_f64()))
 }

@@ -15,6 +15,7 @@
 pub mod bench;
 pub mod chaos;
 pub mod demo;
+pub mod latency;
 pub mod scale;
 pub mod serve_bench;
 pub mod soak;

@@ -11,6 +11,7 @@
 //! by `--max-seconds`. It measures and checks the effect counts; it asserts no timing.
 
 use super::bench::Report as BenchReport;
+use super::latency::Latencies;
 use super::start_sim;
 use crate::exit;
 use crate::output::Output;
@@ -56,17 +57,17 @@ struct Pass {
     failures: Vec<String>,
 }
 
-/// What one load-generating task saw: its successes, every latency, its first failures.
+/// What one load-generating task saw: its successes, its latencies, its first failures.
 #[derive(Default)]
 struct Tally {
     ok: usize,
-    latencies: Vec<Duration>,
+    latencies: Latencies,
     failures: Vec<String>,
 }
 
 impl Tally {
     fn record(&mut self, began: Instant, failure: Option<String>) {
-        self.latencies.push(began.elapsed());
+        self.latencies.record(began.elapsed());
         match failure {
             None => self.ok += 1,
             Some(failure) if self.failures.len() < FAILURES_SHOWN => self.failures.push(failure),
@@ -76,7 +77,7 @@ impl Tally {
 
     fn merge(mut self, other: Self) -> Self {
         self.ok += other.ok;
-        self.latencies.extend(other.latencies);
+        self.latencies.merge(&other.latencies);
         self.failures.extend(other.failures);
         self.failures.truncate(FAILURES_SHOWN);
         self
@@ -85,19 +86,14 @@ impl Tally {
 
 impl Pass {
     fn of(tally: Tally, seconds: f64) -> Self {
-        let Tally { ok, mut latencies, failures } = tally;
-        latencies.sort();
-        let percentile = |p: f64| {
-            let index = ((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1));
-            latencies.get(index).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
-        };
+        let Tally { ok, latencies, failures } = tally;
         Self {
-            requests: latencies.len(),
+            requests: usize::try_from(latencies.count()).expect("a pass's requests fit in memory's address space"),
             ok,
             seconds,
             per_s: ok as f64 / seconds,
-            p50_ms: percentile(0.50),
-            p99_ms: percentile(0.99),
+            p50_ms: latencies.percentile_ms(0.50),
+            p99_ms: latencies.percentile_ms(0.99),
             failures,
         }
     }
