@@ -223,6 +223,15 @@ pub const ENTITY_CACHE_MAX: usize = 8_192;
 /// the store's writer.
 pub const VERIFIED_MARK_EVENTS: u64 = 2_048;
 
+/// Events a writer commits before it asks its checkpointer to copy the WAL into the
+/// database file. A checkpoint writes every page the commits since the last one dirtied and
+/// fsyncs the file: asked after every commit, it cost a second and third fsync per commit
+/// and rewrote the same hot pages commit after commit (at one caller the checkpointer took
+/// a third of the process's samples). The WAL grows by at most this many events' pages
+/// between checkpoints (SQLite's own `wal_autocheckpoint` stays the bound if the
+/// checkpointer falls behind). Enforced by the store's writer.
+pub const CHECKPOINT_NUDGE_EVENTS: u64 = 256;
+
 /// Largest JSON payload accepted for one event, in bytes. Checked before append.
 pub const EVENT_PAYLOAD_MAX_BYTES: usize = 64 * 1024;
 

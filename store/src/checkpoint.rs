@@ -3,8 +3,10 @@
 //!
 //! Owns one thread with its own connection. SQLite's automatic checkpoint would run inside
 //! the writer's COMMIT (15% of the writer's time under load, measured with `perf` on `keel
-//! bench`), delaying every caller of that batch; the writer nudges this thread after each
-//! commit instead, and keeps the inline checkpoint only as a bound
+//! bench`), delaying every caller of that batch; the writer nudges this thread instead, once
+//! every `engine::limits::CHECKPOINT_NUDGE_EVENTS` committed events (after every commit, its
+//! fsyncs and page copies competed with the writer's own: at one caller, a third of the
+//! process's samples), and keeps the inline checkpoint only as a bound
 //! (`schema::WAL_AUTOCHECKPOINT_PAGES`) for when this thread falls behind. A PASSIVE
 //! checkpoint never blocks the writer or readers. Nudges coalesce (a channel of one), so a
 //! busy writer gets back-to-back checkpoints, an idle one none.
@@ -18,7 +20,8 @@ use std::path::Path;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
 
-/// A handle the writer nudges after each commit; dropping it stops the thread.
+/// A handle the writer nudges every `CHECKPOINT_NUDGE_EVENTS` committed events; dropping it
+/// stops the thread.
 pub(crate) struct Checkpointer {
     nudge: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,

@@ -74,7 +74,9 @@ use engine::failpoints::Point;
 use engine::lease::OwnerProbe;
 use engine::ledger::fold;
 use engine::ledger::{Action, Command, Decision, Refusal, Reply, ReplyTarget, View as _};
-use engine::limits::{ENTITY_CACHE_MAX, VERIFIED_MARK_EVENTS, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY};
+use engine::limits::{
+    CHECKPOINT_NUDGE_EVENTS, ENTITY_CACHE_MAX, VERIFIED_MARK_EVENTS, WRITER_BATCH_MAX, WRITER_CHANNEL_CAPACITY,
+};
 use engine::log::{EventLog, LogError, Unsealed};
 use engine::provider::BoxFuture;
 use rusqlite::Connection;
@@ -249,6 +251,7 @@ impl Store {
         let writer = Writer {
             conn,
             checkpointer,
+            unchecked_events: 0,
             chain,
             recorded,
             cache: RefCell::new(Cache::new(ENTITY_CACHE_MAX)),
@@ -365,6 +368,8 @@ struct BatchFailure {
 struct Writer {
     conn: Connection,
     checkpointer: Checkpointer,
+    /// Events committed since the checkpointer was last asked (`CHECKPOINT_NUDGE_EVENTS`).
+    unchecked_events: u64,
     /// Where the log ends: every event up to it is checked (written here, or checked by
     /// catch-up or by the open-time tail check).
     chain: Chain,
@@ -510,7 +515,11 @@ impl Writer {
         if appended > 0 {
             // Durable, not acknowledged: callers never learn their commands succeeded.
             self.failpoints.hit(Point::AfterCommitBeforeAnswer);
-            self.checkpointer.nudge();
+            self.unchecked_events += appended;
+            if self.unchecked_events >= CHECKPOINT_NUDGE_EVENTS {
+                self.checkpointer.nudge();
+                self.unchecked_events = 0;
+            }
             self.counters.commits.fetch_add(1, Ordering::Relaxed);
             self.counters.events.fetch_add(appended, Ordering::Relaxed);
         }
