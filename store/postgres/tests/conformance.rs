@@ -96,6 +96,16 @@ fn pg_url(label: &str) -> String {
     cluster.database(label).unwrap_or_else(|error| panic!("{error}"))
 }
 
+/// A fresh database `label` with a proxy of its own in front of the server: the direct URL,
+/// the proxy, and the URL through it.
+fn behind_proxy(label: &str) -> (String, Proxy, String) {
+    let direct = pg_url(label);
+    let port = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}")).port();
+    let proxy = Proxy::start(([127, 0, 0, 1], port).into()).expect("the proxy listens");
+    let through = direct.replace(&format!(":{port}/"), &format!(":{}/", proxy.port()));
+    (direct, proxy, through)
+}
+
 fn pg_open(url: &str, clock: &Arc<ManualClock>) -> PgLog {
     PgLog::open(url, store_postgres::Options::default(), clock.clone()).expect("the postgres log opens")
 }
@@ -685,10 +695,7 @@ fn postgres_a_recovery_that_raced_an_answer_on_a_range_read_runs_again_never_for
 
 #[test]
 fn postgres_a_cut_connection_before_during_or_after_commit_leaves_exactly_one_set_of_events() {
-    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
-    let direct = pg_url("lost_commit");
-    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
-    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let (direct, proxy, through) = behind_proxy("lost_commit");
     let clock = Arc::new(ManualClock::new(start()));
     let options = store_postgres::Options { writers: 1, ..Default::default() };
     let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
@@ -727,10 +734,7 @@ fn postgres_a_cut_connection_before_during_or_after_commit_leaves_exactly_one_se
 
 #[test]
 fn postgres_a_connection_cut_while_a_log_opens_is_connected_again_not_fatal() {
-    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
-    let direct = pg_url("open_cut");
-    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
-    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let (direct, proxy, through) = behind_proxy("open_cut");
     let clock = Arc::new(ManualClock::new(start()));
     // The first open migrates: cut inside that transaction, then at its COMMIT; a later open
     // (nothing to migrate, the same transaction) after its COMMIT.
@@ -754,10 +758,7 @@ fn postgres_a_connection_cut_while_a_log_opens_is_connected_again_not_fatal() {
 
 #[test]
 fn postgres_a_partition_holds_a_command_whole_then_it_goes_on_or_connects_again() {
-    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
-    let direct = pg_url("partition");
-    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
-    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let (direct, proxy, through) = behind_proxy("partition");
     let clock = Arc::new(ManualClock::new(start()));
     let options = store_postgres::Options { writers: 1, ..Default::default() };
     let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
@@ -789,10 +790,7 @@ fn postgres_a_partition_holds_a_command_whole_then_it_goes_on_or_connects_again(
 
 #[test]
 fn postgres_a_lost_commit_whose_lookup_loses_its_connection_too_connects_again_and_resolves() {
-    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
-    let direct = pg_url("lost_lookup");
-    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
-    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let (direct, proxy, through) = behind_proxy("lost_lookup");
     let clock = Arc::new(ManualClock::new(start()));
     let options = store_postgres::Options { writers: 1, ..Default::default() };
     let log = PgLog::open(&through, options, clock).expect("opens through the proxy");
@@ -964,10 +962,7 @@ fn postgres_commands_on_one_entity_in_a_batch_decide_in_order_each_over_the_one_
 
 #[test]
 fn postgres_a_batch_whose_commit_answer_is_lost_is_all_answered_or_all_run_again() {
-    let cluster = store_postgres::cluster::shared().unwrap_or_else(|error| panic!("{error}"));
-    let direct = pg_url("batch_lost_commit");
-    let proxy = Proxy::start(([127, 0, 0, 1], cluster.port()).into()).expect("the proxy listens");
-    let through = direct.replace(&format!(":{}/", cluster.port()), &format!(":{}/", proxy.port()));
+    let (direct, proxy, through) = behind_proxy("batch_lost_commit");
     let log = one_writer(&through);
     let batch = |n: u32| {
         vec![
