@@ -31,7 +31,6 @@ mod wiring;
 mod worker;
 
 use clap::{Args, Parser, Subcommand};
-use engine::log::Ask;
 use engine::provider::EffectKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -1167,17 +1166,9 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
-            let ask = |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone());
-            ops::operator(
-                || wiring::open_store(db, setting.durability),
-                ops::agent_run_in(db),
-                &out,
-                key,
-                ask,
-                &by,
-                ops::Decision::Cancel,
-            )
-            .await
+            let request = ops::OperatorAsk::Cancel { by, reason };
+            ops::operator(|| wiring::open_store(db, setting.durability), ops::agent_run_in(db), &out, key, request)
+                .await
         }
         Command::Resolve {
             key,
@@ -1200,33 +1191,17 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
-            let ask = |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone());
-            ops::operator(
-                || wiring::open_store(db, setting.durability),
-                ops::agent_run_in(db),
-                &out,
-                key,
-                ask,
-                &by,
-                ops::Decision::Approve,
-            )
-            .await
+            let request = ops::OperatorAsk::Approve { by, ttl_ms, fingerprint };
+            ops::operator(|| wiring::open_store(db, setting.durability), ops::agent_run_in(db), &out, key, request)
+                .await
         }
         Command::Deny { key, decided: Decided { by, reason }, create, store } => {
             let key = ops::parse_key(&key)?;
             existing_log(db, create)?;
             let setting = setting(Some(&store), None);
-            let ask = |cause, key| Ask::deny(cause, key, by.clone(), reason.clone());
-            ops::operator(
-                || wiring::open_store(db, setting.durability),
-                ops::agent_run_in(db),
-                &out,
-                key,
-                ask,
-                &by,
-                ops::Decision::Deny,
-            )
-            .await
+            let request = ops::OperatorAsk::Deny { by, reason };
+            ops::operator(|| wiring::open_store(db, setting.durability), ops::agent_run_in(db), &out, key, request)
+                .await
         }
         Command::Serve { args, store, provider } => {
             let setting = setting(Some(&store), Some(&provider));

@@ -15,7 +15,6 @@ use crate::{Cli, Command, harness, ops, policy_rules, refund_input, required_pro
 use anyhow::Context as _;
 use engine::event::{IntentKey, RunId};
 use engine::ledger::Intent;
-use engine::log::Ask;
 use engine::provider::{BoxFuture, EffectKind};
 use std::sync::Arc;
 use store_postgres::PgLog;
@@ -98,22 +97,28 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
             let key = ops::parse_key(&key)?;
             provider_of(Some(&store), None);
             existing_log(url, create)?;
-            let ask = |cause, key| Ask::cancel(cause, key, by.clone(), reason.clone());
-            ops::operator(|| decision_log(url), agent_run_in(url), out, key, ask, &by, ops::Decision::Cancel).await
+            ops::operator(|| decision_log(url), agent_run_in(url), out, key, ops::OperatorAsk::Cancel { by, reason })
+                .await
         }
         Command::Approve { key, by, fingerprint, ttl_ms, create, store } => {
             let key = ops::parse_key(&key)?;
             provider_of(Some(&store), None);
             existing_log(url, create)?;
-            let ask = |cause, key| Ask::approve(cause, key, by.clone(), ttl_ms, fingerprint.clone());
-            ops::operator(|| decision_log(url), agent_run_in(url), out, key, ask, &by, ops::Decision::Approve).await
+            ops::operator(
+                || decision_log(url),
+                agent_run_in(url),
+                out,
+                key,
+                ops::OperatorAsk::Approve { by, ttl_ms, fingerprint },
+            )
+            .await
         }
         Command::Deny { key, decided: crate::Decided { by, reason }, create, store } => {
             let key = ops::parse_key(&key)?;
             provider_of(Some(&store), None);
             existing_log(url, create)?;
-            let ask = |cause, key| Ask::deny(cause, key, by.clone(), reason.clone());
-            ops::operator(|| decision_log(url), agent_run_in(url), out, key, ask, &by, ops::Decision::Deny).await
+            ops::operator(|| decision_log(url), agent_run_in(url), out, key, ops::OperatorAsk::Deny { by, reason })
+                .await
         }
         Command::Resolve {
             key,

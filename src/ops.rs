@@ -599,23 +599,58 @@ pub enum Decision {
     Resolve,
 }
 
+/// What `keel cancel|approve|deny` asks of one intent, with the operator's name.
+#[derive(Debug)]
+pub enum OperatorAsk {
+    /// `keel cancel`.
+    Cancel { by: String, reason: String },
+    /// `keel approve`: for `ttl_ms`, of the intent whose fingerprint is the one reviewed.
+    Approve { by: String, ttl_ms: u64, fingerprint: Option<String> },
+    /// `keel deny`.
+    Deny { by: String, reason: String },
+}
+
+impl OperatorAsk {
+    fn by(&self) -> &str {
+        match self {
+            Self::Cancel { by, .. } | Self::Approve { by, .. } | Self::Deny { by, .. } => by,
+        }
+    }
+
+    fn decision(&self) -> Decision {
+        match self {
+            Self::Cancel { .. } => Decision::Cancel,
+            Self::Approve { .. } => Decision::Approve,
+            Self::Deny { .. } => Decision::Deny,
+        }
+    }
+
+    fn ask(self, key: IntentKey) -> Ask<IntentAnswer> {
+        let cause = Cause::operator(self.by());
+        match self {
+            Self::Cancel { by, reason } => Ask::cancel(cause, key, by, reason),
+            Self::Approve { by, ttl_ms, fingerprint } => Ask::approve(cause, key, by, ttl_ms, fingerprint),
+            Self::Deny { by, reason } => Ask::deny(cause, key, by, reason),
+        }
+    }
+}
+
 /// `keel cancel|approve|deny`: one operator decision, recorded with the name, on the log
-/// `open` opens once `--by` is checked (a blank name opens nothing). `agent_run` says whether
-/// the intent's run is an agent's, for the hint printed after an approval.
+/// `open` opens once `--by` is checked (a blank name opens nothing). `agent_run` says whether the intent's run is an agent's, for the hint printed
+/// after an approval.
 pub async fn operator<B: Backend>(
     open: impl FnOnce() -> anyhow::Result<B>,
     agent_run: impl FnOnce(&RunId) -> bool,
     out: &Output,
     key: IntentKey,
-    ask: impl FnOnce(Cause, IntentKey) -> Ask<IntentAnswer>,
-    by: &str,
-    decision: Decision,
+    request: OperatorAsk,
 ) -> Outcome {
-    if by.trim().is_empty() {
+    if request.by().trim().is_empty() {
         return Err(Failure::Usage("--by needs the operator's name".into()));
     }
+    let decision = request.decision();
     let store = open()?;
-    let result = store.event_log().ask(ask(Cause::operator(by), key)).await;
+    let result = store.event_log().ask(request.ask(key)).await;
     store.close()?;
     match result {
         Ok(answer) => print_decision(out, &answer.intent, decision, agent_run(&answer.intent.run_id)),
