@@ -236,14 +236,20 @@ fn a_sub_agent_that_delegates_is_refused_at_registration() {
     assert!(matches!(refused, Err(RegistryError::NestedDelegation { nested, .. }) if nested == DESK));
 }
 
+/// Limits that price `test-model` at one minor unit an input token, under a cost cap of
+/// 10 000.
+fn priced_limits() -> AgentLimits {
+    let price = ModelPrice { input_minor_per_mtok: 1_000_000, output_minor_per_mtok: 0 };
+    let prices = PriceTable(BTreeMap::from([("test-model".to_owned(), price)]));
+    AgentLimits { prices, cost_minor_max: Some(10_000), ..AgentLimits::default() }
+}
+
 #[tokio::test]
 async fn a_sub_agents_model_cost_is_its_parents() {
     let mut rig = Rig::new();
     with_desk(&mut rig, desk_limits());
     let journal = MemoryJournal::new();
-    let price = ModelPrice { input_minor_per_mtok: 1_000_000, output_minor_per_mtok: 0 };
-    let prices = PriceTable(BTreeMap::from([("test-model".to_owned(), price)]));
-    let limits = AgentLimits { prices, cost_minor_max: Some(10_000), ..AgentLimits::default() };
+    let limits = priced_limits();
     let outcome = go_desk(&rig, &journal, &Script::new(desk_script()), limits).await;
     assert_eq!(outcome.status, AgentStatus::Completed, "{outcome:?}");
     let state = AgentState::from_events(&journal.events());
@@ -256,9 +262,7 @@ async fn a_sub_agents_answer_without_a_price_makes_its_parents_cost_unknown() {
     let mut rig = Rig::new();
     with_desk(&mut rig, desk_limits());
     let journal = MemoryJournal::new();
-    let price = ModelPrice { input_minor_per_mtok: 1_000_000, output_minor_per_mtok: 0 };
-    let prices = PriceTable(BTreeMap::from([("test-model".to_owned(), price)]));
-    let limits = AgentLimits { prices, cost_minor_max: Some(10_000), ..AgentLimits::default() };
+    let limits = priced_limits();
     // The desk's first answer comes from a model the table does not price.
     let mut steps = desk_script();
     if let Step::Answer(response) = &mut steps[2] {
