@@ -450,7 +450,48 @@ pub const CONSOLE_SESSIONS_MAX: usize = 10_000;
 /// all; the API pages through the rest).
 pub const CONSOLE_LIST_MAX: usize = 50;
 
+/// How long `keel serve` waits for a request's whole header block, and for the next request
+/// on an idle kept-alive connection: a client that sends part of its headers and stops (or
+/// sends nothing) is closed after this. Ten seconds is far above what any client on a
+/// working network needs to send a few hundred bytes, and short enough that idle sockets
+/// cannot hold the server's connection slots for long. Enforced by `serve::listen` (hyper's
+/// header read timeout, which also runs while a kept-alive connection waits), on plain HTTP
+/// and TLS alike.
+pub const API_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+
+/// How long `keel serve` waits for a TLS client to finish its handshake. A handshake is a
+/// few round trips; a client that opens a socket and says nothing is closed after this.
+/// Enforced by `serve::listen`.
+pub const API_TLS_HANDSHAKE_TIMEOUT_MS: u64 = 10_000;
+
+/// How long `keel serve` waits for a request's whole body once its headers are in (at most
+/// `API_BODY_MAX_BYTES`): a client that trickles its body is answered 408 and closed.
+/// Enforced by `serve::body`.
+pub const API_BODY_READ_TIMEOUT_MS: u64 = 10_000;
+
+/// The most connections `keel serve` holds open at once, on plain HTTP and TLS alike. Below
+/// it the bound is also kept under the process's descriptor limit (raised to its hard limit
+/// at start): `serve::listen` keeps a quarter of the descriptors, at least
+/// [`API_DESCRIPTORS_RESERVED`], for the log, its readers and the provider's connections.
+/// At the bound, the connection idle the longest (no request in flight) is closed to make
+/// room, so idle sockets can never lock a caller out.
+pub const API_CONNECTIONS_MAX: usize = 4_096;
+
+/// Descriptors `keel serve` never hands to client connections (see [`API_CONNECTIONS_MAX`]):
+/// the log and its WAL, a reader's three files per pooled connection, the provider client's
+/// sockets, standard streams.
+pub const API_DESCRIPTORS_RESERVED: u64 = 32;
+
+/// The first and the longest pause after `accept` fails (out of descriptors, out of memory,
+/// a connection reset before it was taken): the error is logged and accepting resumes after
+/// a pause doubling from the first to the longest, so a failing `accept` never ends the
+/// server and never spins. Enforced by `serve::listen`.
+pub const API_ACCEPT_BACKOFF_FIRST_MS: u64 = 5;
+/// See [`API_ACCEPT_BACKOFF_FIRST_MS`].
+pub const API_ACCEPT_BACKOFF_MAX_MS: u64 = 1_000;
+
 const _: () = assert!(CONSOLE_LOGIN_TTL_MS < CONSOLE_SESSION_TTL_MS);
+const _: () = assert!(API_ACCEPT_BACKOFF_FIRST_MS <= API_ACCEPT_BACKOFF_MAX_MS);
 const _: () = assert!(CONSOLE_LIST_MAX <= API_PAGE_LIMIT_MAX);
 const _: () = assert!(API_PAGE_LIMIT_DEFAULT <= API_PAGE_LIMIT_MAX);
 const _: () = assert!(API_RATE_PER_S_DEFAULT <= API_RATE_PER_S_MAX);

@@ -1,7 +1,8 @@
 //! The body door: content type, size, strict JSON, then a typed request.
 //!
 //! Owns [`json`], the one way a handler reads a body. It checks the declared content type
-//! (415), reads at most `API_BODY_MAX_BYTES` (413), parses with `engine::canonical::
+//! (415), reads at most `API_BODY_MAX_BYTES` (413) within `API_BODY_READ_TIMEOUT_MS` (408, and
+//! the connection is closed: the rest of a trickled body is not waited for), parses with `engine::canonical::
 //! parse_strict` — the reader every other door uses, which refuses duplicate keys and
 //! nesting deeper than `JSON_DEPTH_MAX` — and decodes into the handler's request type, whose
 //! `deny_unknown_fields` refuses any field it does not name (400). The console's forms meet
@@ -10,7 +11,7 @@
 use super::error::{ApiError, Code};
 use axum::body::Body;
 use axum::http::{HeaderMap, header};
-use engine::limits::API_BODY_MAX_BYTES;
+use engine::limits::{API_BODY_MAX_BYTES, API_BODY_READ_TIMEOUT_MS};
 use serde::de::DeserializeOwned;
 
 /// Whether the request declares a body of `media` (any parameters).
@@ -30,8 +31,18 @@ async fn bytes(headers: &HeaderMap, body: Body) -> Result<axum::body::Bytes, Api
     if declared.is_some_and(|length: usize| length > API_BODY_MAX_BYTES) {
         return Err(too_large());
     }
-    // On a well-formed request the only failure is the limit (a chunked body past it).
-    axum::body::to_bytes(body, API_BODY_MAX_BYTES).await.map_err(|_| too_large())
+    let read = tokio::time::timeout(
+        std::time::Duration::from_millis(API_BODY_READ_TIMEOUT_MS),
+        axum::body::to_bytes(body, API_BODY_MAX_BYTES),
+    );
+    match read.await {
+        // On a well-formed request the only failure is the limit (a chunked body past it).
+        Ok(read) => read.map_err(|_| too_large()),
+        Err(_) => Err(ApiError::new(
+            Code::RequestTimeout,
+            format!("the request body did not arrive within {API_BODY_READ_TIMEOUT_MS} ms"),
+        )),
+    }
 }
 
 /// Reads the body (at most `API_BODY_MAX_BYTES`) as text; `None` when it is empty.

@@ -23,6 +23,8 @@ pub enum Code {
     BodyTooLarge,
     /// The body is not declared `application/json`.
     UnsupportedMediaType,
+    /// The body did not arrive within `API_BODY_READ_TIMEOUT_MS`.
+    RequestTimeout,
     /// No `Authorization: Bearer …`.
     MissingApiKey,
     /// A key that proves nothing.
@@ -59,6 +61,7 @@ impl Code {
             Self::InvalidJson => "invalid_json",
             Self::BodyTooLarge => "body_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::RequestTimeout => "request_timeout",
             Self::MissingApiKey => "missing_api_key",
             Self::InvalidApiKey => "invalid_api_key",
             Self::RevokedApiKey => "revoked_api_key",
@@ -82,6 +85,7 @@ impl Code {
             }
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::MissingApiKey | Self::InvalidApiKey | Self::RevokedApiKey => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
@@ -192,6 +196,10 @@ impl IntoResponse for ApiError {
             error: ErrorFields { code: self.code.as_str().to_owned(), message: self.message, details: self.details },
         };
         let mut response = (status, axum::Json(body)).into_response();
+        if matches!(self.code, Code::RequestTimeout | Code::BodyTooLarge) {
+            // The rest of the body is not read: the connection cannot carry another request.
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if let Some(seconds) = self.retry_after_s {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }

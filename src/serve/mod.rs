@@ -29,6 +29,7 @@ mod auth;
 mod body;
 mod console;
 mod error;
+mod listen;
 mod openapi;
 mod reads;
 mod tls;
@@ -208,15 +209,13 @@ pub async fn run(
         stop_signal().await;
         notify.notify_one();
     };
-    let serving = tokio::spawn(async move {
-        match tls {
-            Some(tls) => tls::serve(listener, app, tls, stop).await,
-            None => axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(stop)
-                .await
-                .context("the server failed"),
-        }
-    });
+    let listener = listen::Listener::new(listener, tls);
+    errln!(
+        "keel serve: at most {} connection(s) at once (descriptor limit {})",
+        listener.bound(),
+        listener.descriptors().map_or_else(|| "unlimited".to_owned(), |limit| limit.to_string())
+    );
+    let serving = tokio::spawn(listener.serve(app, stop));
 
     let report = server.node.executor.recover_and_resume(Cause::command("serve")).await?;
     server.ready.store(true, Ordering::Release);

@@ -3,26 +3,19 @@
 //! Owns [`Tls::load`] (the certificate chain and private key read from PEM files and checked
 //! to belong together before anything listens: a file that is missing, holds no certificate or
 //! no key, or a key that does not match the certificate, is a clear error at start) and
-//! [`serve`], the accept loop that completes each TLS handshake and hands the connection to
-//! the same router plain HTTP uses, with the same graceful stop. TLS 1.2 and 1.3, ring's
-//! cipher suites, no client certificates.
+//! [`Tls::accept`], the handshake `serve::listen` runs on each accepted connection before it
+//! hands it to the same router plain HTTP uses. TLS 1.2 and 1.3, ring's cipher suites, no
+//! client certificates.
 //!
 //! It never logs or echoes a key's bytes, and never decides anything about a request: a
 //! handshake that fails ends that connection only.
 
-use anyhow::Context as _;
-use axum::Router;
-use axum::extract::ConnectInfo;
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tokio::net::TcpListener;
+use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 
 /// A checked TLS configuration, ready to accept connections.
@@ -107,40 +100,9 @@ impl Tls {
     }
 }
 
-/// Serves `app` over TLS on `listener` until `stop` completes, then lets the connections in
-/// flight finish their requests (the caller bounds how long it waits).
-///
-/// # Errors
-///
-/// The listener failing to accept.
-pub async fn serve(listener: TcpListener, app: Router, tls: Tls, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(stop);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => accepted.context("cannot accept a connection")?,
-            () = &mut stop => break,
-        };
-        let acceptor = tls.acceptor.clone();
-        // The client's address, as plain HTTP's `into_make_service_with_connect_info` gives it.
-        let service = TowerToHyperService::new(app.clone().layer(axum::Extension(ConnectInfo(peer))));
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let stream = match acceptor.accept(tcp).await {
-                Ok(stream) => stream,
-                Err(error) => {
-                    tracing::debug!(%peer, %error, "keel serve: TLS handshake failed");
-                    return;
-                }
-            };
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), service);
-            if let Err(error) = watcher.watch(connection).await {
-                tracing::debug!(%peer, %error, "keel serve: connection ended");
-            }
-        });
+impl Tls {
+    /// The TLS handshake on an accepted connection (the caller bounds how long it takes).
+    pub fn accept(&self, tcp: TcpStream) -> tokio_rustls::Accept<TcpStream> {
+        self.acceptor.accept(tcp)
     }
-    graceful.shutdown().await;
-    Ok(())
 }

@@ -14,6 +14,7 @@ mod concurrency;
 mod console;
 mod crash;
 mod delegation;
+mod doors;
 mod facts;
 mod golden;
 mod kills;

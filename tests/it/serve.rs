@@ -21,7 +21,30 @@ pub(crate) struct Serve {
 
 impl Serve {
     pub(crate) fn start(db: &Path, sim: &Process, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        let serve = Self::spawn(db, sim, &[], extra);
+        for _ in 0..200 {
+            if serve.call("GET", "/readyz", &[], None).0 == 200 {
+                return serve;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("keel serve never became ready");
+    }
+
+    /// `keel serve` started through `wrapper` (a command that runs the rest of the line, such
+    /// as `prlimit`; empty for none), once it listens: over HTTP, or HTTPS when `extra` names a
+    /// certificate. Not yet ready.
+    pub(crate) fn spawn(db: &Path, sim: &Process, wrapper: &[&str], extra: &[&str]) -> Self {
+        let keel = env!("CARGO_BIN_EXE_keel");
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(keel);
+                command
+            }
+            None => Command::new(keel),
+        };
+        let mut child = command
             .arg("--db")
             .arg(db)
             .args(["--provider", sim.url(), "serve", "--addr", "127.0.0.1:0"])
@@ -34,15 +57,18 @@ impl Serve {
         let stdout = child.stdout.take().expect("piped stdout");
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).expect("reads the first line");
-        let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("{line:?}")).to_owned();
-        let serve = Self { child, addr };
-        for _ in 0..200 {
-            if serve.call("GET", "/readyz", &[], None).0 == 200 {
-                return serve;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(25));
-        }
-        panic!("keel serve never became ready");
+        let line = line.trim();
+        let addr = line
+            .strip_prefix("listening on http://")
+            .or_else(|| line.strip_prefix("listening on https://"))
+            .unwrap_or_else(|| panic!("{line:?}"))
+            .to_owned();
+        Self { child, addr }
+    }
+
+    /// Whether the process is still running.
+    pub(crate) fn alive(&mut self) -> bool {
+        self.child.try_wait().expect("the child can be polled").is_none()
     }
 
     /// One request; the status, the headers (lower-case names) and the body as JSON.
@@ -82,7 +108,7 @@ impl Serve {
     }
 
     /// SIGTERM, then the exit code.
-    fn stop(mut self) -> i32 {
+    pub(crate) fn stop(mut self) -> i32 {
         assert_eq!(terminate(self.child.id()), 0, "SIGTERM delivered");
         let status = self.child.wait().expect("keel serve exits");
         std::mem::forget(self);
@@ -713,7 +739,7 @@ fn runs_traces_and_metrics_are_read_behind_a_key_and_the_tenant_wall() {
 }
 
 /// A self-signed certificate for `localhost` and its key, written as PEM files in `dir`.
-fn self_signed(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf, String) {
+pub(crate) fn self_signed(dir: &Path, name: &str) -> (std::path::PathBuf, std::path::PathBuf, String) {
     let certified =
         rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("a self-signed certificate");
     let (cert, key) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
