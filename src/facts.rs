@@ -123,7 +123,7 @@ fn read_candidates(path: &str) -> Result<Vec<Candidate>, String> {
     };
     let value =
         engine::canonical::parse_strict(&text).map_err(|e| format!("--candidates {path}: not strict JSON: {e}"))?;
-    serde_json::from_value(value).map_err(|e| format!("--candidates {path}: {e}"))
+    engine::canonical::decode(value).map_err(|e| format!("--candidates {path}: {e}"))
 }
 
 async fn decide(

@@ -6,11 +6,15 @@
 //! It must never lowercase, trim or reorder anything a typed reader would see as different.
 //!
 //! Its submodule `strict` owns [`parse_strict`], the reader every outside JSON door uses
-//! (duplicate keys, excessive nesting and inexact integers refused).
+//! (duplicate keys, excessive nesting and inexact integers refused), and `typed` owns
+//! [`decode`], the typed reading after it (a struct read from an object only, never from the
+//! array serde would also take).
 
 mod strict;
+mod typed;
 
 pub use strict::{StrictJsonError, StrictJsonErrorKind, parse_strict};
+pub use typed::decode;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};

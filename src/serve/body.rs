@@ -10,9 +10,30 @@
 
 use super::error::{ApiError, Code};
 use axum::body::Body;
-use axum::http::{HeaderMap, header};
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderName, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse as _, Response};
 use engine::limits::{API_BODY_MAX_BYTES, API_BODY_READ_TIMEOUT_MS};
 use serde::de::DeserializeOwned;
+
+/// The headers Keel reads, each of which a request may carry once.
+const READ_ONCE: [HeaderName; 4] =
+    [header::AUTHORIZATION, header::CONTENT_TYPE, header::CONTENT_LENGTH, HeaderName::from_static("idempotency-key")];
+
+/// Refuses (400 `invalid_arguments`, nothing read further) a request that repeats one of the
+/// headers Keel reads; passes every other request on.
+pub async fn headers_once(request: Request, next: Next) -> Response {
+    let repeated = READ_ONCE.into_iter().find(|name| request.headers().get_all(name).iter().nth(1).is_some());
+    match repeated {
+        Some(name) => ApiError::new(
+            Code::InvalidArguments,
+            format!("the request carries the {name} header more than once; send it once"),
+        )
+        .into_response(),
+        None => next.run(request).await,
+    }
+}
 
 /// Whether the request declares a body of `media` (any parameters).
 fn declares(headers: &HeaderMap, media: &str) -> bool {
@@ -72,7 +93,7 @@ async fn decode<T: DeserializeOwned>(headers: &HeaderMap, body: Body, empty_is_o
     };
     let value = engine::canonical::parse_strict(&text)
         .map_err(|error| ApiError::new(Code::InvalidJson, format!("the request body is not strict JSON: {error}")))?;
-    serde_json::from_value(value).map_err(|error| {
+    engine::canonical::decode(value).map_err(|error| {
         ApiError::new(Code::InvalidArguments, format!("the request body does not fit the contract: {error}"))
     })
 }

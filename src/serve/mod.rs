@@ -158,6 +158,7 @@ fn router(server: Arc<Server>) -> Router {
         .method_not_allowed_fallback(api::no_method)
         // The body door reads at most `API_BODY_MAX_BYTES` itself, answering in the API's shape.
         .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(axum::middleware::from_fn(body::headers_once))
         .with_state(server)
 }
 

@@ -220,6 +220,7 @@ fn every_bad_request_is_a_clear_4xx_in_one_shape_and_writes_nothing() {
     let revoked = create_key(&db, TENANT, "submit", "old-svc");
     let (code, _, _) = crate::cli::keel(&db, None, &["keys", "revoke", "old-svc"]);
     assert_eq!(code, 0);
+    let operator = bearer(&create_key(&db, TENANT, "operator", "ops"));
     let serve = Serve::start(&db, &sim, &[]);
     let before = event_count(&db);
     let good = charge_body("order_77", 4900);
@@ -244,7 +245,32 @@ fn every_bad_request_is_a_clear_4xx_in_one_shape_and_writes_nothing() {
     );
     let other_tenant = json!({"tenant_id": OTHER_TENANT, "order_id": "o", "amount_minor": 100, "currency": "EUR", "payment_method_token": CARD_TOKEN}).to_string();
     let negative = charge_body("order_77", -5);
+    // serde's sequence form of the charge request: its fields by position.
+    let sequence = json!([TENANT, null, "order_77", 4900, "EUR", CARD_TOKEN]).to_string();
+    let other_key = ("Idempotency-Key", "order_77_charge_2");
     let cases: Vec<Case<'_>> = vec![
+        (
+            "the sequence form of a charge",
+            vec![("Authorization", &ok), json_ct, idem],
+            &sequence,
+            400,
+            "invalid_arguments",
+        ),
+        (
+            "two Idempotency-Keys",
+            vec![("Authorization", &ok), json_ct, idem, other_key],
+            &good,
+            400,
+            "invalid_arguments",
+        ),
+        (
+            "two Authorizations",
+            vec![("Authorization", &ok), ("Authorization", &rd), json_ct, idem],
+            &good,
+            400,
+            "invalid_arguments",
+        ),
+        ("two content types", vec![("Authorization", &ok), json_ct, json_ct, idem], &good, 400, "invalid_arguments"),
         ("no key", vec![json_ct, idem], &good, 401, "missing_api_key"),
         ("a wrong secret", vec![("Authorization", &wrong), json_ct, idem], &good, 401, "invalid_api_key"),
         ("not a bearer", vec![("Authorization", "Basic dXNlcjpwYXNz"), json_ct, idem], &good, 401, "invalid_api_key"),
@@ -281,6 +307,11 @@ fn every_bad_request_is_a_clear_4xx_in_one_shape_and_writes_nothing() {
         assert!(!text.contains(&submit[5..]) && !text.contains(&revoked[5..]), "{what}: a secret echoed back: {text}");
         assert!(!text.contains(CARD_TOKEN), "{what}: the card token echoed back: {text}");
     }
+    // The operators' bodies meet the same door: an array is not a resolution.
+    let resolve = json!([null, true, "the bank says so", null]).to_string();
+    let path = format!("/v1/intents/charge:{TENANT}:order_77_charge_1/resolve");
+    let (status, _, answer) = serve.call("POST", &path, &[("Authorization", &operator), json_ct], Some(&resolve));
+    assert_eq!((status, error_code(status, &answer).as_str()), (400, "invalid_arguments"), "{answer}");
     let (status, _, answer) = serve.call("GET", "/v1/nothing-here", &[("Authorization", &ok)], None);
     assert_eq!((status, error_code(status, &answer).as_str()), (404, "not_found"));
     let (status, _, answer) = serve.call("DELETE", "/v1/charges", &[("Authorization", &ok)], None);

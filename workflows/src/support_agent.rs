@@ -128,7 +128,7 @@ impl Case {
     /// `SUPPORT_TICKET_TEXT_MAX_BYTES`, a supported currency, a positive bounded amount.
     pub fn parse(text: &str) -> Result<Self, CaseError> {
         let value = canonical::parse_strict(text).map_err(|e| CaseError::Shape(e.to_string()))?;
-        let case: Self = serde_json::from_value(value).map_err(|e| CaseError::Shape(e.to_string()))?;
+        let case: Self = canonical::decode(value).map_err(|e| CaseError::Shape(e.to_string()))?;
         engine::facts::ConversationId::parse(&case.id).map_err(|e| CaseError::Invalid(format!("id: {e}")))?;
         let max = engine::limits::SUPPORT_TICKET_TEXT_MAX_BYTES;
         if case.text.len() > max {

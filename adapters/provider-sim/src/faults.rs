@@ -325,7 +325,7 @@ impl FaultPlan {
     /// Parses and validates a plan.
     pub fn from_json(text: &str) -> Result<Self, PlanError> {
         let value = engine::canonical::parse_strict(text).map_err(PlanError::Strict)?;
-        let raw: RawPlan = serde_json::from_value(value).map_err(PlanError::Json)?;
+        let raw: RawPlan = engine::canonical::decode(value).map_err(PlanError::Json)?;
         let rules = raw
             .rules
             .into_iter()
@@ -348,7 +348,7 @@ impl FaultPlan {
 
 fn validate_rule(index: usize, value: serde_json::Value) -> Result<Rule, PlanError> {
     let raw: RawRule =
-        serde_json::from_value(value).map_err(|e| PlanError::RuleShape { index, message: e.to_string() })?;
+        engine::canonical::decode(value).map_err(|e| PlanError::RuleShape { index, message: e.to_string() })?;
     let target = match raw.operation.as_str() {
         "charge" => Target::Only(Operation::Charge),
         "refund" => Target::Only(Operation::Refund),

@@ -145,7 +145,7 @@ fn validate(operation: Operation, body: &[u8]) -> Result<(Value, EffectBody), St
     let text = std::str::from_utf8(body).map_err(|e| format!("the body is not UTF-8: {e}"))?;
     let value = engine::canonical::parse_strict(text).map_err(|e| format!("the body is not strict JSON: {e}"))?;
     let parsed: EffectBody =
-        serde_json::from_value(value.clone()).map_err(|e| format!("the body is malformed: {e}"))?;
+        engine::canonical::decode(value.clone()).map_err(|e| format!("the body is malformed: {e}"))?;
     engine::money::check_amount(parsed.amount).map_err(|e| format!("amount: {e}"))?;
     if parsed.currency.is_empty() {
         return Err("currency must not be empty".into());

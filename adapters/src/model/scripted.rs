@@ -82,7 +82,7 @@ impl Transcript {
                 let format = map
                     .get("format")
                     .cloned()
-                    .map(serde_json::from_value::<WireFormat>)
+                    .map(engine::canonical::decode::<WireFormat>)
                     .transpose()
                     .map_err(|e| TranscriptError::Shape { detail: format!("format: {e}") })?;
                 let entries = map.get("responses").and_then(Value::as_array).ok_or_else(|| TranscriptError::Shape {

@@ -111,10 +111,10 @@ impl AgentLimits {
                 base_map.insert(key.clone(), value.clone());
             }
             // One key at a time, so the error names the key that does not fit.
-            serde_json::from_value::<Self>(base.clone())
+            engine::canonical::decode::<Self>(base.clone())
                 .map_err(|e| LimitsError::Invalid { field: key.clone(), detail: e.to_string() })?;
         }
-        let mut limits: Self = serde_json::from_value(base)
+        let mut limits: Self = engine::canonical::decode(base)
             .map_err(|e| LimitsError::Invalid { field: "limits".into(), detail: e.to_string() })?;
         // A run given prices can measure its cost: it is bounded in cost by default too.
         if !limits.prices.0.is_empty() && limits.cost_minor_max.is_none() && !over_map.contains_key("cost_minor_max") {

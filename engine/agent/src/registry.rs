@@ -297,7 +297,7 @@ impl Registry {
             return Err(RegistryError::MissingIntent { name: spec.name });
         }
         let binder: Binder = Box::new(move |value: Value| {
-            let args: A = serde_json::from_value(value).map_err(|e| e.to_string())?;
+            let args: A = canonical::decode(value).map_err(|e| e.to_string())?;
             let typed = serde_json::to_value(&args).map_err(|e| e.to_string())?;
             let canonical_args = canonical::to_string(&typed);
             let invariant = invariants.iter().try_for_each(|check| check(&args));
@@ -336,7 +336,7 @@ impl Registry {
             approval: ApprovalPolicy::Never,
         };
         let binder: Binder = Box::new(|value: Value| {
-            let args: DelegateArgs = serde_json::from_value(value).map_err(|e| e.to_string())?;
+            let args: DelegateArgs = canonical::decode(value).map_err(|e| e.to_string())?;
             let canonical_args = canonical::to_string(&serde_json::to_value(&args).map_err(|e| e.to_string())?);
             Ok(Prepared {
                 canonical_args,
