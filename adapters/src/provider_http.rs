@@ -311,7 +311,11 @@ impl PaymentProvider for HttpProvider {
 
     fn execute<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move {
-            let outcome = self.call(request).await;
+            // A provider may echo the payment method back: it is scrubbed before it is logged.
+            let outcome = match &request.payment_method {
+                Some(secret) => self.call(request).await.scrubbed(secret),
+                None => self.call(request).await,
+            };
             tracing::debug!(
                 effect.idempotency_key_hash = %engine::canonical::sha256_hex(request.idempotency_key.as_bytes()),
                 kind = request.kind.as_str(),
@@ -394,7 +398,7 @@ struct ErrorDetail {
 fn read_strict<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
     let value = engine::canonical::parse_strict(text).map_err(|e| e.to_string())?;
-    serde_json::from_value(value).map_err(|e| e.to_string())
+    engine::canonical::decode(value).map_err(|e| e.to_string())
 }
 
 fn error_body(bytes: &[u8]) -> Option<ErrorDetail> {

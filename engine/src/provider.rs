@@ -105,8 +105,11 @@ impl Secret {
 
     /// `text` with every occurrence of this secret, as is or as JSON escapes it, replaced by
     /// [`REDACTED`]: what a peer echoed back (an error body quoting the key, a detail quoting
-    /// the request) is made safe before it is stored or logged. An excerpt cut in the middle
-    /// of the secret loses the piece too: a text that ends with the secret's first
+    /// the request) is made safe before it is stored or logged. The secret is looked for in
+    /// the text as a JSON reader would decode it too, so a peer that spells it with escapes
+    /// (`\u0070m_card…` for `pm_card…`) does not hide it: where the decoded text holds it, the
+    /// decoded text, scrubbed, is what comes back. An excerpt cut in the middle of the secret
+    /// loses the piece too: a text that ends with the secret's first
     /// [`crate::limits::SECRET_PIECE_MIN_CHARS`] characters or more, or starts with its last ones.
     ///
     /// ```
@@ -114,11 +117,23 @@ impl Secret {
     /// let key = Secret::new("sk-123456");
     /// assert_eq!(key.scrub("bad key sk-123456!"), "bad key [redacted]!");
     /// assert_eq!(key.scrub("cut at sk-123"), "cut at [redacted]");
+    /// assert_eq!(key.scrub(r#"{"echo":"\u0073k-123456"}"#), r#"{"echo":"[redacted]"}"#);
     /// ```
     pub fn scrub(&self, text: &str) -> String {
         if self.0.is_empty() {
             return text.to_owned();
         }
+        let scrubbed = self.scrub_spelled(text);
+        let decoded = decode_json_escapes(&scrubbed);
+        if decoded == scrubbed {
+            return scrubbed;
+        }
+        let decoded_scrubbed = self.scrub_spelled(&decoded);
+        if decoded_scrubbed == decoded { scrubbed } else { decoded_scrubbed }
+    }
+
+    /// [`Secret::scrub`] on the text as it is spelled.
+    fn scrub_spelled(&self, text: &str) -> String {
         let escaped = serde_json::to_string(&self.0).expect("serializing a &str to JSON cannot fail");
         let escaped = &escaped[1..escaped.len() - 1];
         let mut out = text.replace(&self.0, REDACTED);
@@ -159,6 +174,57 @@ impl Secret {
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
+}
+
+/// `text` with the JSON escapes that can spell a visible character decoded: `\uXXXX` (a
+/// surrogate pair as one character) and `\/`. An escape that decodes to a control character,
+/// or that is not a whole escape, stays as it is — but one cut off by the end of the text (an
+/// excerpt that stops at `\u00`) is dropped, so what precedes it is the decoded text's end.
+fn decode_json_escapes(text: &str) -> String {
+    fn hex4(rest: &str) -> Option<u32> {
+        let digits = rest.get(..4)?;
+        if digits.bytes().all(|b| b.is_ascii_hexdigit()) { u32::from_str_radix(digits, 16).ok() } else { None }
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let escape = &rest[at..];
+        let cut_off = escape.len() < 6
+            && escape.bytes().skip(1).enumerate().all(|(i, b)| if i == 0 { b == b'u' } else { b.is_ascii_hexdigit() });
+        if cut_off {
+            return out;
+        }
+        let (decoded, used) = match escape.as_bytes().get(1) {
+            Some(b'/') => (Some('/'), 2),
+            Some(b'u') => match hex4(&escape[2..]) {
+                Some(high @ 0xD800..=0xDBFF) => {
+                    let low = escape.get(6..8).filter(|u| *u == "\\u").and_then(|_| hex4(&escape[8..]));
+                    match low {
+                        Some(low @ 0xDC00..=0xDFFF) => {
+                            (char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)), 12)
+                        }
+                        _ => (None, 1),
+                    }
+                }
+                Some(code) => (char::from_u32(code), 6),
+                None => (None, 1),
+            },
+            _ => (None, 1),
+        };
+        match decoded.filter(|c| !c.is_control()) {
+            Some(c) => {
+                out.push(c);
+                rest = &escape[used..];
+            }
+            None => {
+                out.push('\\');
+                rest = &escape[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// What [`Secret::scrub`] leaves where a secret was.
@@ -306,4 +372,50 @@ pub trait PaymentProvider: Send + Sync {
 
     /// Looks an effect up by its idempotency key. Only called when `capability().lookup`.
     fn lookup<'a>(&'a self, kind: EffectKind, idempotency_key: &'a str) -> BoxFuture<'a, LookupOutcome>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{REDACTED, Secret};
+
+    #[test]
+    fn a_secret_spelled_with_json_escapes_is_scrubbed_after_decoding() {
+        let token = Secret::new("pm_card_visa_4242424242");
+        let echoed = [
+            r#"HTTP 400: {"error":{"message":"bad \u0070m_card_visa_4242424242"}}"#,
+            r#"{"m":"pm\u005fcard\u005fvisa\u005f4242424242"}"#,
+            r#"{"m":"pm_card_visa\/4242424242"}"#,
+            r#"{"m":"\u0070\u006d_card_visa_4242424242"}"#,
+        ];
+        for text in echoed.iter().take(2).chain(echoed.iter().skip(3)) {
+            let scrubbed = token.scrub(text);
+            assert!(scrubbed.contains(REDACTED), "{text} -> {scrubbed}");
+            assert!(!scrubbed.contains("4242424242"), "{text} -> {scrubbed}");
+        }
+        // `\/` is a slash, not an underscore: that text does not hold the token.
+        assert_eq!(token.scrub(echoed[2]), echoed[2]);
+    }
+
+    #[test]
+    fn an_excerpt_cut_inside_an_escaped_secret_loses_the_piece() {
+        let token = Secret::new("pm_card_visa_4242424242");
+        let scrubbed = token.scrub(r#"HTTP 500: {"echo":"\u0070m_card_vi"#);
+        assert!(scrubbed.ends_with(REDACTED), "{scrubbed}");
+        assert!(!scrubbed.contains("card_vi"), "{scrubbed}");
+        let every: String = "pm_card_visa".chars().map(|c| format!("\\u{:04x}", u32::from(c))).collect();
+        for cut in 1..6 {
+            let scrubbed = token.scrub(&format!("HTTP 500: {}", &every[..every.len() - cut]));
+            assert!(scrubbed.ends_with(REDACTED), "cut {cut}: {scrubbed}");
+        }
+    }
+
+    #[test]
+    fn escapes_that_hide_nothing_are_left_as_they_are() {
+        let token = Secret::new("sk_live_abcdef");
+        for text in [r#"{"a":"caf\u00e9"}"#, r#"\u001b[31m"#, r#"\ud83d\ude00 and \ud83d alone"#, r#"\uZZZZ"#, "\\"] {
+            assert_eq!(token.scrub(text), text);
+        }
+        let emoji = Secret::new("key😀key");
+        assert_eq!(emoji.scrub(r#"x key\ud83d\ude00key y"#), format!("x {REDACTED} y"));
+    }
 }

@@ -187,36 +187,55 @@ fn a_model_api_that_echoes_the_key_never_gets_it_stored_or_printed() {
     }
 }
 
-/// A payment provider that answers 400 with the request it got (card token included).
+/// A payment provider that answers 400 with the request it got (card token included): as it
+/// is, and spelled with JSON escapes (`\u0070m_card…`, every character escaped), with the
+/// logs at their default and at `debug`.
 #[test]
 fn a_payment_provider_that_echoes_the_card_token_never_gets_it_stored() {
     const TOKEN: &str = "pm_card_secret_7d1e5f3a9b2c";
-    let provider = Api::start(|_, request| Reply::Json(StatusCode::BAD_REQUEST, format!("bad request: {request}")));
-    let (_dir, db) = temp();
-    let url = provider.url();
-    let args = [
-        "--provider",
-        &url,
-        "charge",
-        "--tenant",
-        testkit::sample::TENANT,
-        "--intent-id",
-        "order_7734_charge_1",
-        "--order",
-        "order_7734",
-        "--amount-minor",
-        "4900",
-        "--currency",
-        "EUR",
-        "--payment-method-token",
-        TOKEN,
+    type Spelling = fn(&str) -> String;
+    // Stripe's own words for an unknown payment method quote it.
+    fn no_such(spelled: String) -> String {
+        format!(r#"{{"error":{{"type":"invalid_request_error","message":"No such PaymentMethod: '{spelled}'"}}}}"#)
+    }
+    let spellings: [(&str, Spelling); 3] = [
+        ("as it is, with the whole request", |request| format!("bad request: {request}")),
+        ("its first letter escaped", |_| no_such(format!("\\u0070{}", &TOKEN[1..]))),
+        ("every letter escaped", |_| no_such(TOKEN.chars().map(|c| format!("\\u{:04x}", u32::from(c))).collect())),
     ];
-    let (exit, stdout, stderr) = keel_raw(&db, &args, &[]);
-    assert_eq!(exit, 2, "{stdout} {stderr}");
-    assert!(provider.requests().iter().any(|(_, r)| r.to_string().contains(TOKEN)), "the provider got the token");
-    assert_no_piece_of(TOKEN, "stdout", stdout.as_bytes());
-    assert_no_piece_of(TOKEN, "stderr", stderr.as_bytes());
-    assert_no_piece_of(TOKEN, "the database", &database_bytes(&db));
+    for ((spelling, echo), log) in spellings.into_iter().zip(["warn", "debug", "debug"]) {
+        let provider = Api::start(move |_, request| Reply::Json(StatusCode::BAD_REQUEST, echo(&request.to_string())));
+        let (_dir, db) = temp();
+        let url = provider.url();
+        let args = [
+            "--provider",
+            &url,
+            "charge",
+            "--tenant",
+            testkit::sample::TENANT,
+            "--intent-id",
+            "order_7734_charge_1",
+            "--order",
+            "order_7734",
+            "--amount-minor",
+            "4900",
+            "--currency",
+            "EUR",
+            "--payment-method-token",
+            TOKEN,
+        ];
+        let (exit, stdout, stderr) = keel_raw(&db, &args, &[("RUST_LOG", log)]);
+        assert_eq!(exit, 2, "{spelling}: {stdout} {stderr}");
+        assert!(provider.requests().iter().any(|(_, r)| r.to_string().contains(TOKEN)), "the provider got the token");
+        let what = |place: &str| format!("{place}, the token echoed {spelling}, logs at {log}");
+        assert_no_piece_of(TOKEN, &what("stdout"), stdout.as_bytes());
+        assert_no_piece_of(TOKEN, &what("stderr"), stderr.as_bytes());
+        assert_no_piece_of(TOKEN, &what("the database"), &database_bytes(&db));
+        assert!(
+            stdout.contains("[redacted]") || stderr.contains("[redacted]"),
+            "{spelling}: the echo is shown scrubbed"
+        );
+    }
 }
 
 // ----- issue 15 item 10: credentials in the base URL -----------------------------------------------
