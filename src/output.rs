@@ -4,7 +4,8 @@
 //! Owns [`Output`], [`Failure`] (every way a command fails, typed, and the one mapping from
 //! a failure to its exit code and its JSON `status`: the README's table), the [`outln!`] /
 //! [`errln!`] macros every printing goes through (a closed stdout or stderr — `keel intents |
-//! head -1` — ends the printing quietly, never a panic), [`plural`] and [`Progress`].
+//! head -1` — ends the printing quietly, never a panic, and every character a terminal would
+//! act on is shown as its escape: [`inert`]), [`plural`] and [`Progress`].
 //! Errors and logs go to stderr; results to stdout.
 
 use serde::Serialize;
@@ -51,11 +52,36 @@ fn write_to(stream: &mut dyn std::io::Write, closed: &AtomicBool, args: std::fmt
     if closed.load(Ordering::Relaxed) {
         return;
     }
-    let written = stream.write_fmt(args).and_then(|()| if newline { stream.write_all(b"\n") } else { Ok(()) });
+    let text = args.to_string();
+    let written =
+        stream.write_all(inert(&text).as_bytes()).and_then(|()| if newline { stream.write_all(b"\n") } else { Ok(()) });
     if written.and_then(|()| stream.flush()).is_err() {
         // Broken pipe, or any other write error: there is no one left to tell.
         closed.store(true, Ordering::Relaxed);
     }
+}
+
+/// `text` with every character a terminal would act on instead of showing written as its
+/// escape, `\u001b` for ESC: control characters (C0 but line feed and tab, DEL, C1) and the
+/// bidirectional overrides that reorder what follows. An operator's `--by`, a reason, an id or
+/// a provider's words are shown, never obeyed. In a JSON document the escape is JSON's own, so
+/// `--json` output stays the same document (`serde_json` already escapes C0 in strings).
+pub fn inert(text: &str) -> std::borrow::Cow<'_, str> {
+    let acts = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t') || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(acts) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if acts(c) {
+            shown.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            shown.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(shown)
 }
 
 /// `println!` that never panics on a closed stdout.

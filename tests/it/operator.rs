@@ -739,3 +739,55 @@ fn keel_resume_finishes_a_killed_live_agent_run_without_asking_a_recorded_call_a
     assert_eq!(report["agent_runs"][0]["model_calls"], 4, "the call reserved before the death stays counted");
     assert_eq!(server.requests().len(), 3, "the recorded answer was not requested again");
 }
+
+/// Text an operator typed (or a hostile one planted) that a terminal would act on: a window
+/// title, a bell, a screen clear, the one-byte CSI and a right-to-left override.
+const HOSTILE: &str = "ana\u{1b}]0;owned\u{7}\u{1b}[2J\u{9b}31m\u{202e}gro";
+
+/// Whether `bytes` hold anything of [`HOSTILE`] a terminal would act on.
+fn acts_on_a_terminal(bytes: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(bytes);
+    text.chars().any(|c| matches!(c, '\u{1b}' | '\u{7}' | '\u{9b}' | '\u{202e}'))
+}
+
+#[test]
+fn control_characters_in_a_name_a_reason_or_an_id_are_shown_escaped_and_kept_exact_in_json() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let mut charge = charge_args("order_ctl_charge_1", "4900");
+    charge.extend(["--approval-threshold-minor", "100"]);
+    let (code, waiting, _) = keel(&db, Some(sim.url()), &charge);
+    assert_eq!(code, 2, "the charge waits for a human: {waiting}");
+    let key = format!("charge:{TENANT}:order_ctl_charge_1");
+    let run_id = waiting["run_id"].as_str().expect("a run id").to_owned();
+    let (code, denied, _) = keel(&db, None, &["deny", &key, "--by", HOSTILE, "--reason", HOSTILE]);
+    assert_eq!(code, 0, "{denied}");
+
+    for args in [vec!["show", &key], vec!["intents"], vec!["run", "show", &run_id], vec!["trace", &run_id]] {
+        let shown = human(&db, &args, &[]);
+        let (out, err) = (text(&shown.stdout), text(&shown.stderr));
+        assert!(!acts_on_a_terminal(&shown.stdout) && !acts_on_a_terminal(&shown.stderr), "{args:?}: {out:?} {err:?}");
+        if args[0] == "show" {
+            assert!(out.contains(r"ana\u001b]0;owned\u0007\u001b[2J\u009b31m\u202egro"), "{args:?}: {out}");
+        }
+    }
+    let (code, shown, _) = keel(&db, None, &["show", &key]);
+    assert_eq!(code, 0, "{shown}");
+    assert!(shown.to_string().contains("owned"), "{shown}");
+    let mut names = Vec::new();
+    collect_strings(&shown, &mut names);
+    assert!(names.iter().any(|text| text == HOSTILE), "the JSON keeps the text exact: {shown}");
+
+    let unknown = human(&db, &["run", "show", HOSTILE], &[]);
+    assert!(!unknown.status.success());
+    assert!(!acts_on_a_terminal(&unknown.stdout) && !acts_on_a_terminal(&unknown.stderr), "{unknown:?}");
+}
+
+fn collect_strings(value: &Value, into: &mut Vec<String>) {
+    match value {
+        Value::String(text) => into.push(text.clone()),
+        Value::Array(items) => items.iter().for_each(|item| collect_strings(item, into)),
+        Value::Object(map) => map.values().for_each(|item| collect_strings(item, into)),
+        _ => {}
+    }
+}
