@@ -1063,6 +1063,7 @@ async fn dispatch(cli: Cli) -> output::Outcome {
         Command::Charge { .. }
             | Command::Reconcile { .. }
             | Command::Resume { .. }
+            | Command::Serve { .. }
             | Command::SoakWorker { .. }
             | Command::Worker { .. }
     );

@@ -11,7 +11,7 @@ use serde_json::Value;
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use testkit::sample::TENANT;
 
 /// The provider request timeout of every command (the consistency window is 0): long enough
@@ -352,6 +352,20 @@ fn assert_usage_error(output: &Output, says: &str, never: Option<&str>) {
     assert_eq!(json["status"], "usage_error");
 }
 
+/// Runs a command that must refuse to start (a server would not end by itself): its output,
+/// or a failure when it still runs after ten seconds.
+fn refused_in_time(mut command: Command) -> Output {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("keel starts");
+    for _ in 0..200 {
+        if child.try_wait().expect("polls").is_some() {
+            return child.wait_with_output().expect("its output");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("{command:?} started instead of refusing: {:?}", child.wait_with_output());
+}
+
 fn key_file(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("written");
@@ -404,6 +418,10 @@ fn every_bad_key_is_refused_at_start_with_nothing_written() {
     assert_usage_error(&old.run(&["resume"]), "does not open the vault", Some(&key_text(1)));
     assert_usage_error(&keel(None).run(&["resume"]), "keeps payment methods in a vault", None);
     assert_usage_error(&keel(None).run(&charge("rotated-charge-3")), "keeps payment methods in a vault", None);
+    // `keel serve` recovers and resends charges too: it is refused like `resume` and `worker`.
+    let serve = ["serve", "--addr", "127.0.0.1:0"];
+    assert_usage_error(&refused_in_time(keel(None).command(&serve)), "keeps payment methods in a vault", None);
+    assert_usage_error(&refused_in_time(old.command(&serve)), "does not open the vault", Some(&key_text(1)));
     assert_eq!(events(&old.db()), before, "nothing written by a refused key");
     // The new key opens the rotated entry, and finishes the crashed charge with it.
     let new = keel(Some(key_text(2)));
