@@ -56,6 +56,22 @@ impl IntentKey {
         StreamId(format!("intent:{}", self.0))
     }
 
+    /// The tenant the key names.
+    pub fn tenant(&self) -> &str {
+        self.0.split(':').nth(1).expect("a key is built as operation:tenant:intent_id")
+    }
+
+    /// The name of the journal step that links a run to this intent (reserved or found): the
+    /// run's replay asks for it at the same position.
+    pub fn journal_step(&self) -> String {
+        format!("intent:{}", self.0)
+    }
+
+    /// The intent a journal step named `name` links its run to; `None` for any other step.
+    pub fn from_journal_step(name: &str) -> Option<Self> {
+        name.strip_prefix("intent:").and_then(Self::parse)
+    }
+
     /// SHA-256 of the key, for traces: a key names a tenant, so traces carry its hash only.
     pub fn hash(&self) -> String {
         crate::canonical::sha256_hex(self.0.as_bytes())

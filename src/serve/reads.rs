@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use clap::ValueEnum as _;
 use engine::clock::Clock as _;
-use engine::event::RunId;
+use engine::event::{Event, IntentKey, RunId};
 use engine::ledger::Intent;
 use engine::limits::{API_PAGE_LIMIT_DEFAULT, API_PAGE_LIMIT_MAX};
 use serde::Deserialize;
@@ -57,24 +57,32 @@ pub struct MetricsQuery {
 }
 
 /// Whether `intents` (a run's) make the run `key`'s tenant's.
-pub(super) fn run_is_tenants(intents: &[Intent], key: &ApiKey) -> bool {
-    !intents.is_empty() && intents.iter().all(|intent| intent.definition.tenant == key.tenant)
+/// Whether the run `run_id` is `tenant`'s: every intent it proposed is — the ones it reserved,
+/// and the ones it found already there (a deduplicated re-submission, a resend refused), which
+/// its journal links it to though another run holds them. `false` for no such run, or a run
+/// that proposed nothing.
+pub(super) fn is_tenants_run(reader: &store::Reader, run_id: &RunId, tenant: &str) -> anyhow::Result<bool> {
+    let Some((_, reserved)) = reader.run_state(run_id)? else { return Ok(false) };
+    let linked = reader.stream(&run_id.stream())?.into_iter().filter_map(|stored| match stored.event {
+        Event::StepRecorded { name, .. } => IntentKey::from_journal_step(&name),
+        _ => None,
+    });
+    let proposed: Vec<IntentKey> = reserved.iter().map(Intent::key).cloned().chain(linked).collect();
+    Ok(!proposed.is_empty() && proposed.iter().all(|key| key.tenant() == tenant))
 }
 
 fn no_run(run_id: &str) -> ApiError {
     ApiError::new(Code::NotFound, format!("no run with id {run_id}"))
 }
 
-/// The run id in the path, if the run is `key`'s tenant's.
+/// The run id in the path, if the run is `key`'s tenant's ([`is_tenants_run`]).
 fn own_run(server: &Server, path: Result<Path<String>, PathRejection>, key: &ApiKey) -> Result<RunId, ApiError> {
     let Path(text) = path?;
     let run_id = RunId::new(text);
-    let intents = server
-        .read(|reader| Ok(reader.run_state(&run_id)?.map(|(_, intents)| intents)))
-        .map_err(|error| ApiError::internal(&error))?;
-    match intents {
-        Some(intents) if run_is_tenants(&intents, key) => Ok(run_id),
-        _ => Err(no_run(run_id.as_str())),
+    match server.read(|reader| is_tenants_run(reader, &run_id, &key.tenant)) {
+        Ok(true) => Ok(run_id),
+        Ok(false) => Err(no_run(run_id.as_str())),
+        Err(error) => Err(ApiError::internal(&error)),
     }
 }
 

@@ -168,6 +168,8 @@ fn a_charge_over_http_is_validated_then_deduplicated_then_a_mismatch_is_a_409() 
     let (dir, db) = temp();
     let sim = start_sim(dir.path(), None);
     let secret = create_key(&db, TENANT, "submit", "billing-svc");
+    let reader = bearer(&create_key(&db, TENANT, "read", "dash"));
+    let stranger = bearer(&create_key(&db, OTHER_TENANT, "read", "other-dash"));
     let serve = Serve::start(&db, &sim, &[]);
     let auth = bearer(&secret);
     let headers = [
@@ -184,6 +186,15 @@ fn a_charge_over_http_is_validated_then_deduplicated_then_a_mismatch_is_a_409() 
     let (status, _, again) = serve.call("POST", "/v1/charges", &headers, Some(&charge_body("order_1842", 4900)));
     assert_eq!((status, again["source"].as_str()), (200, Some("deduplicated")), "{again}");
     assert_eq!(again["provider_ref"], first["provider_ref"]);
+    // The run that was answered from the stored result is the tenant's to read, and only its.
+    let run = again["run_id"].as_str().expect("the re-submission's run");
+    assert_ne!(Some(run), first["run_id"].as_str(), "a run of its own");
+    for path in [format!("/v1/runs/{run}"), format!("/v1/runs/{run}/trace")] {
+        let (status, _, read) = serve.call("GET", &path, &[("Authorization", &reader)], None);
+        assert_eq!(status, 200, "{path}: {read}");
+        let (status, _, hidden) = serve.call("GET", &path, &[("Authorization", &stranger)], None);
+        assert_eq!((status, error_code(status, &hidden).as_str()), (404, "not_found"), "{path}");
+    }
 
     let events = event_count(&db);
     let (status, _, mismatch) = serve.call("POST", "/v1/charges", &headers, Some(&charge_body("order_1842", 9900)));

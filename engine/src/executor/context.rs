@@ -269,7 +269,7 @@ impl Context {
         );
         async {
             let position = self.next_position();
-            let replayed = self.recorded(position, &format!("intent:{key}"))?.is_some();
+            let replayed = self.recorded(position, &key.journal_step())?.is_some();
             let answer = if replayed {
                 self.driver().observe(&key).await?
             } else {

@@ -37,7 +37,7 @@ use super::api::{Asked, carry_out, intent_exists, nonempty, own_intent, ready};
 use super::auth::{self, Need};
 use super::body;
 use super::error::ApiError;
-use super::reads::run_is_tenants;
+use super::reads::is_tenants_run;
 use crate::keys::{Refused, check_token};
 use crate::ops::{describe, money, when};
 use crate::wiring::SystemClock;
@@ -762,9 +762,12 @@ async fn run(State(server): Shared, headers: HeaderMap, Path(id): Path<String>) 
     let operator = signed_in(&server, &headers, Need::Read)?;
     let run_id = RunId::new(id);
     let now = SystemClock.now();
-    let shown = server.read(|reader| crate::runs::run_document(reader, &run_id, now)).map_err(|e| internal(&e))?;
     let missing = || Refusal::Page(StatusCode::NOT_FOUND, format!("no run with id {run_id}"));
-    let shown = shown.filter(|shown| run_is_tenants(&shown.intents, &operator.key)).ok_or_else(missing)?;
+    if !server.read(|reader| is_tenants_run(reader, &run_id, &operator.key.tenant)).map_err(|e| internal(&e))? {
+        return Err(missing());
+    }
+    let shown = server.read(|reader| crate::runs::run_document(reader, &run_id, now)).map_err(|e| internal(&e))?;
+    let shown = shown.ok_or_else(missing)?;
     let trace =
         server.read(|reader| crate::trace::build(reader, &run_id)).map_err(|e| internal(&e))?.ok_or_else(missing)?;
     let mut body = Html::new();

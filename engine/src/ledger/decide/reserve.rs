@@ -170,7 +170,7 @@ fn journal_link(run_id: &RunId, position: u32, key: &IntentKey) -> Event {
     Event::StepRecorded {
         run_id: run_id.clone(),
         position,
-        name: format!("intent:{key}"),
+        name: key.journal_step(),
         output: Value::String(key.as_str().to_owned()),
     }
 }
