@@ -438,12 +438,12 @@ const _: () = assert!(OTLP_EXPORT_TIMEOUT_MS < OTLP_SHUTDOWN_MS);
 pub const CONSOLE_SESSION_TTL_MS: u64 = 8 * 3_600_000;
 
 /// How long a login form's session (no key yet, only its CSRF token) lasts: ten minutes to
-/// paste a key, and such sessions are the first evicted when the table is full.
+/// paste a key. It is signed, not stored, so no number of them fills the session table.
 pub const CONSOLE_LOGIN_TTL_MS: u64 = 10 * 60_000;
 
-/// Most console sessions held at once (signed in or not): each is a few hundred bytes. When
-/// full, expired ones go first, then the one expiring soonest (a login form's before any
-/// signed-in operator's), so a flood of login forms cannot grow memory.
+/// Most signed-in console sessions held at once: each is a few hundred bytes, and only a
+/// successful login (rate-limited) makes one. When full, expired ones go first, then the one
+/// expiring soonest. Login forms are not held (`serve::console::session`).
 pub const CONSOLE_SESSIONS_MAX: usize = 10_000;
 
 /// Intents one state's section of the console's intents page lists (the count shows them

@@ -1,9 +1,9 @@
 //! Who may do what: the key a request presents, its role, its rate.
 //!
 //! Owns [`Need`] (what a route asks of a key), [`authorize`] (authenticate through
-//! `crate::keys`, then [`admit`]: the per-key token bucket, then the role), [`Buckets`] and
-//! [`login_attempt`] (the console's login, limited per client address and per key id before
-//! any secret is checked). Roles do not
+//! `crate::keys`, then [`admit`]: the per-key token bucket, then the role), [`Buckets`],
+//! [`login_attempt`] (the console's login, limited per client address before any secret is
+//! checked) and [`login_failed`] (failed logins, limited per key id). Roles do not
 //! nest upwards: `read` reads; `submit` reads and charges or refunds; `operator` reads and
 //! makes operator decisions. It never looks at a request's body and never names the tenant of
 //! an intent: handlers compare that with the key's own.
@@ -115,17 +115,36 @@ impl Buckets {
     }
 }
 
-/// A console login attempt from `client` presenting `token`, if neither the client's bucket
-/// nor the presented key id's (the token's public part, whether or not such a key exists) is
-/// spent: checked before the secret is, so a guesser is slowed whichever it spreads over.
+/// A console login attempt from `client`, if the client's bucket is not spent: checked before
+/// any secret is, so a guesser at one address is slowed whatever key it names.
 ///
 /// # Errors
 ///
-/// 429 with `Retry-After`.
-pub fn login_attempt(logins: &Buckets, client: IpAddr, token: &str) -> Result<(), ApiError> {
-    logins.spend(&format!("client {client}"), &format!("client {client}"))?;
+/// 429 with `Retry-After`, saying how an operator still gets in.
+pub fn login_attempt(logins: &Buckets, client: IpAddr) -> Result<(), ApiError> {
+    logins.take(&format!("client {client}"), Instant::now()).map_err(|seconds| {
+        ApiError::new(
+            Code::RateLimited,
+            format!(
+                "too many console logins from {client}; try again in {seconds} s (the keel command on the \
+                 server needs no login, and `keel keys create` makes another key)"
+            ),
+        )
+        .retry_after(seconds)
+    })
+}
+
+/// A console login that presented `token` and failed: counted against the key id it names
+/// (the token's public part, whether or not such a key exists). Only failures count, so
+/// someone who knows a key's id but not its secret cannot lock its owner out: the right secret
+/// always signs in, whatever was tried before.
+///
+/// # Errors
+///
+/// 429 with `Retry-After` once that key id's failures are over the rate.
+pub fn login_failed(logins: &Buckets, token: &str) -> Result<(), ApiError> {
     match keys::token_id(token) {
-        Some(id) => logins.spend(&format!("key {id}"), &format!("logins with key {id}")),
+        Some(id) => logins.spend(&format!("key {id}"), &format!("failed logins with key {id}")),
         None => Ok(()),
     }
 }
@@ -173,7 +192,7 @@ fn refused(why: Refused) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use super::{Buckets, login_attempt};
+    use super::{Buckets, login_attempt, login_failed};
     use engine::limits::{CONSOLE_LOGIN_BURST, RATE_BUCKETS_MAX};
     use std::net::{IpAddr, Ipv4Addr};
     use std::time::Duration;
@@ -194,20 +213,24 @@ mod tests {
     }
 
     #[test]
-    fn logins_are_limited_per_client_and_per_key_id_whatever_the_other() {
+    fn logins_are_limited_per_client_and_failures_per_key_id_whatever_the_client() {
         let logins = Buckets::logins();
         let client = |n: u8| IpAddr::V4(Ipv4Addr::new(10, 0, 0, n));
         let token = "keel_0123456789abcdef_wrongsecret";
         for n in 0..CONSOLE_LOGIN_BURST {
             let from = client(u8::try_from(n).unwrap_or(u8::MAX));
-            assert!(login_attempt(&logins, from, token).is_ok(), "attempt {n} from its own address");
+            assert!(login_attempt(&logins, from).is_ok(), "attempt {n} from its own address");
+            assert!(login_failed(&logins, token).is_ok(), "failure {n} with the key id");
         }
-        let refused = login_attempt(&logins, client(200), token).expect_err("the key id's burst is spent");
+        assert!(login_attempt(&logins, client(200)).is_ok(), "a new address may try");
+        let refused = login_failed(&logins, token).expect_err("the key id's failures are spent");
         assert_eq!(refused.status().as_u16(), 429);
+        assert!(login_failed(&logins, "keel_fedcba9876543210_wrong").is_ok(), "another key id is not");
         for _ in 0..CONSOLE_LOGIN_BURST {
-            assert!(login_attempt(&logins, client(201), "not a token").is_ok());
+            assert!(login_attempt(&logins, client(201)).is_ok());
         }
-        assert!(login_attempt(&logins, client(201), "not a token").is_err(), "the client's burst is spent");
+        let refused = login_attempt(&logins, client(201)).expect_err("the client's burst is spent");
+        assert!(refused.message().contains("keel keys create"), "says how else to get in: {}", refused.message());
     }
 
     #[test]

@@ -8,6 +8,7 @@ use crate::cli::{start_sim, temp};
 use crate::serve::{OTHER_TENANT, Serve, bearer, charge_body, create_key, effects, event_count};
 use serde_json::{Value, json};
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -430,6 +431,42 @@ fn console_logins_are_limited_per_client_before_any_secret_is_checked() {
     let (status, head, _) = login(&operator);
     assert_eq!(status, 429, "{head}");
     assert!(!head.contains("set-cookie: keel_session="), "nothing signed in: {head}");
+}
+
+#[test]
+fn a_flood_of_login_forms_expires_nobody_s_and_failures_with_a_key_s_id_never_lock_its_owner_out() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let operator = create_key(&db, TENANT, "operator", "ops-ana");
+    let serve = Serve::start(&db, &sim, &[]);
+    let form = |from: Ipv4Addr| {
+        let (status, head, page) = serve.call_text_from(from, "GET", "/console/login", &[], None);
+        assert_eq!(status, 200);
+        (set_cookie(&head), csrf_of(&page))
+    };
+    let login = |from: Ipv4Addr, (session, csrf): &(String, String), secret: &str| {
+        let cookie = format!("keel_session={session}");
+        let headers = [("Cookie", cookie.as_str()), ("Content-Type", "application/x-www-form-urlencoded")];
+        let body = format!("csrf={csrf}&secret={secret}");
+        serve.call_text_from(from, "POST", "/console/login", &headers, Some(&body)).0
+    };
+    let (operator_at, attacker_at) = (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2));
+    let pending = form(operator_at);
+
+    // Someone opens more login forms than the server holds sessions.
+    for _ in 0..=engine::limits::CONSOLE_SESSIONS_MAX {
+        form(attacker_at);
+    }
+    // Someone who knows the operator key's id (its public part) tries secrets until refused.
+    let id = operator.rsplit_once('_').map(|(id, _)| id).expect("keel_<id>_<secret>");
+    let wrong = format!("{id}_not-the-secret");
+    let attacker = form(attacker_at);
+    let tries: Vec<u16> =
+        (0..=engine::limits::CONSOLE_LOGIN_BURST).map(|_| login(attacker_at, &attacker, &wrong)).collect();
+    assert_eq!(tries.last(), Some(&429), "the guesser is limited: {tries:?}");
+
+    // The operator's form, opened before all that, still signs in with the right secret.
+    assert_eq!(login(operator_at, &pending, &operator), 303, "the operator gets in");
 }
 
 #[test]

@@ -91,7 +91,23 @@ impl Serve {
         headers: &[(&str, &str)],
         body: Option<&str>,
     ) -> (u16, String, String) {
-        let mut stream = std::net::TcpStream::connect(&self.addr).expect("connects");
+        self.call_text_from(std::net::Ipv4Addr::LOCALHOST, method, path, headers, body)
+    }
+
+    /// [`Serve::call_text`] from the loopback address `client` (any of 127.0.0.0/8).
+    pub(crate) fn call_text_from(
+        &self,
+        client: std::net::Ipv4Addr,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+    ) -> (u16, String, String) {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
+        socket.bind(&std::net::SocketAddr::from((client, 0)).into()).expect("binds the client's address");
+        let server: std::net::SocketAddr = self.addr.parse().expect("the server's address");
+        socket.connect(&server.into()).expect("connects");
+        let mut stream: std::net::TcpStream = socket.into();
         let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", self.addr);
         for (name, value) in headers {
             request.push_str(&format!("{name}: {value}\r\n"));

@@ -10,9 +10,10 @@
 //! # Who may do what
 //!
 //! Login takes an operator or read key (a submit key is a service's, refused), at most
-//! `CONSOLE_LOGINS_PER_MIN` attempts a minute per client address and per presented key id
-//! (`auth::login_attempt`, before the form's secret is checked: past it 429 with
-//! `Retry-After`); the session
+//! `CONSOLE_LOGINS_PER_MIN` attempts a minute per client address (`auth::login_attempt`,
+//! before the form's secret is checked) and as many failures per presented key id
+//! (`auth::login_failed`: a right secret is never refused for what others tried with its
+//! id); past either, 429 with `Retry-After` and how else to get in. The session
 //! (`session`) remembers the key's id, and every request checks the key again (a revoked key
 //! is signed out) and spends its rate like an API request. A read key sees no form and every
 //! POST it makes is refused (403). Every form POST carries the session's CSRF token, checked
@@ -295,13 +296,18 @@ async fn login(
         return Err(forbidden("the form's CSRF token is missing or not this session's: reload the page"));
     }
     let LoginForm { secret } = form.decode()?;
-    auth::login_attempt(&server.logins, client.ip(), secret.trim())?;
+    auth::login_attempt(&server.logins, client.ip())?;
     let refuse = |status, message: &str| Ok(login_page(status, &session, Some(message), None));
     let key = match check_token(&server.keys, secret.trim()).map_err(|error| internal(&error))? {
         Ok(key) => key,
-        Err(Refused::Revoked) => return refuse(StatusCode::UNAUTHORIZED, "That key was revoked."),
-        Err(Refused::Invalid | Refused::Missing) => {
-            return refuse(StatusCode::UNAUTHORIZED, "That is not a valid API key: nothing was signed in.");
+        Err(why) => {
+            auth::login_failed(&server.logins, secret.trim())?;
+            return match why {
+                Refused::Revoked => refuse(StatusCode::UNAUTHORIZED, "That key was revoked."),
+                Refused::Invalid | Refused::Missing => {
+                    refuse(StatusCode::UNAUTHORIZED, "That is not a valid API key: nothing was signed in.")
+                }
+            };
         }
     };
     if key.role == Role::Submit {
