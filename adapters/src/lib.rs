@@ -32,6 +32,8 @@
 //!     amount_minor: 4900,
 //!     currency: "EUR".into(),
 //!     payment_method: Some(Secret::new("pm_card_visa")),
+//!     fingerprint: "0".repeat(64),
+//!     charge_ref: None,
 //!     timeout_ms: None,
 //! };
 //! let outcome = provider.execute(&request).await;
@@ -43,3 +45,4 @@
 
 pub mod model;
 pub mod provider_http;
+pub mod stripe;
