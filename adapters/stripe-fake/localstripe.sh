@@ -27,22 +27,33 @@ installed() {
             2>/dev/null
 }
 
+# Two runs at once (two test processes) install one after the other, not over each other.
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+if command -v flock >/dev/null 2>&1; then
+    flock 9
+fi
+
 if ! installed; then
-    if ! command -v python3 >/dev/null 2>&1 || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+    rm -rf "$VENV"
+    # Debian's python3 creates no venv without python3-venv (ensurepip): install it, once.
+    if ! { command -v python3 >/dev/null 2>&1 && python3 -m venv "$VENV" >&2; }; then
         if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
             echo "localstripe.sh: installing python3-venv with apt-get" >&2
             apt-get update -qq >&2
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv >&2
+            rm -rf "$VENV"
+            python3 -m venv "$VENV" >&2
         else
-            echo "localstripe.sh: python3 with venv and ensurepip is needed (apt-get install python3-venv)" >&2
+            echo "localstripe.sh: python3 -m venv fails: install python3 and python3-venv" >&2
             exit 1
         fi
     fi
-    rm -rf "$VENV"
-    python3 -m venv "$VENV" >&2
     "$VENV/bin/pip" install --quiet --disable-pip-version-check "localstripe==$VERSION" >&2
 fi
 
+# The server must not hold the install lock.
+exec 9>&-
 exec "$VENV/bin/python" -c '
 import socket
 from aiohttp import web

@@ -251,6 +251,24 @@ async fn a_timeout_is_unknown_and_a_refused_connection_is_not_sent() {
 }
 
 #[tokio::test]
+async fn a_connection_lost_after_the_request_is_unknown() {
+    use tokio::io::AsyncReadExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binds");
+    let addr = listener.local_addr().expect("has an address");
+    // Reads the request, then hangs up without a word: Stripe may have acted.
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buffer = [0u8; 4096];
+            let _ = socket.read(&mut buffer).await;
+        }
+    });
+    let key = Arc::new(SecretKey::parse(KEY).expect("well formed"));
+    let outcome =
+        StripeProvider::new(StripeConfig::new(format!("http://{addr}"), key)).expect("valid").execute(&charge()).await;
+    assert!(is_unknown(&outcome, UnknownReason::ConnectionLost), "{outcome:?}");
+}
+
+#[tokio::test]
 async fn a_refund_names_the_charges_payment_intent_and_reads_stripes_refund() {
     let body = serde_json::json!({"id": "re_3Keel", "object": "refund", "amount": 1000, "currency": "eur",
         "status": "succeeded", "payment_intent": "pi_3Keel"});
