@@ -3,6 +3,8 @@
 //! - [`provider_http`]: [`provider_http::HttpProvider`], the engine's
 //!   [`engine::provider::PaymentProvider`] over a Stripe-like HTTP API, with the exact mapping
 //!   from HTTP answers and transport failures to outcomes.
+//! - [`stripe`]: [`stripe::StripeProvider`], the same trait on Stripe's own API (PaymentIntents
+//!   and Refunds, form-encoded, the [`stripe::SecretKey`] as Bearer), sharing that plumbing.
 //! - [`model`]: the agent harness's [`agent::ModelTransport`]s — the Anthropic Messages and
 //!   OpenAI Chat Completions clients over HTTP(S), [`model::scripted::ScriptedTransport`]
 //!   replaying transcripts in those wire formats, and [`model::TokioTimer`].
