@@ -202,6 +202,10 @@ fn charges_declines_refunds_and_deduplication_against_localstripe() {
     let (_, shown, _) = keel(&db, None, &["show", &format!("charge:{TENANT}:order_1843_charge")]);
     assert_eq!(event_types(&shown), ["IntentReserved", "AttemptStarted", "IntentDeclined"], "{shown}");
     assert_eq!(shown["status"], "declined");
+    // Released: the order is no longer pending, so another key may charge it.
+    let (code, retried, out) =
+        keel(&db, Some(KEY), &charge(url, "order_1843_charge_2", "order_1843", "2500", "pm_card_visa"));
+    assert_eq!((code, retried["status"].as_str()), (0, Some("validated")), "{out}");
 
     // A refund names the charge's PaymentIntent; partial refunds add up to the charge.
     let refunds_of = |pi: &str| {
