@@ -97,6 +97,10 @@ struct BeforeSubcommand {
     lease_ttl_ms: Option<u64>,
     #[arg(long = "provider", value_name = "URL", hide = true, env = "KEEL_PROVIDER_URL")]
     provider: Option<String>,
+    #[arg(long = "provider-format", value_name = "FORMAT", hide = true, env = "KEEL_PROVIDER_FORMAT")]
+    provider_format: Option<ProviderFormat>,
+    #[arg(long = "stripe-key-file", value_name = "PATH", hide = true)]
+    stripe_key_file: Option<PathBuf>,
     #[arg(long = "provider-tier", hide = true, value_parser = ["dedup+lookup", "lookup", "dedup", "none"])]
     provider_tier: Option<String>,
     #[arg(long = "provider-consistency-window-ms", hide = true,
@@ -150,10 +154,24 @@ struct Decided {
 #[derive(Args, Debug, Clone, Default)]
 #[command(next_help_heading = "Payment provider")]
 struct ProviderFlags {
-    /// Base URL of the Stripe-like payment provider (e.g. the address `keel-provider-sim
-    /// serve` prints). [env: KEEL_PROVIDER_URL]
+    /// Base URL of the payment provider: the address `keel-provider-sim serve` prints, or with
+    /// `--provider-format stripe` Stripe's (https://, or http:// to a loopback address only).
+    /// [env: KEEL_PROVIDER_URL] [default with stripe: https://api.stripe.com]
     #[arg(long = "provider", value_name = "URL")]
     url: Option<String>,
+
+    /// The provider's wire format: `sim`, the JSON `keel-provider-sim` speaks, or `stripe`,
+    /// Stripe's API (PaymentIntents and Refunds, form-encoded, Stripe-Version pinned), with the
+    /// secret key from KEEL_STRIPE_SECRET_KEY or --stripe-key-file, read once at start and never
+    /// stored, logged or printed. With `stripe` the consistency window defaults to 60000 (Stripe's
+    /// search lag) and the timeout to 30000. [default: sim] [env: KEEL_PROVIDER_FORMAT]
+    #[arg(long = "provider-format", value_name = "FORMAT")]
+    format: Option<ProviderFormat>,
+
+    /// A file holding the Stripe secret key (`sk_…` or restricted `rk_…`), read once at start;
+    /// wins over KEEL_STRIPE_SECRET_KEY. Only with `--provider-format stripe`.
+    #[arg(long = "stripe-key-file", value_name = "PATH")]
+    stripe_key_file: Option<PathBuf>,
 
     /// What the provider can do for exactly-once: `dedup+lookup` (Stripe), `lookup`,
     /// `dedup`, or `none`. Decides what Keel may do after an unknown outcome.
@@ -174,11 +192,72 @@ struct ProviderFlags {
     timeout_ms: Option<u64>,
 }
 
+/// The wire format a payment provider speaks (`--provider-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderFormat {
+    /// The JSON `keel-provider-sim` speaks.
+    Sim,
+    /// Stripe's API.
+    Stripe,
+}
+
+/// The environment variable holding the Stripe secret key.
+const STRIPE_KEY_ENV: &str = "KEEL_STRIPE_SECRET_KEY";
+
+/// Largest Stripe key file read: a key and its newline fit many times over; a larger file is
+/// not a key file.
+const STRIPE_KEY_FILE_MAX_BYTES: u64 = 4_096;
+
+/// The provider's wire format, with what it needs to be spoken.
+#[derive(Debug, Clone)]
+pub enum Wire {
+    /// The simulator's JSON.
+    Sim,
+    /// Stripe's API with its secret key — or why the key could not be had, which
+    /// [`required_provider`] reports as a usage error before anything is written.
+    Stripe(Result<std::sync::Arc<adapters::stripe::SecretKey>, String>),
+}
+
+/// The Stripe secret key, from `file` when given, else from the environment. The error never
+/// quotes the key.
+fn stripe_key(file: Option<&std::path::Path>) -> Result<std::sync::Arc<adapters::stripe::SecretKey>, String> {
+    use std::io::Read as _;
+    let (text, source) = match file {
+        Some(path) => {
+            let mut text = zeroize::Zeroizing::new(String::new());
+            let read = std::fs::File::open(path)
+                .and_then(|file| file.take(STRIPE_KEY_FILE_MAX_BYTES + 1).read_to_string(&mut text));
+            match read {
+                Err(error) => return Err(format!("cannot read the Stripe key file {}: {error}", path.display())),
+                Ok(n) if n as u64 > STRIPE_KEY_FILE_MAX_BYTES => {
+                    return Err(format!(
+                        "the Stripe key file {} is larger than {STRIPE_KEY_FILE_MAX_BYTES} bytes: not a key",
+                        path.display()
+                    ));
+                }
+                Ok(_) => (text, format!("the Stripe key file {}", path.display())),
+            }
+        }
+        None => match std::env::var(STRIPE_KEY_ENV) {
+            Ok(text) => (zeroize::Zeroizing::new(text), STRIPE_KEY_ENV.to_owned()),
+            Err(std::env::VarError::NotPresent) => {
+                return Err(format!(
+                    "--provider-format stripe needs the secret key: set {STRIPE_KEY_ENV} or pass --stripe-key-file PATH"
+                ));
+            }
+            Err(std::env::VarError::NotUnicode(_)) => return Err(format!("{STRIPE_KEY_ENV} is not UTF-8")),
+        },
+    };
+    adapters::stripe::SecretKey::parse(&text).map(std::sync::Arc::new).map_err(|error| format!("{source}: {error}"))
+}
+
 /// How to reach the payment provider, resolved from the flags, the options before the
 /// subcommand, the environment and the defaults.
 #[derive(Debug, Clone)]
 pub struct ProviderArgs {
-    /// Base URL, when given.
+    /// The wire format, and the Stripe key when it is Stripe's.
+    pub wire: Wire,
+    /// Base URL, when given (Stripe's own by default with the Stripe format).
     pub url: Option<String>,
     /// The capability tier.
     pub tier: String,
@@ -200,11 +279,26 @@ fn bench_provider(before: &BeforeSubcommand, flags: &ProviderFlags) -> harness::
 impl BeforeSubcommand {
     fn provider(&self, flags: Option<&ProviderFlags>) -> ProviderArgs {
         let flags = flags.cloned().unwrap_or_default();
+        let format = flags.format.or(self.provider_format).unwrap_or(ProviderFormat::Sim);
+        let url = flags.url.or_else(|| self.provider.clone());
+        let (wire, url, consistency_window_ms, timeout_ms) = match format {
+            ProviderFormat::Sim => (Wire::Sim, url, 2_000, 5_000),
+            ProviderFormat::Stripe => (
+                Wire::Stripe(stripe_key(flags.stripe_key_file.as_deref().or(self.stripe_key_file.as_deref()))),
+                url.or_else(|| Some(adapters::stripe::STRIPE_API_BASE.to_owned())),
+                adapters::stripe::STRIPE_SEARCH_LAG_MS,
+                adapters::stripe::STRIPE_REQUEST_TIMEOUT_DEFAULT_MS,
+            ),
+        };
         ProviderArgs {
-            url: flags.url.or_else(|| self.provider.clone()),
+            wire,
+            url,
             tier: flags.tier.or_else(|| self.provider_tier.clone()).unwrap_or_else(|| "dedup+lookup".to_owned()),
-            consistency_window_ms: flags.consistency_window_ms.or(self.provider_consistency_window_ms).unwrap_or(2_000),
-            timeout_ms: flags.timeout_ms.or(self.provider_timeout_ms).unwrap_or(5_000),
+            consistency_window_ms: flags
+                .consistency_window_ms
+                .or(self.provider_consistency_window_ms)
+                .unwrap_or(consistency_window_ms),
+            timeout_ms: flags.timeout_ms.or(self.provider_timeout_ms).unwrap_or(timeout_ms),
         }
     }
 
@@ -421,7 +515,8 @@ enum Command {
     Charge {
         #[command(flatten)]
         effect: EffectArgs,
-        /// The payment method token (≥ 20 chars). Never stored or logged: only its hash.
+        /// The payment method: a Stripe PaymentMethod id (`pm_…`, e.g. `pm_card_visa`). Never
+        /// stored or logged: only its hash.
         #[arg(long, env = "KEEL_PAYMENT_METHOD_TOKEN", hide_env_values = true)]
         payment_method_token: Option<String>,
         #[command(flatten)]
@@ -1003,15 +1098,20 @@ fn existing_log(db: &std::path::Path, create: CreateFlag) -> Result<(), output::
     if create.create || db.exists() { Ok(()) } else { Err(output::Failure::MissingDatabase(db.to_owned())) }
 }
 
-/// The provider, required.
+/// The provider, required: its URL, and with Stripe's format a usable key and an https://
+/// (or loopback) URL — refused here, before anything is written.
 fn required_provider(provider: &ProviderArgs, what: &str) -> Result<(), output::Failure> {
-    match provider.url {
-        Some(_) => Ok(()),
-        None => Err(output::Failure::MissingProvider(format!(
+    let Some(url) = &provider.url else {
+        return Err(output::Failure::MissingProvider(format!(
             "{what} needs the payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. the address \
              `keel-provider-sim serve` prints)"
-        ))),
+        )));
+    };
+    if let Wire::Stripe(key) = &provider.wire {
+        key.as_ref().map_err(|message| output::Failure::Usage(message.clone()))?;
+        adapters::stripe::base_url(url).map_err(|error| output::Failure::Usage(error.to_string()))?;
     }
+    Ok(())
 }
 
 /// The operator's rules for one charge or refund (flags applied) and the stamp its run

@@ -3,6 +3,8 @@
 //! - [`provider_http`]: [`provider_http::HttpProvider`], the engine's
 //!   [`engine::provider::PaymentProvider`] over a Stripe-like HTTP API, with the exact mapping
 //!   from HTTP answers and transport failures to outcomes.
+//! - [`stripe`]: [`stripe::StripeProvider`], the same trait on Stripe's own API (PaymentIntents
+//!   and Refunds, form-encoded, the [`stripe::SecretKey`] as Bearer), sharing that plumbing.
 //! - [`model`]: the agent harness's [`agent::ModelTransport`]s — the Anthropic Messages and
 //!   OpenAI Chat Completions clients over HTTP(S), [`model::scripted::ScriptedTransport`]
 //!   replaying transcripts in those wire formats, and [`model::TokioTimer`].
@@ -32,6 +34,8 @@
 //!     amount_minor: 4900,
 //!     currency: "EUR".into(),
 //!     payment_method: Some(Secret::new("pm_card_visa")),
+//!     fingerprint: "0".repeat(64),
+//!     charge_ref: None,
 //!     timeout_ms: None,
 //! };
 //! let outcome = provider.execute(&request).await;
@@ -43,3 +47,4 @@
 
 pub mod model;
 pub mod provider_http;
+pub mod stripe;

@@ -45,8 +45,8 @@
 //!
 //! # Limits
 //!
-//! - Plain `http://` only: reqwest is built without TLS here, which is what the loopback
-//!   simulator needs. Enabling a TLS feature is a dependency change.
+//! - Plain `http://` only: this is the simulator's format, and the simulator speaks no TLS.
+//!   Real Stripe, over HTTPS, is [`crate::stripe`]'s.
 //! - System proxies are ignored, so that "connection refused" is about the provider itself.
 //! - Timeouts: connect [`DEFAULT_CONNECT_TIMEOUT_MS`], whole request (connect, send, answer)
 //!   [`DEFAULT_REQUEST_TIMEOUT_MS`], both overridable and both required to be non-zero.
@@ -66,6 +66,7 @@ use engine::provider::{
     UnknownReason,
 };
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::header::HeaderMap;
 use reqwest::{StatusCode, Url};
 use serde::Deserialize;
 use std::time::Duration;
@@ -195,12 +196,7 @@ const KEY_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remov
 impl HttpProvider {
     /// Builds the client. Fails only on a bad configuration, never on the network.
     pub fn new(config: HttpProviderConfig) -> Result<Self, Error> {
-        if config.connect_timeout_ms == 0 {
-            return Err(Error::ZeroTimeout { name: "connect_timeout_ms" });
-        }
-        if config.request_timeout_ms == 0 {
-            return Err(Error::ZeroTimeout { name: "request_timeout_ms" });
-        }
+        let client = client(config.connect_timeout_ms, config.request_timeout_ms)?;
         let bad = |reason: String| Error::BaseUrl { url: config.base_url.clone(), reason };
         let mut base = Url::parse(&config.base_url).map_err(|e| bad(e.to_string()))?;
         if base.scheme() != "http" {
@@ -214,12 +210,6 @@ impl HttpProvider {
             let path = format!("{}/", base.path());
             base.set_path(&path);
         }
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(config.connect_timeout_ms))
-            .timeout(Duration::from_millis(config.request_timeout_ms))
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()?;
         // How long a request may still be in flight is this client's timeout, whatever was
         // declared: the ledger waits for it before believing an "absent".
         let capability = Capability { request_timeout_ms: config.request_timeout_ms, ..config.capability };
@@ -230,12 +220,8 @@ impl HttpProvider {
         self.base.join(path).map_err(|e| format!("cannot build the URL for {path}: {e}"))
     }
 
-    /// The request with the calling span's `traceparent`, when there is one.
     fn traced(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match self.current_trace.and_then(|current| current()) {
-            Some(context) => request.header(TRACEPARENT, context.traceparent()),
-            None => request,
-        }
+        traced(self.current_trace, request)
     }
 
     async fn call(&self, request: &EffectRequest) -> CallOutcome {
@@ -260,25 +246,10 @@ impl HttpProvider {
             // The one place the secret is exposed: into the request body, never into a log.
             fields.insert("payment_method".into(), method.expose().into());
         }
-        let mut post =
-            self.traced(self.client.post(url)).header("Idempotency-Key", &request.idempotency_key).json(&body);
-        // The run's time left caps this request's timeout (a per-request timeout replaces the
-        // client's): a slow provider cannot carry a call past its run's deadline.
-        if let Some(left_ms) = request.timeout_ms.filter(|left| *left < self.capability.request_timeout_ms) {
-            post = post.timeout(Duration::from_millis(left_ms.max(1)));
-        }
-        let sent = post.send().await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(e) => return classify_send_error(&e),
-        };
-        let status = response.status();
-        match response.bytes().await {
-            Ok(bytes) => classify_effect_answer(request, status, &bytes),
-            Err(e) if e.is_timeout() => {
-                unknown(UnknownReason::Timeout, format!("HTTP {status}, answer timed out: {e}"))
-            }
-            Err(e) => unknown(UnknownReason::ConnectionLost, format!("HTTP {status}, answer cut: {e}")),
+        let post = self.traced(self.client.post(url)).header("Idempotency-Key", &request.idempotency_key).json(&body);
+        match exchange(capped(post, request, self.capability.request_timeout_ms)).await {
+            Ok((status, _, bytes)) => classify_effect_answer(request, status, &bytes),
+            Err(outcome) => outcome,
         }
     }
 
@@ -340,12 +311,68 @@ impl PaymentProvider for HttpProvider {
     }
 }
 
-fn unknown(reason: UnknownReason, detail: String) -> CallOutcome {
+/// The HTTP client every payment provider adapter uses: both timeouts non-zero, no redirect
+/// followed (a 3xx is an answer to classify, not a place to resend money to), system proxies
+/// ignored (so "connection refused" is about the provider itself). HTTPS verifies the server
+/// against the Mozilla root store compiled in (`webpki-roots`, reqwest's `rustls-tls`), never
+/// the host's store.
+pub(crate) fn client(connect_timeout_ms: u64, request_timeout_ms: u64) -> Result<reqwest::Client, Error> {
+    if connect_timeout_ms == 0 {
+        return Err(Error::ZeroTimeout { name: "connect_timeout_ms" });
+    }
+    if request_timeout_ms == 0 {
+        return Err(Error::ZeroTimeout { name: "request_timeout_ms" });
+    }
+    Ok(reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(connect_timeout_ms))
+        .timeout(Duration::from_millis(request_timeout_ms))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .build()?)
+}
+
+/// `request` with the calling span's `traceparent`, when there is one.
+pub(crate) fn traced(current_trace: Option<CurrentTrace>, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    match current_trace.and_then(|current| current()) {
+        Some(context) => request.header(TRACEPARENT, context.traceparent()),
+        None => request,
+    }
+}
+
+/// `post` with its run's time left as its timeout, when that is shorter than the client's
+/// `request_timeout_ms` (a per-request timeout replaces the client's): a slow provider cannot
+/// carry a call past its run's deadline.
+pub(crate) fn capped(
+    post: reqwest::RequestBuilder,
+    request: &EffectRequest,
+    request_timeout_ms: u64,
+) -> reqwest::RequestBuilder {
+    match request.timeout_ms.filter(|left| *left < request_timeout_ms) {
+        Some(left_ms) => post.timeout(Duration::from_millis(left_ms.max(1))),
+        None => post,
+    }
+}
+
+/// Sends an effect's request and reads its whole answer: the status, headers and body, or
+/// the outcome a transport failure proves (see the module's table: never sent, or unknown).
+pub(crate) async fn exchange(post: reqwest::RequestBuilder) -> Result<(StatusCode, HeaderMap, Vec<u8>), CallOutcome> {
+    let response = post.send().await.map_err(|e| classify_send_error(&e))?;
+    let (status, headers) = (response.status(), response.headers().clone());
+    match response.bytes().await {
+        Ok(bytes) => Ok((status, headers, bytes.to_vec())),
+        Err(e) if e.is_timeout() => {
+            Err(unknown(UnknownReason::Timeout, format!("HTTP {status}, answer timed out: {e}")))
+        }
+        Err(e) => Err(unknown(UnknownReason::ConnectionLost, format!("HTTP {status}, answer cut: {e}"))),
+    }
+}
+
+pub(crate) fn unknown(reason: UnknownReason, detail: String) -> CallOutcome {
     CallOutcome::Unknown { reason, detail }
 }
 
 /// Classifies an error from `send()`, i.e. before any status line was read.
-fn classify_send_error(e: &reqwest::Error) -> CallOutcome {
+pub(crate) fn classify_send_error(e: &reqwest::Error) -> CallOutcome {
     if e.is_builder() {
         // The request was refused while being built, before any socket was touched.
         CallOutcome::NotSent { detail: format!("request could not be built: {e}") }
@@ -361,7 +388,7 @@ fn classify_send_error(e: &reqwest::Error) -> CallOutcome {
 }
 
 /// The error with its whole source chain: reqwest's own message alone hides the cause.
-fn transport_detail(e: &reqwest::Error) -> String {
+pub(crate) fn transport_detail(e: &reqwest::Error) -> String {
     let mut detail = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(cause) = source {
@@ -395,7 +422,7 @@ struct ErrorDetail {
 }
 
 /// Reads a body strictly (no duplicate key, see `engine::canonical::parse_strict`) into `T`.
-fn read_strict<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+pub(crate) fn read_strict<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
     let value = engine::canonical::parse_strict(text).map_err(|e| e.to_string())?;
     engine::canonical::decode(value).map_err(|e| e.to_string())
@@ -407,16 +434,16 @@ fn error_body(bytes: &[u8]) -> Option<ErrorDetail> {
 
 /// The evidence in a provider's object: a non-blank visible-ASCII id and a currency code,
 /// upper-cased (ISO 4217 codes are case-insensitive on the wire; Stripe answers `eur`).
-fn evidence_of(object: ProviderObject) -> Result<Evidence, String> {
-    if object.id.is_empty() || !object.id.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!("the answer names no effect (id {:?})", object.id));
+pub(crate) fn evidence_of(id: String, amount_minor: i64, currency: &str) -> Result<Evidence, String> {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!("the answer names no effect (id {id:?})"));
     }
-    let currency = Currency::parse(&object.currency).map_err(|e| e.to_string())?;
-    Ok(Evidence { provider_ref: object.id, amount_minor: object.amount, currency: currency.into_string() })
+    let currency = Currency::parse(currency).map_err(|e| e.to_string())?;
+    Ok(Evidence { provider_ref: id, amount_minor, currency: currency.into_string() })
 }
 
 /// A short, printable excerpt of an answer for details: never the whole body.
-fn excerpt(bytes: &[u8]) -> String {
+pub(crate) fn excerpt(bytes: &[u8]) -> String {
     /// Enough to recognise an error body in a log line.
     const EXCERPT_MAX_CHARS: usize = 200;
     String::from_utf8_lossy(bytes).chars().take(EXCERPT_MAX_CHARS).collect()
@@ -439,7 +466,7 @@ fn classify_effect_answer(request: &EffectRequest, status: StatusCode, bytes: &[
             if object.status != "succeeded" {
                 return protocol(format!("HTTP 200 with status {:?}", object.status));
             }
-            let evidence = match evidence_of(object) {
+            let evidence = match evidence_of(object.id, object.amount, &object.currency) {
                 Ok(evidence) => evidence,
                 Err(e) => return protocol(format!("HTTP 200 without evidence: {e}")),
             };
@@ -487,7 +514,7 @@ fn classify_lookup_answer(kind: EffectKind, status: StatusCode, bytes: &[u8]) ->
             if object.status != "succeeded" {
                 return unavailable(format!("inconsistent: status {:?}", object.status));
             }
-            match evidence_of(object) {
+            match evidence_of(object.id, object.amount, &object.currency) {
                 Ok(evidence) => LookupOutcome::Found(evidence),
                 Err(e) => unavailable(format!("protocol: HTTP 200 without evidence: {e}")),
             }
@@ -514,6 +541,8 @@ mod tests {
             amount_minor: 4900,
             currency: "EUR".into(),
             payment_method: None,
+            fingerprint: "f".repeat(64),
+            charge_ref: None,
             timeout_ms: None,
         }
     }

@@ -247,8 +247,10 @@ pub const INTENT_ID_MAX_CHARS: usize = 120;
 /// Order ids are 1 to 256 visible ASCII characters: enough for any provider's order
 /// reference, short enough to sit in one event and one header. Enforced by workflows.
 pub const ORDER_ID_MAX_CHARS: usize = 256;
-/// Payment method tokens are at least 20 characters (seed 004). Enforced by workflows.
-pub const PAYMENT_METHOD_TOKEN_MIN_CHARS: usize = 20;
+/// Longest payment method token: Stripe's bound on its object ids (a PaymentMethod id, `pm_…`,
+/// is one). A token's shape is the provider's (`pm_` then letters, digits and `_`), not a length
+/// picked here: Stripe's test ids (`pm_card_visa`) are 12 characters. Enforced by workflows.
+pub const PAYMENT_METHOD_TOKEN_MAX_CHARS: usize = 255;
 
 /// Largest amount one charge or refund may move, in minor units: 10^12 (ten billion of a
 /// two-decimal currency, a trillion XOF). Far above any single card payment (Stripe caps most

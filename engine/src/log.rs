@@ -329,6 +329,9 @@ pub struct IntentAnswer {
     pub fresh: bool,
     /// What to do next.
     pub next: Next,
+    /// For a refund: the provider's reference of the charge it returns money on, what its
+    /// attempts send ([`crate::provider::EffectRequest::charge_ref`]); `None` for a charge.
+    pub charge_ref: Option<String>,
 }
 
 /// The intents due for reconciliation and the unfinished runs, as of the command.
@@ -367,7 +370,9 @@ impl Answer for IntentAnswer {
 
     fn from_reply(reply: Reply) -> Option<Self> {
         match reply {
-            Reply::Intent { intent, fresh, next } => Some(Self { intent: *intent, fresh, next }),
+            Reply::Intent { intent, fresh, next, charge_ref } => {
+                Some(Self { intent: *intent, fresh, next, charge_ref })
+            }
             _ => None,
         }
     }

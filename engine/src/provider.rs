@@ -256,6 +256,14 @@ pub struct EffectRequest {
     pub currency: String,
     /// The payment method (charges only). Never stored, never logged.
     pub payment_method: Option<Secret>,
+    /// Lowercase hex SHA-256 of the intent's effect-defining payload: a provider that keeps
+    /// metadata can record it beside the key, so an effect found later can be told apart from
+    /// one made for another payload under the same key.
+    pub fingerprint: String,
+    /// For a refund: the provider's reference of the charge it gives money back on (that
+    /// charge's evidence), when the order has exactly one validated charge in the refund's
+    /// currency. `None` for a charge, and for a refund whose order has no single such charge.
+    pub charge_ref: Option<String>,
     /// The most this request may take, in ms: its run's time left when it is sent. An adapter
     /// gives up at the smaller of this and its own request timeout, and reports the outcome
     /// unknown (`timeout`). `None`: its own timeout alone.

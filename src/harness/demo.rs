@@ -36,7 +36,13 @@ struct Scene {
 }
 
 fn provider_args(url: &str, timeout_ms: u64) -> ProviderArgs {
-    ProviderArgs { url: Some(url.to_owned()), tier: "dedup+lookup".to_owned(), consistency_window_ms: 500, timeout_ms }
+    ProviderArgs {
+        wire: crate::Wire::Sim,
+        url: Some(url.to_owned()),
+        tier: "dedup+lookup".to_owned(),
+        consistency_window_ms: 500,
+        timeout_ms,
+    }
 }
 
 fn charge_input(intent_id: &str, order: &str, amount_minor: i64) -> Value {

@@ -5,6 +5,6 @@
 /// intent keys `keel demo` prints.
 pub const TENANT: &str = "3f1c2a9e-7b1d-4c1e-9a51-0f8e2b6c4d10";
 
-/// A payment method token the charge workflow accepts (20 characters or more). Keel stores
+/// A payment method token the charge workflow accepts (a Stripe PaymentMethod id, `pm_…`). Keel stores
 /// and logs only its hash.
 pub const CARD_TOKEN: &str = "pm_card_visa_4242424242";

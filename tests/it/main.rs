@@ -28,6 +28,7 @@ mod otel;
 mod policy;
 mod postgres;
 mod serve;
+mod stripe;
 mod teeth;
 mod testkit;
 mod timers;

@@ -1,7 +1,7 @@
 //! The `charge` workflow: one payment intent, seed 004's contract.
 //!
 //! Owns input validation (tenant UUID, intent id 12–120 chars, order id, positive integer
-//! `amount_minor`, EUR/USD/XOF, payment method token ≥ 20 chars, unknown fields refused), the
+//! `amount_minor`, EUR/USD/XOF, a payment method id in Stripe's format (`pm_…`), unknown fields refused), the
 //! operator's policy (maximum amount, allowed currencies), and the fingerprint payload. The payment method token never
 //! reaches the log: the stored input and the fingerprint carry its SHA-256 only, and the
 //! clear token lives in the invocation's secrets.
@@ -10,7 +10,6 @@ use crate::input::{EffectInput, Fields, check_policy};
 use engine::canonical::sha256_hex;
 use engine::executor::{Context, Prepared, Rejection, Workflow, WorkflowEnd, WorkflowError, end_with};
 use engine::ledger::RejectCode;
-use engine::limits::PAYMENT_METHOD_TOKEN_MIN_CHARS;
 use engine::policy::Rules;
 use engine::provider::{BoxFuture, EffectKind, Secret};
 use serde::{Deserialize, Serialize};
@@ -53,7 +52,7 @@ impl Workflow for Charge {
     fn prepare(&self, raw: &Value) -> Result<Prepared<ChargeInput>, Rejection> {
         let mut fields = Fields::new(raw, &FIELDS);
         let effect = fields.effect();
-        let token = fields.string("payment_method_token", PAYMENT_METHOD_TOKEN_MIN_CHARS, 4096);
+        let token = fields.payment_method("payment_method_token");
         fields.finish().map_err(|details| Rejection { code: RejectCode::InvalidArguments, details })?;
         check_policy(&effect, self.rules.as_ref())?;
         Ok(Prepared {

@@ -14,7 +14,7 @@
 use engine::event::{SignalName, is_uuid};
 use engine::executor::{IntentRequest, Rejection};
 use engine::ledger::RejectCode;
-use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS, ORDER_ID_MAX_CHARS};
+use engine::limits::{INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS, ORDER_ID_MAX_CHARS, PAYMENT_METHOD_TOKEN_MAX_CHARS};
 use engine::money::{Currency, check_amount};
 use engine::policy::Rules;
 use engine::provider::{EffectKind, Secret};
@@ -74,6 +74,25 @@ impl<'a> Fields<'a> {
             }
             None => String::new(),
         }
+    }
+
+    /// A payment method id in Stripe's format: `pm_` then one or more ASCII letters, digits or
+    /// `_`, at most [`PAYMENT_METHOD_TOKEN_MAX_CHARS`] in all — a real id (`pm_1Nq…`) or a test
+    /// one (`pm_card_visa`) as is. Whitespace, control and non-ASCII characters are refused;
+    /// the message never quotes the token, a secret.
+    pub fn payment_method(&mut self, name: &str) -> String {
+        let value = self.string(name, 1, PAYMENT_METHOD_TOKEN_MAX_CHARS);
+        let given = self.object.and_then(|o| o.get(name)).is_some_and(Value::is_string);
+        let shaped = value
+            .strip_prefix("pm_")
+            .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+        let sized = (1..=PAYMENT_METHOD_TOKEN_MAX_CHARS).contains(&value.chars().count());
+        if given && sized && !shaped {
+            self.problems.push(format!(
+                "{name}: must be a Stripe PaymentMethod id: pm_ then letters, digits or _ (a real id or a test one)"
+            ));
+        }
+        value
     }
 
     /// A tenant id: a UUID in its 8-4-4-4-12 hex form.
@@ -287,6 +306,44 @@ mod tests {
             fields.amount_minor("a");
             assert!(fields.finish().is_err(), "{bad} must be refused");
         }
+    }
+
+    #[test]
+    fn stripe_payment_method_ids_pass_as_they_are_and_garbage_does_not() {
+        let check = |token: &str| {
+            let raw = json!({"t": token});
+            let mut fields = Fields::new(&raw, &["t"]);
+            fields.payment_method("t");
+            fields.finish()
+        };
+        for good in ["pm_card_visa", "pm_card_visa_chargeDeclined", "pm_1NqLiJLkdIwHu7ixUEgbFdYF", "pm_x"] {
+            assert!(check(good).is_ok(), "{good} is a Stripe PaymentMethod id");
+        }
+        let long = format!("pm_{}", "a".repeat(PAYMENT_METHOD_TOKEN_MAX_CHARS));
+        for bad in [
+            "",
+            " ",
+            "pm_",
+            "pm_card visa",
+            " pm_card_visa",
+            "pm_card_visa\n",
+            "pm_card\u{0}",
+            "pm_cärd",
+            "card_visa",
+            "tok_visa",
+            long.as_str(),
+        ] {
+            let problems = check(bad).expect_err("garbage is refused");
+            assert!(problems.iter().all(|p| p.starts_with("t: ")), "{problems:?}");
+            assert!(
+                bad.len() < 5 || problems.iter().all(|p| !p.contains(bad)),
+                "a secret is never quoted: {problems:?}"
+            );
+        }
+        let raw = json!({"t": 42});
+        let mut fields = Fields::new(&raw, &["t"]);
+        fields.payment_method("t");
+        assert_eq!(fields.finish().expect_err("a number is no id"), vec!["t: must be a string".to_owned()]);
     }
 
     #[test]

@@ -366,3 +366,53 @@ async fn ids_with_control_invisible_or_non_ascii_characters_are_invalid_and_writ
     assert!(h.events().is_empty(), "nothing was written");
     assert_eq!(provider.effect_count(), 0);
 }
+
+/// Records what each request carries beside the effect, then lets the in-memory provider act.
+struct Recording {
+    inner: MemoryProvider,
+    seen: Mutex<Vec<(EffectKind, Option<String>, String)>>,
+}
+
+impl PaymentProvider for Recording {
+    fn capability(&self) -> Capability {
+        self.inner.capability()
+    }
+
+    fn execute<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome> {
+        let seen = (request.kind, request.charge_ref.clone(), request.fingerprint.clone());
+        self.seen.lock().expect("test mutex").push(seen);
+        self.inner.execute(request)
+    }
+
+    fn lookup<'a>(&'a self, kind: EffectKind, key: &'a str) -> BoxFuture<'a, LookupOutcome> {
+        self.inner.lookup(kind, key)
+    }
+}
+
+#[tokio::test]
+async fn a_refund_request_names_its_orders_one_charge_and_every_request_its_fingerprint() {
+    let provider = Arc::new(Recording { inner: MemoryProvider::new(stripe_like()), seen: Mutex::default() });
+    let h = Harness::new(provider.clone(), Arc::new(ManualClock::new(start())));
+    let charged = h.charge("order_7900_charge", "order_7900", 5_000, "EUR").await;
+    let charge_ref = charged["provider_ref"].as_str().expect("the charge's evidence").to_owned();
+    h.refund("order_7900_refund", "order_7900", 1_000, "EUR").await;
+    // An order charged twice has no single charge to name: a provider that refunds one
+    // charge at a time is told so (it does not guess).
+    h.charge("order_7901_charge_a", "order_7901", 2_000, "EUR").await;
+    h.charge("order_7901_charge_b", "order_7901", 3_000, "EUR").await;
+    h.refund("order_7901_refund", "order_7901", 1_000, "EUR").await;
+    let seen = provider.seen.lock().expect("test mutex").clone();
+    let refs: Vec<(EffectKind, Option<&str>)> = seen.iter().map(|(kind, r, _)| (*kind, r.as_deref())).collect();
+    assert_eq!(
+        refs,
+        [
+            (EffectKind::Charge, None),
+            (EffectKind::Refund, Some(charge_ref.as_str())),
+            (EffectKind::Charge, None),
+            (EffectKind::Charge, None),
+            (EffectKind::Refund, None),
+        ]
+    );
+    let stored = h.log.ledger().intent(&IntentKey::new(EffectKind::Charge, TENANT, "order_7900_charge")).cloned();
+    assert_eq!(seen.first().map(|(_, _, f)| f.clone()), stored.map(|i| i.definition.fingerprint));
+}

@@ -95,6 +95,8 @@ pub fn charge(intent: &str, amount_minor: i64) -> EffectRequest {
         amount_minor,
         currency: "EUR".into(),
         payment_method: Some(Secret::new("pm_card_visa")),
+        fingerprint: "0".repeat(64),
+        charge_ref: None,
         timeout_ms: None,
     }
 }

@@ -211,7 +211,10 @@ impl Driver<'_> {
         loop {
             let payment_method = payment_method.or(kept.as_ref());
             answer = match answer.next {
-                Next::Send { .. } => self.send(&answer.intent, after_absence, payment_method).await?,
+                Next::Send { .. } => {
+                    let request = self.request(&answer.intent, payment_method, answer.charge_ref.clone());
+                    self.send(&answer.intent, after_absence, request, payment_method).await?
+                }
                 Next::LookUp { .. } => self.look_up(&answer.intent).await?,
                 Next::Attempt { .. }
                     if answer.intent.definition.kind.needs_payment_method() && payment_method.is_none() =>
@@ -281,7 +284,11 @@ impl Driver<'_> {
         {
             // CANARY (never on by default): calls the provider before `AttemptStarted` is
             // durable, which breaks write-ahead. The crash-replay suite must fail with it.
-            let outcome = self.runtime.provider.execute(&self.request(&seen.intent, payment_method)).await;
+            let outcome = self
+                .runtime
+                .provider
+                .execute(&self.request(&seen.intent, payment_method, seen.charge_ref.clone()))
+                .await;
             self.failpoints.hit(Point::AfterProviderAnswer);
             let started = self.step(seen, ask).await?;
             if !matches!(started.next, Next::Send { .. }) {
@@ -334,11 +341,11 @@ impl Driver<'_> {
         &self,
         started: &Intent,
         after_absence: bool,
+        request: EffectRequest,
         payment_method: Option<&Secret>,
     ) -> Result<IntentAnswer, LogError> {
         self.failpoints.hit(Point::AfterAttemptStarted);
         let span = self.attempt_span(started, after_absence);
-        let request = self.request(started, payment_method);
         let outcome = self.runtime.provider.execute(&request).instrument(span.clone()).await;
         // A provider may echo the payment method back (an error quoting the request): it is
         // scrubbed before the outcome is logged or stored.
@@ -390,7 +397,7 @@ impl Driver<'_> {
 
     /// The request for one attempt: always the intent key as the idempotency key, and at most
     /// the run's time left to take.
-    fn request(&self, intent: &Intent, payment_method: Option<&Secret>) -> EffectRequest {
+    fn request(&self, intent: &Intent, payment_method: Option<&Secret>, charge_ref: Option<String>) -> EffectRequest {
         let now = self.runtime.clock.now();
         EffectRequest {
             timeout_ms: self.deadline_at.map(|deadline| ms_between(now, deadline).max(1)),
@@ -402,6 +409,8 @@ impl Driver<'_> {
             amount_minor: intent.definition.amount_minor,
             currency: intent.definition.currency.clone(),
             payment_method: payment_method.cloned(),
+            fingerprint: intent.definition.fingerprint.clone(),
+            charge_ref,
         }
     }
 

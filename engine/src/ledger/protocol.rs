@@ -791,6 +791,9 @@ pub enum Reply {
         fresh: bool,
         /// What the run that sent the command must do next for it.
         next: Next,
+        /// For a refund: its order's charge's provider reference (see
+        /// [`crate::provider::EffectRequest::charge_ref`]); `None` for a charge.
+        charge_ref: Option<String>,
     },
     /// A run's state.
     Run(Box<Run>),

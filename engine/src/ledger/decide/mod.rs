@@ -23,6 +23,7 @@ mod runs;
 
 use super::next::{Launched, Next};
 use super::protocol::{Action, Command, Decision, Refusal, Reply, ReplyTarget};
+use super::state::Intent;
 use super::view::View;
 use crate::event::{Event, IntentKey, RunId};
 use crate::lease::{LeaseEffect, LeaseUse, LeaseView};
@@ -64,7 +65,8 @@ pub fn reply_after(view: &dyn View, target: &ReplyTarget) -> Reply {
         ReplyTarget::Intent { key, fresh, launched, acting, now } => match view.intent(key) {
             Some(intent) => {
                 let next = Next::after(&intent, *launched, *now, acting.as_ref());
-                Reply::Intent { intent: Box::new(intent), fresh: *fresh, next }
+                let charge_ref = refunded_charge(view, &intent);
+                Reply::Intent { intent: Box::new(intent), fresh: *fresh, next, charge_ref }
             }
             None => Reply::Done,
         },
@@ -82,6 +84,28 @@ pub fn reply_after(view: &dyn View, target: &ReplyTarget) -> Reply {
             sleeping: view.sleeping_runs(*now, limits::RESUME_PASS_MAX),
         },
         ReplyTarget::Facts(conversation) => Reply::Facts(Box::new(view.conversation(conversation))),
+    }
+}
+
+/// For a refund, the provider's reference of the charge it gives money back on: the one
+/// validated charge of its order in its currency. `None` for a charge, and when the order has
+/// no such charge or several (a provider refunds one charge at a time; which one to pick is
+/// not this slice's to decide, so the adapter is told there is no single one). One indexed
+/// read of the order's intents, for refunds only.
+fn refunded_charge(view: &dyn View, intent: &Intent) -> Option<String> {
+    if intent.definition.kind != crate::provider::EffectKind::Refund {
+        return None;
+    }
+    let charges: Vec<String> = view
+        .order_intents(&intent.definition.tenant, &intent.definition.order_id)
+        .into_iter()
+        .filter(|i| i.definition.kind == crate::provider::EffectKind::Charge)
+        .filter(|i| i.definition.currency == intent.definition.currency)
+        .filter_map(|i| i.evidence.map(|evidence| evidence.provider_ref))
+        .collect();
+    match charges.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
     }
 }
 
