@@ -269,6 +269,52 @@ mod tests {
     }
 
     #[test]
+    fn the_document_states_the_constraints_the_doors_enforce() {
+        use engine::limits::{AMOUNT_MINOR_MAX, API_PAGE_LIMIT_MAX, INTENT_ID_MAX_CHARS, INTENT_ID_MIN_CHARS};
+        let document = serde_json::to_value(openapi::Document::openapi()).expect("the document serialises");
+        let charge = &document["components"]["schemas"]["ChargeRequest"]["properties"];
+        assert_eq!(charge["amount_minor"]["minimum"], 1, "{charge}");
+        assert_eq!(charge["amount_minor"]["maximum"], AMOUNT_MINOR_MAX, "{charge}");
+        assert_eq!(charge["payment_method_token"]["pattern"], "^pm_[A-Za-z0-9_]+$", "{charge}");
+        let currency = regex_free_match(charge["currency"]["pattern"].as_str().expect("a pattern"));
+        assert!(currency.iter().any(|code| code == "[Ee][Uu][Rr]"), "{currency:?}");
+        let reason = &document["components"]["schemas"]["ReasonRequest"]["properties"]["reason"];
+        assert_eq!(reason["pattern"], "\\S", "{reason}");
+
+        let post = &document["paths"]["/v1/charges"]["post"];
+        let key = post["parameters"].as_array().expect("parameters").iter().find(|p| p["name"] == "Idempotency-Key");
+        let key = &key.expect("the Idempotency-Key header")["schema"];
+        assert_eq!(
+            (key["minLength"].as_u64(), key["maxLength"].as_u64()),
+            (Some(INTENT_ID_MIN_CHARS as u64), Some(INTENT_ID_MAX_CHARS as u64))
+        );
+        let list = &document["paths"]["/v1/intents"]["get"]["parameters"];
+        let limit = list.as_array().expect("parameters").iter().find(|p| p["name"] == "limit").expect("limit");
+        assert_eq!(
+            (limit["schema"]["minimum"].as_u64(), limit["schema"]["maximum"].as_u64()),
+            (Some(1), Some(API_PAGE_LIMIT_MAX as u64))
+        );
+        let state = list.as_array().expect("parameters").iter().find(|p| p["name"] == "state").expect("state");
+        assert!(
+            state["schema"]["enum"].as_array().is_some_and(|states| states.contains(&"outcome_unknown".into())),
+            "{state}"
+        );
+        for path in
+            ["/v1/charges", "/v1/intents/{key}/approve", "/v1/intents/{key}/resolve", "/v1/intents/{key}/cancel"]
+        {
+            let responses = &document["paths"][path]["post"]["responses"];
+            for status in ["400", "405", "408", "413", "415"] {
+                assert!(responses.get(status).is_some(), "{path} documents {status}: {responses}");
+            }
+        }
+    }
+
+    /// The alternatives of a `^(a|b|c)$` pattern.
+    fn regex_free_match(pattern: &str) -> Vec<String> {
+        pattern.trim_start_matches("^(").trim_end_matches(")$").split('|').map(str::to_owned).collect()
+    }
+
+    #[test]
     fn every_request_schema_refuses_unknown_fields_as_the_handlers_do() {
         let document = serde_json::to_value(openapi::Document::openapi()).expect("the document serialises");
         let schemas = document["components"]["schemas"].as_object().expect("schemas");
