@@ -173,8 +173,13 @@ impl Constraints {
     /// The rules on the routes' parameters: (where, name, rules).
     fn parameters() -> Vec<(ParameterIn, &'static str, Vec<Rule>)> {
         let page = i64::try_from(API_PAGE_LIMIT_MAX).unwrap_or(i64::MAX);
-        let statuses = engine::ledger::ALL_STATUSES.iter().map(|s| s.as_str().to_owned()).collect();
-        let run_statuses = std::iter::once("running")
+        // An empty filter is no filter: the doors take it.
+        let statuses = std::iter::once("")
+            .chain(engine::ledger::ALL_STATUSES.iter().map(|s| s.as_str()))
+            .map(str::to_owned)
+            .collect();
+        let run_statuses = ["", "running"]
+            .into_iter()
             .chain(engine::event::RunStatus::ALL.iter().map(|s| s.as_str()))
             .map(str::to_owned)
             .collect();
@@ -191,6 +196,8 @@ impl Constraints {
             ),
             (ParameterIn::Path, "key", vec![Rule::Pattern("^(charge|refund):[^:]+:.+$".to_owned())]),
             (ParameterIn::Query, "limit", vec![Rule::Range(1, page)]),
+            // What a page's `next_cursor` gave: hex.
+            (ParameterIn::Query, "cursor", vec![Rule::Pattern("^([0-9a-f]{2})*$".to_owned())]),
             (ParameterIn::Query, "state", vec![Rule::OneOf(statuses)]),
             (ParameterIn::Query, "status", vec![Rule::OneOf(run_statuses)]),
             (ParameterIn::Query, "by", vec![Rule::OneOf(by)]),
@@ -198,7 +205,7 @@ impl Constraints {
                 ParameterIn::Query,
                 "since",
                 vec![Rule::Pattern(
-                    "^([0-9]{1,6}[smhd]|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2}))$"
+                    "^([0-9]{1,6}[smhd]|[12][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-](0[0-9]|1[0-3]):[0-5][0-9]))$"
                         .to_owned(),
                 )],
             ),
