@@ -66,16 +66,21 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
         Command::Resume { create, store, provider } => {
             let provider = provider_of(Some(&store), Some(&provider));
             required_provider(&provider, "resume")?;
+            let policy = cli.policy.in_force()?;
             existing_log(url, create)?;
-            ops::resume_postgres(&node(url, &provider, None)?, out).await
+            let mut node = node(url, &provider, None)?;
+            node.executor = node.executor.clone().with_policy(policy);
+            ops::resume_postgres(&node, out).await
         }
         Command::Worker { concurrency, poll_ms, health_ms, grace_ms, once, create, store, provider } => {
             let provider = provider_of(Some(&store), Some(&provider));
             required_provider(&provider, "worker")?;
             existing_log(url, create)?;
             let settings = worker::Settings::from_flags(concurrency, poll_ms, health_ms, grace_ms, once);
+            let policy = cli.policy.in_force()?;
             let node = node(url, &provider, None)?;
-            let worker = worker::Worker::new(node.executor.clone(), Arc::new(SqliteOnlyAgents), settings);
+            let executor = node.executor.clone().with_policy(policy);
+            let worker = worker::Worker::new(executor, Arc::new(SqliteOnlyAgents), settings);
             let outcome = worker.run(out, worker::stop()).await;
             node.shutdown()?;
             outcome

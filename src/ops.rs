@@ -509,9 +509,17 @@ pub fn workflow_failure(error: WorkflowError) -> Failure {
     }
 }
 
-/// `keel resume`: the workflow runs and reconciliations, then the agent runs.
-pub async fn resume(db: &Path, durability: store::Durability, provider: &ProviderArgs, out: &Output) -> Outcome {
-    let node = Node::open(db, durability, provider, None)?;
+/// `keel resume`: the workflow runs and reconciliations, then the agent runs. A workflow run
+/// that started under another policy than `policy` reserves under both (the stricter wins).
+pub async fn resume(
+    db: &Path,
+    durability: store::Durability,
+    provider: &ProviderArgs,
+    policy: engine::policy::InForce,
+    out: &Output,
+) -> Outcome {
+    let mut node = Node::open(db, durability, provider, None)?;
+    node.executor = node.executor.clone().with_policy(policy);
     let report = node.executor.recover_and_resume(Cause::command("resume")).await;
     node.shutdown()?;
     let report = report.map_err(workflow_failure)?;

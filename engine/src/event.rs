@@ -686,6 +686,12 @@ pub enum Event {
         reconciliations_max: u32,
         /// Whether a human must approve before the first attempt.
         approval_required: bool,
+        /// The operator's policy this reservation was decided under, when it is not the one
+        /// its run started under (recorded in `RunStarted`'s limits): a run resumed after the
+        /// operator installed a new policy is held to both, the stricter of each limit
+        /// winning. Absent: the run's own policy (and in every row written before this field).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<crate::policy::PolicyStamp>,
     },
     /// The same key and fingerprint were proposed again; the stored outcome was returned.
     IntentDeduplicated {

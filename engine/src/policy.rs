@@ -5,7 +5,9 @@
 //! currencies, lower-case tenant UUIDs), [`Rules`] (what applies to one tenant's one
 //! operation), [`Requested`] (a caller's per-invocation flags, which may tighten a rule and
 //! never loosen it) and [`PolicyStamp`] (what a run records of the policy it was decided
-//! under: its version and hash).
+//! under: its version and hash), [`InForce`] (the policy a process runs under) and
+//! [`Governing`] (its rules for one intent, which a run resumed under a newer policy is held
+//! to beside its own: the stricter of each limit wins).
 //!
 //! It never reads a file nor parses TOML (the binary does, and hashes the bytes it read), and
 //! never decides an intent's transition (the workflows and the ledger enforce the rules it
@@ -348,6 +350,45 @@ impl Rules {
         }
         let names: Vec<&str> = allowed.iter().map(Currency::as_str).collect();
         Some(format!("currency {currency} is not allowed by the policy (allowed: {})", names.join(", ")))
+    }
+}
+
+/// The operator's policy in force in this process, with its stamp: what a run started under
+/// another policy is held to as well when it is resumed here (see [`Governing`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InForce {
+    /// The checked policy.
+    pub policy: Policy,
+    /// Its version and hash.
+    pub stamp: PolicyStamp,
+}
+
+impl InForce {
+    /// What this policy sets for one intent of `tenant`'s `kind`.
+    pub fn governing(&self, tenant: &str, kind: EffectKind) -> Governing {
+        Governing { rules: self.policy.rules(tenant, kind), stamp: self.stamp.clone() }
+    }
+}
+
+/// The rules the policy in force sets for one intent, with that policy's stamp. For a run
+/// started under another policy (a refund that waited on a signal while the operator
+/// installed a new one), the ledger holds the reservation to these rules AND to the run's own
+/// (the stricter of each limit wins, never the looser) and records this stamp on it. For a
+/// run started under this very policy they add nothing, and nothing more is recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Governing {
+    /// The rules for the intent's tenant and operation.
+    pub rules: Rules,
+    /// The policy they come from.
+    pub stamp: PolicyStamp,
+}
+
+/// The stricter of two approval thresholds (`None`: no approval required by that side): the
+/// lower one, and any threshold over none.
+pub fn stricter_threshold(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (one, other) => one.or(other),
     }
 }
 

@@ -16,6 +16,7 @@ mod crash;
 mod delegation;
 mod facts;
 mod golden;
+mod hardening;
 mod kills;
 mod leases;
 mod metrics;

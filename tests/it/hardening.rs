@@ -1,0 +1,164 @@
+//! An adversarial pass over the policy and the operator's commands (issue 22, part B),
+//! through the real `keel` binary: a policy installed while a run waits holds it when it
+//! resumes (the stricter of the two, never the looser), a run waiting on a signal stops at its
+//! deadline, operator text is never blank, a policy value the door would refuse is refused,
+//! and an API key's id and name cannot be confused.
+
+use crate::cli::{charge_args, keel, start_sim, temp};
+use engine::event::{Event, StoredEvent};
+use serde_json::Value;
+use std::path::Path;
+use testkit::sample::TENANT;
+
+/// Every event of the log, through a reader.
+fn events(db: &Path) -> Vec<StoredEvent> {
+    store::Reader::open(db).expect("a reader").events_since(0).expect("the events")
+}
+
+fn write_policy(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("the policy is written");
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
+
+/// `keel --policy POLICY refund … --after-signal goods_returned` of `amount` on order_1842:
+/// the run waits, and its id is returned.
+fn refund_waiting(db: &Path, sim: &str, policy: &str, intent_id: &str, amount: &str) -> String {
+    let args = [
+        "--policy",
+        policy,
+        "refund",
+        "--tenant",
+        TENANT,
+        "--intent-id",
+        intent_id,
+        "--order",
+        "order_1842",
+        "--amount-minor",
+        amount,
+        "--currency",
+        "EUR",
+        "--after-signal",
+        "goods_returned",
+    ];
+    let (code, waiting, stderr) = keel(db, Some(sim), &args);
+    assert_eq!((code, waiting["run_status"].as_str()), (2, Some("suspended")), "{waiting} {stderr}");
+    waiting["run_id"].as_str().expect("the run is recorded").to_owned()
+}
+
+fn signal(db: &Path, run_id: &str) {
+    let (code, sent, stderr) = keel(db, None, &["signal", run_id, "goods_returned", "--by", "ana"]);
+    assert_eq!((code, sent["status"].as_str()), (0, Some("delivered")), "{sent} {stderr}");
+}
+
+/// The resumed run `run_id` in a `keel resume` report.
+fn resumed<'a>(report: &'a Value, run_id: &str) -> &'a Value {
+    let runs = report["resumed"].as_array().expect("a list of resumed runs");
+    runs.iter().find(|run| run["run_id"] == run_id).unwrap_or_else(|| panic!("{run_id} resumed: {report}"))
+}
+
+/// The policy stamp the reservation of `intent_id` records, if it records one.
+fn reserved_under(db: &Path, intent_id: &str) -> Option<engine::policy::PolicyStamp> {
+    events(db).into_iter().find_map(|stored| match stored.event {
+        Event::IntentReserved { intent, policy, .. } if intent.intent_id == intent_id => Some(policy),
+        _ => None,
+    })?
+}
+
+/// The status of refund `intent_id`, `absent` when it was never reserved.
+fn intent_status(db: &Path, intent_id: &str) -> String {
+    let (_, shown, _) = keel(db, None, &["show", &format!("refund:{TENANT}:{intent_id}")]);
+    match shown["reason"].as_str() {
+        Some("not_found") => "absent".to_owned(),
+        _ => shown["status"].as_str().expect("a status").to_owned(),
+    }
+}
+
+const LOOSE: &str = "version = \"loose\"\n[defaults]\nmax_amount_minor = 8000\n";
+
+const STRICT: &str = "version = \"strict\"\n[operations.refund]\nmax_amount_minor = 2500\n\
+                      approval_threshold_minor = 1000\nrun_budget_minor = 2000\n";
+
+// ----- item 1: a policy installed while a run waits ----------------------------------------
+
+#[test]
+fn a_policy_tightened_while_a_refund_waits_holds_it_when_it_resumes_and_is_recorded() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (loose, strict) =
+        (write_policy(dir.path(), "loose.toml", LOOSE), write_policy(dir.path(), "strict.toml", STRICT));
+    let (code, charged, stderr) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "7000"));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    // Each refund is within the loose policy, and waits on a signal.
+    let over_max = refund_waiting(&db, sim.url(), &loose, "refund_over_max", "3000");
+    let over_threshold = refund_waiting(&db, sim.url(), &loose, "refund_over_threshold", "1800");
+    let over_budget = refund_waiting(&db, sim.url(), &loose, "refund_over_budget", "2200");
+    for run_id in [&over_max, &over_threshold, &over_budget] {
+        signal(&db, run_id);
+    }
+
+    // The operator installed the strict policy meanwhile: the runs resume under it.
+    let (code, report, stderr) = keel(&db, Some(sim.url()), &["--policy", &strict, "resume"]);
+    assert_eq!(code, 0, "{report} {stderr}");
+
+    let refused = resumed(&report, &over_max);
+    assert_eq!(refused["status"], "rejected", "3000 is above the new maximum of 2500: {refused}");
+    let detail = refused["output"].to_string();
+    assert!(detail.contains("policy_denied") && detail.contains("2500"), "{detail}");
+    assert!(
+        detail.contains("strict") && detail.contains(&engine::canonical::sha256_hex(STRICT.as_bytes())),
+        "{detail}"
+    );
+    assert_eq!(intent_status(&db, "refund_over_max"), "absent", "nothing reserved");
+
+    assert_eq!(intent_status(&db, "refund_over_threshold"), "awaiting_approval", "1800 is above the new threshold");
+    let stamp = reserved_under(&db, "refund_over_threshold").expect("the reservation records the policy in force");
+    assert_eq!((stamp.version.as_str(), stamp.sha256), ("strict", engine::canonical::sha256_hex(STRICT.as_bytes())));
+
+    let budget = resumed(&report, &over_budget);
+    assert_eq!(budget["status"], "cost_budget", "2200 is above the new run budget of 2000: {budget}");
+    assert!(budget["output"].to_string().contains("budget_exhausted"), "{budget}");
+    assert_eq!(intent_status(&db, "refund_over_budget"), "absent", "nothing reserved");
+}
+
+#[test]
+fn a_looser_policy_installed_while_a_refund_waits_does_not_loosen_it() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (loose, strict) =
+        (write_policy(dir.path(), "loose.toml", LOOSE), write_policy(dir.path(), "strict.toml", STRICT));
+    let (code, charged, stderr) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "7000"));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let over_threshold = refund_waiting(&db, sim.url(), &strict, "refund_over_threshold", "1800");
+    let run_budget = refund_waiting(&db, sim.url(), &strict, "refund_within_max", "2400");
+    signal(&db, &over_threshold);
+    signal(&db, &run_budget);
+
+    let (code, report, stderr) = keel(&db, Some(sim.url()), &["--policy", &loose, "resume"]);
+    assert_eq!(code, 0, "{report} {stderr}");
+    assert_eq!(
+        intent_status(&db, "refund_over_threshold"),
+        "awaiting_approval",
+        "the threshold the run started with still holds: {report}"
+    );
+    let stamp = reserved_under(&db, "refund_over_threshold").expect("decided under the loose policy too");
+    assert_eq!(stamp.version, "loose");
+    let budget = resumed(&report, &run_budget);
+    assert_eq!(budget["status"], "cost_budget", "the run's own budget of 2000 still holds: {budget}");
+    assert!(budget["output"].to_string().contains("budget_exhausted"), "{budget}");
+}
+
+#[test]
+fn a_run_resumed_under_its_own_policy_records_nothing_more() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let loose = write_policy(dir.path(), "loose.toml", LOOSE);
+    let (code, charged, stderr) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "7000"));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let run_id = refund_waiting(&db, sim.url(), &loose, "refund_same_policy", "3000");
+    signal(&db, &run_id);
+    let (code, report, stderr) = keel(&db, Some(sim.url()), &["--policy", &loose, "resume"]);
+    assert_eq!(code, 0, "{report} {stderr}");
+    assert_eq!(resumed(&report, &run_id)["status"], "completed", "{report}");
+    assert_eq!(reserved_under(&db, "refund_same_policy"), None, "its RunStarted already says which policy");
+}
