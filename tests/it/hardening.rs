@@ -8,6 +8,7 @@ use crate::cli::{charge_args, keel, start_sim, temp};
 use engine::event::{Event, StoredEvent};
 use serde_json::Value;
 use std::path::Path;
+use std::time::Duration;
 use testkit::sample::TENANT;
 
 /// Every event of the log, through a reader.
@@ -161,4 +162,72 @@ fn a_run_resumed_under_its_own_policy_records_nothing_more() {
     assert_eq!(code, 0, "{report} {stderr}");
     assert_eq!(resumed(&report, &run_id)["status"], "completed", "{report}");
     assert_eq!(reserved_under(&db, "refund_same_policy"), None, "its RunStarted already says which policy");
+}
+
+// ----- item 3: a wait past the run's deadline ----------------------------------------------
+
+/// `keel refund … HOLD --deadline-ms 1500` of 1000 on order_1842: the run waits, and its id is
+/// returned.
+fn refund_held(db: &Path, sim: &str, intent_id: &str, hold: &[&str]) -> String {
+    let mut args = vec!["refund", "--tenant", TENANT, "--intent-id", intent_id, "--order", "order_1842"];
+    args.extend(["--amount-minor", "1000", "--currency", "EUR", "--deadline-ms", "1500"]);
+    args.extend(hold);
+    let (code, waiting, stderr) = keel(db, Some(sim), &args);
+    assert_eq!((code, waiting["run_status"].as_str()), (2, Some("suspended")), "{waiting} {stderr}");
+    waiting["run_id"].as_str().expect("the run is recorded").to_owned()
+}
+
+fn run_status(db: &Path, run_id: &str) -> String {
+    let (code, shown, stderr) = keel(db, None, &["run", "show", run_id]);
+    assert_eq!(code, 0, "{shown} {stderr}");
+    shown["status"].as_str().expect("a status").to_owned()
+}
+
+#[test]
+fn a_run_waiting_past_its_deadline_ends_deadline_exceeded_and_a_late_signal_is_refused() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (code, charged, stderr) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "7000"));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let started = std::time::Instant::now();
+    let never_signalled = refund_held(&db, sim.url(), "refund_never_signalled", &["--after-signal", "goods_returned"]);
+    let signalled_late = refund_held(&db, sim.url(), "refund_signalled_late", &["--after-signal", "goods_returned"]);
+    let in_time = refund_held(&db, sim.url(), "refund_signalled_in_time", &["--after-signal", "goods_returned"]);
+    let timer = refund_held(&db, sim.url(), "refund_on_a_timer", &["--delay-ms", "1200"]);
+    signal(&db, &in_time);
+    // A deadline is an instant on the wall clock: only waiting past it can show what happens then.
+    std::thread::sleep(Duration::from_millis(1_600).saturating_sub(started.elapsed()));
+
+    let before = events(&db).len();
+    let (code, late, _) = keel(&db, None, &["signal", &signalled_late, "goods_returned", "--by", "ana"]);
+    assert_eq!((code, late["status"].as_str()), (2, Some("refused")), "{late}");
+    let error = late["error"].as_str().unwrap_or_default();
+    assert!(error.contains("deadline") && error.contains("too late"), "a clear message: {error}");
+    assert_eq!(events(&db).len(), before, "a late signal writes nothing");
+
+    let (code, report, stderr) = keel(&db, Some(sim.url()), &["resume"]);
+    assert_eq!(code, 0, "{report} {stderr}");
+    for run_id in [&never_signalled, &signalled_late, &in_time, &timer] {
+        assert_eq!(resumed(&report, run_id)["status"], "deadline_exceeded", "{run_id}: {report}");
+        assert_eq!(run_status(&db, run_id), "deadline_exceeded");
+    }
+    for intent_id in
+        ["refund_never_signalled", "refund_signalled_late", "refund_signalled_in_time", "refund_on_a_timer"]
+    {
+        assert_eq!(intent_status(&db, intent_id), "absent", "{intent_id}: nothing reserved past the deadline");
+    }
+}
+
+#[test]
+fn keel_worker_ends_a_run_waiting_past_its_deadline() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (code, charged, stderr) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "7000"));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let started = std::time::Instant::now();
+    let run_id = refund_held(&db, sim.url(), "refund_never_signalled", &["--after-signal", "goods_returned"]);
+    std::thread::sleep(Duration::from_millis(1_600).saturating_sub(started.elapsed()));
+    let (code, _, stderr) = keel(&db, Some(sim.url()), &["worker", "--once", "--poll-ms", "50"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(run_status(&db, &run_id), "deadline_exceeded");
 }
