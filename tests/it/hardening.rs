@@ -231,3 +231,42 @@ fn keel_worker_ends_a_run_waiting_past_its_deadline() {
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(run_status(&db, &run_id), "deadline_exceeded");
 }
+
+// ----- item 4: operator text is never blank ------------------------------------------------
+
+#[test]
+fn every_operator_command_refuses_blank_text_with_the_apis_words_and_writes_nothing() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (code, charged, stderr) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "7000"));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let key = charged["intent_key"].as_str().expect("the intent's key").to_owned();
+    let run_id = refund_held(&db, sim.url(), "refund_waiting", &["--after-signal", "goods_returned"]);
+    let key = key.as_str();
+    let blank: [(&[&str], &str); 16] = [
+        (&["resolve", key, "--absent", "--by", "ana", "--reason", ""], "--reason"),
+        (&["resolve", key, "--absent", "--by", "ana", "--reason", " \t"], "--reason"),
+        (&["resolve", key, "--absent", "--by", "", "--reason", "checked"], "--by"),
+        (&["resolve", key, "--absent", "--by", "ana", "--reason", "checked", "--override", " "], "--override"),
+        (&["cancel", key, "--by", "ana", "--reason", ""], "--reason"),
+        (&["cancel", key, "--by", "  ", "--reason", "duplicate"], "--by"),
+        (&["deny", key, "--by", "ana", "--reason", "\n"], "--reason"),
+        (&["deny", key, "--by", "", "--reason", "too much"], "--by"),
+        (&["approve", key, "--by", ""], "--by"),
+        (&["approve", key, "--by", " "], "--by"),
+        (&["run", "cancel", &run_id, "--by", "ana", "--reason", ""], "--reason"),
+        (&["run", "cancel", &run_id, "--by", "ana", "--reason", "   "], "--reason"),
+        (&["run", "cancel", &run_id, "--by", "", "--reason", "stuck"], "--by"),
+        (&["signal", &run_id, "goods_returned", "--by", ""], "--by"),
+        (&["signal", &run_id, "goods_returned", "--by", "\t"], "--by"),
+        (&["resolve", key, "--landed", "ch_1", "--by", "ana", "--reason", ""], "--reason"),
+    ];
+    let before = events(&db).len();
+    for (args, flag) in blank {
+        let (code, refused, _) = keel(&db, Some(sim.url()), args);
+        assert_eq!(code, 64, "{args:?}: {refused}");
+        // The HTTP API's words for a blank `reason`, with the flag's name.
+        assert_eq!(refused["error"], format!("{flag}: required, and not blank"), "{args:?}: {refused}");
+    }
+    assert_eq!(events(&db).len(), before, "nothing written");
+}
