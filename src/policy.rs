@@ -67,7 +67,8 @@ impl PolicyArgs {
         let text = std::str::from_utf8(&bytes).map_err(|e| format!("policy {shown}: not UTF-8 text: {e}"))?;
         let document: Document =
             toml::from_str(text).map_err(|e| format!("policy {shown}: {}", e.to_string().trim_end()))?;
-        let policy = Policy::from_document(document).map_err(|e| format!("policy {shown}: {e}"))?;
+        let policy = Policy::from_document(document, &workflows::input::supported_currency)
+            .map_err(|e| format!("policy {shown}: {e}"))?;
         let stamp = PolicyStamp::of_file(&policy, &bytes);
         Ok(Loaded { policy, stamp })
     }

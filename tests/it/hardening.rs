@@ -270,3 +270,78 @@ fn every_operator_command_refuses_blank_text_with_the_apis_words_and_writes_noth
     }
     assert_eq!(events(&db).len(), before, "nothing written");
 }
+
+// ----- item 5: a policy value the door would refuse ----------------------------------------
+
+#[test]
+fn a_policy_value_the_door_would_refuse_is_a_usage_error_naming_file_key_and_value() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let tenant = TENANT.to_ascii_uppercase();
+    let cases: [(&str, String, &[&str]); 9] = [
+        ("an unsupported currency", "[defaults]\ncurrencies = [\"zzz\"]\n".into(), &["defaults.currencies", "\"zzz\""]),
+        (
+            "an unsupported currency of a tenant's operation",
+            format!("[tenants.\"{tenant}\".operations.refund]\ncurrencies = [\"EUR\", \"GBP\"]\n"),
+            &["operations.refund.currencies", "\"GBP\"", "EUR, USD, XOF"],
+        ),
+        (
+            "a threshold above the maximum",
+            "[operations.charge]\nmax_amount_minor = 1000\napproval_threshold_minor = 1001\n".into(),
+            &["operations.charge.approval_threshold_minor", "1001", "1000"],
+        ),
+        (
+            "a threshold above a tenant's maximum",
+            format!(
+                "[defaults]\napproval_threshold_minor = 700\n[tenants.\"{tenant}\".defaults]\nmax_amount_minor = 500\n"
+            ),
+            &["approval_threshold_minor", "700", "500", &tenant],
+        ),
+        (
+            "an amount past the bound",
+            "[defaults]\nmax_amount_minor = 1000000000001\n".into(),
+            &["defaults.max_amount_minor", "1000000000001"],
+        ),
+        (
+            "a negative budget",
+            "[operations.refund]\nrun_budget_minor = -5\n".into(),
+            &["operations.refund.run_budget_minor", "-5"],
+        ),
+        (
+            "a negative threshold",
+            "[defaults]\napproval_threshold_minor = -1\n".into(),
+            &["defaults.approval_threshold_minor", "-1"],
+        ),
+        ("an unknown key", "[defaults]\nmax_amount_minor = 5\nmaximum = 1\n".into(), &["maximum"]),
+        (
+            "a tenant the door would refuse",
+            "[tenants.\"not-a-uuid\".defaults]\n".into(),
+            &["tenants", "not-a-uuid", "UUID"],
+        ),
+    ];
+    for (name, body, needles) in cases {
+        let policy = write_policy(dir.path(), "bad.toml", &format!("version = \"v\"\n{body}"));
+        let (code, out, _) = keel(&db, Some(sim.url()), &["--policy", &policy, "resume", "--create"]);
+        assert_eq!(code, 64, "{name}: {out}");
+        let error = out["error"].as_str().unwrap_or_default();
+        assert!(error.contains("bad.toml"), "{name}: the error names the file: {error}");
+        for needle in needles {
+            assert!(error.contains(needle), "{name}: the error names {needle:?}: {error}");
+        }
+        let charge = [vec!["--policy", policy.as_str()], charge_args("order_1842_badpol", "500")].concat();
+        let (code, out, _) = keel(&db, Some(sim.url()), &charge);
+        assert_eq!(code, 64, "{name}: a charge is refused too: {out}");
+        assert!(!db.exists(), "{name}: nothing is written");
+    }
+}
+
+#[test]
+fn a_policy_read_is_bounded_even_from_a_file_without_a_length() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (code, out, _) = keel(&db, Some(sim.url()), &["--policy", "/dev/zero", "resume", "--create"]);
+    assert_eq!(code, 64, "{out}");
+    let error = out["error"].as_str().unwrap_or_default();
+    assert!(error.contains("/dev/zero") && error.contains("larger than"), "{error}");
+    assert!(!db.exists(), "nothing is written");
+}
