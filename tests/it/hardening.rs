@@ -345,3 +345,60 @@ fn a_policy_read_is_bounded_even_from_a_file_without_a_length() {
     assert!(error.contains("/dev/zero") && error.contains("larger than"), "{error}");
     assert!(!db.exists(), "nothing is written");
 }
+
+// ----- item 6: a key's id and another's name -----------------------------------------------
+
+fn create_key(db: &Path, name: &str) -> (i32, Value) {
+    let (code, created, _) =
+        keel(db, None, &["keys", "create", "--tenant", TENANT, "--role", "operator", "--name", name]);
+    (code, created)
+}
+
+fn live_keys(db: &Path) -> Vec<String> {
+    let book = store::keys::KeyBook::open(db).expect("the key table opens");
+    let keys = book.list().expect("the keys");
+    keys.into_iter().filter(|key| key.revoked_at.is_none()).map(|key| key.name).collect()
+}
+
+#[test]
+fn a_key_name_shaped_like_an_id_is_refused_and_an_ambiguous_revoke_revokes_nothing() {
+    let (_dir, db) = temp();
+    let (code, first) = create_key(&db, "ops-ann");
+    assert_eq!(code, 0, "{first}");
+    let id = first["id"].as_str().expect("an id").to_owned();
+    for shaped in [id.clone(), id.to_ascii_uppercase(), "0123456789abcdef".to_owned()] {
+        let (code, refused) = create_key(&db, &shaped);
+        assert_eq!(code, 64, "{shaped}: {refused}");
+        assert!(refused["error"].as_str().is_some_and(|e| e.contains("shape of a key id")), "{refused}");
+    }
+    assert_eq!(live_keys(&db), ["ops-ann"], "nothing created");
+
+    // A key an older keel let through: its name is the first key's id.
+    let book = store::keys::KeyBook::open(&db).expect("the key table opens");
+    let legacy = store::keys::ApiKey {
+        id: "fedcba9876543210".to_owned(),
+        name: id.clone(),
+        tenant: TENANT.to_owned(),
+        role: store::keys::Role::Read,
+        secret_sha256: "ab".repeat(32),
+        created_at: chrono::DateTime::parse_from_rfc3339(first["created_at"].as_str().expect("an instant"))
+            .expect("RFC 3339")
+            .to_utc(),
+        revoked_at: None,
+    };
+    book.create(&legacy).expect("the legacy key");
+    drop(book);
+    let (code, refused, _) = keel(&db, None, &["keys", "revoke", &id]);
+    assert_eq!(code, 64, "{refused}");
+    let error = refused["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("fedcba9876543210") && error.contains("ops-ann") && error.contains("nothing revoked"),
+        "{error}"
+    );
+    assert_eq!(live_keys(&db).len(), 2, "nothing revoked");
+
+    // Each is revoked by its other handle.
+    let (code, revoked, _) = keel(&db, None, &["keys", "revoke", "ops-ann"]);
+    assert_eq!((code, revoked["id"].as_str()), (0, Some(id.as_str())), "{revoked}");
+    assert_eq!(live_keys(&db), [id], "only the named key is revoked");
+}
