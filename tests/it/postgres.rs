@@ -685,3 +685,30 @@ fn a_refund_that_would_wait_on_a_signal_is_refused_on_postgres_writing_nothing()
     let (code, refund, stderr) = run(keel(&url, Some(sim.url()), &delayed));
     assert_eq!((code, refund["status"].as_str()), (0, Some("validated")), "{refund} {stderr}");
 }
+
+#[test]
+fn a_refund_held_on_a_timer_on_postgres_is_held_to_the_policy_installed_meanwhile() {
+    let url = database("policy_resume");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("the policy is written");
+        path.to_str().expect("a UTF-8 path").to_owned()
+    };
+    let loose = write("loose.toml", "version = \"loose\"\n");
+    let strict = write("strict.toml", "version = \"strict\"\n[operations.refund]\napproval_threshold_minor = 500\n");
+    let (code, charged, stderr) = run(keel(&url, Some(sim.url()), &charge_args("order_1842_charge", "4900")));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let started = Instant::now();
+    let held = [vec!["--policy", loose.as_str()], refund_args("order_1842_refund", "1000"), vec!["--delay-ms", "1100"]];
+    let (code, waiting, stderr) = run(keel(&url, Some(sim.url()), &held.concat()));
+    assert_eq!((code, waiting["run_status"].as_str()), (2, Some("suspended")), "{waiting} {stderr}");
+    // A timer fires on the wall clock: only waiting past it shows what resume does then.
+    std::thread::sleep(Duration::from_millis(1_200).saturating_sub(started.elapsed()));
+    let (code, report, stderr) = run(keel(&url, Some(sim.url()), &["--policy", &strict, "resume"]));
+    assert_eq!(code, 0, "{report} {stderr}");
+    let refund = key("refund", "order_1842_refund");
+    assert_eq!(intent_status(&url, &refund), Some(IntentStatus::AwaitingApproval), "{report}");
+    assert_eq!(effects_on(dir.path(), &refund), 0, "nothing sent before a human approves");
+}
