@@ -1,6 +1,8 @@
 //! Reservation: key + fingerprint + money, checked against the run's budget and the order's
 //! cumulative invariants, atomically — and, when the caller can send at once, the first
-//! attempt written ahead in the same commit.
+//! attempt written ahead in the same commit. A run started under another policy than the one
+//! in force where the reservation is sent ([`crate::policy::Governing`]) is held to both: the
+//! stricter of each limit, the reservation recording the newer policy's stamp.
 
 use super::Decider;
 use super::runs::OpenRun;
