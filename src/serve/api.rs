@@ -690,7 +690,7 @@ async fn checked_body(decision: Decision, headers: &HeaderMap, body: Body) -> Re
         Decision::Resolve => {
             let ResolveRequest { landed, absent, reason, override_reason } = body::json(headers, body).await?;
             nonempty("reason", &reason)?;
-            override_reason.as_deref().map(|why| nonempty("override_reason", why)).transpose()?;
+            override_reason.as_deref().map(|why| nonempty("override", why)).transpose()?;
             if landed.is_some() == absent {
                 return Err(ApiError::new(
                     Code::InvalidArguments,

@@ -288,6 +288,36 @@ fn every_operator_command_refuses_blank_text_with_the_apis_words_and_writes_noth
     assert_eq!(events(&db).len(), before, "nothing written");
 }
 
+#[test]
+fn the_api_refuses_a_blank_reason_or_override_with_the_clis_words_and_writes_nothing() {
+    use crate::serve::{Serve, bearer, charge_body, create_key, event_count};
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let submit = bearer(&create_key(&db, TENANT, "submit", "svc"));
+    let operator = bearer(&create_key(&db, TENANT, "operator", "ops-dee"));
+    let serve = Serve::start(&db, &sim, &["--approval-threshold-minor", "100"]);
+    let headers = [
+        ("Authorization", submit.as_str()),
+        ("Idempotency-Key", "blank_charge_01"),
+        ("Content-Type", "application/json"),
+    ];
+    assert_eq!(serve.call("POST", "/v1/charges", &headers, Some(&charge_body("o_blank", 500))).0, 202);
+    let before = event_count(&db);
+    let intent = format!("/v1/intents/charge:{TENANT}:blank_charge_01");
+    let operate = [("Authorization", operator.as_str()), ("Content-Type", "application/json")];
+    for (decision, body, field) in [
+        ("deny", r#"{"reason": " "}"#, "reason"),
+        ("cancel", r#"{"reason": ""}"#, "reason"),
+        ("resolve", r#"{"absent": true, "reason": "\t"}"#, "reason"),
+        ("resolve", r#"{"absent": true, "reason": "checked", "override": "  "}"#, "override"),
+    ] {
+        let (status, _, answer) = serve.call("POST", &format!("{intent}/{decision}"), &operate, Some(body));
+        assert_eq!(status, 400, "{decision} {body}: {answer}");
+        assert_eq!(answer["error"]["message"], format!("{field}: required, and not blank"), "{answer}");
+    }
+    assert_eq!(event_count(&db), before, "nothing written");
+}
+
 // ----- item 5: a policy value the door would refuse ----------------------------------------
 
 #[test]
