@@ -95,7 +95,7 @@ impl Decider<'_> {
             Some(why) => Err(rejected(
                 RejectCode::PolicyDenied,
                 format!(
-                    "{why}, under policy version {} (sha256 {}), in force since the run started",
+                    "{why}, under policy version {} (sha256 {}), installed since the run started",
                     governing.stamp.version, governing.stamp.sha256
                 ),
             )),
