@@ -5,8 +5,9 @@
 //! into an `engine::policy::Policy` with its stamp (version and SHA-256 of the bytes read).
 //! Every refusal is a message naming the file and the line or field, which `main` reports as a
 //! usage error (exit 64) before anything is written. A command that resumes runs holds them
-//! to the policy it loads as well as to their own ([`PolicyArgs::in_force`]). It never decides what the rules mean
-//! (`engine::policy` does) nor enforces them (the workflows and the ledger do).
+//! to the policy it loads as well as to their own ([`PolicyArgs::in_force`]). It never
+//! decides what the rules mean (`engine::policy` does) nor enforces them (the workflows and
+//! the ledger do).
 
 use crate::LimitArgs;
 use engine::event::RunLimits;
