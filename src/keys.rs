@@ -16,7 +16,7 @@ use engine::clock::Clock as _;
 use engine::limits::API_KEY_NAME_MAX_CHARS;
 use serde::Serialize;
 use std::path::Path;
-use store::keys::{ApiKey, KeyBook, Role};
+use store::keys::{ApiKey, KeyBook, Revocation, Role};
 
 /// `keel keys …`: the API keys of `keel serve`.
 #[derive(Subcommand, Debug)]
@@ -33,11 +33,13 @@ pub enum KeysCommand {
         /// submit, read or operator.
         #[arg(long, value_parser = ["submit", "read", "operator"])]
         role: String,
-        /// A unique name (1–64 visible ASCII characters), recorded in the events the key causes.
+        /// A unique name (1–64 visible ASCII characters, not 16 hex digits: that is an id's
+        /// shape), recorded in the events the key causes.
         #[arg(long)]
         name: String,
     },
-    /// Revoke a key by name or id: its requests are refused (401) from the next one on.
+    /// Revoke a key by name or id: its requests are refused (401) from the next one on. A text
+    /// that is one key's name and another's id revokes neither (exit 64, naming both).
     Revoke {
         /// The key's name or id.
         name_or_id: String,
@@ -102,6 +104,12 @@ fn create(db: &Path, out: &Output, tenant: &str, role: &str, name: &str) -> anyh
             "--name must be 1 to {API_KEY_NAME_MAX_CHARS} visible ASCII characters (no spaces), got {name:?}"
         )));
     }
+    if shaped_like_an_id(name) {
+        return Ok(out.usage_error(&format!(
+            "--name {name:?} has the shape of a key id ({ID_HEX_DIGITS} hex digits): `keel keys revoke` could not \
+             tell it from another key's id; choose a name with another character"
+        )));
+    }
     let role = Role::parse(role).context("clap admits the three role names only")?;
     let (id, secret) = (new_id(), new_secret());
     let key = ApiKey {
@@ -129,13 +137,29 @@ fn create(db: &Path, out: &Output, tenant: &str, role: &str, name: &str) -> anyh
 }
 
 fn revoke(db: &Path, out: &Output, name_or_id: &str) -> anyhow::Result<u8> {
-    let Some(key) = open(db)?.revoke(name_or_id, SystemClock.now())? else {
-        return Ok(out.fail(&crate::output::Failure::NotFound(format!(
-            "no API key named or numbered {name_or_id:?} (see `keel keys list`)"
-        ))));
+    let key = match open(db)?.revoke(name_or_id, SystemClock.now())? {
+        Revocation::Revoked(key) => key,
+        Revocation::Unknown => {
+            return Ok(out.fail(&crate::output::Failure::NotFound(format!(
+                "no API key named or numbered {name_or_id:?} (see `keel keys list`)"
+            ))));
+        }
+        Revocation::Ambiguous { named, numbered } => {
+            return Ok(out.usage_error(&format!(
+                "{name_or_id:?} is the name of key {} and the id of key {:?}: nothing revoked; give the id {} to \
+                 revoke the first, the name {:?} to revoke the second",
+                named.id, numbered.name, named.id, numbered.name
+            )));
+        }
     };
     out.emit(&Listed::from(&key), || outln!("revoked key {} ({})", key.name, key.id));
     Ok(exit::OK)
+}
+
+/// Whether `name` has the shape of a key id ([`new_id`]: 16 hex digits, in any case): such a
+/// name would make `keel keys revoke NAME` mean two keys.
+fn shaped_like_an_id(name: &str) -> bool {
+    name.len() == ID_HEX_DIGITS && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn list(db: &Path, out: &Output) -> anyhow::Result<u8> {
@@ -156,9 +180,12 @@ fn list(db: &Path, out: &Output) -> anyhow::Result<u8> {
 /// Every secret token starts with this, so a leaked one is recognisable (secret scanners).
 const TOKEN_PREFIX: &str = "keel_";
 
+/// How many hex digits a key id has.
+const ID_HEX_DIGITS: usize = 16;
+
 /// A public key id: 16 hex digits (the random part of a UUIDv4 and its version digit).
 fn new_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..16].to_owned()
+    uuid::Uuid::new_v4().simple().to_string()[..ID_HEX_DIGITS].to_owned()
 }
 
 /// A secret: two UUIDv4s from the OS generator, 244 random bits in 64 hex digits. The

@@ -1250,16 +1250,19 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             existing_log(db, create)?;
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "resume")?;
-            ops::resume(db, setting.durability, &setting.provider, &out).await
+            let policy = cli.policy.in_force()?;
+            ops::resume(db, setting.durability, &setting.provider, policy, &out).await
         }
         Command::Worker { concurrency, poll_ms, health_ms, grace_ms, once, create, store, provider } => {
             existing_log(db, create)?;
             let setting = setting(Some(&store), Some(&provider));
             required_provider(&setting.provider, "worker")?;
             let settings = worker::Settings::from_flags(concurrency, poll_ms, health_ms, grace_ms, once);
+            let policy = cli.policy.in_force()?;
             let node = wiring::Node::open(db, setting.durability, &setting.provider, None)?;
             let agents = std::sync::Arc::new(agent::Resumer::new(db, setting.durability, &setting.provider));
-            let outcome = worker::Worker::new(node.executor.clone(), agents, settings).run(&out, worker::stop()).await;
+            let executor = node.executor.clone().with_policy(policy);
+            let outcome = worker::Worker::new(executor, agents, settings).run(&out, worker::stop()).await;
             node.shutdown()?;
             outcome
         }

@@ -6,7 +6,9 @@
 //! Owns the dispatch of a parsed command when the log is in PostgreSQL: each supported
 //! command opens a `PgLog` (or a `PgReader`) and runs the same `ops`, `worker` and `harness`
 //! code the SQLite path runs. It must never fall back to SQLite: every other command, and a
-//! vault key (the vault is SQLite's for now), is a usage error naming what does run here.
+//! vault key (the vault is SQLite's for now), is a usage error naming what does run here. Nor
+//! may it start what only a command that does not run here could end: a refund waiting on a
+//! signal is refused too.
 
 use crate::backend::PgUrl;
 use crate::output::{Failure, Outcome, Output};
@@ -52,6 +54,7 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
             let provider = provider_of(Some(&store), Some(&provider));
             required_provider(&provider, "refund")?;
             let input = refund_input(&effect, hold)?;
+            refuse_a_wait_only_sqlite_ends(&input)?;
             let (rules, stamp) = policy_rules(&cli.policy, EffectKind::Refund, &input, &limits)?;
             let node = node(url, &provider, Some(rules.clone()))?;
             ops::run_effect(&node, out, "refund", &input, &limits, (&rules, stamp)).await
@@ -66,16 +69,21 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
         Command::Resume { create, store, provider } => {
             let provider = provider_of(Some(&store), Some(&provider));
             required_provider(&provider, "resume")?;
+            let policy = cli.policy.in_force()?;
             existing_log(url, create)?;
-            ops::resume_postgres(&node(url, &provider, None)?, out).await
+            let mut node = node(url, &provider, None)?;
+            node.executor = node.executor.clone().with_policy(policy);
+            ops::resume_postgres(&node, out).await
         }
         Command::Worker { concurrency, poll_ms, health_ms, grace_ms, once, create, store, provider } => {
             let provider = provider_of(Some(&store), Some(&provider));
             required_provider(&provider, "worker")?;
             existing_log(url, create)?;
             let settings = worker::Settings::from_flags(concurrency, poll_ms, health_ms, grace_ms, once);
+            let policy = cli.policy.in_force()?;
             let node = node(url, &provider, None)?;
-            let worker = worker::Worker::new(node.executor.clone(), Arc::new(SqliteOnlyAgents), settings);
+            let executor = node.executor.clone().with_policy(policy);
+            let worker = worker::Worker::new(executor, Arc::new(SqliteOnlyAgents), settings);
             let outcome = worker.run(out, worker::stop()).await;
             node.shutdown()?;
             outcome
@@ -167,6 +175,25 @@ pub async fn dispatch(cli: Cli, url: &PgUrl, out: &Output) -> Outcome {
         _ => Err(Failure::Usage(format!(
             "this command does not run on PostgreSQL yet (the ones that do: {SUPPORTED}); give it a SQLite log: \
              --store sqlite:PATH or --db PATH"
+        ))),
+    }
+}
+
+/// Refuses a refund that would wait on a signal (`--after-signal`, or `after_signal` in its
+/// `--input`): only `keel signal` continues it and only `keel run cancel` ends it early, and
+/// neither runs on PostgreSQL yet, so it would wait forever. A usage error before anything is
+/// opened, read as the refund workflow reads its input. A `--delay-ms` timer is not refused:
+/// `keel resume` and `keel worker`, which run here, continue it once it fires.
+fn refuse_a_wait_only_sqlite_ends(input: &serde_json::Value) -> Result<(), Failure> {
+    use engine::executor::Workflow as _;
+    let prepared = workflows::refund::Refund::default().prepare(input);
+    match prepared.ok().and_then(|prepared| prepared.input.after_signal) {
+        None => Ok(()),
+        Some(signal) => Err(Failure::Usage(format!(
+            "refund --after-signal {signal} does not run on PostgreSQL yet: `keel signal`, which would continue \
+             it, and `keel run cancel`, which would end it, do not run here, so the refund could never finish; \
+             nothing was written. Give it a SQLite log (--store sqlite:PATH or --db PATH), or refund without \
+             --after-signal"
         ))),
     }
 }

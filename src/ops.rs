@@ -8,7 +8,7 @@
 use crate::output::{Failure, Outcome, Output, name_intent_keys, plural};
 use crate::wiring::{Backend, Node, open_store};
 use crate::{EffectArgs, LimitArgs, ProviderArgs, exit};
-use engine::event::{AfterLookup, Cause, Event, IntentKey, RunId};
+use engine::event::{AfterLookup, Cause, Event, IntentKey, OperatorText, RunId};
 use engine::executor::{IntentOutcome, RunOutcome, RunRequest, WorkflowError};
 use engine::ledger::{Intent, IntentStatus};
 use engine::log::{Ask, Asking, IntentAnswer, LogError};
@@ -509,9 +509,17 @@ pub fn workflow_failure(error: WorkflowError) -> Failure {
     }
 }
 
-/// `keel resume`: the workflow runs and reconciliations, then the agent runs.
-pub async fn resume(db: &Path, durability: store::Durability, provider: &ProviderArgs, out: &Output) -> Outcome {
-    let node = Node::open(db, durability, provider, None)?;
+/// `keel resume`: the workflow runs and reconciliations, then the agent runs. A workflow run
+/// that started under another policy than `policy` reserves under both (the stricter wins).
+pub async fn resume(
+    db: &Path,
+    durability: store::Durability,
+    provider: &ProviderArgs,
+    policy: engine::policy::InForce,
+    out: &Output,
+) -> Outcome {
+    let mut node = Node::open(db, durability, provider, None)?;
+    node.executor = node.executor.clone().with_policy(policy);
     let report = node.executor.recover_and_resume(Cause::command("resume")).await;
     node.shutdown()?;
     let report = report.map_err(workflow_failure)?;
@@ -586,6 +594,16 @@ fn print_resume(
     Ok(exit::OK)
 }
 
+/// An operator's text given in `flag` (`--by`, `--reason`, `--override`), checked by the rule
+/// every door shares ([`OperatorText`]): blank is a usage error, before anything is opened.
+///
+/// # Errors
+///
+/// [`Failure::Usage`] naming the flag.
+pub fn operator_text(flag: &str, text: &str) -> Result<OperatorText, Failure> {
+    OperatorText::parse(flag, text).map_err(|blank| Failure::Usage(blank.to_string()))
+}
+
 /// Which operator decision a command records, to say what it did.
 #[derive(Clone, Copy, Debug)]
 pub enum Decision {
@@ -617,6 +635,15 @@ impl OperatorAsk {
         }
     }
 
+    /// Checks the operator's text (`--by`, and `--reason` when the decision takes one).
+    fn check(&self) -> Result<(), Failure> {
+        operator_text("--by", self.by())?;
+        match self {
+            Self::Cancel { reason, .. } | Self::Deny { reason, .. } => operator_text("--reason", reason).map(drop),
+            Self::Approve { .. } => Ok(()),
+        }
+    }
+
     fn decision(&self) -> Decision {
         match self {
             Self::Cancel { .. } => Decision::Cancel,
@@ -645,9 +672,7 @@ pub async fn operator<B: Backend>(
     key: IntentKey,
     request: OperatorAsk,
 ) -> Outcome {
-    if request.by().trim().is_empty() {
-        return Err(Failure::Usage("--by needs the operator's name".into()));
-    }
+    request.check()?;
     let decision = request.decision();
     let store = open()?;
     let result = store.event_log().ask(request.ask(key)).await;
@@ -722,9 +747,9 @@ pub async fn resolve<B: Backend>(
     key: &IntentKey,
     decision: Resolution,
 ) -> Outcome {
-    if decision.by.trim().is_empty() {
-        return Err(Failure::Usage("--by needs the operator's name".into()));
-    }
+    operator_text("--by", &decision.by)?;
+    operator_text("--reason", &decision.reason)?;
+    decision.override_reason.as_deref().map(|why| operator_text("--override", why)).transpose()?;
     if provider.url.is_none() {
         match intent_of(key)? {
             None => return Err(Failure::NotFound(format!("no intent with key {key} in this log"))),

@@ -4,12 +4,14 @@
 //! the working directory when there is one, else the built-in policy — and turning its bytes
 //! into an `engine::policy::Policy` with its stamp (version and SHA-256 of the bytes read).
 //! Every refusal is a message naming the file and the line or field, which `main` reports as a
-//! usage error (exit 64) before anything is written. It never decides what the rules mean
-//! (`engine::policy` does) nor enforces them (the workflows and the ledger do).
+//! usage error (exit 64) before anything is written. A command that resumes runs holds them
+//! to the policy it loads as well as to their own ([`PolicyArgs::in_force`]). It never
+//! decides what the rules mean (`engine::policy` does) nor enforces them (the workflows and
+//! the ledger do).
 
 use crate::LimitArgs;
 use engine::event::RunLimits;
-use engine::policy::{Document, Policy, PolicyStamp, Requested, Rules};
+use engine::policy::{Document, InForce, Policy, PolicyStamp, Requested, Rules};
 use engine::provider::EffectKind;
 use serde_json::Value;
 use std::io::Read as _;
@@ -66,13 +68,30 @@ impl PolicyArgs {
         let text = std::str::from_utf8(&bytes).map_err(|e| format!("policy {shown}: not UTF-8 text: {e}"))?;
         let document: Document =
             toml::from_str(text).map_err(|e| format!("policy {shown}: {}", e.to_string().trim_end()))?;
-        let policy = Policy::from_document(document).map_err(|e| format!("policy {shown}: {e}"))?;
+        let policy = Policy::from_document(document, &workflows::input::supported_currency)
+            .map_err(|e| format!("policy {shown}: {e}"))?;
         let stamp = PolicyStamp::of_file(&policy, &bytes);
         Ok(Loaded { policy, stamp })
+    }
+
+    /// Loads the policy a command that resumes runs (`resume`, `worker`) holds them to, as a
+    /// usage error when the file is refused (nothing is opened before).
+    ///
+    /// # Errors
+    ///
+    /// [`Failure::Usage`] with [`PolicyArgs::load`]'s message.
+    pub fn in_force(&self) -> Result<InForce, crate::output::Failure> {
+        self.load().map(Loaded::in_force).map_err(crate::output::Failure::Usage)
     }
 }
 
 impl Loaded {
+    /// The policy as the executor holds it in force: a run resumed under it that started
+    /// under another policy is held to both (the stricter of each limit).
+    pub fn in_force(self) -> InForce {
+        InForce { policy: self.policy, stamp: self.stamp }
+    }
+
     /// The rules for one charge or refund: the policy's for the input's tenant and the
     /// operation, tightened by the caller's flags. An input without a valid tenant gets the
     /// policy's general rules (the workflow then rejects it `invalid_arguments`).

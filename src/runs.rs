@@ -367,12 +367,8 @@ pub async fn cancel(
     by: &str,
     reason: &str,
 ) -> Outcome {
-    if by.trim().is_empty() {
-        return Err(Failure::Usage("--by needs the operator's name".into()));
-    }
-    if reason.trim().is_empty() {
-        return Err(Failure::Usage("--reason needs a reason".into()));
-    }
+    crate::ops::operator_text("--by", by)?;
+    crate::ops::operator_text("--reason", reason)?;
     let store = open_store(db, durability)?;
     let ask = Ask::cancel_run(Cause::operator(by), run_id.clone(), by.to_owned(), reason.to_owned());
     let result = (&store as &dyn EventLog).ask(ask).await;
@@ -427,9 +423,7 @@ pub async fn signal(
     (name, payload): (&str, Option<&str>),
     by: &str,
 ) -> Outcome {
-    if by.trim().is_empty() {
-        return Err(Failure::Usage("--by needs the operator's name".into()));
-    }
+    crate::ops::operator_text("--by", by)?;
     let name = SignalName::parse(name).map_err(|why| Failure::Usage(format!("signal name {name:?}: {why}")))?;
     let payload = match payload {
         None => Value::Null,

@@ -161,6 +161,52 @@ impl fmt::Display for SignalName {
     }
 }
 
+/// What an operator writes with a decision — their name (`--by`), why (`--reason`, an
+/// `--override` reason, the API's `reason`): recorded in the log for whoever audits it later,
+/// so never empty nor blank. Every door (the CLI's commands, the HTTP API, the console) checks
+/// it with [`OperatorText::parse`], so each refuses the same text with the same words, before
+/// anything is opened or written. The text is kept as typed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorText(String);
+
+/// An operator's text that says nothing: empty, or white space only.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: required, and not blank")]
+pub struct BlankText {
+    /// The field or flag, as the door names it (`reason`, `--by`).
+    pub field: String,
+}
+
+impl OperatorText {
+    /// Checks `text`, given in `field` (named as the door names it, for the error).
+    ///
+    /// ```
+    /// use engine::event::OperatorText;
+    /// assert_eq!(OperatorText::parse("--by", "ana").map(|t| t.as_str().to_owned()), Ok("ana".to_owned()));
+    /// assert_eq!(OperatorText::parse("reason", " \t").unwrap_err().to_string(), "reason: required, and not blank");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`BlankText`] for an empty or white-space-only text.
+    pub fn parse(field: &str, text: &str) -> Result<Self, BlankText> {
+        if text.trim().is_empty() {
+            return Err(BlankText { field: field.to_owned() });
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The text, owned.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
 /// The stream an event belongs to: `intent:<key>` or `run:<id>`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -702,6 +748,12 @@ pub enum Event {
         reconciliations_max: u32,
         /// Whether a human must approve before the first attempt.
         approval_required: bool,
+        /// The operator's policy this reservation was decided under, when it is not the one
+        /// its run started under (recorded in `RunStarted`'s limits): a run resumed after the
+        /// operator installed a new policy is held to both, the stricter of each limit
+        /// winning. Absent: the run's own policy (and in every row written before this field).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy: Option<crate::policy::PolicyStamp>,
     },
     /// The same key and fingerprint were proposed again; the stored outcome was returned.
     IntentDeduplicated {

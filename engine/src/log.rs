@@ -123,6 +123,13 @@ impl<A: Answer> Ask<A> {
         self
     }
 
+    /// The same request, decided under the policy in force `policy` too (see
+    /// [`Command::policy`]).
+    pub fn governed_by(mut self, policy: Option<crate::policy::Governing>) -> Self {
+        self.command = self.command.governed_by(policy);
+        self
+    }
+
     /// The command this request sends.
     pub fn into_command(self) -> Command {
         self.command

@@ -5,7 +5,9 @@
 //! currencies, lower-case tenant UUIDs), [`Rules`] (what applies to one tenant's one
 //! operation), [`Requested`] (a caller's per-invocation flags, which may tighten a rule and
 //! never loosen it) and [`PolicyStamp`] (what a run records of the policy it was decided
-//! under: its version and hash).
+//! under: its version and hash), [`InForce`] (the policy a process runs under) and
+//! [`Governing`] (its rules for one intent, which a run resumed under a newer policy is held
+//! to beside its own: the stricter of each limit wins).
 //!
 //! It never reads a file nor parses TOML (the binary does, and hashes the bytes it read), and
 //! never decides an intent's transition (the workflows and the ledger enforce the rules it
@@ -25,7 +27,8 @@
 //!     "version": "2026-12-01",
 //!     "defaults": {"max_amount_minor": 10000, "currencies": ["eur"]},
 //! })).unwrap();
-//! let policy = Policy::from_document(document).unwrap();
+//! let door = |code: &str| engine::money::Currency::parse(code).map_err(|e| e.to_string());
+//! let policy = Policy::from_document(document, &door).unwrap();
 //! let rules = policy.rules("8f14e45f-ceea-467f-a0e6-1a2b3c4d5e6f", EffectKind::Charge);
 //! assert_eq!(rules.max_amount_minor, 10000);
 //! // A caller may lower the maximum, never raise it.
@@ -113,8 +116,12 @@ struct Checked {
     currencies: Option<BTreeSet<Currency>>,
 }
 
+/// How a door reads a currency code (the workflows' `supported_currency`): the policy accepts
+/// a code exactly when a charge or a refund would, with the same words for one it refuses.
+pub type CurrencyDoor<'a> = &'a dyn Fn(&str) -> Result<Currency, String>;
+
 impl Checked {
-    fn of(section: &Section, path: &str) -> Result<Self, PolicyError> {
+    fn of(section: &Section, path: &str, currency_door: CurrencyDoor<'_>) -> Result<Self, PolicyError> {
         let amount = |field: &str, value: Option<i64>, max: i64| match value {
             Some(v) if !(0..=max).contains(&v) => Err(PolicyError::OutOfRange {
                 field: format!("{path}.{field}"),
@@ -128,10 +135,8 @@ impl Checked {
             Some(codes) => {
                 let mut set = BTreeSet::new();
                 for code in codes {
-                    let currency = Currency::parse(code).map_err(|_| PolicyError::Invalid {
-                        field: format!("{path}.currencies"),
-                        detail: format!("{code:?} is not a three-letter ISO 4217 code"),
-                    })?;
+                    let currency = currency_door(code)
+                        .map_err(|detail| PolicyError::Invalid { field: format!("{path}.currencies"), detail })?;
                     set.insert(currency);
                 }
                 Some(set)
@@ -169,12 +174,19 @@ struct Level {
 }
 
 impl Level {
-    fn of(defaults: &Section, operations: &Operations, path: &str) -> Result<Self, PolicyError> {
+    fn of(
+        defaults: &Section,
+        operations: &Operations,
+        path: &str,
+        currency_door: CurrencyDoor<'_>,
+    ) -> Result<Self, PolicyError> {
         let operation = |section: &Option<Section>, name: &str| {
-            section.as_ref().map_or(Ok(Checked::default()), |s| Checked::of(s, &format!("{path}operations.{name}")))
+            section
+                .as_ref()
+                .map_or(Ok(Checked::default()), |s| Checked::of(s, &format!("{path}operations.{name}"), currency_door))
         };
         Ok(Self {
-            defaults: Checked::of(defaults, &format!("{path}defaults"))?,
+            defaults: Checked::of(defaults, &format!("{path}defaults"), currency_door)?,
             charge: operation(&operations.charge, "charge")?,
             refund: operation(&operations.refund, "refund")?,
         })
@@ -203,15 +215,18 @@ impl Policy {
         Self { version: BUILTIN_VERSION.to_owned(), file: Level::default(), tenants: BTreeMap::new() }
     }
 
-    /// Checks a decoded document: a version of 1 to [`limits::POLICY_VERSION_MAX_CHARS`]
-    /// visible ASCII characters (and not `builtin`), amounts within `0..=AMOUNT_MINOR_MAX`,
-    /// currencies that are ISO 4217 codes, tenants that are UUIDs (one section each, in any
-    /// case), at most [`limits::POLICY_TENANTS_MAX`] of them.
+    /// Checks a decoded document as the doors would check the values it names: a version of
+    /// 1 to [`limits::POLICY_VERSION_MAX_CHARS`] visible ASCII characters (and not
+    /// `builtin`), amounts and budgets within `0..=AMOUNT_MINOR_MAX`, currencies the
+    /// `currency_door` accepts (the one a charge's input goes through), tenants that are UUIDs
+    /// as a charge's `tenant_id` must be (one section each, in any case), at most
+    /// [`limits::POLICY_TENANTS_MAX`] of them, and for every tenant and operation an approval
+    /// threshold no higher than the maximum amount (an approval that could never be asked).
     ///
     /// # Errors
     ///
-    /// The first problem, naming its field.
-    pub fn from_document(document: Document) -> Result<Self, PolicyError> {
+    /// The first problem, naming its field and its value.
+    pub fn from_document(document: Document, currency_door: CurrencyDoor<'_>) -> Result<Self, PolicyError> {
         let version = document.version.trim();
         let visible = version.bytes().all(|b| b.is_ascii_graphic());
         if version.is_empty() || version.len() > limits::POLICY_VERSION_MAX_CHARS || !visible {
@@ -237,7 +252,7 @@ impl Policy {
                 range: format!("at most {} tenants", limits::POLICY_TENANTS_MAX),
             });
         }
-        let file = Level::of(&document.defaults, &document.operations, "")?;
+        let file = Level::of(&document.defaults, &document.operations, "", currency_door)?;
         let mut tenants = BTreeMap::new();
         for (tenant, sections) in &document.tenants {
             if !is_uuid(tenant) {
@@ -246,7 +261,8 @@ impl Policy {
                     detail: "a tenant is a UUID (8-4-4-4-12 hex digits)".to_owned(),
                 });
             }
-            let level = Level::of(&sections.defaults, &sections.operations, &format!("tenants.{tenant:?}."))?;
+            let level =
+                Level::of(&sections.defaults, &sections.operations, &format!("tenants.{tenant:?}."), currency_door)?;
             if tenants.insert(tenant.to_ascii_lowercase(), level).is_some() {
                 return Err(PolicyError::Invalid {
                     field: format!("tenants.{tenant:?}"),
@@ -254,7 +270,33 @@ impl Policy {
                 });
             }
         }
-        Ok(Self { version: version.to_owned(), file, tenants })
+        let policy = Self { version: version.to_owned(), file, tenants };
+        policy.check_thresholds(&document)?;
+        Ok(policy)
+    }
+
+    /// Refuses an approval threshold above the maximum amount, for any tenant's any
+    /// operation as the sections resolve: no effect could reach it, so the operator's
+    /// intent (a human approves large effects) would silently never apply.
+    fn check_thresholds(&self, document: &Document) -> Result<(), PolicyError> {
+        let scopes = std::iter::once((String::new(), None))
+            .chain(document.tenants.keys().map(|tenant| (format!("tenants.{tenant:?}."), Some(tenant.as_str()))));
+        for (path, tenant) in scopes {
+            for kind in [EffectKind::Charge, EffectKind::Refund] {
+                let rules = self.rules(tenant.unwrap_or_default(), kind);
+                if let Some(threshold) = rules.approval_threshold_minor.filter(|t| *t > rules.max_amount_minor) {
+                    return Err(PolicyError::Invalid {
+                        field: format!("{path}operations.{}.approval_threshold_minor", kind.as_str()),
+                        detail: format!(
+                            "{threshold} is above the max_amount_minor of {} that applies there: the approval \
+                             could never be asked",
+                            rules.max_amount_minor
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The policy's version.
@@ -351,6 +393,45 @@ impl Rules {
     }
 }
 
+/// The operator's policy in force in this process, with its stamp: what a run started under
+/// another policy is held to as well when it is resumed here (see [`Governing`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InForce {
+    /// The checked policy.
+    pub policy: Policy,
+    /// Its version and hash.
+    pub stamp: PolicyStamp,
+}
+
+impl InForce {
+    /// What this policy sets for one intent of `tenant`'s `kind`.
+    pub fn governing(&self, tenant: &str, kind: EffectKind) -> Governing {
+        Governing { rules: self.policy.rules(tenant, kind), stamp: self.stamp.clone() }
+    }
+}
+
+/// The rules the policy in force sets for one intent, with that policy's stamp. For a run
+/// started under another policy (a refund that waited on a signal while the operator
+/// installed a new one), the ledger holds the reservation to these rules AND to the run's own
+/// (the stricter of each limit wins, never the looser) and records this stamp on it. For a
+/// run started under this very policy they add nothing, and nothing more is recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Governing {
+    /// The rules for the intent's tenant and operation.
+    pub rules: Rules,
+    /// The policy they come from.
+    pub stamp: PolicyStamp,
+}
+
+/// The stricter of two approval thresholds (`None`: no approval required by that side): the
+/// lower one, and any threshold over none.
+pub fn stricter_threshold(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (one, other) => one.or(other),
+    }
+}
+
 /// What a run records of the policy it was decided under.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyStamp {
@@ -422,7 +503,11 @@ mod tests {
     const T2: &str = "00000000-0000-4000-8000-000000000002";
 
     fn policy(document: serde_json::Value) -> Result<Policy, PolicyError> {
-        Policy::from_document(serde_json::from_value(document).expect("the document decodes"))
+        let door = |code: &str| match Currency::parse(code) {
+            Ok(currency) if ["EUR", "USD", "XOF"].contains(&currency.as_str()) => Ok(currency),
+            _ => Err(format!("unsupported currency {code:?}")),
+        };
+        Policy::from_document(serde_json::from_value(document).expect("the document decodes"), &door)
     }
 
     #[test]
@@ -498,6 +583,18 @@ mod tests {
                 "operations.charge.run_budget_minor",
             ),
             (json!({"version": "v", "defaults": {"currencies": ["EURO"]}}), "defaults.currencies"),
+            (
+                json!({"version": "v", "defaults": {"currencies": ["zzz"]}}),
+                "defaults.currencies: unsupported currency \"zzz\"",
+            ),
+            (
+                json!({"version": "v", "defaults": {"max_amount_minor": 100}, "operations": {"refund": {"approval_threshold_minor": 101}}}),
+                "operations.refund.approval_threshold_minor: 101 is above the max_amount_minor of 100",
+            ),
+            (
+                json!({"version": "v", "tenants": {T1: {"operations": {"charge": {"max_amount_minor": 5}}}}, "defaults": {"approval_threshold_minor": 10}}),
+                "operations.charge.approval_threshold_minor: 10",
+            ),
             (json!({"version": "v", "tenants": {"acme": {}}}), "tenants"),
             (json!({"version": "v", "tenants": {T1: {}, T1.to_ascii_uppercase(): {}}}), "tenants"),
             (

@@ -690,6 +690,7 @@ async fn checked_body(decision: Decision, headers: &HeaderMap, body: Body) -> Re
         Decision::Resolve => {
             let ResolveRequest { landed, absent, reason, override_reason } = body::json(headers, body).await?;
             nonempty("reason", &reason)?;
+            override_reason.as_deref().map(|why| nonempty("override", why)).transpose()?;
             if landed.is_some() == absent {
                 return Err(ApiError::new(
                     Code::InvalidArguments,
@@ -701,11 +702,12 @@ async fn checked_body(decision: Decision, headers: &HeaderMap, body: Body) -> Re
     })
 }
 
+/// An operator's text (a reason, a fingerprint), checked by the rule every door shares
+/// ([`engine::event::OperatorText`]).
 pub(super) fn nonempty(field: &str, value: &str) -> Result<(), ApiError> {
-    if value.trim().is_empty() {
-        return Err(ApiError::new(Code::InvalidArguments, format!("{field}: required, and not blank")));
-    }
-    Ok(())
+    engine::event::OperatorText::parse(field, value)
+        .map(drop)
+        .map_err(|blank| ApiError::new(Code::InvalidArguments, blank.to_string()))
 }
 
 /// A refusal is the ledger's answer (409, nothing written); a run another process works on

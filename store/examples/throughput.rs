@@ -71,6 +71,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
             }),
             lease: engine::lease::LeaseUse::None,
             keep: None,
+            policy: None,
             action: Action::Reserve { run_id: run_id.clone(), position: 0, spec, start_attempt: false },
         },
         Command {
@@ -78,6 +79,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
             start_run: None,
             lease: engine::lease::LeaseUse::None,
             keep: None,
+            policy: None,
             action: Action::StartAttempt { key: key.clone(), run_id: run_id.clone() },
         },
         Command {
@@ -85,6 +87,7 @@ fn commands(i: usize, start: DateTime<Utc>) -> [Command; 3] {
             start_run: None,
             lease: engine::lease::LeaseUse::None,
             keep: None,
+            policy: None,
             action: Action::RecordOutcome {
                 key,
                 attempt: 1,

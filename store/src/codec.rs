@@ -682,6 +682,7 @@ mod tests {
             attempts_max: 3,
             reconciliations_max: 5,
             approval_required: false,
+            policy: None,
         };
         // A tenant holding ':' cannot be split back from the key: it is kept.
         let colon = IntentKey::new(EffectKind::Refund, "a:b", "c");

@@ -1,6 +1,7 @@
 //! API keys of `keel serve`: the `api_keys` table (schema version 5).
 //!
-//! Owns [`KeyBook`] (create, revoke, list, find by id), [`ApiKey`] and [`Role`]. A key's
+//! Owns [`KeyBook`] (create, revoke, list, find by id), [`ApiKey`], [`Role`] and
+//! [`Revocation`]. A key's
 //! secret never reaches this module: callers hand it the secret's SHA-256 and compare
 //! hashes themselves, in constant time. The table is outside the event log and its hash
 //! chain, so it is written by its own connection here, never by the event writer; SQLite's
@@ -63,6 +64,22 @@ pub struct ApiKey {
     pub created_at: DateTime<Utc>,
     /// When it was revoked, if it was.
     pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// What [`KeyBook::revoke`] came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Revocation {
+    /// The one key with that name or id, as it is now (revoked).
+    Revoked(ApiKey),
+    /// No key has that name or id.
+    Unknown,
+    /// The text is one key's name and another's id: nothing was revoked.
+    Ambiguous {
+        /// The key whose name it is.
+        named: Box<ApiKey>,
+        /// The key whose id it is.
+        numbered: Box<ApiKey>,
+    },
 }
 
 /// The API keys of one database file, on a connection of its own.
@@ -144,22 +161,43 @@ impl KeyBook {
         Ok(())
     }
 
-    /// Revokes the key named or numbered `name_or_id` at `at` and returns it; `None` when no
-    /// key has that name or id. Revoking a revoked key keeps its first revocation instant.
+    /// Revokes the one key named or numbered `name_or_id` at `at`. When it is one key's name
+    /// and another's id (a name written before names shaped like ids were refused, or an id
+    /// drawn equal to an older name), nothing is revoked: the caller is told both, and each
+    /// can be revoked by its other handle. Revoking a revoked key keeps its first revocation
+    /// instant. The read and the write are one transaction.
     ///
     /// # Errors
     ///
     /// The database's.
-    pub fn revoke(&self, name_or_id: &str, at: DateTime<Utc>) -> Result<Option<ApiKey>> {
-        let conn = self.conn();
-        conn.execute(
-            "UPDATE api_keys SET revoked_at = ?2 WHERE (name = ?1 OR id = ?1) AND revoked_at IS NULL",
-            params![name_or_id, stamp(at)],
-        )?;
-        Ok(conn
+    pub fn revoke(&self, name_or_id: &str, at: DateTime<Utc>) -> Result<Revocation> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let mut matches: Vec<ApiKey> = tx
             .prepare_cached(&format!("{SELECT} WHERE name = ?1 OR id = ?1"))?
-            .query_row([name_or_id], from_row)
-            .optional()?)
+            .query_map([name_or_id], from_row)?
+            .collect::<rusqlite::Result<_>>()?;
+        // Names are UNIQUE and ids the PRIMARY KEY: at most one key has it as its name, one as
+        // its id.
+        let key = match matches.len() {
+            0 => return Ok(Revocation::Unknown),
+            1 => matches.remove(0),
+            _ => {
+                let at = matches
+                    .iter()
+                    .position(|key| key.name == name_or_id)
+                    .expect("of two keys found by name or id, one has the name: the other matched by id");
+                let named = matches.remove(at);
+                return Ok(Revocation::Ambiguous { named: Box::new(named), numbered: Box::new(matches.remove(0)) });
+            }
+        };
+        tx.execute(
+            "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+            params![key.id, stamp(at)],
+        )?;
+        let revoked = tx.prepare_cached(&format!("{SELECT} WHERE id = ?1"))?.query_row([&key.id], from_row)?;
+        tx.commit()?;
+        Ok(Revocation::Revoked(revoked))
     }
 
     /// Every key, in creation order.

@@ -17,6 +17,7 @@ mod delegation;
 mod doors;
 mod facts;
 mod golden;
+mod hardening;
 mod kills;
 mod leases;
 mod metrics;

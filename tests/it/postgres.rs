@@ -657,3 +657,58 @@ fn every_bad_store_argument_is_a_usage_error_that_writes_nothing_and_never_print
 fn key_of_charge() -> IntentKey {
     key("charge", "order_1842_charge")
 }
+
+#[test]
+fn a_refund_that_would_wait_on_a_signal_is_refused_on_postgres_writing_nothing() {
+    let url = database("after_signal");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    let input = dir.path().join("refund.json");
+    let body = serde_json::json!({
+        "tenant_id": TENANT, "intent_id": "order_1842_refund", "order_id": "order_1842",
+        "amount_minor": 1000, "currency": "EUR", "after_signal": "goods_returned",
+    });
+    std::fs::write(&input, body.to_string()).expect("the input is written");
+    let flag = [refund_args("order_1842_refund", "1000"), vec!["--after-signal", "goods_returned"]].concat();
+    let file = vec!["refund", "--input", input.to_str().expect("a UTF-8 path")];
+    for args in [flag, file] {
+        let (code, refused, stderr) = run(keel(&url, Some(sim.url()), &args));
+        assert_eq!((code, refused["status"].as_str()), (64, Some("usage_error")), "{args:?}: {refused} {stderr}");
+        let error = refused["error"].as_str().unwrap_or_default();
+        assert!(error.contains("--after-signal") && error.contains("keel signal"), "a clear error: {error}");
+        assert!(!PgReader::holds_log(&url).expect("the database answers"), "nothing written");
+    }
+    // A timer is not refused: `keel resume` and `keel worker` continue it here.
+    let (code, charged, stderr) = run(keel(&url, Some(sim.url()), &charge_args("order_1842_charge", "4900")));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let delayed = [refund_args("order_1842_refund", "1000"), vec!["--delay-ms", "10"]].concat();
+    let (code, refund, stderr) = run(keel(&url, Some(sim.url()), &delayed));
+    assert_eq!((code, refund["status"].as_str()), (0, Some("validated")), "{refund} {stderr}");
+}
+
+#[test]
+fn a_refund_held_on_a_timer_on_postgres_is_held_to_the_policy_installed_meanwhile() {
+    let url = database("policy_resume");
+    let (dir, _) = temp();
+    let sim = start_sim(dir.path(), None);
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).expect("the policy is written");
+        path.to_str().expect("a UTF-8 path").to_owned()
+    };
+    let loose = write("loose.toml", "version = \"loose\"\n");
+    let strict = write("strict.toml", "version = \"strict\"\n[operations.refund]\napproval_threshold_minor = 500\n");
+    let (code, charged, stderr) = run(keel(&url, Some(sim.url()), &charge_args("order_1842_charge", "4900")));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let started = Instant::now();
+    let held = [vec!["--policy", loose.as_str()], refund_args("order_1842_refund", "1000"), vec!["--delay-ms", "1100"]];
+    let (code, waiting, stderr) = run(keel(&url, Some(sim.url()), &held.concat()));
+    assert_eq!((code, waiting["run_status"].as_str()), (2, Some("suspended")), "{waiting} {stderr}");
+    // A timer fires on the wall clock: only waiting past it shows what resume does then.
+    std::thread::sleep(Duration::from_millis(1_200).saturating_sub(started.elapsed()));
+    let (code, report, stderr) = run(keel(&url, Some(sim.url()), &["--policy", &strict, "resume"]));
+    assert_eq!(code, 0, "{report} {stderr}");
+    let refund = key("refund", "order_1842_refund");
+    assert_eq!(intent_status(&url, &refund), Some(IntentStatus::AwaitingApproval), "{report}");
+    assert_eq!(effects_on(dir.path(), &refund), 0, "nothing sent before a human approves");
+}

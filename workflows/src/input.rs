@@ -24,6 +24,19 @@ use serde_json::{Map, Value};
 /// Currencies the provider accepts.
 pub const CURRENCIES: [&str; 3] = ["EUR", "USD", "XOF"];
 
+/// A currency code as every door reads it — a charge's or a refund's input, the operator's
+/// policy: one of [`CURRENCIES`], in any case.
+///
+/// # Errors
+///
+/// Why it is not one, naming the code and the supported ones.
+pub fn supported_currency(text: &str) -> Result<Currency, String> {
+    match Currency::parse(text) {
+        Ok(code) if CURRENCIES.contains(&code.as_str()) => Ok(code),
+        _ => Err(format!("unsupported currency {text:?} (supported: {})", CURRENCIES.join(", "))),
+    }
+}
+
 /// A strict reader over one JSON object.
 pub struct Fields<'a> {
     object: Option<&'a Map<String, Value>>,
@@ -149,16 +162,15 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// One of [`CURRENCIES`], in any case; returned upper case.
+    /// One of [`CURRENCIES`], in any case ([`supported_currency`]); returned upper case.
     pub fn currency(&mut self, name: &str) -> String {
         let value = self.string(name, 0, usize::MAX);
         let present = self.object.and_then(|o| o.get(name)).is_some_and(Value::is_string);
-        match Currency::parse(&value) {
-            Ok(code) if CURRENCIES.contains(&code.as_str()) => code.into_string(),
-            _ => {
+        match supported_currency(&value) {
+            Ok(code) => code.into_string(),
+            Err(why) => {
                 if present {
-                    self.problems
-                        .push(format!("{name}: unsupported currency {value:?} (supported: {})", CURRENCIES.join(", ")));
+                    self.problems.push(format!("{name}: {why}"));
                 }
                 value
             }

@@ -13,7 +13,8 @@
 //! goods arriving: `keel signal RUN_ID goods_returned --by NAME`), then for a durable timer
 //! (`delay_ms`, a cooling-off period). Both are journaled: a restart neither re-waits a
 //! delivered signal nor moves the timer's fire time, and nothing is reserved — no money is
-//! held — until both are over. The hold is not part of the fingerprint: it says when, not
+//! held — until both are over. Neither outlives the run's deadline: a wait not over by then
+//! ends the run `deadline_exceeded`. The hold is not part of the fingerprint: it says when, not
 //! what.
 
 use crate::input::{EffectInput, Fields, check_policy};

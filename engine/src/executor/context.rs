@@ -21,6 +21,7 @@ use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{IntentStatus, JournalEntry, Refusal, Run, RunStart};
 use crate::limits;
 use crate::log::{Answer, Ask, Asking, LogError};
+use crate::policy::InForce;
 use crate::provider::Secret;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -28,6 +29,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use tracing::{Instrument, info_span};
 
 /// What [`Context::billed_call`] hands back: every hold the call reserved (more than one
@@ -58,6 +60,9 @@ pub struct Context {
     pub(super) failpoints: Failpoints,
     /// The run's lease, once this process holds it: every write for the run presents it.
     pub(super) lease: Option<LeaseGrant>,
+    /// The operator's policy in force in this process, which a reservation is decided under
+    /// beside the run's own (see [`crate::policy::Governing`]).
+    pub(super) policy: Option<Arc<InForce>>,
 }
 
 impl Context {
@@ -216,18 +221,22 @@ impl Context {
     }
 
     /// Waits for a signal named `name`. Returns its payload once delivered (recorded, so
-    /// replay returns the same one); suspends the run while none is there.
+    /// replay returns the same one); suspends the run while none is there, and only until
+    /// the run's deadline: a wait not over by then stops the run `deadline_exceeded` (the
+    /// ledger refuses a signal that comes after it).
     ///
     /// # Errors
     ///
-    /// [`WorkflowError::Suspended`] while no signal is there; a replay mismatch or the log's
-    /// refusal.
+    /// [`WorkflowError::Suspended`] while no signal is there;
+    /// [`WorkflowError::DeadlineExceeded`] once the deadline has passed; a replay mismatch or
+    /// the log's refusal.
     pub async fn wait_signal(&mut self, name: &SignalName) -> Result<Value, WorkflowError> {
         let position = self.next_position();
         let step_name = format!("signal:{name}");
         if let Some(output) = self.recorded(position, &step_name)? {
             return Ok(output.clone());
         }
+        self.check_deadline()?;
         if self.pending_start.is_some() {
             // A signal can only be delivered to a run that exists: start it now.
             let _: Run = self.ask(Ask::start_run(self.run_cause())).await?;
@@ -313,7 +322,8 @@ impl Context {
         let reserve = Ask::reserve(self.run_cause(), self.run_id.clone(), position, spec, start_attempt)
             .starting(self.pending_start.clone())
             .under(self.lease_use())
-            .keeping(request.payment_method.clone());
+            .keeping(request.payment_method.clone())
+            .governed_by(self.policy.as_ref().map(|policy| policy.governing(&request.tenant, request.kind)));
         let reservation = driver::reserve(&self.runtime, key, reserve).await?;
         if let Reservation::Reserved(answer) = &reservation {
             self.started_now();

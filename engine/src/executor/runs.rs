@@ -22,10 +22,12 @@ use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentStatus, Refusal, RejectCode, Run, RunStart};
 use crate::limits;
 use crate::log::{Ask, Asking, LogError, Resolution, Snapshot};
+use crate::policy::InForce;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tracing::{Instrument, info_span};
 
 /// Limits and identity for a new run.
@@ -49,6 +51,9 @@ pub struct Executor {
     failpoints: Failpoints,
     /// How long a charge may wait for its caller before the reconciliation pass ends it.
     abandon_after_ms: u64,
+    /// The operator's policy in force in this process: a run started under another one is
+    /// held to it as well when it reserves (see [`crate::policy::Governing`]).
+    policy: Option<Arc<InForce>>,
 }
 
 /// What `recover_and_resume` did.
@@ -94,7 +99,17 @@ impl Executor {
             workflows,
             failpoints: Failpoints::disarmed(),
             abandon_after_ms: limits::ABANDON_AFTER_DEFAULT_MS,
+            policy: None,
         }
+    }
+
+    /// The same executor under the operator's policy in force `policy`: a run it resumes
+    /// that started under another policy (it waited on a signal, a timer, while the operator
+    /// installed this one) reserves under both, the stricter of each limit winning, and its
+    /// reservation records this policy's stamp. Without one, a run keeps its own limits only.
+    pub fn with_policy(mut self, policy: InForce) -> Self {
+        self.policy = Some(Arc::new(policy));
+        self
     }
 
     /// The same executor ending charges that waited for their caller `ms` (instead of
@@ -164,6 +179,7 @@ impl Executor {
             cause: request.cause,
             failpoints: self.failpoints.clone(),
             lease: None,
+            policy: self.policy.clone(),
         };
         let (run_id, cause) = (request.run_id, ctx.cause.clone());
         let outcome = self.drive_run(registered, ctx, prepared.input).await?;
@@ -202,6 +218,7 @@ impl Executor {
             cause: cause.clone(),
             failpoints: self.failpoints.clone(),
             lease: Some(lease.clone()),
+            policy: self.policy.clone(),
         };
         let outcome = match &history.run.cancel_requested {
             // An operator asked it to stop: its next guard is now, before anything is replayed.

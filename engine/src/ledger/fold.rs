@@ -69,7 +69,15 @@ pub fn apply(entities: &mut dyn Entities, stored: &StoredEvent) -> Result<(), Fo
                 seq,
             ));
         }
-        Event::IntentReserved { intent, run_id, capability, attempts_max, reconciliations_max, approval_required } => {
+        Event::IntentReserved {
+            intent,
+            run_id,
+            capability,
+            attempts_max,
+            reconciliations_max,
+            approval_required,
+            ..
+        } => {
             if entities.has_intent(&intent.key) {
                 return Err(fail("intent reserved twice"));
             }

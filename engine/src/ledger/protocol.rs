@@ -51,12 +51,23 @@ pub struct Command {
     /// the intent in the reservation's own commit, if the reservation is accepted and the
     /// intent is not final. It is never part of an event; a log without a vault ignores it.
     pub keep: Option<Secret>,
+    /// The operator's policy in force where the command was sent, for the intent a
+    /// reservation is about (see [`crate::policy::Governing`]): a run started under another
+    /// policy is held to its rules as well as to its own, and the reservation records its
+    /// stamp. `None`: the run's own limits only (a library caller with no policy).
+    pub policy: Option<crate::policy::Governing>,
 }
 
 impl Command {
     /// `action` on behalf of `cause`, starting nothing, under no lease.
     pub fn new(cause: Cause, action: Action) -> Self {
-        Self { cause, start_run: None, action, lease: LeaseUse::None, keep: None }
+        Self { cause, start_run: None, action, lease: LeaseUse::None, keep: None, policy: None }
+    }
+
+    /// The same command, decided under the policy in force `policy` too.
+    pub fn governed_by(mut self, policy: Option<crate::policy::Governing>) -> Self {
+        self.policy = policy;
+        self
     }
 
     /// The same command, starting `run` in its commit if accepted.
@@ -696,6 +707,19 @@ pub enum Refusal {
         "run {0} is an agent run: it waits for no signal (an approval it waits on is given with `keel approve KEY`)"
     )]
     SignalToAgentRun(RunId),
+    /// A signal for a run whose absolute deadline has passed: it would wake a run that may
+    /// no longer act, so it is not recorded, and the run ends `deadline_exceeded` when it is
+    /// next resumed.
+    #[error(
+        "run {run_id} passed its deadline at {deadline_at}: the signal arrived too late and is not recorded; \
+         `keel resume` (or `keel worker`) ends the run deadline_exceeded"
+    )]
+    SignalPastDeadline {
+        /// The run.
+        run_id: RunId,
+        /// Its deadline.
+        deadline_at: DateTime<Utc>,
+    },
     /// A signal's payload is larger than a signal may carry.
     #[error("run {run_id}: the signal's payload is {bytes} bytes as canonical JSON, above the {max}-byte limit")]
     SignalTooLarge {

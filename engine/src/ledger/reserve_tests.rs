@@ -10,6 +10,8 @@ use crate::clock::ManualClock;
 use crate::event::{Cause, Event, IntentDefinition, IntentKey, RunId, RunLimits};
 use crate::limits;
 use crate::memory::MemoryLog;
+use crate::money::Currency;
+use crate::policy::{Governing, PolicyStamp, Rules};
 use crate::provider::{CallOutcome, Capability, EffectKind, Evidence};
 use std::sync::Arc;
 
@@ -43,6 +45,8 @@ struct Proposal {
     deadline_ms: u64,
     /// Something else in the payload: same key, another fingerprint.
     note: &'static str,
+    /// The policy in force where the reservation is sent.
+    policy: Option<Governing>,
 }
 
 fn charge(intent_id: &'static str, order: &'static str, amount_minor: i64) -> Proposal {
@@ -57,6 +61,7 @@ fn charge(intent_id: &'static str, order: &'static str, amount_minor: i64) -> Pr
         limits: RunLimits::default(),
         deadline_ms: 3_600_000,
         note: "",
+        policy: None,
     }
 }
 
@@ -75,6 +80,10 @@ impl Proposal {
 
     fn limited(self, limits: RunLimits) -> Self {
         Self { limits, ..self }
+    }
+
+    fn governed_by(self, policy: Governing) -> Self {
+        Self { policy: Some(policy), ..self }
     }
 
     fn key(&self) -> IntentKey {
@@ -121,8 +130,23 @@ impl Proposal {
             owner: None,
         });
         let reserve = Action::Reserve { run_id: run_id.clone(), position, spec, start_attempt: true };
-        Command::new(Cause::command("test").for_run(&run_id), reserve).starting(start)
+        Command::new(Cause::command("test").for_run(&run_id), reserve).starting(start).governed_by(self.policy.clone())
     }
+}
+
+/// A policy stamp of `version`.
+fn stamp(version: &str) -> PolicyStamp {
+    PolicyStamp { version: version.to_owned(), sha256: "ab".repeat(32) }
+}
+
+/// Rules that allow what the rows move.
+fn loose() -> Rules {
+    Rules { max_amount_minor: 1_000_000, approval_threshold_minor: None, run_budget_minor: 1_000_000, currencies: None }
+}
+
+/// `rules` as a policy newer than the run's (which records none, or `v1`).
+fn newer(rules: Rules) -> Governing {
+    Governing { rules, stamp: stamp("v2") }
 }
 
 fn stripe() -> Capability {
@@ -154,7 +178,9 @@ const NEW: &[&str] = &["RunStarted", "StepRecorded", "IntentReserved", "AttemptS
 
 fn rows() -> Vec<Row> {
     use Expect::{Appends, Rejected};
-    use RejectCode::{BudgetExhausted, IntentPayloadMismatch, InvalidArguments, InvariantViolated, ReferencePending};
+    use RejectCode::{
+        BudgetExhausted, IntentPayloadMismatch, InvalidArguments, InvariantViolated, PolicyDenied, ReferencePending,
+    };
     use Settled::{Declined, InFlight, Validated};
     let paid = |amount| (charge("c1", "o1", amount), Validated);
     let budget = |max| RunLimits { cost_minor_max: Some(max), ..RunLimits::default() };
@@ -327,6 +353,54 @@ fn rows() -> Vec<Row> {
             given: vec![],
             proposal: charge("c1", "o1", 5_001).limited(threshold(5_000)),
             expect: Appends(&["RunStarted", "StepRecorded", "IntentReserved"]),
+        },
+        Row {
+            name: "a newer policy's lower maximum holds the run too",
+            given: vec![],
+            proposal: charge("c1", "o1", 3_001).governed_by(newer(Rules { max_amount_minor: 3_000, ..loose() })),
+            expect: Rejected(PolicyDenied),
+        },
+        Row {
+            name: "a newer policy's currencies hold the run too",
+            given: vec![],
+            proposal: charge("c1", "o1", 100).governed_by(newer(Rules {
+                currencies: Some([Currency::parse("USD").expect("a code")].into()),
+                ..loose()
+            })),
+            expect: Rejected(PolicyDenied),
+        },
+        Row {
+            name: "a newer policy's lower budget holds the run too",
+            given: vec![],
+            proposal: charge("c1", "o1", 2_001).governed_by(newer(Rules { run_budget_minor: 2_000, ..loose() })),
+            expect: Rejected(BudgetExhausted),
+        },
+        Row {
+            name: "a newer policy's threshold holds the run too: the amount waits for a human",
+            given: vec![],
+            proposal: charge("c1", "o1", 1_001)
+                .governed_by(newer(Rules { approval_threshold_minor: Some(1_000), ..loose() })),
+            expect: Appends(&["RunStarted", "StepRecorded", "IntentReserved"]),
+        },
+        Row {
+            name: "a newer, looser policy does not lift the run's own threshold",
+            given: vec![],
+            proposal: charge("c1", "o1", 5_001).limited(threshold(5_000)).governed_by(newer(loose())),
+            expect: Appends(&["RunStarted", "StepRecorded", "IntentReserved"]),
+        },
+        Row {
+            name: "a newer, looser policy does not lift the run's own budget",
+            given: vec![],
+            proposal: charge("c1", "o1", 2_001).limited(budget(2_000)).governed_by(newer(loose())),
+            expect: Rejected(BudgetExhausted),
+        },
+        Row {
+            name: "the run's own policy adds nothing to what the run recorded",
+            given: vec![],
+            proposal: charge("c1", "o1", 3_001)
+                .limited(RunLimits { policy: Some(stamp("v1")), ..RunLimits::default() })
+                .governed_by(Governing { rules: Rules { max_amount_minor: 3_000, ..loose() }, stamp: stamp("v1") }),
+            expect: Appends(NEW),
         },
         Row {
             name: "the same key and payload, validated, from another run: linked and a repetition prevented",

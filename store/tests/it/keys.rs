@@ -4,7 +4,7 @@
 
 use crate::support::{Fixture, charge, start_and_reserve};
 use chrono::{DateTime, SubsecRound as _, Utc};
-use store::keys::{ApiKey, KeyBook, Role};
+use store::keys::{ApiKey, KeyBook, Revocation, Role};
 use store::{Error, SCHEMA_VERSION};
 
 /// The fixture's start, to the microsecond the table keeps.
@@ -64,11 +64,12 @@ fn a_name_is_never_reused_and_a_revocation_keeps_the_row_and_its_first_instant()
     let book = KeyBook::open(&fixture.path).expect("opens");
     book.create(&key("k1", "ops-ann", Role::Operator)).expect("a key");
     let later = start() + chrono::TimeDelta::minutes(5);
-    let revoked = book.revoke("ops-ann", later).expect("revoke").expect("found by name");
+    let Revocation::Revoked(revoked) = book.revoke("ops-ann", later).expect("revoke") else { panic!("found by name") };
     assert_eq!(revoked.revoked_at, Some(later));
-    let again = book.revoke("k1", later + chrono::TimeDelta::minutes(1)).expect("revoke").expect("found by id");
+    let again = book.revoke("k1", later + chrono::TimeDelta::minutes(1)).expect("revoke");
+    let Revocation::Revoked(again) = again else { panic!("found by id") };
     assert_eq!(again.revoked_at, Some(later), "the first revocation stands");
-    assert_eq!(book.revoke("nobody", later).expect("revoke"), None);
+    assert_eq!(book.revoke("nobody", later).expect("revoke"), Revocation::Unknown);
     match book.create(&key("k2", "ops-ann", Role::Read)) {
         Err(Error::KeyNameTaken { name }) => assert_eq!(name, "ops-ann"),
         other => panic!("expected KeyNameTaken, got {other:?}"),
@@ -77,4 +78,21 @@ fn a_name_is_never_reused_and_a_revocation_keeps_the_row_and_its_first_instant()
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].role, Role::Operator);
     assert_eq!(book.find("k2").expect("find"), None);
+}
+
+#[test]
+fn a_text_that_is_one_keys_name_and_anothers_id_revokes_neither() {
+    let fixture = Fixture::new();
+    let book = KeyBook::open(&fixture.path).expect("opens");
+    book.create(&key("0123456789abcdef", "billing", Role::Submit)).expect("a key");
+    // A name shaped like an id, as an older keel let through.
+    book.create(&key("fedcba9876543210", "0123456789abcdef", Role::Operator)).expect("a key");
+    match book.revoke("0123456789abcdef", start()).expect("revoke") {
+        Revocation::Ambiguous { named, numbered } => {
+            assert_eq!((named.id.as_str(), numbered.name.as_str()), ("fedcba9876543210", "billing"));
+        }
+        other => panic!("expected Ambiguous, got {other:?}"),
+    }
+    assert!(book.list().expect("list").iter().all(|key| key.revoked_at.is_none()), "nothing revoked");
+    assert!(matches!(book.revoke("fedcba9876543210", start()).expect("revoke"), Revocation::Revoked(_)));
 }

@@ -128,6 +128,7 @@ pub fn start_and_reserve(run_id: &str, spec: IntentSpec) -> Command {
         start_run: Some(run_start(run_id)),
         lease: engine::lease::LeaseUse::None,
         keep: None,
+        policy: None,
         action: Action::Reserve { run_id: RunId::new(run_id), position: 0, spec, start_attempt: false },
     }
 }
@@ -138,6 +139,7 @@ pub fn start_attempt(run_id: &str, id: &str) -> Command {
         start_run: None,
         lease: engine::lease::LeaseUse::None,
         keep: None,
+        policy: None,
         action: Action::StartAttempt { key: key(id), run_id: RunId::new(run_id) },
     }
 }
@@ -148,6 +150,7 @@ pub fn succeed(id: &str, attempt: u32, amount_minor: i64) -> Command {
         start_run: None,
         lease: engine::lease::LeaseUse::None,
         keep: None,
+        policy: None,
         action: Action::RecordOutcome {
             key: key(id),
             attempt,
@@ -166,6 +169,7 @@ pub fn outcome(id: &str, attempt: u32, outcome: CallOutcome) -> Command {
         start_run: None,
         lease: engine::lease::LeaseUse::None,
         keep: None,
+        policy: None,
         action: Action::RecordOutcome { key: key(id), attempt, outcome },
     }
 }

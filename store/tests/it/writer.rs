@@ -120,6 +120,7 @@ fn varied_workload(fixture: &Fixture) {
         start_run: None,
         lease: engine::lease::LeaseUse::None,
         keep: None,
+        policy: None,
         action: Action::FinishRun {
             run_id: RunId::new("run-0"),
             status: engine::event::RunStatus::Completed,

@@ -43,7 +43,15 @@ pub fn decide(
     now: DateTime<Utc>,
 ) -> Result<Decision, Refusal> {
     let acting = command.action.fenced_run().or(command.cause.run_id.as_ref()).cloned();
-    let mut decider = Decider { view, leases, now, acting, events: Vec::new(), effects: Vec::new() };
+    let mut decider = Decider {
+        view,
+        leases,
+        now,
+        acting,
+        governing: command.policy.as_ref(),
+        events: Vec::new(),
+        effects: Vec::new(),
+    };
     let start = command.start_run.as_ref();
     if let Some(start) = start {
         decider.start_run(start)?;
@@ -116,6 +124,8 @@ struct Decider<'a> {
     now: DateTime<Utc>,
     /// The run the command acts for (its cause's, or the one the action names).
     acting: Option<RunId>,
+    /// The policy in force where the command was sent, for a reservation ([`Command::policy`]).
+    governing: Option<&'a crate::policy::Governing>,
     events: Vec<Event>,
     effects: Vec<LeaseEffect>,
 }

@@ -1,15 +1,18 @@
 //! Reservation: key + fingerprint + money, checked against the run's budget and the order's
 //! cumulative invariants, atomically — and, when the caller can send at once, the first
-//! attempt written ahead in the same commit.
+//! attempt written ahead in the same commit. A run started under another policy than the one
+//! in force where the reservation is sent ([`crate::policy::Governing`]) is held to both: the
+//! stricter of each limit, the reservation recording the newer policy's stamp.
 
 use super::Decider;
 use super::runs::OpenRun;
 use crate::clock::ms_between;
-use crate::event::{Event, IntentDefinition, IntentKey, RunId};
+use crate::event::{Event, IntentDefinition, IntentKey, RunId, RunLimits};
 use crate::ledger::protocol::{IntentSpec, Refusal, RejectCode, ReplyTarget, RunStart};
 use crate::ledger::state::{Intent, IntentStatus};
 use crate::limits;
 use crate::money::{Currency, check_amount, checked_sum};
+use crate::policy::{Governing, stricter_threshold};
 use crate::provider::EffectKind;
 use serde_json::Value;
 
@@ -32,6 +35,8 @@ impl Decider<'_> {
         if let Some(existing) = self.view.intent(key) {
             return self.reserve_again(run_id, &run, position, definition, &existing);
         }
+        let (run, policy) = self.governed(run);
+        self.check_policy(definition, policy.as_ref())?;
         self.check_new_intent(run_id, &run, definition)?;
         self.check_position(run_id, &run, position)?;
         let approval_required = spec.approval_required
@@ -44,6 +49,7 @@ impl Decider<'_> {
             attempts_max: run.limits.attempts_per_intent_max.max(1),
             reconciliations_max: run.limits.reconciliations_per_intent_max,
             approval_required,
+            policy: policy.map(|governing| governing.stamp),
         });
         // The same checks `StartAttempt` makes, for an intent never sent: attempts left (at
         // least one), key window unused, no approval pending, time left to reconcile.
@@ -53,6 +59,47 @@ impl Decider<'_> {
             self.push(Event::AttemptStarted { key: key.clone(), attempt: 1, run_id: run_id.clone() });
         }
         Ok(self.answer(key, true))
+    }
+
+    /// The run as a new reservation is held to: under the policy in force where the command
+    /// was sent when that is not the one the run started under, its money budget and approval
+    /// threshold are the stricter of the run's and that policy's (never the looser), and that
+    /// policy is returned, for its maximum and currencies to be checked too and its stamp
+    /// recorded. Under the run's own policy (or none), the run as it is.
+    fn governed(&self, run: OpenRun) -> (OpenRun, Option<Governing>) {
+        let Some(governing) = self.governing.filter(|g| run.limits.policy.as_ref() != Some(&g.stamp)) else {
+            return (run, None);
+        };
+        let rules = &governing.rules;
+        let budget = run.limits.cost_minor_max.map_or(rules.run_budget_minor, |own| own.min(rules.run_budget_minor));
+        let limits = RunLimits {
+            cost_minor_max: Some(budget),
+            approval_threshold_minor: stricter_threshold(
+                run.limits.approval_threshold_minor,
+                rules.approval_threshold_minor,
+            ),
+            ..run.limits
+        };
+        (OpenRun { limits, ..run }, Some(governing.clone()))
+    }
+
+    /// Refuses (`policy_denied`) an intent outside the maximum or the currencies of the policy
+    /// in force, for a run started under another one: the run's own policy was checked when
+    /// the run was admitted, so both hold — the stricter wins.
+    fn check_policy(&self, definition: &IntentDefinition, policy: Option<&Governing>) -> Result<(), Refusal> {
+        let Some(governing) = policy else {
+            return Ok(());
+        };
+        match governing.rules.denies(definition.amount_minor, &definition.currency) {
+            None => Ok(()),
+            Some(why) => Err(rejected(
+                RejectCode::PolicyDenied,
+                format!(
+                    "{why}, under policy version {} (sha256 {}), installed since the run started",
+                    governing.stamp.version, governing.stamp.sha256
+                ),
+            )),
+        }
     }
 
     /// The same key proposed again: the stored intent when the payload is the same (a

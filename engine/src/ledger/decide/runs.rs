@@ -124,9 +124,12 @@ impl Decider<'_> {
         name: &SignalName,
         payload: &Value,
     ) -> Result<ReplyTarget, Refusal> {
-        self.open_run(run_id, None)?;
+        let run = self.open_run(run_id, None)?;
         if self.view.run(run_id).is_some_and(|run| run.is_agent()) {
             return Err(Refusal::SignalToAgentRun(run_id.clone()));
+        }
+        if self.now >= run.deadline_at {
+            return Err(Refusal::SignalPastDeadline { run_id: run_id.clone(), deadline_at: run.deadline_at });
         }
         let bytes = crate::canonical::to_string(payload).len();
         if bytes > limits::SIGNAL_PAYLOAD_MAX_BYTES {
