@@ -183,7 +183,9 @@ pub async fn run(
 ) -> anyhow::Result<u8> {
     // The operator's rules differ by tenant: each request is held to its tenant's
     // (`api::effect`), not the node to one tenant's.
-    let node = Node::open(db, durability, provider, None)?;
+    let mut node = Node::open(db, durability, provider, None)?;
+    // The runs it resumes are held to this policy too (and to the one each started under).
+    node.executor = node.executor.clone().with_policy(policy.clone().in_force());
     let keys = KeyBook::open(db).with_context(|| format!("cannot open the key table of {}", db.display()))?;
     let listener =
         tokio::net::TcpListener::bind(args.addr).await.with_context(|| format!("cannot listen on {}", args.addr))?;

@@ -167,6 +167,23 @@ fn keel_worker_holds_a_waiting_refund_to_the_policy_installed_meanwhile() {
 }
 
 #[test]
+fn keel_serve_holds_the_runs_it_resumes_to_the_policy_it_was_started_with() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (loose, strict) =
+        (write_policy(dir.path(), "loose.toml", LOOSE), write_policy(dir.path(), "strict.toml", STRICT));
+    let (code, charged, stderr) = keel(&db, Some(sim.url()), &charge_args("order_1842_charge", "7000"));
+    assert_eq!(code, 0, "{charged} {stderr}");
+    let run_id = refund_waiting(&db, sim.url(), &loose, "refund_over_threshold", "1800");
+    signal(&db, &run_id);
+    let serve = crate::serve::Serve::start(&db, &sim, &["--policy", &strict]);
+    assert_eq!(intent_status(&db, "refund_over_threshold"), "awaiting_approval", "1800 is above the new threshold");
+    let stamp = reserved_under(&db, "refund_over_threshold").expect("the reservation records the policy in force");
+    assert_eq!(stamp.version, "strict");
+    assert_eq!(serve.stop(), 0);
+}
+
+#[test]
 fn a_run_resumed_under_its_own_policy_records_nothing_more() {
     let (dir, db) = temp();
     let sim = start_sim(dir.path(), None);
