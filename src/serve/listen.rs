@@ -72,13 +72,9 @@ impl Listener {
     }
 
     /// Serves `app` until `stop` completes, then closes the connections with no request in
-    /// flight and lets the others finish theirs.
-    ///
-    /// # Errors
-    ///
-    /// None today: a failing `accept` is retried, a failing connection ends only itself. The
-    /// `Result` keeps the caller's shape should the loop ever meet an error it cannot outlive.
-    pub async fn serve(self, app: Router, stop: impl Future<Output = ()>) -> anyhow::Result<()> {
+    /// flight and lets the others finish theirs. Nothing ends it but `stop`: a failing
+    /// `accept` is retried, a failing connection ends only itself.
+    pub async fn serve(self, app: Router, stop: impl Future<Output = ()>) {
         let Self { socket, tls, bound, .. } = self;
         let slots = Arc::new(Slots::default());
         // One permit a connection, held until its socket is closed: what bounds descriptors.
@@ -128,7 +124,6 @@ impl Listener {
         drop(socket);
         stopping.send_replace(true);
         while connections.join_next().await.is_some() {}
-        Ok(())
     }
 }
 

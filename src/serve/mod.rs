@@ -234,7 +234,7 @@ pub async fn run(
         tokio::time::sleep(std::time::Duration::from_millis(SHUTDOWN_GRACE_MS)).await;
     };
     tokio::select! {
-        served = serving => served.context("the server task failed")??,
+        served = serving => served.context("the server task failed")?,
         () = grace => errln!("keel serve: requests still in flight after the grace period; stopping anyway"),
     }
     let runtime = server.node.executor.runtime();
