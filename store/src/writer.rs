@@ -242,6 +242,15 @@ impl Store {
                 },
             )?;
         }
+        // Data keys a crash left in the vault's keys file without their commit are erased
+        // before anything else runs (`vault`, "Ordering and crashes").
+        schema::with_write_lock_patience(
+            options.write_lock_patience_ms,
+            || vault::sweep(&conn),
+            |detail| {
+                tracing::warn!(%detail, "another process holds the event log's write lock while the vault is swept");
+            },
+        )?;
         let (chain, recorded) = chain::open_checked(&conn)?;
         tracing::info!(path = %path.display(), last_seq = chain.last_seq, recorded, "store opened");
         let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
@@ -470,6 +479,10 @@ impl Writer {
         }
         self.cache.borrow_mut().clear();
         self.actors.clear();
+        // A data key the rolled-back batch wrote for a reservation is referenced by no entry.
+        if let Err(error) = vault::sweep(&self.conn) {
+            tracing::error!(%error, "erasing the vault's unreferenced data keys after a failed batch failed; the next open retries");
+        }
         match codec::head(&self.conn) {
             Ok((last_seq, last_hash)) => {
                 self.chain = Chain { last_seq, last_hash };
