@@ -551,6 +551,7 @@ pub const WAL_AUTOCHECKPOINT_PAGES: u32 = 4_000;
 
 /// Opens the writer's connection: creates the file if needed, sets every PRAGMA, migrates.
 pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> {
+    create_owner_only(path);
     let mut conn = Connection::open(path)?;
     // Wait for another process's write lock instead of failing at once: two `Store`s on one
     // file take turns per batch.
@@ -603,6 +604,22 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
         },
     )?;
     Ok(conn)
+}
+
+/// Creates the database file `path`, empty and readable by its owner only (0600), unless it
+/// exists. SQLite would create it 0644 (less the umask) and gives the `-wal` and `-shm` it
+/// creates the database's mode, while the log holds every payment event, the vault and the
+/// API keys' hashes: the mode is set here, before SQLite's first byte. An empty file is an
+/// empty database to SQLite. A file that exists keeps the mode its owner gave it; one that
+/// cannot be created here (no such directory) is left to SQLite's open, whose error says so.
+fn create_owner_only(path: &Path) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let created = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path);
+    if let Err(error) = created
+        && error.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        tracing::debug!(%error, path = %path.display(), "the log's file was not created owner-only beforehand");
+    }
 }
 
 /// Runs `work`, whose first statement asks for the write lock, again while another process

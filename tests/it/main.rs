@@ -15,6 +15,7 @@ mod console;
 mod crash;
 mod delegation;
 mod facts;
+mod files;
 mod golden;
 mod kills;
 mod leases;
