@@ -208,7 +208,8 @@ impl KeysFile {
     /// entry fsynced) when absent. Only under the log's write lock.
     fn create_or_open(conn: &Connection) -> Result<Self> {
         let path = keys_path_of(conn)?;
-        let file = OpenOptions::new().read(true).write(true).create(true).mode(0o600).open(&path)?;
+        // Never truncated: the slots in it are the entries' only keys.
+        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(&path)?;
         let keys = Self { file };
         if keys.file.metadata()?.len() < KEYS_HEADER_BYTES {
             // New, or cut short by a crash while it was created: nothing references it yet.
@@ -600,10 +601,10 @@ fn rotate_in(conn: &mut Connection, old: &VaultKey, new: &VaultKey) -> Result<Ro
         .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
     let above: Option<i64> = tx.query_row("SELECT max(slot) FROM vault", [], |row| row.get(0))?;
-    let mut next = above.map_or(Ok(0), |slot| slot_number(slot).map(|slot| slot + 1))?;
+    let first = above.map_or(Ok(0), |slot| slot_number(slot).map(|slot| slot + 1))?;
     let keys = KeysFile::create_or_open(&tx)?;
     let mut entries = 0;
-    for (intent, sealed, slot) in rows {
+    for (next, (intent, sealed, slot)) in (first..).zip(rows) {
         let clear = open_entry(&tx, old, &intent, &sealed, slot)?.ok_or_else(|| Error::Vault {
             detail: format!("the entry of {intent} does not authenticate under the current key: nothing rotated"),
         })?;
@@ -616,7 +617,6 @@ fn rotate_in(conn: &mut Connection, old: &VaultKey, new: &VaultKey) -> Result<Ro
                 intent
             ],
         )?;
-        next += 1;
         entries += 1;
     }
     tx.execute("UPDATE vault_key SET check_value = ?1 WHERE id = 1", [new.seal(CHECK_TEXT, CHECK_AAD)?])?;

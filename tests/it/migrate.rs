@@ -374,7 +374,10 @@ fn a_target_holding_a_table_of_another_application_is_refused_and_left_as_it_was
         postgres::Client::connect(&url, postgres::NoTls).expect("connects").batch_execute(setup).expect("set up");
         let (code, refused, stderr) = migrate(&db, &url, &[]);
         assert_eq!(code, 64, "{refused} {stderr}");
-        assert!(stderr.contains("not empty") && stderr.contains(named) && stderr.contains("nothing written"), "{stderr}");
+        assert!(
+            stderr.contains("not empty") && stderr.contains(named) && stderr.contains("nothing written"),
+            "{stderr}"
+        );
         let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
         let keel_schema: bool =
             client.query_one("SELECT to_regclass('keel_meta') IS NOT NULL", &[]).expect("reads").get(0);

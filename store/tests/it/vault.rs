@@ -331,7 +331,8 @@ fn an_entry_kept_before_per_entry_keys_stays_readable_and_rotation_gives_it_a_da
     open(&fixture.path, with_key(&old)).expect("sets the vault up").shutdown().expect("shutdown");
     let intent = key("legacy-00001");
     let raw = rusqlite::Connection::open(&fixture.path).expect("raw");
-    let legacy = seal(&old_bytes, TOKEN.as_bytes(), &[b"keel vault v1\0".as_slice(), intent.as_str().as_bytes()].concat());
+    let legacy =
+        seal(&old_bytes, TOKEN.as_bytes(), &[b"keel vault v1\0".as_slice(), intent.as_str().as_bytes()].concat());
     raw.execute(
         "INSERT INTO vault (intent_key, sealed, kept_at, slot) VALUES (?1, ?2, 0, NULL)",
         rusqlite::params![intent.as_str(), legacy],
