@@ -202,6 +202,9 @@ fn rotation_re_seals_every_entry_atomically_and_only_the_new_key_opens_them() {
     assert_eq!(kept(&unseal(&store, &key("rotate-00001"))), Some(TOKEN));
     assert_eq!(kept(&unseal(&store, &key("rotate-00002"))), Some("pm_card_second_0000000000"));
     store.shutdown().expect("shutdown");
+    let dir = fixture.path.parent().expect("the log's directory");
+    assert!(recoverable(dir, &[9; 32], &key("rotate-00001"), TOKEN.len()).is_empty(), "the old key opens nothing");
+    assert_eq!(recoverable(dir, &[10; 32], &key("rotate-00001"), TOKEN.len()), [TOKEN.as_bytes()]);
 }
 
 #[test]
@@ -235,6 +238,9 @@ fn purge_deletes_the_entries_kept_before_its_bound() {
     assert_eq!(purged, 1);
     let rows: Vec<String> = vault_rows(&fixture.path).into_iter().map(|(k, _)| k).collect();
     assert_eq!(rows, [key("new-entry-001").as_str().to_owned()]);
+    let dir = fixture.path.parent().expect("the log's directory");
+    assert!(recoverable(dir, &[14; 32], &key("old-entry-001"), TOKEN.len()).is_empty(), "purged is shredded");
+    assert_eq!(recoverable(dir, &[14; 32], &key("new-entry-001"), TOKEN.len()).len(), 1, "the other is kept");
 }
 
 /// Every sealing in `bytes` (at any offset) that opens under `key` with associated data `aad`
