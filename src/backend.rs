@@ -26,7 +26,7 @@ pub enum Location {
 
 /// A `postgres://` (or `postgresql://`) URL. Its `Display` and `Debug` name the server and
 /// database without the password: `***` stands for the one after `USER:` and for the value
-/// of every `password` parameter of the query (`?password=…`, as libpq takes it too).
+/// of every parameter of the query that names one (`?password=…`, as libpq takes it too).
 #[derive(Clone, PartialEq, Eq)]
 pub struct PgUrl {
     scheme: String,
@@ -139,13 +139,13 @@ enum Password {
     Hidden,
 }
 
-/// `query` with the value of every `password` parameter (its name matched whatever its case
-/// and percent-encoding) replaced by `***`.
+/// `query` with the value of every parameter whose name says `password` (`password`,
+/// libpq's `sslpassword`; whatever its case and percent-encoding) replaced by `***`.
 fn hidden_query(query: &str) -> String {
     let hidden = query.split('&').map(|pair| {
         let name = pair.split_once('=').map_or(pair, |(name, _)| name);
         let decoded = form_urlencoded::parse(name.as_bytes()).next().map(|(name, _)| name.to_ascii_lowercase());
-        if decoded.as_deref() == Some("password") { format!("{name}=***") } else { pair.to_owned() }
+        if decoded.is_some_and(|name| name.contains("password")) { format!("{name}=***") } else { pair.to_owned() }
     });
     hidden.collect::<Vec<_>>().join("&")
 }
@@ -249,17 +249,20 @@ mod tests {
         assert_eq!(format!("{url:?}"), "PgUrl(postgres://keel:***@db.example:6543/ledger?sslmode=disable)");
         assert_eq!(url.url(), "postgres://keel:s3cret@db.example:6543/ledger?sslmode=disable");
         assert_eq!(url.server(), "db.example:6543");
-        let Ok(Location::Postgres(query)) =
-            locate(Some("postgres://keel@h/k?sslmode=disable&password=s3cret&PassWord=s3cret&pass%77ord=s3cret"), None)
-        else {
+        let Ok(Location::Postgres(query)) = locate(
+            Some(
+                "postgres://keel@h/k?sslmode=disable&password=s3cret&PassWord=s3cret&pass%77ord=s3cret&sslpassword=s3cret",
+            ),
+            None,
+        ) else {
             panic!("a postgres URL")
         };
         assert_eq!(
             format!("{query} {query:?}"),
-            "postgres://keel@h:5432/k?sslmode=disable&password=***&PassWord=***&pass%77ord=*** \
-             PgUrl(postgres://keel@h:5432/k?sslmode=disable&password=***&PassWord=***&pass%77ord=***)"
+            "postgres://keel@h:5432/k?sslmode=disable&password=***&PassWord=***&pass%77ord=***&sslpassword=*** \
+             PgUrl(postgres://keel@h:5432/k?sslmode=disable&password=***&PassWord=***&pass%77ord=***&sslpassword=***)"
         );
-        assert!(query.url().ends_with("&password=s3cret&PassWord=s3cret&pass%77ord=s3cret"));
+        assert!(query.url().ends_with("&password=s3cret&PassWord=s3cret&pass%77ord=s3cret&sslpassword=s3cret"));
         assert_eq!(url.with_database("other").url(), "postgres://keel:s3cret@db.example:6543/other?sslmode=disable");
         let Ok(Location::Postgres(plain)) = locate(Some("postgresql://h/k"), None) else { panic!("a postgres URL") };
         assert_eq!((plain.server(), plain.url()), ("h:5432".to_owned(), "postgresql://h:5432/k".to_owned()));
