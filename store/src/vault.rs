@@ -242,8 +242,11 @@ impl KeysFile {
         Ok(self)
     }
 
-    fn offset(slot: u64) -> u64 {
-        KEYS_HEADER_BYTES + slot * SLOT_BYTES as u64
+    /// Where slot `slot` starts; a slot no file could hold is a corrupt row.
+    fn offset(slot: u64) -> Result<u64> {
+        slot.checked_mul(SLOT_BYTES as u64)
+            .and_then(|at| at.checked_add(KEYS_HEADER_BYTES))
+            .ok_or_else(|| Error::corrupt(0, format!("a vault entry names slot {slot}")))
     }
 
     /// How many slots the file holds.
@@ -256,7 +259,7 @@ impl KeysFile {
         let mut bytes = Zeroizing::new([0u8; SLOT_BYTES]);
         let mut filled = 0;
         while filled < SLOT_BYTES {
-            match self.file.read_at(&mut bytes[filled..], Self::offset(slot) + filled as u64)? {
+            match self.file.read_at(&mut bytes[filled..], Self::offset(slot)? + filled as u64)? {
                 0 => break,
                 read => filled += read,
             }
@@ -266,7 +269,7 @@ impl KeysFile {
 
     /// Writes and fsyncs slot `slot`: durable before the commit that references (or forgets) it.
     fn write(&self, slot: u64, bytes: &[u8; SLOT_BYTES]) -> Result<()> {
-        self.file.write_all_at(bytes, Self::offset(slot))?;
+        self.file.write_all_at(bytes, Self::offset(slot)?)?;
         self.file.sync_data()?;
         Ok(())
     }
