@@ -26,23 +26,31 @@
 //! # Shredding
 //!
 //! Deleting a row does not erase its bytes: SQLite leaves them in free pages and the WAL
-//! keeps old frames until it wraps. So shredding overwrites the entry's slot with zeros in
-//! place and fsyncs it: without its data key the entry's bytes, wherever they linger, are
-//! noise even to the holder of the vault key (every writer connection also sets
-//! `secure_delete`, `schema::open_writer`).
+//! keeps old frames until it wraps. So shredding deletes the row and then overwrites the
+//! entry's slot with zeros in place and fsyncs it: without its data key the entry's bytes,
+//! wherever they linger, are noise even to the holder of the vault key (every writer
+//! connection also sets `secure_delete`, `schema::open_writer`).
 //!
 //! # Ordering and crashes
 //!
-//! Every write to the keys file happens under SQLite's write lock (inside the writer's
-//! transaction, or an `IMMEDIATE` one of [`rotate`], [`purge`] or [`sweep`]), so two processes
-//! never allocate or erase a slot at once. A slot is written and fsynced before the commit
-//! that references it; a slot is erased and fsynced before the commit that deletes its row.
-//! A crash or a rolled-back batch between the two leaves either an unreferenced slot still
-//! holding a data key (erased by the next [`sweep`]: every writer runs one at open and after a
-//! failed batch) or a row whose slot is already erased (its entry reads as unreadable: the
-//! intent then waits for its caller, as without a vault). The first is never left for long,
-//! the second never exposes anything. The keys file, like the log, is readable by its owner
-//! only.
+//! The data key of a committed entry is never destroyed nor overwritten before the commit that
+//! deletes the entry, and a slot holds a key before any commit references it:
+//!
+//! - a new entry's slot is written and fsynced inside the transaction, before its commit, in
+//!   a slot no entry references *and* that holds zeros (else at the end of the file): a slot
+//!   whose row this transaction deleted still holds its key until the commit;
+//! - a shredded entry's slot is zeroed after the commit that deleted its row ([`erase_freed`],
+//!   called by the writer before it answers), in a transaction of its own under the write lock,
+//!   and only if no entry references it by then (another process may have taken it once
+//!   zeroed by a sweep);
+//! - every write to the keys file happens under SQLite's write lock (the writer's
+//!   transaction, or an `IMMEDIATE` one of [`erase_freed`], [`sweep`], [`rotate`] or
+//!   [`purge`]), so two processes never take or erase a slot at once.
+//!
+//! A crash (or a rolled-back batch) between a slot's write and its commit, or between a commit
+//! and its erasure, leaves a slot no entry references still holding a key: the next [`sweep`]
+//! zeroes it (every writer runs one at open and after a failed batch). A crash never leaves an
+//! entry without its key. The keys file, like the log, is readable by its owner only.
 //!
 //! This module must never log, print or return the key or a clear payment method other than
 //! as the [`Secret`] a resend needs; its errors say what is wrong, never with what.
@@ -267,28 +275,32 @@ impl KeysFile {
         Ok(bytes)
     }
 
-    /// Writes and fsyncs slot `slot`: durable before the commit that references (or forgets) it.
+    /// Writes slot `slot` (durable once [`KeysFile::sync`] returns).
     fn write(&self, slot: u64, bytes: &[u8; SLOT_BYTES]) -> Result<()> {
         self.file.write_all_at(bytes, Self::offset(slot)?)?;
+        Ok(())
+    }
+
+    /// Makes every write so far durable.
+    fn sync(&self) -> Result<()> {
         self.file.sync_data()?;
         Ok(())
     }
 
-    /// Zeroes slot `slot` and fsyncs it: its data key is gone.
-    fn erase(&self, slot: u64) -> Result<()> {
-        if slot < self.slots()? {
-            self.write(slot, &[0u8; SLOT_BYTES])?;
-        }
-        Ok(())
+    /// Whether slot `slot` holds zeros: free to take, once no entry references it.
+    fn is_zero(&self, slot: u64) -> Result<bool> {
+        Ok(self.read(slot)?.iter().all(|&byte| byte == 0))
     }
 
-    /// Seals a fresh data key for `intent` into slot `slot` and returns it.
+    /// Seals a fresh data key for `intent` into slot `slot`, fsynced (durable before the
+    /// commit that references it), and returns it.
     fn fresh(&self, vault: &VaultKey, slot: u64, intent: &str) -> Result<VaultKey> {
         let data_key = VaultKey::random();
         let sealed = vault.seal(data_key.0.as_slice(), &slot_aad(slot, intent))?;
         let mut bytes = Zeroizing::new([0u8; SLOT_BYTES]);
         bytes[..sealed.len()].copy_from_slice(&sealed);
         self.write(slot, &bytes)?;
+        self.sync()?;
         Ok(data_key)
     }
 
@@ -306,8 +318,12 @@ fn slot_number(stored: i64) -> Result<u64> {
     u64::try_from(stored).map_err(|_| Error::corrupt(0, format!("a vault entry names slot {stored}")))
 }
 
-/// The lowest slot no entry references (the transaction's own rows included).
-fn free_slot(conn: &Connection) -> Result<u64> {
+/// A slot to keep a new data key in: the lowest one no entry references (the transaction's
+/// own rows included) when it holds zeros; else one past the end of the file, which no entry
+/// can reference (every referenced slot was written before its row). A slot that is
+/// referenced by no row here but still holds a key may be one this transaction freed, whose
+/// key its committed row still needs until the commit: it is never overwritten.
+fn free_slot(conn: &Connection, keys: &KeysFile) -> Result<u64> {
     let slot: i64 = conn
         .prepare_cached(
             "SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM vault WHERE slot = 0) THEN 0 ELSE
@@ -316,7 +332,8 @@ fn free_slot(conn: &Connection) -> Result<u64> {
                   ORDER BY v.slot LIMIT 1) END",
         )?
         .query_row([], |row| row.get(0))?;
-    slot_number(slot)
+    let lowest = slot_number(slot)?;
+    if keys.is_zero(lowest)? { Ok(lowest) } else { keys.slots() }
 }
 
 /// Opens one entry (`slot` `None`: kept before version 11, under the vault key itself).
@@ -420,7 +437,7 @@ pub(crate) fn keep(
             }
         }
         None => {
-            let slot = free_slot(conn)?;
+            let slot = free_slot(conn, &keys)?;
             (slot, keys.fresh(key, slot, name)?)
         }
     };
@@ -433,35 +450,50 @@ pub(crate) fn keep(
     Ok(true)
 }
 
-/// Shreds intent `intent`'s entry, if any, because its intent is final: its data key's slot is
-/// zeroed and fsynced, and its row deleted. Inside the writer's transaction, so the entry is
-/// gone in the commit that ends the intent.
+/// Deletes intent `intent`'s entry, if any, because its intent is final, inside the writer's
+/// transaction: the entry is gone in the commit that ends the intent. Returns the slot of its
+/// data key, which the writer zeroes once that commit is done ([`erase_freed`]).
 ///
 /// # Errors
 ///
-/// SQLite's, the keys file's.
-pub(crate) fn shred(conn: &Connection, intent: &IntentKey) -> Result<()> {
+/// SQLite's.
+pub(crate) fn shred(conn: &Connection, intent: &IntentKey) -> Result<Option<u64>> {
     let slot: Option<Option<i64>> = conn
         .prepare_cached("DELETE FROM vault WHERE intent_key = ?1 RETURNING slot")?
         .query_row([intent.as_str()], |row| row.get(0))
         .optional()?;
-    if let Some(slot) = slot.flatten()
-        && let Some(keys) = KeysFile::existing(conn, true)?
-    {
-        keys.erase(slot_number(slot)?)?;
+    slot.flatten().map(slot_number).transpose()
+}
+
+/// Zeroes (and fsyncs) each of `slots` that no committed entry references: the slots of the
+/// entries the caller's last commit deleted. Takes the write lock (`conn` must be outside a
+/// transaction); returns how many slots it erased.
+///
+/// # Errors
+///
+/// SQLite's ([`Error::Busy`] while another process holds the write lock), the keys file's.
+pub(crate) fn erase_freed(conn: &Connection, slots: &[u64]) -> Result<u64> {
+    if slots.is_empty() {
+        return Ok(0);
     }
-    Ok(())
+    erase_unreferenced(conn, Some(slots))
 }
 
 /// Zeroes every slot of the keys file that holds a data key no entry references: left by a
-/// crash or a failed batch between a slot's write and its commit, or by a rotation. Takes the
-/// write lock (`conn` must be outside a transaction), so no other process is between the two;
-/// returns how many slots it erased.
+/// crash or a failed batch between a slot's write and its commit, or between a commit and the
+/// erasure of the slots it freed, or by a rotation. Takes the write lock (`conn` must be
+/// outside a transaction); returns how many slots it erased.
 ///
 /// # Errors
 ///
 /// SQLite's ([`Error::Busy`] while another process holds the write lock), the keys file's.
 pub(crate) fn sweep(conn: &Connection) -> Result<u64> {
+    erase_unreferenced(conn, None)
+}
+
+/// Zeroes `candidates` (every slot when `None`) that hold a key no entry references, under the
+/// write lock, so no other process is between writing a slot and committing its row.
+fn erase_unreferenced(conn: &Connection, candidates: Option<&[u64]>) -> Result<u64> {
     let Some(keys) = KeysFile::existing(conn, true)? else {
         return Ok(0);
     };
@@ -470,13 +502,24 @@ pub(crate) fn sweep(conn: &Connection) -> Result<u64> {
         .prepare("SELECT slot FROM vault WHERE slot IS NOT NULL")?
         .query_map([], |row| row.get(0))?
         .collect::<rusqlite::Result<_>>()?;
+    let every: Vec<u64>;
+    let candidates = match candidates {
+        Some(slots) => slots,
+        None => {
+            every = (0..keys.slots()?).collect();
+            &every
+        }
+    };
     let mut erased = 0;
-    for slot in 0..keys.slots()? {
+    for &slot in candidates {
         let used = i64::try_from(slot).is_ok_and(|slot| referenced.contains(&slot));
-        if !used && keys.read(slot)?.iter().any(|&byte| byte != 0) {
-            keys.erase(slot)?;
+        if !used && slot < keys.slots()? && !keys.is_zero(slot)? {
+            keys.write(slot, &[0u8; SLOT_BYTES])?;
             erased += 1;
         }
+    }
+    if erased > 0 {
+        keys.sync()?;
     }
     tx.commit()?;
     Ok(erased)
@@ -627,8 +670,8 @@ fn rotate_in(conn: &mut Connection, old: &VaultKey, new: &VaultKey) -> Result<Ro
     Ok(Rotation { entries })
 }
 
-/// Shreds every entry kept before `before` (its slot erased, its row deleted, in one
-/// transaction); returns how many.
+/// Shreds every entry kept before `before`: the rows deleted in one transaction, then their
+/// slots zeroed ([`erase_freed`]); returns how many.
 ///
 /// # Errors
 ///
@@ -640,11 +683,8 @@ pub fn purge(path: &Path, before: DateTime<Utc>) -> Result<u64> {
         .prepare("DELETE FROM vault WHERE kept_at < ?1 RETURNING slot")?
         .query_map([codec::micros(before)], |row| row.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    if let Some(keys) = KeysFile::existing(&tx, true)? {
-        for slot in slots.iter().flatten() {
-            keys.erase(slot_number(*slot)?)?;
-        }
-    }
     tx.commit()?;
+    let freed = slots.iter().flatten().map(|&slot| slot_number(slot)).collect::<Result<Vec<_>>>()?;
+    erase_freed(&conn, &freed)?;
     Ok(u64::try_from(slots.len()).expect("a row count fits in u64"))
 }

@@ -379,3 +379,28 @@ fn a_data_key_no_entry_references_is_erased_at_open() {
     assert_eq!(kept(&unseal(&store, &key("sweep-kept-01"))), Some(TOKEN));
     store.shutdown().expect("shutdown");
 }
+
+#[test]
+fn a_batch_that_dies_before_committing_a_shred_leaves_the_entry_and_its_key_whole() {
+    use engine::failpoints::{Failpoints, Point};
+    let fixture = Fixture::new();
+    fixture.store.shutdown().expect("shutdown");
+    let vault = vault_key(26);
+    // The fourth batch (two reservations, an attempt, then the answer that makes the intent
+    // final) dies after its statements, before its COMMIT: what a SIGKILL there leaves.
+    let dies = Failpoints::armed(Point::InBatchBeforeCommit, 4, Arc::new(|_| panic!("killed before the commit")));
+    let store = open(&fixture.path, Options { failpoints: dies, ..with_key(&vault) }).expect("opens");
+    reserve_keeping(&store, "dies-shred-01", TOKEN);
+    // Another entry, so the dead batch's slot could be taken by a reservation after it.
+    reserve_keeping(&store, "dies-other-01", "pm_card_other_000000000000");
+    store.execute_blocking(crate::support::start_attempt("run-dies-shred-01", "dies-shred-01")).expect("attempt");
+    assert!(store.execute_blocking(succeed("dies-shred-01", 1, 4_900)).is_err(), "the writer died");
+    let _ = store.shutdown();
+    let store = open(&fixture.path, with_key(&vault)).expect("reopens");
+    assert_eq!(kept(&unseal(&store, &key("dies-shred-01"))), Some(TOKEN), "not final: its key is whole");
+    reserve_keeping(&store, "dies-after-01", "pm_card_after_000000000000");
+    assert_eq!(kept(&unseal(&store, &key("dies-shred-01"))), Some(TOKEN), "its slot was not taken");
+    assert_eq!(kept(&unseal(&store, &key("dies-other-01"))), Some("pm_card_other_000000000000"));
+    assert_eq!(kept(&unseal(&store, &key("dies-after-01"))), Some("pm_card_after_000000000000"));
+    store.shutdown().expect("shutdown");
+}
