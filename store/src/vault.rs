@@ -232,9 +232,12 @@ impl KeysFile {
         keys.checked()
     }
 
-    /// Opens the keys file, for writing when `write`; `None` when there is none.
+    /// Opens the keys file, for writing when `write`; `None` when there is none, or only the
+    /// start of one (a crash while it was created: its header is written before any slot, so
+    /// no entry can name a slot of it).
     fn existing(conn: &Connection, write: bool) -> Result<Option<Self>> {
         match OpenOptions::new().read(true).write(write).open(keys_path_of(conn)?) {
+            Ok(file) if file.metadata()?.len() < KEYS_HEADER_BYTES => Ok(None),
             Ok(file) => Self { file }.checked().map(Some),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(error) => Err(error.into()),

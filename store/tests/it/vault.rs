@@ -404,3 +404,16 @@ fn a_batch_that_dies_before_committing_a_shred_leaves_the_entry_and_its_key_whol
     assert_eq!(kept(&unseal(&store, &key("dies-after-01"))), Some("pm_card_after_000000000000"));
     store.shutdown().expect("shutdown");
 }
+
+#[test]
+fn a_keys_file_cut_short_while_it_was_created_is_completed_by_the_next_keeper() {
+    let fixture = Fixture::new();
+    fixture.store.shutdown().expect("shutdown");
+    let vault = vault_key(27);
+    // A crash right after the file was created, before its header was written.
+    std::fs::write(store::vault::keys_path(&fixture.path), b"keel va").expect("a partial header");
+    let store = open(&fixture.path, with_key(&vault)).expect("opens: nothing can name a slot of it");
+    reserve_keeping(&store, "short-keys-01", TOKEN);
+    assert_eq!(kept(&unseal(&store, &key("short-keys-01"))), Some(TOKEN));
+    store.shutdown().expect("shutdown");
+}
