@@ -501,26 +501,33 @@ fn erase_unreferenced(conn: &Connection, candidates: Option<&[u64]>) -> Result<u
         return Ok(0);
     };
     let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
-    let referenced: HashSet<i64> = tx
-        .prepare("SELECT slot FROM vault WHERE slot IS NOT NULL")?
-        .query_map([], |row| row.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    let every: Vec<u64>;
-    let candidates = match candidates {
-        Some(slots) => slots,
+    // A few slots after a commit: one indexed lookup each (`vault_by_slot`). Every slot (a
+    // sweep): the set of those in use, read once.
+    let (candidates, in_use): (Vec<u64>, Option<HashSet<i64>>) = match candidates {
+        Some(slots) => (slots.to_vec(), None),
         None => {
-            every = (0..keys.slots()?).collect();
-            &every
+            let in_use = tx
+                .prepare("SELECT slot FROM vault WHERE slot IS NOT NULL")?
+                .query_map([], |row| row.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            ((0..keys.slots()?).collect(), Some(in_use))
         }
     };
+    let mut named = tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM vault WHERE slot = ?1)")?;
+    let held = keys.slots()?;
     let mut erased = 0;
-    for &slot in candidates {
-        let used = i64::try_from(slot).is_ok_and(|slot| referenced.contains(&slot));
-        if !used && slot < keys.slots()? && !keys.is_zero(slot)? {
+    for slot in candidates {
+        let stored = i64::try_from(slot).map_err(|_| Error::corrupt(0, format!("a vault slot {slot}")))?;
+        let used = match &in_use {
+            Some(in_use) => in_use.contains(&stored),
+            None => named.query_row([stored], |row| row.get(0))?,
+        };
+        if !used && slot < held && !keys.is_zero(slot)? {
             keys.write(slot, &[0u8; SLOT_BYTES])?;
             erased += 1;
         }
     }
+    drop(named);
     if erased > 0 {
         keys.sync()?;
     }
