@@ -72,17 +72,20 @@ fn keys_create_and_serve_create_the_log_owner_only() {
 }
 
 /// Runs `binary` with `args` under a 4 GiB address-space limit (`ulimit -v`): a read without
-/// bound of `/dev/zero` dies of it within seconds instead of exhausting the machine.
+/// bound of `/dev/zero` dies of it within seconds instead of exhausting the machine. Its
+/// stdin is `/dev/zero` too.
 fn run_bounded(binary: &str, args: &[&str]) -> (i32, String) {
     let mut script = String::from("ulimit -v 4194304; exec \"$0\"");
     for index in 1..=args.len() {
         script.push_str(&format!(" \"${{{index}}}\""));
     }
+    let zeros = std::fs::File::open("/dev/zero").expect("/dev/zero");
     let output = Command::new("sh")
         .arg("-c")
         .arg(script)
         .arg(binary)
         .args(args)
+        .stdin(zeros)
         .env_remove("KEEL_PROVIDER_URL")
         .env_remove("KEEL_DB")
         .env_remove("KEEL_POLICY")
@@ -123,7 +126,9 @@ fn every_file_named_on_the_command_line_is_read_up_to_its_bound_and_refused_past
     let cases: Vec<(&str, Vec<&str>)> = vec![
         (zero, [&provider[..], &["charge", "--input", zero]].concat()),
         (zero, [&provider[..], &["refund", "--input", zero]].concat()),
+        ("stdin", [&provider[..], &["charge", "--input", "-"]].concat()),
         (zero, vec!["facts", "apply", "conv-1", "--message", "a=b", "--candidates", zero]),
+        ("stdin", vec!["facts", "apply", "conv-1", "--message", "a=b", "--candidates", "-"]),
         (zero, [&provider[..], &["agent", "run", "support", "--transcript", zero]].concat()),
         (zero, vec!["agent", "run", "ticket-review", "--transcript", zero]),
         (zero, [&provider[..], &["agent", "run", "support", "--scenario", "refund", "--ticket", zero]].concat()),
