@@ -39,16 +39,16 @@
 //! - a new entry's slot is written and fsynced inside the transaction, before its commit, in
 //!   a slot no entry references *and* that holds zeros (else at the end of the file): a slot
 //!   whose row this transaction deleted still holds its key until the commit;
-//! - a shredded entry's slot is zeroed after the commit that deleted its row ([`erase_freed`],
+//! - a shredded entry's slot is zeroed after the commit that deleted its row (`erase_freed`,
 //!   called by the writer before it answers), in a transaction of its own under the write lock,
 //!   and only if no entry references it by then (another process may have taken it once
 //!   zeroed by a sweep);
 //! - every write to the keys file happens under SQLite's write lock (the writer's
-//!   transaction, or an `IMMEDIATE` one of [`erase_freed`], [`sweep`], [`rotate`] or
+//!   transaction, or an `IMMEDIATE` one of `erase_freed`, `sweep`, [`rotate`] or
 //!   [`purge`]), so two processes never take or erase a slot at once.
 //!
 //! A crash (or a rolled-back batch) between a slot's write and its commit, or between a commit
-//! and its erasure, leaves a slot no entry references still holding a key: the next [`sweep`]
+//! and its erasure, leaves a slot no entry references still holding a key: the next `sweep`
 //! zeroes it (every writer runs one at open and after a failed batch). A crash never leaves an
 //! entry without its key. The keys file, like the log, is readable by its owner only.
 //!
