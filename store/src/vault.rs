@@ -629,7 +629,7 @@ fn write_connection(path: &Path) -> Result<Connection> {
 /// Re-encrypts every entry under a fresh data key sealed under `new`, and the key check value
 /// under `new`, in one transaction: either every entry is readable under `new` afterwards, or
 /// nothing changed. The new data keys go to slots above every slot in use, so the old ones
-/// stand until the commit; the old slots are erased after it ([`sweep`]).
+/// stand until the commit; the old slots are erased after it (`sweep`).
 ///
 /// # Errors
 ///
@@ -681,7 +681,7 @@ fn rotate_in(conn: &mut Connection, old: &VaultKey, new: &VaultKey) -> Result<Ro
 }
 
 /// Shreds every entry kept before `before`: the rows deleted in one transaction, then their
-/// slots zeroed ([`erase_freed`]); returns how many.
+/// slots zeroed (`erase_freed`); returns how many.
 ///
 /// # Errors
 ///
