@@ -754,8 +754,9 @@ fn support_script(sources: Sources<'_>, model: &crate::ModelArgs) -> Result<Scri
     let known: Vec<&str> = support_agent::Scenario::ALL.iter().map(|s| s.name()).collect();
     let ticket = match sources.ticket {
         Some(path) => {
-            let text =
-                std::fs::read_to_string(path).map_err(|e| format!("cannot read ticket {}: {e}", path.display()))?;
+            let text = std::fs::File::open(path)
+                .and_then(|file| engine::limits::read_text_at_most(file, engine::limits::TICKET_FILE_MAX_BYTES))
+                .map_err(|e| format!("cannot read ticket {}: {e}", path.display()))?;
             let case = support_agent::Case::parse(&text).map_err(|e| format!("--ticket {}: {e}", path.display()))?;
             Some(Box::new(case))
         }

@@ -25,7 +25,8 @@ pub enum Location {
 }
 
 /// A `postgres://` (or `postgresql://`) URL. Its `Display` and `Debug` name the server and
-/// database (`postgres://USER@HOST:PORT/DATABASE`) without the password.
+/// database without the password: `***` stands for the one after `USER:` and for the value
+/// of every parameter of the query that names one (`?password=…`, as libpq takes it too).
 #[derive(Clone, PartialEq, Eq)]
 pub struct PgUrl {
     scheme: String,
@@ -39,7 +40,7 @@ pub struct PgUrl {
 
 impl PgUrl {
     /// Parses `text`; `Err` says what is wrong, never quoting the password.
-    fn parse(text: &str) -> Result<Self, String> {
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
         let (scheme, rest) = text
             .split_once("://")
             .filter(|(scheme, _)| ["postgres", "postgresql"].contains(scheme))
@@ -87,7 +88,7 @@ impl PgUrl {
 
     /// The full URL, password included: for the store's connections only, never printed.
     pub fn url(&self) -> String {
-        self.render(self.password.as_deref())
+        self.render(Password::Kept)
     }
 
     /// `HOST:PORT`.
@@ -106,28 +107,52 @@ impl PgUrl {
         Self { host: host.to_owned(), port, ..self.clone() }
     }
 
-    fn render(&self, password: Option<&str>) -> String {
+    fn render(&self, password: Password) -> String {
         let mut text = format!("{}://", self.scheme);
         if let Some(user) = &self.user {
             text.push_str(user);
-            if let Some(password) = password {
+            if let Some(kept) = &self.password {
                 text.push(':');
-                text.push_str(password);
+                text.push_str(match password {
+                    Password::Kept => kept,
+                    Password::Hidden => "***",
+                });
             }
             text.push('@');
         }
         text.push_str(&format!("{}:{}/{}", self.host, self.port, self.database));
         if let Some(query) = &self.query {
             text.push('?');
-            text.push_str(query);
+            match password {
+                Password::Kept => text.push_str(query),
+                Password::Hidden => text.push_str(&hidden_query(query)),
+            }
         }
         text
     }
 }
 
+/// Whether a rendering of a [`PgUrl`] keeps its password (for the store) or hides it.
+#[derive(Clone, Copy)]
+enum Password {
+    Kept,
+    Hidden,
+}
+
+/// `query` with the value of every parameter whose name says `password` (`password`,
+/// libpq's `sslpassword`; whatever its case and percent-encoding) replaced by `***`.
+fn hidden_query(query: &str) -> String {
+    let hidden = query.split('&').map(|pair| {
+        let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+        let decoded = form_urlencoded::parse(name.as_bytes()).next().map(|(name, _)| name.to_ascii_lowercase());
+        if decoded.is_some_and(|name| name.contains("password")) { format!("{name}=***") } else { pair.to_owned() }
+    });
+    hidden.collect::<Vec<_>>().join("&")
+}
+
 impl fmt::Display for PgUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.render(self.password.as_ref().map(|_| "***")))
+        f.write_str(&self.render(Password::Hidden))
     }
 }
 
@@ -160,11 +185,16 @@ fn parse_store(text: &str) -> Result<Location, String> {
     Err(format!("--store {:?} is not a store: it must be {ACCEPTED}", shown(text)))
 }
 
-/// A value as it may be quoted back: the part after `@` only when it may hold a password.
+/// A value as it may be quoted back: the part after `@` only when it may hold a password, and
+/// nothing of a query (`?password=…`).
 fn shown(text: &str) -> String {
+    let (text, query) = match text.split_once('?') {
+        Some((text, _)) => (text, "?…"),
+        None => (text, ""),
+    };
     match text.rsplit_once('@') {
-        Some((_, host)) => format!("…@{host}"),
-        None => text.to_owned(),
+        Some((_, host)) => format!("…@{host}{query}"),
+        None => format!("{text}{query}"),
     }
 }
 
@@ -219,6 +249,20 @@ mod tests {
         assert_eq!(format!("{url:?}"), "PgUrl(postgres://keel:***@db.example:6543/ledger?sslmode=disable)");
         assert_eq!(url.url(), "postgres://keel:s3cret@db.example:6543/ledger?sslmode=disable");
         assert_eq!(url.server(), "db.example:6543");
+        let Ok(Location::Postgres(query)) = locate(
+            Some(
+                "postgres://keel@h/k?sslmode=disable&password=s3cret&PassWord=s3cret&pass%77ord=s3cret&sslpassword=s3cret",
+            ),
+            None,
+        ) else {
+            panic!("a postgres URL")
+        };
+        assert_eq!(
+            format!("{query} {query:?}"),
+            "postgres://keel@h:5432/k?sslmode=disable&password=***&PassWord=***&pass%77ord=***&sslpassword=*** \
+             PgUrl(postgres://keel@h:5432/k?sslmode=disable&password=***&PassWord=***&pass%77ord=***&sslpassword=***)"
+        );
+        assert!(query.url().ends_with("&password=s3cret&PassWord=s3cret&pass%77ord=s3cret&sslpassword=s3cret"));
         assert_eq!(url.with_database("other").url(), "postgres://keel:s3cret@db.example:6543/other?sslmode=disable");
         let Ok(Location::Postgres(plain)) = locate(Some("postgresql://h/k"), None) else { panic!("a postgres URL") };
         assert_eq!((plain.server(), plain.url()), ("h:5432".to_owned(), "postgresql://h:5432/k".to_owned()));

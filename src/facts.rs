@@ -13,7 +13,7 @@ use engine::event::Cause;
 use engine::facts::{Candidate, Conversation, ConversationId, Ticket};
 use engine::log::{Ask, Asking as _, EventLog, LogError};
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// `keel facts …`.
 #[derive(Subcommand, Debug)]
@@ -116,11 +116,7 @@ fn parse(conversation: &str, ticket: Option<&str>) -> Result<(ConversationId, Op
 }
 
 fn read_candidates(path: &str) -> Result<Vec<Candidate>, String> {
-    let text = if path == "-" {
-        std::io::read_to_string(std::io::stdin()).map_err(|e| format!("cannot read stdin: {e}"))?
-    } else {
-        std::fs::read_to_string(PathBuf::from(path)).map_err(|e| format!("cannot read {path}: {e}"))?
-    };
+    let text = crate::ops::read_request(path)?;
     let value =
         engine::canonical::parse_strict(&text).map_err(|e| format!("--candidates {path}: not strict JSON: {e}"))?;
     engine::canonical::decode(value).map_err(|e| format!("--candidates {path}: {e}"))

@@ -15,6 +15,7 @@
 //! must all be stopped before a migration; on PostgreSQL every run starts unleased and the
 //! first worker to claim it reconciles what was in flight.
 
+use crate::backend::PgUrl;
 use crate::output::{Failure, Outcome, Output, exit, plural};
 use chrono::{DateTime, Utc};
 use engine::event::{IntentKey, RunId, StreamId};
@@ -27,12 +28,21 @@ use store_postgres::{Import, PgReader, Source, Start};
 const NAMES_PAGE: usize = 1_000;
 
 /// What `keel migrate` was asked.
-#[derive(Debug)]
 pub struct Args {
-    /// The target database's URL.
+    /// The target database's URL, as given (password included: only [`run`] reads it, as a
+    /// [`PgUrl`]).
     pub to: String,
     /// Migrate a log whose vault holds payment methods, leaving them behind.
     pub without_vault: bool,
+}
+
+impl std::fmt::Debug for Args {
+    /// The target as a [`PgUrl`] shows it (its password hidden), or nothing of it when it is
+    /// not one.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let to = PgUrl::parse(&self.to).map_or_else(|_| "(not a postgres:// URL)".to_owned(), |url| url.to_string());
+        f.debug_struct("Args").field("to", &to).field("without_vault", &self.without_vault).finish()
+    }
 }
 
 /// The `--json` summary.
@@ -57,39 +67,27 @@ struct Summary {
     events_per_second: f64,
 }
 
-/// `url` with its password replaced by `***`, for every message.
-pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((user_info, host)) if user_info.contains(':') => {
-            let user = user_info.split(':').next().unwrap_or_default();
-            format!("{scheme}://{user}:***@{host}{path}")
-        }
-        _ => url.to_owned(),
-    }
-}
-
-fn target_error(to: &str, error: &store_postgres::Error) -> Failure {
+fn target_error(to: &PgUrl, error: &store_postgres::Error) -> Failure {
     use store_postgres::Error;
     match error {
         Error::NotEmpty { .. } | Error::OtherImport { .. } | Error::Imported { .. } => {
-            Failure::Usage(format!("{}: {error}; nothing written", redacted(to)))
+            Failure::Usage(format!("{to}: {error}; nothing written"))
         }
-        Error::Postgres(_) => Failure::Usage(format!("cannot migrate into {}: {error}", redacted(to))),
-        _ => Failure::Internal(format!("migrating into {}: {error}", redacted(to))),
+        Error::Postgres(_) => Failure::Usage(format!("cannot migrate into {to}: {error}")),
+        _ => Failure::Internal(format!("migrating into {to}: {error}")),
     }
 }
 
 /// Runs `keel migrate` from the log at `db`.
 pub fn run(db: &Path, args: &Args, out: &Output, now: &dyn Fn() -> DateTime<Utc>) -> Outcome {
-    if !(args.to.starts_with("postgres://") || args.to.starts_with("postgresql://")) {
-        return Err(Failure::Usage(format!(
-            "--to takes a postgres:// URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE), not {}",
-            redacted(&args.to)
-        )));
-    }
+    let Ok(to) = PgUrl::parse(&args.to) else {
+        // Not quoted: what is not a URL may still hold its password.
+        return Err(Failure::Usage(
+            "--to takes a postgres:// URL naming its server and one database \
+             (postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE)"
+                .to_owned(),
+        ));
+    };
     let started = Instant::now();
     let reader = store::Reader::open(db)
         .map_err(|e| Failure::Internal(format!("cannot read the event log {}: {e}", db.display())))?;
@@ -103,7 +101,7 @@ pub fn run(db: &Path, args: &Args, out: &Output, now: &dyn Fn() -> DateTime<Utc>
         )));
     }
     let source = verify_source(&reader, out)?;
-    let (mut import, start) = Import::begin(&args.to, &source, now()).map_err(|e| target_error(&args.to, &e))?;
+    let (mut import, start) = Import::begin(&to.url(), &source, now()).map_err(|e| target_error(&to, &e))?;
     let resumed = matches!(start, Start::Resumed(_));
     let before = import.provenance().copied_events;
     if let Start::Resumed(found) = &start {
@@ -113,9 +111,9 @@ pub fn run(db: &Path, args: &Args, out: &Output, now: &dyn Fn() -> DateTime<Utc>
             found.source_events
         );
     }
-    copy(&reader, &mut import, &args.to, source.events, out)?;
-    let pg = check_target(&reader, &args.to, &source)?;
-    let provenance = import.finish(now()).map_err(|e| target_error(&args.to, &e))?;
+    copy(&reader, &mut import, &to, source.events, out)?;
+    let pg = check_target(&reader, &to, &source)?;
+    let provenance = import.finish(now()).map_err(|e| target_error(&to, &e))?;
     if vault_entries > 0 {
         errln!("keel: {} of the SQLite vault not migrated (--without-vault)", plural(vault_entries, "payment method"));
     }
@@ -123,7 +121,7 @@ pub fn run(db: &Path, args: &Args, out: &Output, now: &dyn Fn() -> DateTime<Utc>
     let copied_events = provenance.copied_events - before;
     let summary = Summary {
         status: "migrated",
-        to: redacted(&args.to),
+        to: to.to_string(),
         resumed,
         events: pg.events,
         streams: pg.streams,
@@ -192,7 +190,7 @@ fn walk(
 }
 
 /// Copies every stream not yet copied, runs first, each pass in name order, and commits.
-fn copy(reader: &store::Reader, import: &mut Import, to: &str, total: u64, out: &Output) -> Result<(), Failure> {
+fn copy(reader: &store::Reader, import: &mut Import, to: &PgUrl, total: u64, out: &Output) -> Result<(), Failure> {
     let progress = out.progress(total, "migrate: copying events");
     progress.set(import.provenance().copied_events);
     let cursor = import.provenance().cursor.clone().map(StreamId::from_stored);
@@ -224,9 +222,9 @@ struct Page {
 }
 
 /// PostgreSQL's `verify`, then both sides compared: counts, and every intent's and run's row.
-fn check_target(reader: &store::Reader, to: &str, source: &Source) -> Result<store_postgres::VerifyReport, Failure> {
+fn check_target(reader: &store::Reader, to: &PgUrl, source: &Source) -> Result<store_postgres::VerifyReport, Failure> {
     let unreachable = |e: store_postgres::Error| target_error(to, &e);
-    let mut pg = PgReader::open(to).map_err(unreachable)?;
+    let mut pg = PgReader::open(&to.url()).map_err(unreachable)?;
     let report = pg.verify().map_err(unreachable)?;
     if let Some(first) = report.first_mismatch() {
         return Err(Failure::Internal(format!(

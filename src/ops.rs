@@ -14,20 +14,29 @@ use engine::ledger::{Intent, IntentStatus};
 use engine::log::{Ask, Asking, IntentAnswer, LogError};
 use engine::policy::{PolicyStamp, Rules};
 use serde_json::{Map, Value, json};
-use std::io::Read as _;
 use std::path::Path;
+
+/// The request in `path` (`-`: stdin), read up to
+/// `engine::limits::REQUEST_FILE_MAX_BYTES`.
+///
+/// # Errors
+///
+/// Which file could not be read, and why (too large, not UTF-8, the system's reason).
+pub fn read_request(path: &str) -> Result<String, String> {
+    let max = engine::limits::REQUEST_FILE_MAX_BYTES;
+    let read = if path == "-" {
+        engine::limits::read_text_at_most(std::io::stdin(), max)
+    } else {
+        std::fs::File::open(path).and_then(|file| engine::limits::read_text_at_most(file, max))
+    };
+    read.map_err(|e| if path == "-" { format!("cannot read stdin: {e}") } else { format!("cannot read {path}: {e}") })
+}
 
 /// Builds a workflow input from flags or `--input FILE|-`.
 pub fn effect_input(args: &EffectArgs, payment_method_token: Option<&str>) -> Result<Value, String> {
     let mut input = match &args.input {
         Some(path) => {
-            let text = if path == "-" {
-                let mut text = String::new();
-                std::io::stdin().read_to_string(&mut text).map_err(|e| format!("cannot read stdin: {e}"))?;
-                text
-            } else {
-                std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?
-            };
+            let text = read_request(path)?;
             // Strict: `{"amount_minor":100,"amount_minor":999999}` is refused, never read as its
             // last value.
             engine::canonical::parse_strict(&text).map_err(|e| format!("--input {path} is not strict JSON: {e}"))?

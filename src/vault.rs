@@ -116,7 +116,9 @@ fn read_key_file(path: &Path) -> Result<VaultKey, String> {
         ));
     }
     let text = Zeroizing::new(
-        std::fs::read_to_string(path).map_err(|e| format!("cannot read the vault key file {shown}: {e}"))?,
+        std::fs::File::open(path)
+            .and_then(|file| engine::limits::read_text_at_most(file, engine::limits::VAULT_KEY_FILE_MAX_BYTES))
+            .map_err(|e| format!("cannot read the vault key file {shown}: {e}"))?,
     );
     decode(&text, &format!("the vault key file {shown}"))
 }

@@ -40,6 +40,70 @@ pub const EFFECT_AMOUNT_DEFAULT_MAX_MINOR: i64 = RUN_COST_DEFAULT_MINOR;
 /// [`POLICY_TENANTS_MAX`] tenant sections fits in a few hundred KiB. Enforced by the binary.
 pub const POLICY_FILE_MAX_BYTES: u64 = 1 << 20;
 
+/// Largest vault key file the binary reads (`--vault-key-file`, `keel vault rotate
+/// --new-key-file`): a key is 44 base64 characters; the rest is room for a newline and
+/// spaces. Enforced by the binary through [`read_at_most`].
+pub const VAULT_KEY_FILE_MAX_BYTES: u64 = 4 * 1024;
+
+/// Largest request the binary reads from `--input FILE|-` (a charge or refund as JSON) or
+/// `keel facts decide --candidates FILE|-`: what it holds becomes one event's payload, so four
+/// times [`EVENT_PAYLOAD_MAX_BYTES`] leaves room for indentation and the event's own bound
+/// then applies. Enforced by the binary through [`read_at_most`].
+pub const REQUEST_FILE_MAX_BYTES: u64 = 256 * 1024;
+
+/// Largest support ticket file the binary reads (`keel agent run --ticket`): a ticket's text
+/// is at most [`SUPPORT_TICKET_TEXT_MAX_BYTES`]; the rest is room for its order and JSON.
+/// Enforced by the binary through [`read_at_most`].
+pub const TICKET_FILE_MAX_BYTES: u64 = 64 * 1024;
+
+/// Largest model transcript read (`keel agent run --transcript`, the scripted transport): a
+/// run makes at most [`AGENT_MODEL_CALLS_MAX`] calls of at most [`AGENT_ANSWER_MAX_BYTES`]
+/// each, about 48 MiB; a transcript longer than that cannot be played to its end. Enforced by
+/// `adapters::model::Transcript::from_file` through [`read_at_most`].
+pub const TRANSCRIPT_FILE_MAX_BYTES: u64 = 64 << 20;
+
+/// Largest PEM file `keel serve --tls-cert`/`--tls-key` reads: a chain of a few certificates
+/// and a key are a few KiB. Enforced by the binary through [`read_at_most`].
+pub const TLS_PEM_FILE_MAX_BYTES: u64 = 1 << 20;
+
+/// Largest fault plan the simulator reads (`keel-provider-sim serve --faults`): a plan is a
+/// handful of rules. Enforced by `FaultPlan::load` through [`read_at_most`].
+pub const FAULT_PLAN_FILE_MAX_BYTES: u64 = 1 << 20;
+
+/// Reads `reader` to its end when it holds at most `max_bytes`, and refuses it otherwise: it
+/// reads one byte past the bound and never the rest, so `/dev/zero`, a FIFO or a file that
+/// grows ends the read at once (a length from metadata is not trusted: devices and FIFOs have
+/// none). Every file Keel is handed is read through it or [`read_text_at_most`], each kind with
+/// its bound above (and [`POLICY_FILE_MAX_BYTES`]). The caller opens the file and names it in
+/// its message: this does no I/O of its own, it only drives the reader it is given.
+///
+/// # Errors
+///
+/// The reader's, or one of kind [`std::io::ErrorKind::FileTooLarge`] saying the bound.
+pub fn read_at_most(reader: impl std::io::Read, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    reader.take(max_bytes.saturating_add(1)).read_to_end(&mut bytes)?;
+    if u64::try_from(bytes.len()).map_or(true, |read| read > max_bytes) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::FileTooLarge,
+            format!("it holds more than {max_bytes} bytes, the most read from such a file"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// [`read_at_most`], as UTF-8 text.
+///
+/// # Errors
+///
+/// [`read_at_most`]'s, or one of kind [`std::io::ErrorKind::InvalidData`] for bytes that are
+/// not UTF-8.
+pub fn read_text_at_most(reader: impl std::io::Read, max_bytes: u64) -> std::io::Result<String> {
+    String::from_utf8(read_at_most(reader, max_bytes)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "it is not UTF-8 text"))
+}
+
 /// Most tenant sections in one policy, so resolving a policy stays a small map lookup and a
 /// policy file stays reviewable. Enforced by `Policy::from_document`.
 pub const POLICY_TENANTS_MAX: usize = 10_000;
@@ -753,3 +817,25 @@ const _: () = assert!(AGENT_TOOL_RESULT_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
 const _: () = assert!(AGENT_TOOL_ARGUMENTS_MAX_BYTES < EVENT_PAYLOAD_MAX_BYTES);
 const _: () = assert!(MODEL_HTTP_TIMEOUT_DEFAULT_MS < AGENT_DEADLINE_DEFAULT_MS);
 const _: () = assert!(MODEL_HTTP_CONNECT_TIMEOUT_DEFAULT_MS < MODEL_HTTP_TIMEOUT_DEFAULT_MS);
+const _: () = assert!(REQUEST_FILE_MAX_BYTES > EVENT_PAYLOAD_MAX_BYTES as u64);
+const _: () = assert!(TICKET_FILE_MAX_BYTES > SUPPORT_TICKET_TEXT_MAX_BYTES as u64);
+const _: () = assert!(TRANSCRIPT_FILE_MAX_BYTES > AGENT_MODEL_CALLS_MAX as u64 * AGENT_ANSWER_MAX_BYTES as u64);
+
+#[cfg(test)]
+mod read_tests {
+    use super::{read_at_most, read_text_at_most};
+
+    #[test]
+    fn a_reader_is_read_whole_up_to_its_bound_and_refused_one_byte_past_it() {
+        assert_eq!(read_at_most(&b"four"[..], 4).expect("at the bound"), b"four");
+        assert_eq!(read_at_most(&b""[..], 0).expect("empty"), b"");
+        let past = read_at_most(&b"five!"[..], 4).expect_err("one byte past the bound");
+        assert_eq!(past.kind(), std::io::ErrorKind::FileTooLarge);
+        assert!(past.to_string().contains("more than 4 bytes"), "{past}");
+        // An endless reader, like /dev/zero: refused after bound + 1 bytes, not read to its end.
+        let endless = read_at_most(std::io::repeat(0), 1 << 16).expect_err("endless");
+        assert_eq!(endless.kind(), std::io::ErrorKind::FileTooLarge);
+        let not_text = read_text_at_most(&[0xff, 0xfe][..], 4).expect_err("not UTF-8");
+        assert_eq!(not_text.kind(), std::io::ErrorKind::InvalidData);
+    }
+}

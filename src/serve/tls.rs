@@ -66,7 +66,9 @@ pub enum TlsError {
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Unreadable { what, path: path.to_owned(), source })
+    std::fs::File::open(path)
+        .and_then(|file| engine::limits::read_at_most(file, engine::limits::TLS_PEM_FILE_MAX_BYTES))
+        .map_err(|source| TlsError::Unreadable { what, path: path.to_owned(), source })
 }
 
 impl Tls {

@@ -2,8 +2,9 @@
 //!
 //! The log is one SQLite file in WAL mode holding an append-only, hash-chained table of
 //! events (the ground truth) and two projections derived from them, `intents` and `runs`,
-//! written in the same transaction as the events that change them. `store/FORMAT.md`
-//! specifies the stored format in prose.
+//! written in the same transaction as the events that change them. With a payment-method
+//! vault, `<log>-vault-keys` beside it holds the entries' data keys ([`vault`]). Every file is
+//! created readable by its owner only. `store/FORMAT.md` specifies the stored format in prose.
 //!
 //! Main types:
 //!

@@ -491,6 +491,21 @@ const V10: &str = r#"
 ALTER TABLE run_facts ADD COLUMN cost_unknown INTEGER NOT NULL DEFAULT 0 CHECK (cost_unknown IN (0, 1));
 "#;
 
+/// Version 11: per-entry data keys for the vault (`store::vault`, "Shredding"). An entry kept
+/// from now on is sealed under a random data key of its own, itself sealed under the vault key
+/// in a slot of the keys file beside the log, which shredding zeroes in place: a deleted
+/// entry's bytes lingering in free pages or the WAL then open under no key. Entries already
+/// there keep no slot and stay sealed under the vault key itself (`keel vault rotate` gives
+/// them one).
+const V11: &str = r#"
+-- The slot of the entry's data key in the keys file (`<log>-vault-keys`); NULL for an entry
+-- kept before version 11, sealed under the vault key itself.
+ALTER TABLE vault ADD COLUMN slot INTEGER CHECK (slot >= 0);
+-- One entry per slot. Serves the free-slot search of `keep` (the lowest slot no entry holds)
+-- and the slots `sweep` must keep.
+CREATE UNIQUE INDEX vault_by_slot ON vault (slot) WHERE slot IS NOT NULL;
+"#;
+
 /// One forward migration: its SQL, then what it must compute in Rust.
 pub struct Migration {
     /// The statements.
@@ -511,6 +526,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { sql: V8, then: Some(crate::rebuild::wake_timers) },
     Migration { sql: V9, then: None },
     Migration { sql: V10, then: Some(crate::metrics::backfill_cost_unknown) },
+    Migration { sql: V11, then: None },
 ];
 
 /// The schema version this build writes and reads.
@@ -535,6 +551,7 @@ pub const WAL_AUTOCHECKPOINT_PAGES: u32 = 4_000;
 
 /// Opens the writer's connection: creates the file if needed, sets every PRAGMA, migrates.
 pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> {
+    create_owner_only(path);
     let mut conn = Connection::open(path)?;
     // Wait for another process's write lock instead of failing at once: two `Store`s on one
     // file take turns per batch.
@@ -565,6 +582,11 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
     // Enforce every `REFERENCES`: an event names a stream and an actor that exist, an entity
     // row names its stream and run. The default depends on how SQLite was compiled (off in stock builds), so say it.
     conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Overwrite deleted content with zeros: a shredded vault entry, a revoked key's row, must
+    // not linger in a page's free space or on the freelist, where the next reader of the file
+    // finds it. Off in stock builds. Every connection that deletes goes through here (the
+    // writer, `keel vault rotate|purge`); the WAL's old frames are `store::vault`'s concern.
+    conn.pragma_update(None, "secure_delete", "ON")?;
     // Checkpoints normally run on their own thread (`checkpoint.rs`), not inside the
     // writer's COMMIT. This inline one is the bound for when that thread falls behind: at
     // WAL_AUTOCHECKPOINT_PAGES the commit checkpoints itself, as SQLite does by default at 1000.
@@ -582,6 +604,22 @@ pub(crate) fn open_writer(path: &Path, options: &Options) -> Result<Connection> 
         },
     )?;
     Ok(conn)
+}
+
+/// Creates the database file `path`, empty and readable by its owner only (0600), unless it
+/// exists. SQLite would create it 0644 (less the umask) and gives the `-wal` and `-shm` it
+/// creates the database's mode, while the log holds every payment event, the vault and the
+/// API keys' hashes: the mode is set here, before SQLite's first byte. An empty file is an
+/// empty database to SQLite. A file that exists keeps the mode its owner gave it; one that
+/// cannot be created here (no such directory) is left to SQLite's open, whose error says so.
+fn create_owner_only(path: &Path) {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let created = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path);
+    if let Err(error) = created
+        && error.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        tracing::debug!(%error, path = %path.display(), "the log's file was not created owner-only beforehand");
+    }
 }
 
 /// Runs `work`, whose first statement asks for the write lock, again while another process

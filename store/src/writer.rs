@@ -242,6 +242,15 @@ impl Store {
                 },
             )?;
         }
+        // Data keys a crash left in the vault's keys file without their commit are erased
+        // before anything else runs (`vault`, "Ordering and crashes").
+        schema::with_write_lock_patience(
+            options.write_lock_patience_ms,
+            || vault::sweep(&conn),
+            |detail| {
+                tracing::warn!(%detail, "another process holds the event log's write lock while the vault is swept");
+            },
+        )?;
         let (chain, recorded) = chain::open_checked(&conn)?;
         tracing::info!(path = %path.display(), last_seq = chain.last_seq, recorded, "store opened");
         let (sender, receiver) = mpsc::channel(WRITER_CHANNEL_CAPACITY);
@@ -264,6 +273,7 @@ impl Store {
             write_lock_patience_ms: options.write_lock_patience_ms,
             owner_probe: Arc::clone(&options.owner_probe),
             vault: options.vault.clone(),
+            freed_slots: RefCell::new(Vec::new()),
         };
         let thread =
             std::thread::Builder::new().name("keel-store-writer".to_owned()).spawn(move || writer.run(receiver))?;
@@ -394,6 +404,10 @@ struct Writer {
     owner_probe: Arc<dyn OwnerProbe>,
     /// The vault's key, checked at open: reservations' payment methods are sealed with it.
     vault: Option<VaultKey>,
+    /// The slots of the vault entries the batch deleted: their data keys are zeroed once the
+    /// deletion is committed (`vault`, "Ordering and crashes"), or at a later batch when that
+    /// failed.
+    freed_slots: RefCell<Vec<u64>>,
 }
 
 impl Writer {
@@ -470,6 +484,12 @@ impl Writer {
         }
         self.cache.borrow_mut().clear();
         self.actors.clear();
+        // A data key the rolled-back batch wrote for a reservation is referenced by no entry;
+        // the entries it deleted are still there. The sweep zeroes every key no entry needs.
+        self.freed_slots.borrow_mut().clear();
+        if let Err(error) = vault::sweep(&self.conn) {
+            tracing::error!(%error, "erasing the vault's unreferenced data keys after a failed batch failed; the next open retries");
+        }
         match codec::head(&self.conn) {
             Ok((last_seq, last_hash)) => {
                 self.chain = Chain { last_seq, last_hash };
@@ -512,6 +532,7 @@ impl Writer {
         if self.chain.last_seq >= self.recorded + VERIFIED_MARK_EVENTS {
             self.recorded = self.chain.last_seq;
         }
+        self.erase_freed_slots();
         if appended > 0 {
             // Durable, not acknowledged: callers never learn their commands succeeded.
             self.failpoints.hit(Point::AfterCommitBeforeAnswer);
@@ -524,6 +545,18 @@ impl Writer {
             self.counters.events.fetch_add(appended, Ordering::Relaxed);
         }
         Ok(decisions)
+    }
+
+    /// Zeroes the data keys of the vault entries deleted by the commits so far, before their
+    /// callers are answered: a final intent's payment method opens under no key once its
+    /// caller hears it is final. When that fails (another process held the write lock past the
+    /// busy timeout) the slots wait for the next batch, or for a sweep.
+    fn erase_freed_slots(&self) {
+        let slots = std::mem::take(&mut *self.freed_slots.borrow_mut());
+        if let Err(error) = vault::erase_freed(&self.conn, &slots) {
+            tracing::warn!(%error, slots = slots.len(), "zeroing the shredded vault entries' keys failed; the next batch retries");
+            self.freed_slots.borrow_mut().extend(slots);
+        }
     }
 
     /// `BEGIN IMMEDIATE`, asked again while another process holds the write lock, up to
@@ -607,7 +640,7 @@ impl Writer {
             if let Some((_, intent)) = store.intent(key)?
                 && intent.settled()
             {
-                vault::shred(&self.conn, key)?;
+                self.freed_slots.borrow_mut().extend(vault::shred(&self.conn, key)?);
             }
         }
         if let (Some(vault_key), Some(secret), Action::Reserve { spec, .. }) =

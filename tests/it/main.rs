@@ -16,6 +16,7 @@ mod crash;
 mod delegation;
 mod doors;
 mod facts;
+mod files;
 mod golden;
 mod hardening;
 mod kills;

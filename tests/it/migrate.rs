@@ -204,11 +204,15 @@ const SECOND_BATCH_HOLD: i64 = 4_242;
 
 /// Makes every progress update after the first batch's wait at [`SECOND_BATCH_HOLD`]: a
 /// batch past the first writes its events and rows, then stops inside its transaction until
-/// the lock is free. The schema is made first, as `keel migrate` would (the target stays
-/// empty: its tables hold no rows).
-fn hold_batches_after_the_first(url: &str) -> postgres::Client {
+/// the lock is free. The migration of `db` is begun first, as `keel migrate` begins it (its
+/// schema and its provenance row, nothing copied: the command then resumes it), since a
+/// target holding anything else is refused.
+fn hold_batches_after_the_first(db: &Path, url: &str) -> postgres::Client {
+    let report = store::Reader::open(db).expect("reads").verify().expect("verifies");
+    let source = Source { head_hash: report.last_hash, events: report.events };
+    let at = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").expect("valid").to_utc();
+    drop(Import::begin(url, &source, at).expect("begins"));
     let mut client = postgres::Client::connect(url, postgres::NoTls).expect("connects");
-    store_postgres::schema::migrate(&mut client).expect("migrates");
     client
         .batch_execute(&format!(
             "CREATE FUNCTION test_hold_batch() RETURNS trigger LANGUAGE plpgsql AS $$ \
@@ -237,7 +241,7 @@ fn a_migrate_process_sigkilled_mid_batch_resumes_and_finishes_equal() {
     let batch = engine::limits::PG_IMPORT_BATCH_EVENTS as u64;
     assert!(source.events > 3 * batch, "several batches: {} events", source.events);
     let url = pg_url("migrate_sigkill");
-    let holder = hold_batches_after_the_first(&url);
+    let holder = hold_batches_after_the_first(&db, &url);
 
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
         .arg("--db")
@@ -354,4 +358,93 @@ fn a_log_whose_vault_holds_payment_methods_needs_without_vault() {
     assert_eq!(code, 0, "{summary} {stderr}");
     assert_eq!(summary["vault_entries_left"], 1);
     assert!(stderr.contains("1 payment method of the SQLite vault not migrated"), "{stderr}");
+}
+
+#[test]
+fn a_target_holding_a_table_of_another_application_is_refused_and_left_as_it_was() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (code, _, _) = keel(&db, Some(sim.url()), &charge_args("unrelated_table_charge", "4900"));
+    assert_eq!(code, 0);
+    for (label, setup, named) in [
+        ("migrate_unrelated_table", "CREATE TABLE unrelated (x int)", "public.unrelated"),
+        ("migrate_unrelated_schema", "CREATE SCHEMA app; CREATE SEQUENCE app.ids", "app.ids"),
+    ] {
+        let url = pg_url(label);
+        postgres::Client::connect(&url, postgres::NoTls).expect("connects").batch_execute(setup).expect("set up");
+        let (code, refused, stderr) = migrate(&db, &url, &[]);
+        assert_eq!(code, 64, "{refused} {stderr}");
+        assert!(
+            stderr.contains("not empty") && stderr.contains(named) && stderr.contains("nothing written"),
+            "{stderr}"
+        );
+        let mut client = postgres::Client::connect(&url, postgres::NoTls).expect("connects");
+        let keel_schema: bool =
+            client.query_one("SELECT to_regclass('keel_meta') IS NOT NULL", &[]).expect("reads").get(0);
+        assert!(!keel_schema, "{label}: nothing of Keel's schema was created");
+    }
+}
+
+/// Every output of `keel ARGS` (stdout and stderr, `--json` or not, at `RUST_LOG=trace`).
+fn outputs(args: &[&str]) -> String {
+    let mut all = String::new();
+    for json in [false, true] {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keel"));
+        command.env("RUST_LOG", "trace").env_remove("KEEL_PROVIDER_URL").env_remove("KEEL_DB").env_remove("KEEL_STORE");
+        if json {
+            command.arg("--json");
+        }
+        let mut child = command
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("keel runs");
+        // `serve` on a reachable database would run on: its start is all that is read.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while child.try_wait().expect("waits").is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let output = child.wait_with_output().expect("output");
+        all.push_str(&String::from_utf8_lossy(&output.stdout));
+        all.push_str(&String::from_utf8_lossy(&output.stderr));
+    }
+    all
+}
+
+#[test]
+fn a_password_in_a_postgres_url_is_never_printed_by_any_command() {
+    const SECRET: &str = "pw-never-printed-42";
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    let (code, _, _) = keel(&db, Some(sim.url()), &charge_args("password_url_charge", "4900"));
+    assert_eq!(code, 0);
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a port").local_addr().expect("bound").port();
+    let cluster = pg_url("migrate_password_printed");
+    let (server, database) = cluster.rsplit_once('/').expect("a database");
+    let real = server.trim_start_matches("postgres://postgres@");
+    let urls = [
+        format!("postgres://keel:{SECRET}@127.0.0.1:{port}/keel"),
+        format!("postgres://keel@127.0.0.1:{port}/keel?password={SECRET}"),
+        format!("postgresql://127.0.0.1:{port}/keel?sslmode=disable&password={SECRET}&port=x"),
+        // A real server, a role it does not know.
+        format!("postgres://intruder:{SECRET}@{real}/{database}"),
+        format!("postgres://intruder@{real}/{database}?password={SECRET}"),
+    ];
+    let db_arg = db.to_str().expect("a UTF-8 path");
+    for url in &urls {
+        let printed = [
+            outputs(&["--db", db_arg, "migrate", "--to", url]),
+            outputs(&["--store", url, "intents"]),
+            outputs(&["--store", url, "verify"]),
+            outputs(&["--store", url, "show", "charge:t:i"]),
+            outputs(&["--store", url, "--provider", sim.url(), "resume"]),
+            outputs(&["--store", url, "--provider", sim.url(), "serve", "--addr", "127.0.0.1:0"]),
+        ];
+        for text in printed {
+            assert!(!text.is_empty(), "{url}: every command says something");
+            assert!(!text.contains(SECRET), "the password of a URL was printed: {text}");
+        }
+    }
 }

@@ -317,7 +317,8 @@ impl FaultPlan {
 
     /// Reads and validates a plan file.
     pub fn load(path: &Path) -> Result<Self, PlanError> {
-        let text = std::fs::read_to_string(path)
+        let text = std::fs::File::open(path)
+            .and_then(|file| engine::limits::read_text_at_most(file, engine::limits::FAULT_PLAN_FILE_MAX_BYTES))
             .map_err(|source| PlanError::Io { path: path.display().to_string(), source })?;
         Self::from_json(&text)
     }

@@ -111,7 +111,8 @@ impl Transcript {
     /// Reads and parses a transcript file.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TranscriptError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path)
+        let text = std::fs::File::open(path)
+            .and_then(|file| engine::limits::read_text_at_most(file, engine::limits::TRANSCRIPT_FILE_MAX_BYTES))
             .map_err(|source| TranscriptError::Io { path: path.display().to_string(), source })?;
         Self::parse(&text)
     }

@@ -106,15 +106,38 @@ pub fn unfinished(client: &mut Client) -> Result<Option<Provenance>> {
     Ok(provenance(client)?.filter(|found| found.finished_at.is_none()))
 }
 
-/// What the log holds besides an import, said in words; `None` when it is empty.
+/// The first thing the target database holds, said in words (`the table public.unrelated`);
+/// `None` when it holds nothing: no table, view, sequence or index in any schema of its own,
+/// Keel's or another application's. PostgreSQL's own schemas (`pg_*`, `information_schema`)
+/// do not count.
 fn contents(tx: &mut Transaction<'_>) -> Result<Option<String>> {
-    for table in ["events", "intents", "runs", "leases"] {
-        let any: bool = tx.query_one(&format!("SELECT EXISTS (SELECT 1 FROM {table})"), &[])?.get(0);
-        if any {
-            return Ok(Some(format!("its {table} table has rows")));
-        }
-    }
-    Ok(None)
+    let found = tx.query_opt(
+        "SELECT n.nspname, c.relname, c.relkind::text FROM pg_class c \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema' \
+         ORDER BY n.nspname, c.relname LIMIT 1",
+        &[],
+    )?;
+    Ok(found.map(|row| {
+        let (schema, name, kind): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        let kind = match kind.as_str() {
+            "r" | "p" => "table",
+            "v" => "view",
+            "m" => "materialized view",
+            "S" => "sequence",
+            "i" | "I" => "index",
+            "f" => "foreign table",
+            _ => "relation",
+        };
+        format!("it holds the {kind} {schema}.{name}")
+    }))
+}
+
+/// Whether the target holds an import's provenance row (finished or not): then the import's
+/// own rules apply (resume the same source, refuse another or a finished one).
+fn holds_import(tx: &mut Transaction<'_>) -> Result<bool> {
+    let table: bool = tx.query_one("SELECT to_regclass('keel_provenance') IS NOT NULL", &[])?.get(0);
+    Ok(table && provenance(tx)?.is_some())
 }
 
 fn to_i64(n: u64) -> i64 {
@@ -133,9 +156,17 @@ impl Import {
     /// this one), [`Error::Imported`] for one whose import already finished; PostgreSQL's.
     pub fn begin(url: &str, source: &Source, now: DateTime<Utc>) -> Result<(Import, Start)> {
         let mut client = crate::writer::connect(url)?;
-        crate::schema::migrate(&mut client)?;
         let mut tx = client.transaction()?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&IMPORT_LOCK])?;
+        // Checked before Keel's schema is created, in the transaction that creates it and
+        // records the import: a target without an import of its own must hold nothing at all,
+        // and a failed start leaves it as it was.
+        if !holds_import(&mut tx)?
+            && let Some(what) = contents(&mut tx)?
+        {
+            return Err(Error::NotEmpty { what });
+        }
+        crate::schema::migrate_in(&mut tx)?;
         let start = match provenance(&mut tx)? {
             Some(found) if found.finished_at.is_some() => return Err(Error::Imported { found: Box::new(found) }),
             Some(found) if found.source_head != source.head_hash || found.source_events != source.events => {
@@ -143,9 +174,6 @@ impl Import {
             }
             Some(found) => Start::Resumed(found),
             None => {
-                if let Some(what) = contents(&mut tx)? {
-                    return Err(Error::NotEmpty { what });
-                }
                 tx.execute(
                     "INSERT INTO keel_provenance (id, source, source_head, source_events, copied_events, started_at) \
                      VALUES (1, 'sqlite', $1, $2, 0, $3)",

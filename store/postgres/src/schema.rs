@@ -118,6 +118,18 @@ pub(crate) const MIGRATIONS: &[&str] = &[
 /// [`Error::SchemaTooNew`] for a database migrated by a newer build, PostgreSQL's otherwise.
 pub fn migrate(client: &mut Client) -> Result<i64> {
     let mut tx = client.transaction()?;
+    let found = migrate_in(&mut tx)?;
+    tx.commit()?;
+    Ok(found)
+}
+
+/// [`migrate`] inside the caller's transaction, which commits it (an import checks the target
+/// and creates the schema in one transaction: all or none).
+///
+/// # Errors
+///
+/// As [`migrate`].
+pub(crate) fn migrate_in(tx: &mut postgres::Transaction<'_>) -> Result<i64> {
     // A fixed key of its own: no entity's lock hashes to a negative constant this small.
     tx.execute("SELECT pg_advisory_xact_lock(-7100)", &[])?;
     tx.batch_execute("CREATE TABLE IF NOT EXISTS keel_meta (schema_version bigint NOT NULL)")?;
@@ -137,7 +149,6 @@ pub fn migrate(client: &mut Client) -> Result<i64> {
         tx.execute("UPDATE keel_meta SET schema_version = $1", &[&version])?;
         tracing::info!(version, "postgres schema migrated");
     }
-    tx.commit()?;
     Ok(found)
 }
 

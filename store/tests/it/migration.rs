@@ -285,7 +285,7 @@ fn version_7_fills_the_metrics_rows_of_a_version_6_file_as_the_writer_writes_the
     raw.execute_batch(
         "DROP TABLE intent_facts; DROP TABLE run_facts; ALTER TABLE events DROP COLUMN cause_parent; \
          DROP INDEX runs_sleeping; DROP INDEX runs_awake; ALTER TABLE runs DROP COLUMN wake_at; \
-         PRAGMA user_version = 6;",
+         DROP INDEX vault_by_slot; ALTER TABLE vault DROP COLUMN slot; PRAGMA user_version = 6;",
     )
     .expect("back to v6");
     assert!(matches!(Reader::open(&fixture.path), Err(store::Error::SchemaTooOld { found: 6, .. })));
@@ -336,7 +336,8 @@ fn version_8_fills_the_fire_time_of_runs_waiting_on_a_timer_and_resume_reads_it(
     raw.execute_batch(
         "DROP INDEX runs_sleeping; DROP INDEX runs_awake; ALTER TABLE runs DROP COLUMN wake_at; \
          ALTER TABLE intent_facts DROP COLUMN refused; ALTER TABLE intent_facts DROP COLUMN tool; \
-         ALTER TABLE run_facts DROP COLUMN cost_unknown; PRAGMA user_version = 7;",
+         ALTER TABLE run_facts DROP COLUMN cost_unknown; \
+         DROP INDEX vault_by_slot; ALTER TABLE vault DROP COLUMN slot; PRAGMA user_version = 7;",
     )
     .expect("back to v7");
     drop(raw);
@@ -385,7 +386,8 @@ fn version_9_counts_refused_resends_and_names_the_proposing_tool_on_a_version_8_
     let raw = fixture.raw();
     raw.execute_batch(
         "ALTER TABLE intent_facts DROP COLUMN refused; ALTER TABLE intent_facts DROP COLUMN tool; \
-         ALTER TABLE run_facts DROP COLUMN cost_unknown; PRAGMA user_version = 8;",
+         ALTER TABLE run_facts DROP COLUMN cost_unknown; \
+         DROP INDEX vault_by_slot; ALTER TABLE vault DROP COLUMN slot; PRAGMA user_version = 8;",
     )
     .expect("back to v8");
     drop(raw);
@@ -470,7 +472,11 @@ fn version_10_marks_the_finished_agent_runs_that_recorded_no_model_cost() {
 
     // The same file as version 9 had it: no column; the migration fills it from the run rows.
     let raw = fixture.raw();
-    raw.execute_batch("ALTER TABLE run_facts DROP COLUMN cost_unknown; PRAGMA user_version = 9;").expect("back to v9");
+    raw.execute_batch(
+        "ALTER TABLE run_facts DROP COLUMN cost_unknown; DROP INDEX vault_by_slot; ALTER TABLE vault DROP COLUMN slot; \
+         PRAGMA user_version = 9;",
+    )
+    .expect("back to v9");
     drop(raw);
     fixture.reopen();
     fixture.store.shutdown().expect("shutdown");

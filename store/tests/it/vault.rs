@@ -202,6 +202,9 @@ fn rotation_re_seals_every_entry_atomically_and_only_the_new_key_opens_them() {
     assert_eq!(kept(&unseal(&store, &key("rotate-00001"))), Some(TOKEN));
     assert_eq!(kept(&unseal(&store, &key("rotate-00002"))), Some("pm_card_second_0000000000"));
     store.shutdown().expect("shutdown");
+    let dir = fixture.path.parent().expect("the log's directory");
+    assert!(recoverable(dir, &[9; 32], &key("rotate-00001"), TOKEN.len()).is_empty(), "the old key opens nothing");
+    assert_eq!(recoverable(dir, &[10; 32], &key("rotate-00001"), TOKEN.len()), [TOKEN.as_bytes()]);
 }
 
 #[test]
@@ -235,4 +238,182 @@ fn purge_deletes_the_entries_kept_before_its_bound() {
     assert_eq!(purged, 1);
     let rows: Vec<String> = vault_rows(&fixture.path).into_iter().map(|(k, _)| k).collect();
     assert_eq!(rows, [key("new-entry-001").as_str().to_owned()]);
+    let dir = fixture.path.parent().expect("the log's directory");
+    assert!(recoverable(dir, &[14; 32], &key("old-entry-001"), TOKEN.len()).is_empty(), "purged is shredded");
+    assert_eq!(recoverable(dir, &[14; 32], &key("new-entry-001"), TOKEN.len()).len(), 1, "the other is kept");
+}
+
+/// Every sealing in `bytes` (at any offset) that opens under `key` with associated data `aad`
+/// to `clear_len` bytes: what an attacker holding the files and the key would try.
+fn openings(bytes: &[u8], key: &[u8], aad: &[u8], clear_len: usize) -> Vec<Vec<u8>> {
+    use aes_gcm::aead::{Aead, KeyInit, Payload};
+    let cipher = aes_gcm::Aes256Gcm::new(key.into());
+    let window = 12 + clear_len + 16;
+    if bytes.len() < window {
+        return Vec::new();
+    }
+    (0..=bytes.len() - window)
+        .filter_map(|at| {
+            let (nonce, sealed) = bytes[at..at + window].split_at(12);
+            // A random nonce is never twelve zeros (2^-96); the files are mostly zeros.
+            if nonce.iter().all(|&byte| byte == 0) {
+                return None;
+            }
+            cipher.decrypt(aes_gcm::Nonce::from_slice(nonce), Payload { msg: sealed, aad }).ok()
+        })
+        .collect()
+}
+
+/// The clear payment methods of `intent` that the raw bytes of every file in `dir` (the log,
+/// its `-wal` and `-shm`, the vault's keys file: free pages and old frames included) yield to
+/// the holder of `vault`: entries sealed under the vault key itself, or under a data key
+/// opened from any slot-sized window.
+fn recoverable(dir: &Path, vault: &[u8; 32], intent: &IntentKey, token_len: usize) -> Vec<Vec<u8>> {
+    let files: Vec<Vec<u8>> = std::fs::read_dir(dir)
+        .expect("the log's directory")
+        .map(|entry| std::fs::read(entry.expect("an entry").path()).expect("a file of the log"))
+        .collect();
+    let name = intent.as_str().as_bytes();
+    let mut keys = vec![vault.to_vec()];
+    for bytes in &files {
+        for slot in 0..4u64 {
+            let aad = [b"keel vault slot v1\0".as_slice(), &slot.to_be_bytes(), name].concat();
+            keys.extend(openings(bytes, vault, &aad, 32));
+        }
+    }
+    let mut found = Vec::new();
+    for key in &keys {
+        for prefix in [b"keel vault v1\0".as_slice(), b"keel vault v2\0"] {
+            let aad = [prefix, name].concat();
+            for bytes in &files {
+                found.extend(openings(bytes, key, &aad, token_len));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_shredded_entry_opens_under_no_key_from_any_byte_of_the_log_files() {
+    let fixture = Fixture::new();
+    fixture.store.shutdown().expect("shutdown");
+    let vault_bytes = [22u8; 32];
+    let vault = VaultKey::from_bytes(&vault_bytes).expect("32 bytes are a key");
+    let store = open(&fixture.path, with_key(&vault)).expect("opens with the key");
+    let dir = fixture.path.parent().expect("the log's directory");
+    let (shredded, live) = (key("shredded-0001"), key("still-live-01"));
+    let other_token = "pm_card_live_00000000000000000";
+    reserve_keeping(&store, "shredded-0001", TOKEN);
+    reserve_keeping(&store, "still-live-01", other_token);
+    // The scan finds what is there: the live entry opens, and so does the other before shredding.
+    assert_eq!(recoverable(dir, &vault_bytes, &live, other_token.len()), [other_token.as_bytes()]);
+    assert!(!recoverable(dir, &vault_bytes, &shredded, TOKEN.len()).is_empty());
+    store.execute_blocking(crate::support::start_attempt("run-shredded-0001", "shredded-0001")).expect("attempt");
+    store.execute_blocking(succeed("shredded-0001", 1, 4_900)).expect("validated: final");
+    let left = recoverable(dir, &vault_bytes, &shredded, TOKEN.len());
+    assert!(left.is_empty(), "a shredded entry opens from the files while the log is open: {} found", left.len());
+    store.shutdown().expect("shutdown");
+    let left = recoverable(dir, &vault_bytes, &shredded, TOKEN.len());
+    assert!(left.is_empty(), "a shredded entry opens from the files after shutdown: {} found", left.len());
+    assert_eq!(recoverable(dir, &vault_bytes, &live, other_token.len()).len(), 1, "the live entry is untouched");
+}
+
+/// `clear` sealed under `key` as the vault seals: nonce, ciphertext, tag.
+fn seal(key: &[u8], clear: &[u8], aad: &[u8]) -> Vec<u8> {
+    use aes_gcm::aead::{Aead, KeyInit, Payload};
+    let nonce = [7u8; 12];
+    let sealed = aes_gcm::Aes256Gcm::new(key.into())
+        .encrypt(aes_gcm::Nonce::from_slice(&nonce), Payload { msg: clear, aad })
+        .expect("seals");
+    [nonce.as_slice(), &sealed].concat()
+}
+
+#[test]
+fn an_entry_kept_before_per_entry_keys_stays_readable_and_rotation_gives_it_a_data_key() {
+    let fixture = Fixture::new();
+    fixture.store.shutdown().expect("shutdown");
+    let old_bytes = [23u8; 32];
+    let old = VaultKey::from_bytes(&old_bytes).expect("a key");
+    open(&fixture.path, with_key(&old)).expect("sets the vault up").shutdown().expect("shutdown");
+    let intent = key("legacy-00001");
+    let raw = rusqlite::Connection::open(&fixture.path).expect("raw");
+    let legacy =
+        seal(&old_bytes, TOKEN.as_bytes(), &[b"keel vault v1\0".as_slice(), intent.as_str().as_bytes()].concat());
+    raw.execute(
+        "INSERT INTO vault (intent_key, sealed, kept_at, slot) VALUES (?1, ?2, 0, NULL)",
+        rusqlite::params![intent.as_str(), legacy],
+    )
+    .expect("an entry as version 10 kept it");
+    let store = open(&fixture.path, with_key(&old)).expect("opens");
+    assert_eq!(kept(&unseal(&store, &intent)), Some(TOKEN));
+    store.shutdown().expect("shutdown");
+    let new = vault_key(24);
+    assert_eq!(store::vault::rotate(&fixture.path, &old, &new).expect("rotates").entries, 1);
+    let slot: Option<i64> = raw.query_row("SELECT slot FROM vault", [], |r| r.get(0)).expect("the entry");
+    assert!(slot.is_some(), "rotated under a data key of its own");
+    let store = open(&fixture.path, with_key(&new)).expect("opens with the new key");
+    assert_eq!(kept(&unseal(&store, &intent)), Some(TOKEN));
+    store.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_data_key_no_entry_references_is_erased_at_open() {
+    use std::os::unix::fs::FileExt as _;
+    let fixture = Fixture::new();
+    fixture.store.shutdown().expect("shutdown");
+    let vault = vault_key(25);
+    let store = open(&fixture.path, with_key(&vault)).expect("opens");
+    reserve_keeping(&store, "sweep-kept-01", TOKEN);
+    store.shutdown().expect("shutdown");
+    let keys_path = store::vault::keys_path(&fixture.path);
+    let before = std::fs::read(&keys_path).expect("the keys file");
+    // What a crash between a slot's write and its commit leaves: a data key nobody references.
+    let orphan_at = u64::try_from(before.len()).expect("small") + 64 * 2;
+    let file = std::fs::OpenOptions::new().write(true).open(&keys_path).expect("opens");
+    file.write_all_at(&[0x5a; 64], orphan_at).expect("writes");
+    drop(file);
+    let store = open(&fixture.path, with_key(&vault)).expect("opens");
+    let after = std::fs::read(&keys_path).expect("the keys file");
+    assert!(after[before.len()..].iter().all(|&byte| byte == 0), "the orphan slot is zeroed");
+    assert_eq!(&after[..before.len()], &before[..], "the referenced slot is kept");
+    assert_eq!(kept(&unseal(&store, &key("sweep-kept-01"))), Some(TOKEN));
+    store.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_batch_that_dies_before_committing_a_shred_leaves_the_entry_and_its_key_whole() {
+    use engine::failpoints::{Failpoints, Point};
+    let fixture = Fixture::new();
+    fixture.store.shutdown().expect("shutdown");
+    let vault = vault_key(26);
+    // The fourth batch (two reservations, an attempt, then the answer that makes the intent
+    // final) dies after its statements, before its COMMIT: what a SIGKILL there leaves.
+    let dies = Failpoints::armed(Point::InBatchBeforeCommit, 4, Arc::new(|_| panic!("killed before the commit")));
+    let store = open(&fixture.path, Options { failpoints: dies, ..with_key(&vault) }).expect("opens");
+    reserve_keeping(&store, "dies-shred-01", TOKEN);
+    // Another entry, so the dead batch's slot could be taken by a reservation after it.
+    reserve_keeping(&store, "dies-other-01", "pm_card_other_000000000000");
+    store.execute_blocking(crate::support::start_attempt("run-dies-shred-01", "dies-shred-01")).expect("attempt");
+    assert!(store.execute_blocking(succeed("dies-shred-01", 1, 4_900)).is_err(), "the writer died");
+    let _ = store.shutdown();
+    let store = open(&fixture.path, with_key(&vault)).expect("reopens");
+    assert_eq!(kept(&unseal(&store, &key("dies-shred-01"))), Some(TOKEN), "not final: its key is whole");
+    reserve_keeping(&store, "dies-after-01", "pm_card_after_000000000000");
+    assert_eq!(kept(&unseal(&store, &key("dies-shred-01"))), Some(TOKEN), "its slot was not taken");
+    assert_eq!(kept(&unseal(&store, &key("dies-other-01"))), Some("pm_card_other_000000000000"));
+    assert_eq!(kept(&unseal(&store, &key("dies-after-01"))), Some("pm_card_after_000000000000"));
+    store.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_keys_file_cut_short_while_it_was_created_is_completed_by_the_next_keeper() {
+    let fixture = Fixture::new();
+    fixture.store.shutdown().expect("shutdown");
+    let vault = vault_key(27);
+    // A crash right after the file was created, before its header was written.
+    std::fs::write(store::vault::keys_path(&fixture.path), b"keel va").expect("a partial header");
+    let store = open(&fixture.path, with_key(&vault)).expect("opens: nothing can name a slot of it");
+    reserve_keeping(&store, "short-keys-01", TOKEN);
+    assert_eq!(kept(&unseal(&store, &key("short-keys-01"))), Some(TOKEN));
+    store.shutdown().expect("shutdown");
 }
