@@ -14,7 +14,6 @@ use engine::event::RunLimits;
 use engine::policy::{Document, InForce, Policy, PolicyStamp, Requested, Rules};
 use engine::provider::EffectKind;
 use serde_json::Value;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 /// The file read when `--policy` is not given, in the working directory.
@@ -54,23 +53,20 @@ impl PolicyArgs {
             None => return Ok(Loaded { policy: Policy::builtin(), stamp: PolicyStamp::builtin() }),
         };
         let shown = path.display();
-        let file = std::fs::File::open(&path).map_err(|e| format!("policy {shown}: cannot read it: {e}"))?;
-        let mut bytes = Vec::new();
-        file.take(engine::limits::POLICY_FILE_MAX_BYTES + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| format!("policy {shown}: cannot read it: {e}"))?;
-        if bytes.len() as u64 > engine::limits::POLICY_FILE_MAX_BYTES {
-            return Err(format!(
-                "policy {shown}: larger than {} bytes; a policy is a short file",
-                engine::limits::POLICY_FILE_MAX_BYTES
-            ));
-        }
-        let text = std::str::from_utf8(&bytes).map_err(|e| format!("policy {shown}: not UTF-8 text: {e}"))?;
+        let text = std::fs::File::open(&path)
+            .and_then(|file| engine::limits::read_text_at_most(file, engine::limits::POLICY_FILE_MAX_BYTES))
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::FileTooLarge => format!(
+                    "policy {shown}: larger than {} bytes; a policy is a short file",
+                    engine::limits::POLICY_FILE_MAX_BYTES
+                ),
+                _ => format!("policy {shown}: cannot read it: {e}"),
+            })?;
         let document: Document =
-            toml::from_str(text).map_err(|e| format!("policy {shown}: {}", e.to_string().trim_end()))?;
+            toml::from_str(&text).map_err(|e| format!("policy {shown}: {}", e.to_string().trim_end()))?;
         let policy = Policy::from_document(document, &workflows::input::supported_currency)
             .map_err(|e| format!("policy {shown}: {e}"))?;
-        let stamp = PolicyStamp::of_file(&policy, &bytes);
+        let stamp = PolicyStamp::of_file(&policy, text.as_bytes());
         Ok(Loaded { policy, stamp })
     }
 
