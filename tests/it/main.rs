@@ -17,6 +17,7 @@ mod delegation;
 mod doors;
 mod facts;
 mod files;
+mod fuzz;
 mod golden;
 mod hardening;
 mod kills;
