@@ -10,6 +10,7 @@ mod agent_recovery;
 mod approvals;
 mod chaos;
 mod cli;
+mod clients;
 mod concurrency;
 mod console;
 mod crash;

@@ -1,0 +1,203 @@
+from http import HTTPStatus
+from typing import Any
+
+import httpx
+
+from ... import errors
+from ...client import AuthenticatedClient, Client
+from ...models.error_body import ErrorBody
+from ...models.metrics_by import MetricsBy
+from ...types import UNSET, Response, Unset
+
+
+def _get_kwargs(
+    *,
+    since: str | Unset = UNSET,
+    by: MetricsBy | Unset = UNSET,
+) -> dict[str, Any]:
+
+    params: dict[str, Any] = {}
+
+    params["since"] = since
+
+    json_by: str | Unset = UNSET
+    if not isinstance(by, Unset):
+        json_by = by.value
+
+    params["by"] = json_by
+
+    params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
+
+    _kwargs: dict[str, Any] = {
+        "method": "get",
+        "url": "/v1/metrics",
+        "params": params,
+    }
+
+    return _kwargs
+
+
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Any | ErrorBody | None:
+    if response.status_code == 200:
+        response_200 = response.json()
+        return response_200
+
+    if response.status_code == 400:
+        response_400 = ErrorBody.from_dict(response.json())
+
+        return response_400
+
+    if response.status_code == 401:
+        response_401 = ErrorBody.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 429:
+        response_429 = ErrorBody.from_dict(response.json())
+
+        return response_429
+
+    if response.status_code == 503:
+        response_503 = ErrorBody.from_dict(response.json())
+
+        return response_503
+
+    if client.raise_on_unexpected_status:
+        raise errors.UnexpectedStatus(response.status_code, response.content)
+    else:
+        return None
+
+
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[Any | ErrorBody]:
+    return Response(
+        status_code=HTTPStatus(response.status_code),
+        content=response.content,
+        headers=response.headers,
+        parsed=_parse_response(client=client, response=response),
+    )
+
+
+def sync_detailed(
+    *,
+    client: AuthenticatedClient,
+    since: str | Unset = UNSET,
+    by: MetricsBy | Unset = UNSET,
+) -> Response[Any | ErrorBody]:
+    """`GET /v1/metrics?since=&by=`: seed 004's figures over the key's tenant's intents and runs,
+    as `keel metrics --json`.
+
+    Args:
+        since (str | Unset):
+        by (MetricsBy | Unset):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[Any | ErrorBody]
+    """
+
+    kwargs = _get_kwargs(
+        since=since,
+        by=by,
+    )
+
+    response = client.get_httpx_client().request(
+        **kwargs,
+    )
+
+    return _build_response(client=client, response=response)
+
+
+def sync(
+    *,
+    client: AuthenticatedClient,
+    since: str | Unset = UNSET,
+    by: MetricsBy | Unset = UNSET,
+) -> Any | ErrorBody | None:
+    """`GET /v1/metrics?since=&by=`: seed 004's figures over the key's tenant's intents and runs,
+    as `keel metrics --json`.
+
+    Args:
+        since (str | Unset):
+        by (MetricsBy | Unset):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Any | ErrorBody
+    """
+
+    return sync_detailed(
+        client=client,
+        since=since,
+        by=by,
+    ).parsed
+
+
+async def asyncio_detailed(
+    *,
+    client: AuthenticatedClient,
+    since: str | Unset = UNSET,
+    by: MetricsBy | Unset = UNSET,
+) -> Response[Any | ErrorBody]:
+    """`GET /v1/metrics?since=&by=`: seed 004's figures over the key's tenant's intents and runs,
+    as `keel metrics --json`.
+
+    Args:
+        since (str | Unset):
+        by (MetricsBy | Unset):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[Any | ErrorBody]
+    """
+
+    kwargs = _get_kwargs(
+        since=since,
+        by=by,
+    )
+
+    response = await client.get_async_httpx_client().request(**kwargs)
+
+    return _build_response(client=client, response=response)
+
+
+async def asyncio(
+    *,
+    client: AuthenticatedClient,
+    since: str | Unset = UNSET,
+    by: MetricsBy | Unset = UNSET,
+) -> Any | ErrorBody | None:
+    """`GET /v1/metrics?since=&by=`: seed 004's figures over the key's tenant's intents and runs,
+    as `keel metrics --json`.
+
+    Args:
+        since (str | Unset):
+        by (MetricsBy | Unset):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Any | ErrorBody
+    """
+
+    return (
+        await asyncio_detailed(
+            client=client,
+            since=since,
+            by=by,
+        )
+    ).parsed
