@@ -64,7 +64,7 @@ def basic():
     fingerprint = keel.intent(key("charge", "py_order_2_charge"))["intent"]["fingerprint"]
     operator = Keel(URL, os.environ["KEEL_OPERATOR"])
     approved = operator.approve(key("charge", "py_order_2_charge"), fingerprint)
-    assert approved["approval"]["by"] == "py-ops", approved
+    assert approved["approval"]["by"] == "ops", approved
     # Approved, the same request goes through.
     charged = keel.charge("py_order_2_charge", order_id="py_order_2", amount_minor=25000, currency="EUR",
                           payment_method_token=CARD)
