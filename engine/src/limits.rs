@@ -525,6 +525,12 @@ pub const CONSOLE_LIST_MAX: usize = 50;
 /// and TLS alike.
 pub const API_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 
+/// How often `keel serve` reconciles the intents due for it in the background: an unknown
+/// outcome settles while its caller only reads it. A reconciliation's own backoff starts at
+/// [`RECONCILE_BACKOFF_BASE_MS`], so looking more often would find nothing more due.
+/// Enforced by `serve::reconcile_in_background`.
+pub const API_RECONCILE_EVERY_MS: u64 = RECONCILE_BACKOFF_BASE_MS;
+
 /// How long `keel serve` waits for a TLS client to finish its handshake. A handshake is a
 /// few round trips; a client that opens a socket and says nothing is closed after this.
 /// Enforced by `serve::listen`.

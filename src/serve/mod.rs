@@ -22,6 +22,9 @@
 //! stops anyway, whatever was acknowledged being durable), gives back every run lease it still
 //! holds, lets the store commit what is queued and record its verified point, and exits 0.
 //!
+//! While it serves, the intents due for reconciliation are reconciled in the background every
+//! `API_RECONCILE_EVERY_MS`, so a caller that only reads an unknown outcome sees it settle.
+//!
 //! It never decides a transition, never touches SQL, and never reads a secret back.
 
 mod api;
@@ -43,7 +46,7 @@ use axum::Router;
 use axum::http::Method;
 use axum::routing::{MethodRouter, get, post};
 use engine::event::Cause;
-use engine::limits::{API_RATE_PER_S_DEFAULT, API_RATE_PER_S_MAX, SHUTDOWN_GRACE_MS};
+use engine::limits::{API_RATE_PER_S_DEFAULT, API_RATE_PER_S_MAX, API_RECONCILE_EVERY_MS, SHUTDOWN_GRACE_MS};
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -171,6 +174,20 @@ async fn stop_signal() {
     }
 }
 
+/// Every `API_RECONCILE_EVERY_MS`, the intents due for reconciliation are reconciled (as a
+/// `keel worker` pass does), so that an unknown outcome settles while its caller only reads it
+/// (`GET /v1/intents/{key}`). A failed pass is logged and the next one tries again.
+async fn reconcile_in_background(server: Arc<Server>) {
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(API_RECONCILE_EVERY_MS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if let Err(error) = server.node.executor.reconcile_due(Cause::command("serve")).await {
+            tracing::warn!(%error, "keel serve: a background reconciliation pass failed; the next one tries again");
+        }
+    }
+}
+
 /// `keel serve`: serves until SIGTERM or SIGINT, then stops gracefully (exit 0).
 pub async fn run(
     db: &Path,
@@ -228,6 +245,7 @@ pub async fn run(
         report.resumed.len(),
         report.reconciled.len()
     );
+    let reconciler = tokio::spawn(reconcile_in_background(Arc::clone(&server)));
 
     let grace = async {
         stopping.notified().await;
@@ -237,6 +255,7 @@ pub async fn run(
         served = serving => served.context("the server task failed")?,
         () = grace => errln!("keel serve: requests still in flight after the grace period; stopping anyway"),
     }
+    reconciler.abort();
     let runtime = server.node.executor.runtime();
     let held = runtime.lessee.grants();
     engine::executor::release_runs(&*runtime.log, &runtime.lessee, &Cause::command("serve"), held).await?;

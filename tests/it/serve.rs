@@ -454,6 +454,32 @@ fn an_unknown_outcome_is_a_202_with_when_to_ask_again() {
 }
 
 #[test]
+fn an_unknown_outcome_settles_while_its_caller_only_reads_it() {
+    let (dir, db) = temp();
+    let plan = r#"{"seed":1,"rules":[{"operation":"charge","fault":"timeout_after_effect","times":1,"ms":1500}]}"#;
+    let sim = start_sim(dir.path(), Some(plan));
+    let submit = bearer(&create_key(&db, TENANT, "submit", "svc"));
+    let serve = Serve::start(&db, &sim, &["--provider-timeout-ms", "300", "--provider-consistency-window-ms", "0"]);
+    let headers =
+        [("Authorization", submit.as_str()), ("Idempotency-Key", "read_only_01"), ("Content-Type", "application/json")];
+    let (status, _, unknown) = serve.call("POST", "/v1/charges", &headers, Some(&charge_body("order_read", 2500)));
+    assert_eq!((status, unknown["status"].as_str()), (202, Some("outcome_unknown")), "{unknown}");
+    let path = format!("/v1/intents/charge:{TENANT}:read_only_01");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let settled = loop {
+        let (status, _, shown) = serve.call("GET", &path, &[("Authorization", &submit)], None);
+        assert_eq!(status, 200, "{shown}");
+        if shown["status"] == "validated" {
+            break shown;
+        }
+        assert!(std::time::Instant::now() < deadline, "never reconciled in the background: {shown}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(settled["source"], "reconciled", "{settled}");
+    assert_eq!(effects(dir.path()), 1);
+}
+
+#[test]
 fn intents_are_paged_by_key_with_an_opaque_cursor_for_the_key_s_tenant() {
     let (dir, db) = temp();
     let sim = start_sim(dir.path(), None);

@@ -7,9 +7,9 @@ loop a payment caller must not write by hand:
 - a transport error, a timeout or a 5xx is retried with the same key and the same body,
   a bounded number of times, with a doubling backoff (the server may have acted: only the
   same key can find out);
-- a 202 (the outcome is not known yet) is asked again with the same request after its
-  `Retry-After`, which is what lets Keel reconcile it, until it is final or the deadline
-  passes (`StillPending`);
+- a 202 whose outcome is unknown is polled (`GET /v1/intents/{key}`, after each
+  `Retry-After`: the server reconciles it meanwhile) until it is final or the deadline passes
+  (`StillPending`); any other 202 (awaiting an approval) is sent again the same way;
 - a 409 `intent_payload_mismatch` (the key was used with another body) is `PayloadMismatch`,
   never retried; every other refusal is `Refused` with Keel's code.
 
@@ -34,6 +34,7 @@ from keel_client.models import ApproveRequest, ChargeRequest, RefundRequest
 from keel_client.types import UNSET
 
 FINAL = {"validated", "declined", "rejected", "cancelled"}
+UNKNOWN = {"outcome_unknown", "reconciling"}
 
 
 class KeelError(Exception):
@@ -97,16 +98,26 @@ class Keel:
         return self._answer(self._sent(lambda: approve_route.sync_detailed(key, client=self._client, body=body)))
 
     def _until_final(self, send):
+        """`send()` until the intent is final: a 202 whose outcome is unknown is read again
+        (`GET /v1/intents/{key}`: the server reconciles it), any other 202 (awaiting an
+        approval, reserved for its caller) is sent again, each after its `Retry-After`."""
         deadline = time.monotonic() + self._deadline_s
+        response, read = self._sent(send), False
         while True:
-            response = self._sent(send)
             document = self._answer(response)
-            if response.status_code != 202 or document.get("status") in FINAL:
+            status = document.get("status")
+            if status in FINAL or (response.status_code != 202 and not read):
                 return document
             wait = float(document.get("retry_after_s") or 1)
             if time.monotonic() + wait > deadline:
                 raise StillPending(document)
             time.sleep(wait)
+            read = status in UNKNOWN
+            if read:
+                key = document["intent_key"]
+                response = self._sent(lambda: show_route.sync_detailed(key, client=self._client))
+            else:
+                response = self._sent(send)
 
     def _sent(self, send):
         """`send()` until it gets an answer below 500, at most `tries` times."""

@@ -7,9 +7,9 @@
  * - a transport error, a timeout or a 5xx is retried with the same key and the same body, a
  *   bounded number of times, with a doubling backoff (the server may have acted: only the same
  *   key can find out);
- * - a 202 (the outcome is not known yet) is asked again with the same request after its
- *   `Retry-After`, which is what lets Keel reconcile it, until it is final or the deadline
- *   passes (`StillPending`);
+ * - a 202 whose outcome is unknown is polled (`GET /v1/intents/{key}`, after each
+ *   `Retry-After`: the server reconciles it meanwhile) until it is final or the deadline passes
+ *   (`StillPending`); any other 202 (awaiting an approval) is sent again the same way;
  * - a 409 `intent_payload_mismatch` is `PayloadMismatch`, never retried; every other refusal
  *   is `Refused` with Keel's code.
  */
@@ -23,6 +23,7 @@ type RefundRequest = components["schemas"]["RefundRequest"];
 export type Intent = Record<string, unknown> & { status?: string; source?: string; retry_after_s?: number };
 
 const FINAL = new Set(["validated", "declined", "rejected", "cancelled"]);
+const UNKNOWN = new Set(["outcome_unknown", "reconciling"]);
 
 /** A refusal from Keel: its status, code, message and details. */
 export class KeelError extends Error {
@@ -109,12 +110,19 @@ export class Keel {
     return { signal: AbortSignal.timeout(this.timeoutMs) };
   }
 
+  /**
+   * `send()` until the intent is final: a 202 whose outcome is unknown is read again
+   * (`GET /v1/intents/{key}`: the server reconciles it), any other 202 (awaiting an approval,
+   * reserved for its caller) is sent again, each after its `Retry-After`.
+   */
   private async untilFinal(send: () => Promise<Answer>): Promise<Intent> {
     const deadline = Date.now() + this.deadlineMs;
+    let sent = await this.sent(send);
+    let read = false;
     for (;;) {
-      const sent = await this.sent(send);
       const intent = answer(sent);
-      if (sent.response.status !== 202 || FINAL.has(String(intent.status))) {
+      const status = String(intent.status);
+      if (FINAL.has(status) || (sent.response.status !== 202 && !read)) {
         return intent;
       }
       const wait = (intent.retry_after_s ?? 1) * 1000;
@@ -122,6 +130,13 @@ export class Keel {
         throw new StillPending(intent);
       }
       await sleep(wait);
+      read = UNKNOWN.has(status);
+      if (read) {
+        const key = String(intent.intent_key);
+        sent = await this.sent(() => this.client.GET("/v1/intents/{key}", { params: { path: { key } }, ...this.signal() }));
+      } else {
+        sent = await this.sent(send);
+      }
     }
   }
 
