@@ -218,6 +218,10 @@ pub enum Wire {
     Stripe(Result<std::sync::Arc<adapters::stripe::SecretKey>, String>),
 }
 
+/// The variable naming the release every run records (`release.version`), instead of this
+/// build's version: a deployment's own name for what it runs.
+const RELEASE_ENV: &str = "KEEL_RELEASE";
+
 /// The Stripe secret key, from `file` when given, else from the environment. The error never
 /// quotes the key.
 fn stripe_key(file: Option<&std::path::Path>) -> Result<std::sync::Arc<adapters::stripe::SecretKey>, String> {
@@ -603,8 +607,12 @@ enum Command {
         #[arg(long, value_enum, value_name = "DIMENSION")]
         by: Option<metrics::By>,
         /// Print the Prometheus text exposition format (not with --json).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "drift")]
         prometheus: bool,
+        /// Print only the rates that moved when a release, policy, prompt or model changed,
+        /// naming the dimension and the version from which each changed.
+        #[arg(long)]
+        drift: bool,
         #[command(flatten)]
         create: CreateFlag,
     },
@@ -1051,6 +1059,18 @@ fn main() -> ExitCode {
     if let Err(message) = wiring::init_failpoints(std::env::var("KEEL_FAILPOINT").ok().as_deref()) {
         return ExitCode::from(out.usage_error(&format!("KEEL_FAILPOINT: {message}")));
     }
+    if let Ok(release) = std::env::var(RELEASE_ENV) {
+        let chars = release.chars().count();
+        if !(1..=engine::limits::RELEASE_NAME_MAX_CHARS).contains(&chars)
+            || !release.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return ExitCode::from(out.usage_error(&format!(
+                "{RELEASE_ENV}: a release is 1 to {} visible ASCII characters",
+                engine::limits::RELEASE_NAME_MAX_CHARS
+            )));
+        }
+        engine::event::RunVersions::name_release(release);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => return ExitCode::from(out.internal_error(&format!("cannot start the async runtime: {error}"))),
@@ -1209,10 +1229,15 @@ async fn dispatch(cli: Cli) -> output::Outcome {
             existing_log(db, create)?;
             ops::show(&ops::reader(db, create)?, &out, &key)
         }
-        Command::Metrics { since, by, prometheus, create } => {
+        Command::Metrics { since, by, prometheus, drift, create } => {
             metrics::check_format(&out, prometheus)?;
             existing_log(db, create)?;
-            metrics::show(&ops::reader(db, create)?, &out, since.as_deref(), by, prometheus)
+            let shown = match (prometheus, drift) {
+                (true, _) => metrics::Shown::Prometheus,
+                (false, true) => metrics::Shown::Drift,
+                (false, false) => metrics::Shown::Figures,
+            };
+            metrics::show(&ops::reader(db, create)?, &out, since.as_deref(), by, shown)
         }
         Command::Runs { status, workflow, since, create } => {
             let filter = runs::filter(status.as_deref(), workflow, since.as_deref())?;

@@ -10,6 +10,8 @@ use crate::output::{Failure, Outcome, Output};
 use crate::wiring::SystemClock;
 use chrono::{DateTime, Utc};
 use engine::clock::Clock as _;
+use engine::event::RunStatus;
+use engine::limits::{DRIFT_COST_SHARE, DRIFT_RATE_POINTS, DRIFT_SAMPLE_MIN};
 use serde::Serialize;
 use store::metrics::{BUDGET_STOPS, Dimension, Segment};
 
@@ -83,8 +85,14 @@ pub struct Figures {
     pub cost_unknown_runs: u64,
     /// `cost_minor / validated`; `null` when some run's cost is unknown.
     pub cost_per_validated_intent_minor: Option<f64>,
-    /// Runs stopped by each budget.
+    /// Runs stopped by each budget (`repeated_call`, the repeats-per-signature budget, among
+    /// them).
     pub runs_stopped_by_budget: std::collections::BTreeMap<&'static str, u64>,
+    /// Runs that ended otherwise than completed, by every status a run can end with: how
+    /// many, and what share of the runs started.
+    pub runs_stopped: std::collections::BTreeMap<&'static str, Stopped>,
+    /// What `cost_minor` counts.
+    pub cost_includes: &'static str,
     /// From reservation to a definitive outcome.
     pub time_to_definitive_outcome_ms: Quantiles,
 }
@@ -101,6 +109,19 @@ pub struct RetriesPrevented {
     /// Reconciliations that found the effect a resend would have repeated.
     pub reconciliation_found_effect: u64,
 }
+
+/// See [`Figures::runs_stopped`].
+#[derive(Serialize)]
+pub struct Stopped {
+    /// Runs that ended with this status.
+    pub runs: u64,
+    /// `runs` over the runs started; `null` when none was.
+    pub proportion: Option<f64>,
+}
+
+/// What a run's cost holds today, said wherever a cost is shown.
+const COST_INCLUDES: &str = "model calls, at the prices the run was given; tools, provider fees and reconciliation \
+     calls are not priced, so they count nothing";
 
 /// See [`Figures::time_to_definitive_outcome_ms`].
 #[derive(Serialize)]
@@ -122,12 +143,133 @@ pub struct Report {
     pub by: Option<&'static str>,
     /// One entry per segment (one when unsegmented).
     pub segments: Vec<Figures>,
+    /// The rates that moved when a version changed (see [`Drift`]), over the same window.
+    pub drift: Vec<Drift>,
+}
+
+/// A rate that moved when a version changed: seed 004's "a useful alert names the dimension
+/// that drifts and the version from which it changed". Versions are the release, policy,
+/// prompt and model the runs recorded, ordered by the first run of each in the window; each is
+/// compared with the one before it, when both have at least `DRIFT_SAMPLE_MIN` intents (or
+/// runs, for a rate over runs).
+#[derive(Serialize)]
+pub struct Drift {
+    /// The dimension whose version changed: `release`, `policy`, `prompt` or `model`.
+    pub dimension: &'static str,
+    /// The rate that moved (a figure of [`Figures`]).
+    pub rate: &'static str,
+    /// The version before.
+    pub from_version: String,
+    /// The version from which the rate changed.
+    pub to_version: String,
+    /// The rate under `from_version`.
+    pub before: f64,
+    /// The rate under `to_version`.
+    pub after: f64,
+}
+
+/// How a rate is read from a segment, and how much of a move is a drift.
+struct Watched {
+    rate: &'static str,
+    /// Over runs (else over intents): which count the sample floor applies to.
+    over_runs: bool,
+    value: fn(&Segment) -> Option<f64>,
+    /// The move that is a drift: an absolute one for a proportion, a relative one for a cost.
+    moved: fn(f64, f64) -> bool,
+}
+
+fn moved_by_points(before: f64, after: f64) -> bool {
+    (after - before).abs() >= DRIFT_RATE_POINTS
+}
+
+fn moved_by_share(before: f64, after: f64) -> bool {
+    if before == 0.0 { after != 0.0 } else { ((after - before) / before).abs() >= DRIFT_COST_SHARE }
+}
+
+/// The rates a drift is looked for in.
+const WATCHED: [Watched; 5] = [
+    Watched {
+        rate: "outcome_verification_rate",
+        over_runs: false,
+        value: Segment::verification_rate,
+        moved: moved_by_points,
+    },
+    Watched {
+        rate: "ambiguous_outcome_rate",
+        over_runs: false,
+        value: Segment::ambiguous_rate,
+        moved: moved_by_points,
+    },
+    Watched {
+        rate: "retries_prevented_rate",
+        over_runs: false,
+        value: |s| store::metrics::ratio(s.retries_prevented(), s.intents),
+        moved: moved_by_points,
+    },
+    Watched {
+        rate: "runs_stopped_by_budget_rate",
+        over_runs: true,
+        value: |s| store::metrics::ratio(s.budget_stopped(), s.runs),
+        moved: moved_by_points,
+    },
+    Watched {
+        rate: "cost_per_validated_intent_minor",
+        over_runs: false,
+        value: Segment::cost_per_validated,
+        moved: moved_by_share,
+    },
+];
+
+/// The drifts over the versions of every versioned dimension (see [`Drift`]).
+fn drifts(
+    reader: &store::Reader,
+    since: Option<DateTime<Utc>>,
+    tenant: Option<&str>,
+    now: DateTime<Utc>,
+) -> anyhow::Result<Vec<Drift>> {
+    let mut drifts = Vec::new();
+    for by in [By::Release, By::Policy, By::Prompt, By::Model] {
+        let mut versions: Vec<Segment> = reader
+            .metrics(since, Some(by.dimension()), tenant, now)?
+            .into_iter()
+            .filter(|s| s.value.is_some())
+            .collect();
+        versions.sort_by_key(|segment| segment.first_run_at);
+        for pair in versions.windows(2) {
+            let [from, to] = pair else { continue };
+            for watched in &WATCHED {
+                let sample = |s: &Segment| if watched.over_runs { s.runs } else { s.intents };
+                if sample(from) < DRIFT_SAMPLE_MIN || sample(to) < DRIFT_SAMPLE_MIN {
+                    continue;
+                }
+                let (Some(before), Some(after)) = ((watched.value)(from), (watched.value)(to)) else { continue };
+                if (watched.moved)(before, after) {
+                    drifts.push(Drift {
+                        dimension: by.name(),
+                        rate: watched.rate,
+                        from_version: from.value.clone().unwrap_or_default(),
+                        to_version: to.value.clone().unwrap_or_default(),
+                        before,
+                        after,
+                    });
+                }
+            }
+        }
+    }
+    Ok(drifts)
 }
 
 fn figures(segment: &Segment) -> Figures {
-    let mut stops: std::collections::BTreeMap<&'static str, u64> =
-        BUDGET_STOPS.iter().map(|status| (status.as_str(), 0)).collect();
-    stops.extend(segment.budget_stops.iter().map(|(k, v)| (*k, *v)));
+    let stopped = |status: &RunStatus| segment.stops.get(status.as_str()).copied().unwrap_or(0);
+    let stops = BUDGET_STOPS.iter().map(|status| (status.as_str(), stopped(status))).collect();
+    let runs_stopped = RunStatus::ALL
+        .iter()
+        .filter(|status| **status != RunStatus::Completed)
+        .map(|status| {
+            let runs = stopped(status);
+            (status.as_str(), Stopped { runs, proportion: store::metrics::ratio(runs, segment.runs) })
+        })
+        .collect();
     Figures {
         segment: segment.value.clone(),
         intents: segment.intents,
@@ -147,6 +289,8 @@ fn figures(segment: &Segment) -> Figures {
         cost_unknown_runs: segment.cost_unknown_runs,
         cost_per_validated_intent_minor: segment.cost_per_validated(),
         runs_stopped_by_budget: stops,
+        runs_stopped,
+        cost_includes: COST_INCLUDES,
         time_to_definitive_outcome_ms: Quantiles {
             count: segment.settle_ms.len(),
             p50: segment.settle_quantile_ms(0.5),
@@ -182,22 +326,64 @@ pub fn report(
         since: since.map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
         by: by.map(By::name),
         segments: segments.iter().map(figures).collect(),
+        drift: drifts(reader, since, tenant, now)?,
     })
 }
 
+/// What `keel metrics` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shown {
+    /// Every figure (`--json`: the whole report).
+    Figures,
+    /// The Prometheus text exposition format.
+    Prometheus,
+    /// Only the rates that moved when a version changed (`--json`: `{since, drift}`).
+    Drift,
+}
+
+/// `keel metrics --drift --json`.
+#[derive(Serialize)]
+struct DriftReport<'a> {
+    since: &'a Option<String>,
+    drift: &'a [Drift],
+}
+
 /// `keel metrics`.
-pub fn show(reader: &store::Reader, out: &Output, since: Option<&str>, by: Option<By>, prometheus: bool) -> Outcome {
+pub fn show(reader: &store::Reader, out: &Output, since: Option<&str>, by: Option<By>, shown: Shown) -> Outcome {
     let now = SystemClock.now();
     let since = since.map(|s| crate::runs::parse_since(s, now)).transpose()?;
     let report = report(reader, since, by, None, now)?;
-    if prometheus {
-        for line in prometheus_lines(&report) {
-            outln!("{line}");
+    match shown {
+        Shown::Prometheus => prometheus_lines(&report).iter().for_each(|line| outln!("{line}")),
+        Shown::Drift => {
+            out.emit(&DriftReport { since: &report.since, drift: &report.drift }, || print_drift(&report.drift));
         }
-        return Ok(exit::OK);
+        Shown::Figures => out.emit(&report, || {
+            print_human(&report);
+            if !report.drift.is_empty() {
+                outln!("");
+                print_drift(&report.drift);
+            }
+        }),
     }
-    out.emit(&report, || print_human(&report));
     Ok(exit::OK)
+}
+
+fn print_drift(drift: &[Drift]) {
+    if drift.is_empty() {
+        outln!("no rate moved when a release, policy, prompt or model changed");
+    }
+    for moved in drift {
+        outln!(
+            "drift: {} went from {:.3} to {:.3} when {} changed from {} to {}",
+            moved.rate,
+            moved.before,
+            moved.after,
+            moved.dimension,
+            moved.from_version,
+            moved.to_version
+        );
+    }
 }
 
 fn percent(rate: Option<f64>) -> String {
@@ -307,6 +493,21 @@ pub fn prometheus_lines(report: &Report) -> Vec<String> {
         "99th percentile time from reservation to a definitive outcome.",
         &|f| f.time_to_definitive_outcome_ms.p99.map(|v| v.to_string()),
     );
+    lines.push(
+        "# HELP keel_drift A rate that moved when a version changed: its value under the new version.".to_owned(),
+    );
+    lines.push("# TYPE keel_drift gauge".to_owned());
+    for moved in &report.drift {
+        let quoted = |text: &str| text.replace('\\', "\\\\").replace('"', "\\\"");
+        lines.push(format!(
+            "keel_drift{{dimension=\"{}\",rate=\"{}\",from=\"{}\",to=\"{}\"}} {}",
+            moved.dimension,
+            moved.rate,
+            quoted(&moved.from_version),
+            quoted(&moved.to_version),
+            moved.after
+        ));
+    }
     lines.push("# HELP keel_runs_stopped_by_budget Runs stopped by each budget.".to_owned());
     lines.push("# TYPE keel_runs_stopped_by_budget gauge".to_owned());
     for figures in &report.segments {

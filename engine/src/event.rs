@@ -462,10 +462,23 @@ pub struct RunVersions {
     pub model: Option<String>,
 }
 
+/// The release this process names, when its operator named one ([`RunVersions::name_release`]).
+static RELEASE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 impl RunVersions {
-    /// This build's release and nothing else: what a workflow run records.
+    /// This process's release and nothing else: what a workflow run records. The release the
+    /// operator named ([`RunVersions::name_release`]), else this build's version.
     pub fn this_release() -> Self {
-        Self { release: Some(env!("CARGO_PKG_VERSION").to_owned()), ..Self::default() }
+        let release = RELEASE.get().cloned().unwrap_or_else(|| env!("CARGO_PKG_VERSION").to_owned());
+        Self { release: Some(release), ..Self::default() }
+    }
+
+    /// Names this process's release (the binary reads it from `KEEL_RELEASE`: a deployment's
+    /// own name for what it runs), recorded as `release.version` by every run it starts from
+    /// then on, so metrics can be segmented and drift found by release. Set once, before any
+    /// run starts; a later call changes nothing.
+    pub fn name_release(release: String) {
+        let _ = RELEASE.set(release);
     }
 
     /// Whether nothing is known (a row written before versions were recorded).

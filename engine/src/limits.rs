@@ -104,6 +104,23 @@ pub fn read_text_at_most(reader: impl std::io::Read, max_bytes: u64) -> std::io:
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "it is not UTF-8 text"))
 }
 
+/// Longest release name (`KEEL_RELEASE`): it is recorded on every run and is a metrics label.
+/// Enforced by the binary's start.
+pub const RELEASE_NAME_MAX_CHARS: usize = 64;
+
+/// Fewest intents (or runs, for a rate over runs) each of two versions needs before `keel
+/// metrics` calls a move of a rate between them a drift: below it a rate is one or two
+/// outcomes, not a tendency. Enforced by `metrics::drifts`.
+pub const DRIFT_SAMPLE_MIN: u64 = 3;
+
+/// How many points (0.10: ten percentage points) a proportion must move between two versions
+/// to be a drift. Enforced by `metrics::drifts`.
+pub const DRIFT_RATE_POINTS: f64 = 0.10;
+
+/// What share (0.25: a quarter) a cost per validated intent must move by between two versions
+/// to be a drift. Enforced by `metrics::drifts`.
+pub const DRIFT_COST_SHARE: f64 = 0.25;
+
 /// Most tenant sections in one policy, so resolving a policy stays a small map lookup and a
 /// policy file stays reviewable. Enforced by `Policy::from_document`.
 pub const POLICY_TENANTS_MAX: usize = 10_000;

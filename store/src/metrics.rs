@@ -259,10 +259,14 @@ pub struct Segment {
     /// Of those runs, the ones whose model cost is unknown (an answer without a price): not
     /// in `cost_minor`.
     pub cost_unknown_runs: u64,
-    /// Runs stopped by each budget, by their stop status.
-    pub budget_stops: BTreeMap<&'static str, u64>,
+    /// Runs that ended otherwise than completed, by their status (budget stops and every
+    /// other controlled stop).
+    pub stops: BTreeMap<&'static str, u64>,
     /// Milliseconds from reservation to a definitive outcome, ascending.
     pub settle_ms: Vec<i64>,
+    /// When the segment's first run in the window started: the order in which a version
+    /// (release, policy, prompt, model) came after another.
+    pub first_run_at: Option<DateTime<Utc>>,
 }
 
 impl Segment {
@@ -274,6 +278,11 @@ impl Segment {
     /// Ambiguous intents over intents.
     pub fn ambiguous_rate(&self) -> Option<f64> {
         ratio(self.ambiguous, self.intents)
+    }
+
+    /// Runs stopped by a budget (the statuses of [`BUDGET_STOPS`]).
+    pub fn budget_stopped(&self) -> u64 {
+        BUDGET_STOPS.iter().map(|status| self.stops.get(status.as_str()).copied().unwrap_or(0)).sum()
     }
 
     /// Repeated effects the log prevented: deduplications, refused resends and
@@ -306,13 +315,15 @@ impl Segment {
     }
 }
 
-fn ratio(part: u64, whole: u64) -> Option<f64> {
+/// `part / whole`, `None` over nothing.
+pub fn ratio(part: u64, whole: u64) -> Option<f64> {
     #[allow(clippy::cast_precision_loss, reason = "counts far below 2^53")]
     (whole > 0).then(|| part as f64 / whole as f64)
 }
 
 /// The run statuses that are a budget's stop.
-pub const BUDGET_STOPS: [RunStatus; 8] = [
+pub const BUDGET_STOPS: [RunStatus; 9] = [
+    RunStatus::RepeatedCall,
     RunStatus::ToolBudget,
     RunStatus::ModelBudget,
     RunStatus::TokenBudget,
@@ -383,8 +394,8 @@ pub(crate) fn figures(
     }
     let run_key = by.map_or("NULL", Dimension::run_column);
     let runs = format!(
-        "SELECT {run_key}, r.status, count(*), sum(r.cost_minor), sum(r.cost_unknown) FROM run_facts r \
-         WHERE r.started_at >= ?1 AND {run_scope} GROUP BY 1, 2"
+        "SELECT {run_key}, r.status, count(*), sum(r.cost_minor), sum(r.cost_unknown), min(r.started_at) \
+         FROM run_facts r WHERE r.started_at >= ?1 AND {run_scope} GROUP BY 1, 2"
     );
     let mut statement = conn.prepare(&runs)?;
     let mut rows = statement.query(bound)?;
@@ -396,8 +407,10 @@ pub(crate) fn figures(
         segment.runs += count;
         segment.cost_minor = segment.cost_minor.saturating_add(row.get(3)?);
         segment.cost_unknown_runs += row.get::<_, u64>(4)?;
-        if let Some(stop) = status.as_deref().and_then(RunStatus::parse).filter(|s| BUDGET_STOPS.contains(s)) {
-            *segment.budget_stops.entry(stop.as_str()).or_default() += count;
+        let first = row.get::<_, Option<i64>>(5)?.and_then(DateTime::from_timestamp_micros);
+        segment.first_run_at = segment.first_run_at.into_iter().chain(first).min();
+        if let Some(stop) = status.as_deref().and_then(RunStatus::parse).filter(|s| *s != RunStatus::Completed) {
+            *segment.stops.entry(stop.as_str()).or_default() += count;
         }
     }
     let mut segments: Vec<Segment> = segments.into_values().collect();

@@ -187,3 +187,105 @@ fn a_charge_proposed_again_while_its_answer_is_lost_is_a_refused_resend_in_every
     assert!(prometheus.contains("\nkeel_resends_refused 1\n"), "{prometheus}");
     assert!(prometheus.contains("\nkeel_retries_prevented 1\n"), "{prometheus}");
 }
+
+/// `keel … charge` under the release `release` (`KEEL_RELEASE`), with `extra` flags before the
+/// charge's own.
+fn charge_under(db: &Path, url: &str, release: &str, intent_id: &str, extra: &[&str]) -> Value {
+    let order = format!("order_{intent_id}");
+    let mut args = vec!["--provider", url];
+    args.extend(charge_on(intent_id, &order, "1000"));
+    args.extend(extra);
+    let (_, stdout, stderr) = crate::agent::keel_raw(db, &args, &[("KEEL_RELEASE", release)]);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout} {stderr}"))
+}
+
+#[test]
+fn drift_names_the_release_from_which_a_rate_changed_and_by_how_much() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    // Release 2026.11: four charges, none submitted again. Release 2026.12: four charges, two
+    // of them submitted again (a retry the log answers) — retries prevented per intent go
+    // from 0 to a half.
+    for n in 0..4 {
+        let out = charge_under(&db, sim.url(), "2026.11", &format!("drift_old_{n:04}"), &[]);
+        assert_eq!(out["status"], "validated", "{out}");
+    }
+    for n in 0..4 {
+        let id = format!("drift_new_{n:04}");
+        let out = charge_under(&db, sim.url(), "2026.12", &id, &[]);
+        assert_eq!(out["status"], "validated", "{out}");
+        if n < 2 {
+            let again = charge_under(&db, sim.url(), "2026.12", &id, &[]);
+            assert_eq!(again["source"], "deduplicated", "{again}");
+        }
+    }
+    let (code, report, _) = keel(&db, None, &["metrics", "--drift"]);
+    assert_eq!(code, 0, "{report}");
+    let drift = report["drift"].as_array().expect("a list");
+    assert_eq!(drift.len(), 1, "one rate moved, once: {report}");
+    let moved = &drift[0];
+    assert_eq!(
+        (
+            moved["dimension"].as_str(),
+            moved["rate"].as_str(),
+            moved["from_version"].as_str(),
+            moved["to_version"].as_str()
+        ),
+        (Some("release"), Some("retries_prevented_rate"), Some("2026.11"), Some("2026.12")),
+        "{moved}"
+    );
+    assert_eq!((moved["before"].as_f64(), moved["after"].as_f64()), (Some(0.0), Some(0.5)), "{moved}");
+
+    let (code, figures, _) = keel(&db, None, &["metrics", "--by", "release"]);
+    assert_eq!(code, 0);
+    let new = segment(&figures, "2026.12");
+    assert_eq!(new["retries_prevented"]["deduplicated"], 2, "{new}");
+    assert_eq!(new["runs_stopped"]["cost_budget"]["runs"], 0, "{new}");
+    assert_eq!(new["runs_stopped"]["cost_budget"]["proportion"].as_f64(), Some(0.0), "{new}");
+    assert_eq!(new["runs_stopped"]["repeated_call"]["runs"], 0, "every stop reason is listed: {new}");
+    assert!(new["cost_includes"].as_str().is_some_and(|text| text.contains("model calls")), "{new}");
+
+    let human = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--db")
+        .arg(&db)
+        .args(["metrics", "--drift"])
+        .output()
+        .expect("keel runs");
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(
+        text.contains("retries_prevented_rate went from 0.000 to 0.500 when release changed from 2026.11 to 2026.12"),
+        "{text}"
+    );
+    let prometheus = std::process::Command::new(env!("CARGO_BIN_EXE_keel"))
+        .arg("--db")
+        .arg(&db)
+        .args(["metrics", "--prometheus"])
+        .output()
+        .expect("keel runs");
+    let gauges = String::from_utf8_lossy(&prometheus.stdout);
+    // The API answers the same drift to the tenant's read key.
+    let reader = crate::serve::bearer(&crate::serve::create_key(&db, testkit::sample::TENANT, "read", "dash"));
+    let serve = crate::serve::Serve::start(&db, &sim, &[]);
+    let (status, _, api) = serve.call("GET", "/v1/metrics", &[("Authorization", &reader)], None);
+    assert_eq!((status, &api["drift"]), (200, &report["drift"]), "{api}");
+    assert!(
+        gauges.contains(
+            r#"keel_drift{dimension="release",rate="retries_prevented_rate",from="2026.11",to="2026.12"} 0.5"#
+        ),
+        "{gauges}"
+    );
+}
+
+#[test]
+fn a_release_name_that_cannot_be_a_label_is_refused_before_anything_is_written() {
+    let (dir, db) = temp();
+    let sim = start_sim(dir.path(), None);
+    for bad in ["", "two words", &"r".repeat(engine::limits::RELEASE_NAME_MAX_CHARS + 1)] {
+        let mut args = vec!["--provider", sim.url()];
+        args.extend(charge_on("drift_bad_release", "order_bad", "1000"));
+        let (code, stdout, _) = crate::agent::keel_raw(&db, &args, &[("KEEL_RELEASE", bad)]);
+        assert_eq!(code, 64, "{bad:?}: {stdout}");
+        assert!(stdout.contains("KEEL_RELEASE"), "{stdout}");
+        assert!(!db.exists(), "nothing is written");
+    }
+}

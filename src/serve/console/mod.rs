@@ -862,6 +862,19 @@ async fn metrics(State(server): Shared, headers: HeaderMap) -> Result<Response, 
         })
         .collect();
     body.append(bar_chart("Time to a definitive outcome", &settle, None, " ms"));
+    body.tag("<h2>Drift</h2>");
+    if report.drift.is_empty() {
+        body.tag("<p id=\"drift\">No rate moved when a release, policy, prompt or model changed.</p>");
+    } else {
+        body.tag("<table id=\"drift\"><tr><th>Rate</th><th>Dimension</th><th>From</th><th>To</th><th>Before</th><th>After</th></tr>");
+        for moved in &report.drift {
+            body.tag("<tr><td>").text(moved.rate).tag("</td><td>").text(moved.dimension).tag("</td><td>");
+            body.text(&moved.from_version).tag("</td><td>").text(&moved.to_version).tag("</td><td>");
+            body.text(&format!("{:.3}", moved.before)).tag("</td><td>").text(&format!("{:.3}", moved.after));
+            body.tag("</td></tr>");
+        }
+        body.tag("</table>");
+    }
     body.tag(
         "<p>The same figures: <code>GET /v1/metrics</code> (JSON) and <code>GET /metrics</code> (Prometheus).</p>",
     );
