@@ -18,6 +18,7 @@ mod doors;
 mod facts;
 mod golden;
 mod hardening;
+mod irreversible;
 mod kills;
 mod leases;
 mod metrics;
