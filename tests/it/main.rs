@@ -35,5 +35,6 @@ mod teeth;
 mod testkit;
 mod timers;
 mod trace;
+mod unknown_outcome;
 mod vault;
 mod worker;
