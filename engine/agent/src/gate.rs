@@ -4,8 +4,10 @@
 //! whose effect class is `mutation` or `irreversible` declares how its bound arguments map
 //! to an [`EffectIntent`]; the guard asks the gate to reserve it (key + fingerprint, with the
 //! cumulative invariants checked in the same transaction) with the tool's approval policy,
-//! asks for approval when the reservation requires it — the tool's policy or the spine's
-//! threshold, the stricter wins (bound to the fingerprint, expiring), runs the body with the
+//! asks for approval when the reservation requires it — the tool's policy (for an
+//! irreversible tool that names none, its class: a human unless the operator's policy lowers
+//! it, [`ApprovalAsk`]) or the spine's threshold, the stricter wins (bound to the
+//! fingerprint, expiring), runs the body with the
 //! [`EffectTicket`], and reports the body's [`EffectOutcome`] to the gate. The spine's intent
 //! lifecycle is the real implementation (`IntentGate`); tests use [`MemoryGate`].
 
