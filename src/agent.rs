@@ -331,6 +331,10 @@ struct Plan {
     spine: RunLimits,
     /// A new support run's request, with its ticket's facts; a resumed run's is its start's.
     prompt: String,
+    /// The operator's policy in force, which the support agent's refunds are reserved under:
+    /// loaded by `keel agent run|resume`; `None` under `keel resume`/`keel worker`, whose
+    /// refunds then lower nothing (an irreversible refund waits for a human).
+    policy: Option<engine::policy::InForce>,
 }
 
 /// `keel agent …`.
@@ -355,12 +359,17 @@ pub async fn dispatch(
         }
         AgentCommand::Resume { run_id, .. } => (plan_resume(db, &RunId::new(run_id))?, true),
     };
-    if !resuming && matches!(plan.script, Script::Support { .. }) {
-        // Every refund waits for a human unless the operator's policy says otherwise.
+    if matches!(plan.script, Script::Support { .. }) {
+        // Every refund waits for a human unless the operator's policy says otherwise: its
+        // threshold, or its lowering of the irreversible default for refunds.
         let loaded = policy.load().map_err(Failure::Usage)?;
-        let rules = loaded.policy.rules(support_agent::TENANT, engine::provider::EffectKind::Refund);
-        let threshold = rules.approval_threshold_minor.unwrap_or(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR);
-        plan.spine = RunLimits { policy: Some(loaded.stamp), ..support_agent::spine_limits(threshold) };
+        if !resuming {
+            let rules = loaded.policy.rules(support_agent::TENANT, engine::provider::EffectKind::Refund);
+            let approval =
+                support_agent::RefundApproval::of(rules.approval_threshold_minor, rules.irreversible_without_approval);
+            plan.spine = RunLimits { policy: Some(loaded.stamp.clone()), ..support_agent::spine_limits(approval) };
+        }
+        plan.policy = Some(loaded.in_force());
     }
     // Before anything is opened: a missing key or transcript writes nothing.
     let source = plan.script.load().map_err(Failure::Usage)?;
@@ -416,6 +425,7 @@ fn plan_resume(db: &Path, run_id: &RunId) -> Result<Plan, Failure> {
         script,
         spine: history.run.limits.clone(),
         prompt: header.prompt.clone(),
+        policy: None,
     })
 }
 
@@ -448,8 +458,11 @@ async fn drive(
     let (node, gate) = match plan.script {
         Script::Support { .. } => {
             let node = crate::wiring::Node::open(db, durability, provider, None)?;
-            let gate = Arc::new(IntentGate::new(node.executor.runtime().clone(), Cause::command("agent")));
-            (node, Some(gate))
+            let mut gate = IntentGate::new(node.executor.runtime().clone(), Cause::command("agent"));
+            if let Some(policy) = &plan.policy {
+                gate = gate.under_policy(policy.clone());
+            }
+            (node, Some(Arc::new(gate)))
         }
         Script::Scenario(_) | Script::File(_) | Script::Live(_) => {
             let store = open_store(db, durability)?;
@@ -870,6 +883,7 @@ fn finish_plan(
         capabilities: grants,
         spine: RunLimits::default(),
         prompt: support_agent::PROMPT.to_owned(),
+        policy: None,
     })
 }
 

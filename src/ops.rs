@@ -162,7 +162,21 @@ fn print_intent(workflow: &str, outcome: &IntentOutcome) {
     if let Some(at) = outcome.reconcile_after {
         line.push_str(&format!(", reconcile after {}", when(at)));
     }
+    if let Some(unknown) = &outcome.unknown {
+        line.push_str(&format!(", reason {}", unknown.reason.as_str()));
+    }
     outln!("{line}");
+    if let Some(unknown) = &outcome.unknown {
+        outln!(
+            "  {}",
+            if unknown.retryable {
+                "retryable: re-submit the same request (same key, same payload) to learn the outcome; Keel looks the \
+                 effect up and never sends it twice"
+            } else {
+                "not retryable: escalated to an operator (`keel resolve`); a re-submission changes nothing"
+            }
+        );
+    }
     outcome.details.iter().for_each(|detail| outln!("  - {detail}"));
 }
 

@@ -767,6 +767,13 @@ pub enum Event {
         /// winning. Absent: the run's own policy (and in every row written before this field).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         policy: Option<crate::policy::PolicyStamp>,
+        /// The operator's policy that lowered the effect-class default for this intent's
+        /// operation (`irreversible_without_approval`): an agent's irreversible tool that names
+        /// no approval policy of its own would have waited for a human, and this policy let it
+        /// run without one (the run's approval threshold still applied). Absent: nothing was
+        /// lowered (and in every row written before this field).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approval_lowered_by: Option<crate::policy::PolicyStamp>,
     },
     /// The same key and fingerprint were proposed again; the stored outcome was returned.
     IntentDeduplicated {

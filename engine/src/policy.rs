@@ -63,6 +63,13 @@ pub struct Section {
     /// Currencies allowed (`policy_denied` for another), ISO 4217 codes in any case.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub currencies: Option<Vec<String>>,
+    /// `true` lowers the effect-class default for this operation: an agent's irreversible
+    /// tool that names no approval policy of its own runs without a human (the approval
+    /// threshold still applies), and its reservation records this policy's stamp. Absent or
+    /// `false`: such a call waits for a human. Only an operation's section may set it
+    /// (`[operations.OP]`, `[tenants.T.operations.OP]`): a lowering is explicit per operation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub irreversible_without_approval: Option<bool>,
 }
 
 /// Per-operation sections.
@@ -114,6 +121,7 @@ struct Checked {
     approval_threshold_minor: Option<i64>,
     run_budget_minor: Option<i64>,
     currencies: Option<BTreeSet<Currency>>,
+    irreversible_without_approval: Option<bool>,
 }
 
 /// How a door reads a currency code (the workflows' `supported_currency`): the policy accepts
@@ -151,6 +159,7 @@ impl Checked {
             )?,
             run_budget_minor: amount("run_budget_minor", section.run_budget_minor, limits::AMOUNT_MINOR_MAX)?,
             currencies,
+            irreversible_without_approval: section.irreversible_without_approval,
         })
     }
 
@@ -161,6 +170,7 @@ impl Checked {
             approval_threshold_minor: over.approval_threshold_minor.or(self.approval_threshold_minor),
             run_budget_minor: over.run_budget_minor.or(self.run_budget_minor),
             currencies: over.currencies.clone().or_else(|| self.currencies.clone()),
+            irreversible_without_approval: over.irreversible_without_approval.or(self.irreversible_without_approval),
         }
     }
 }
@@ -185,6 +195,14 @@ impl Level {
                 .as_ref()
                 .map_or(Ok(Checked::default()), |s| Checked::of(s, &format!("{path}operations.{name}"), currency_door))
         };
+        if defaults.irreversible_without_approval.is_some() {
+            return Err(PolicyError::Invalid {
+                field: format!("{path}defaults.irreversible_without_approval"),
+                detail: "an irreversible effect waits for a human unless one operation's section lowers it: set it \
+                         under [operations.OP] or [tenants.T.operations.OP], not in defaults"
+                    .to_owned(),
+            });
+        }
         Ok(Self {
             defaults: Checked::of(defaults, &format!("{path}defaults"), currency_door)?,
             charge: operation(&operations.charge, "charge")?,
@@ -210,7 +228,8 @@ pub struct Policy {
 
 impl Policy {
     /// The built-in policy: the defaults of [`crate::limits`], every currency the workflows
-    /// accept, no approval threshold.
+    /// accept, no approval threshold, no operation's irreversible effects lowered (they wait
+    /// for a human).
     pub fn builtin() -> Self {
         Self { version: BUILTIN_VERSION.to_owned(), file: Level::default(), tenants: BTreeMap::new() }
     }
@@ -315,6 +334,7 @@ impl Policy {
             approval_threshold_minor: checked.approval_threshold_minor,
             run_budget_minor: checked.run_budget_minor.unwrap_or(limits::RUN_COST_DEFAULT_MINOR),
             currencies: checked.currencies,
+            irreversible_without_approval: checked.irreversible_without_approval.unwrap_or(false),
         }
     }
 }
@@ -330,6 +350,9 @@ pub struct Rules {
     pub run_budget_minor: i64,
     /// Currencies allowed (`None`: every currency the workflows accept).
     pub currencies: Option<BTreeSet<Currency>>,
+    /// The operator lowered the effect-class default for this operation: an irreversible
+    /// effect whose tool names no approval policy runs without a human (`false`: it waits).
+    pub irreversible_without_approval: bool,
 }
 
 /// A caller's per-invocation flags: each may only tighten its rule.
@@ -406,7 +429,7 @@ pub struct InForce {
 impl InForce {
     /// What this policy sets for one intent of `tenant`'s `kind`.
     pub fn governing(&self, tenant: &str, kind: EffectKind) -> Governing {
-        Governing { rules: self.policy.rules(tenant, kind), stamp: self.stamp.clone() }
+        Governing { rules: self.policy.rules(tenant, kind), stamp: self.stamp.clone(), approval_lowered: false }
     }
 }
 
@@ -421,6 +444,19 @@ pub struct Governing {
     pub rules: Rules,
     /// The policy they come from.
     pub stamp: PolicyStamp,
+    /// This policy lowered the reservation's approval: its caller's effect class asked for a
+    /// human (an agent's irreversible tool that names no approval policy) and the rules set
+    /// `irreversible_without_approval`, so the caller asked for none. The reservation records
+    /// the stamp as `approval_lowered_by`, whether or not the run started under this policy.
+    pub approval_lowered: bool,
+}
+
+impl Governing {
+    /// The same rules, recorded as having lowered the reservation's approval (see
+    /// [`Governing::approval_lowered`]).
+    pub fn lowering_approval(self) -> Self {
+        Self { approval_lowered: true, ..self }
+    }
 }
 
 /// The stricter of two approval thresholds (`None`: no approval required by that side): the
@@ -539,6 +575,20 @@ mod tests {
     }
 
     #[test]
+    fn an_operation_lowers_its_irreversible_effects_explicitly_and_a_tenant_may_raise_them_back() {
+        let p = policy(json!({
+            "version": "v1",
+            "operations": {"refund": {"irreversible_without_approval": true}},
+            "tenants": {T1: {"operations": {"refund": {"irreversible_without_approval": false}}}},
+        }))
+        .expect("a valid policy");
+        assert!(p.rules(T2, EffectKind::Refund).irreversible_without_approval);
+        assert!(!p.rules(T2, EffectKind::Charge).irreversible_without_approval, "only the operation named");
+        assert!(!p.rules(T1, EffectKind::Refund).irreversible_without_approval, "the tenant's section wins");
+        assert!(!Policy::builtin().rules(T2, EffectKind::Refund).irreversible_without_approval);
+    }
+
+    #[test]
     fn the_builtin_policy_is_bounded() {
         let rules = Policy::builtin().rules(T1, EffectKind::Charge);
         assert_eq!(rules.max_amount_minor, limits::EFFECT_AMOUNT_DEFAULT_MAX_MINOR);
@@ -601,6 +651,15 @@ mod tests {
                 json!({"version": "v", "tenants": {T1: {"defaults": {"approval_threshold_minor": -5}}}}),
                 "approval_threshold_minor",
             ),
+            (
+                json!({"version": "v", "defaults": {"irreversible_without_approval": true}}),
+                "defaults.irreversible_without_approval: an irreversible effect waits for a human unless one \
+                 operation's section lowers it",
+            ),
+            (
+                json!({"version": "v", "tenants": {T1: {"defaults": {"irreversible_without_approval": false}}}}),
+                "defaults.irreversible_without_approval",
+            ),
         ] {
             let refused = policy(document.clone()).expect_err("refused");
             assert!(refused.to_string().contains(field), "{document}: {refused}");
@@ -610,6 +669,8 @@ mod tests {
             json!({"version": "v", "defaults": {"max_amount": 1}}),
             json!({"version": "v", "operations": {"payout": {}}}),
             json!({"version": "v", "tenants": {T1: {"max_amount_minor": 1}}}),
+            json!({"version": "v", "operations": {"refund": {"irreversible_without_approval": "yes"}}}),
+            json!({"version": "v", "operations": {"refund": {"irreversible_without_approval": 1}}}),
         ] {
             assert!(serde_json::from_value::<Document>(unknown.clone()).is_err(), "{unknown} is refused");
         }

@@ -233,7 +233,7 @@ fn run_request(server: &Server, key: &ApiKey, rules: &Rules) -> RunRequest {
     security(("bearer" = [])),
     responses(
         (status = 200, description = "validated (source provider, reconciled or deduplicated)", body = serde_json::Value),
-        (status = 202, description = "not known yet: the intent's state, Retry-After and retry_after_s", body = serde_json::Value),
+        (status = 202, description = "not known yet: the intent's state, Retry-After and retry_after_s; an unknown outcome adds reason (why, as the log records it) and retryable (whether re-submitting the same request is useful)", body = serde_json::Value),
         (status = 402, description = "declined by the provider (its code)", body = ErrorBody),
         (status = 409, description = "intent_payload_mismatch, reference_pending or cancelled", body = ErrorBody),
         (status = 413, description = "body_too_large", body = ErrorBody),
@@ -254,7 +254,7 @@ pub async fn charge(State(server): Shared, headers: HeaderMap, body: Body) -> Re
     security(("bearer" = [])),
     responses(
         (status = 200, description = "validated (source provider, reconciled or deduplicated)", body = serde_json::Value),
-        (status = 202, description = "not known yet: the intent's state, Retry-After and retry_after_s", body = serde_json::Value),
+        (status = 202, description = "not known yet: the intent's state, Retry-After and retry_after_s; an unknown outcome adds reason (why, as the log records it) and retryable (whether re-submitting the same request is useful)", body = serde_json::Value),
         (status = 402, description = "declined by the provider (its code)", body = ErrorBody),
         (status = 409, description = "intent_payload_mismatch, reference_pending or cancelled", body = ErrorBody),
         (status = 413, description = "body_too_large", body = ErrorBody),
@@ -339,7 +339,8 @@ fn respond(outcome: &RunOutcome, stamp: &PolicyStamp) -> Result<Response, ApiErr
     }
 }
 
-/// 202: the outcome is not known yet. The body is the intent's state; `Retry-After` (and
+/// 202: the outcome is not known yet. The body is the intent's state (an unknown outcome's
+/// `reason` and `retryable` with it, from the typed outcome); `Retry-After` (and
 /// `retry_after_s`) say when to ask again — re-submit the same request, or read the intent.
 fn pending(intent: &IntentOutcome, mut document: Value) -> Response {
     let seconds = match (intent.reconcile_after, intent.status) {

@@ -683,6 +683,7 @@ mod tests {
             reconciliations_max: 5,
             approval_required: false,
             policy: None,
+            approval_lowered_by: None,
         };
         // A tenant holding ':' cannot be split back from the key: it is kept.
         let colon = IntentKey::new(EffectKind::Refund, "a:b", "c");

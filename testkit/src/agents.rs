@@ -24,6 +24,7 @@ use engine::clock::ManualClock;
 use engine::event::{Cause, RunId, RunLimits, RunVersions};
 use engine::executor::Runtime;
 use engine::log::{Ask, Asking as _};
+use engine::policy::InForce;
 use engine::provider::{BoxFuture, Secret};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,6 +61,7 @@ pub struct Agent {
     capabilities: BTreeSet<String>,
     spine: RunLimits,
     card: Option<String>,
+    policy: Option<InForce>,
 }
 
 impl Agent {
@@ -83,6 +85,7 @@ impl Agent {
             capabilities: BTreeSet::new(),
             spine: crate::default_limits(),
             card: None,
+            policy: None,
         }
     }
 
@@ -107,6 +110,16 @@ impl Agent {
     /// The spine's limits for the intents its effect tools reserve (money, attempts…).
     pub fn spine(mut self, limits: RunLimits) -> Self {
         self.spine = limits;
+        self
+    }
+
+    /// Runs it under the operator's policy `policy`, which its effect tools' intents are
+    /// reserved under: an irreversible tool that names no approval policy waits for a human
+    /// (which the kit never gives) unless `policy` lowers it for the operation
+    /// (`irreversible_without_approval`); the runs record `policy`'s stamp.
+    pub fn under_policy(mut self, policy: InForce) -> Self {
+        self.spine.policy = Some(policy.stamp.clone());
+        self.policy = Some(policy);
         self
     }
 
@@ -240,6 +253,9 @@ pub(crate) async fn drive(
     let mut gate = IntentGate::new(runtime.clone(), cause.clone());
     if let Some(card) = &agent.card {
         gate = gate.paying_with(Secret::new(card));
+    }
+    if let Some(policy) = &agent.policy {
+        gate = gate.under_policy(policy.clone());
     }
     let gate = Arc::new(gate);
     let registry = (agent.tools)(&AgentHost { run_id, gate: &gate, recorded: &recorded });

@@ -12,6 +12,9 @@ fn an_invoice_agent_pays_once_under_crashes_and_faults() {
     let reports = kit.run().unwrap_or_else(|failure| panic!("{failure}"));
     assert!(reports.iter().any(|r| r.crashes > 0), "some seed crashed the agent: {reports:#?}");
     assert!(reports.iter().all(|r| r.report.effects <= 1), "{reports:#?}");
+    // Paid, without a human: its policy lowers the irreversible default for charges (without
+    // it every payment would wait for an approval the kit never gives).
+    assert!(reports.iter().any(|r| r.report.effects == 1), "some seed paid the invoice: {reports:#?}");
 }
 
 #[test]

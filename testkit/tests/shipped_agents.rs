@@ -36,7 +36,12 @@ fn support_agent(scenario: Support) -> Agent {
     let transcript = Transcript::from_file(scenario.transcript(fixtures())).expect("the transcript parses");
     let case = scenario.case();
     let tools = move |host: &AgentHost<'_>| {
-        support_agent::registry(host.run_id, &case, host.gate, engine::limits::AMOUNT_MINOR_MAX)
+        support_agent::registry(
+            host.run_id,
+            &case,
+            host.gate,
+            support_agent::RefundApproval::Above(engine::limits::AMOUNT_MINOR_MAX),
+        )
     };
     Agent::new(support_agent::WORKFLOW, transcript, tools, support_agent::is_complete)
         .prompt(support_agent::SYSTEM, support_agent::PROMPT)

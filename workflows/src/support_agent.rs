@@ -12,10 +12,13 @@
 //!   `refund:<tenant>:<id>`, the id derived from the run id and the call's canonical
 //!   signature, so a replayed or identical call maps to the same key; the ledger checks the
 //!   cumulative invariant (refunds reserved, unknown or validated ≤ charged on the order,
-//!   which the `charge` workflow must have charged in the same log), the approval above
-//!   the run's threshold ([`APPROVAL_THRESHOLD_DEFAULT_MINOR`]: every refund, unless the
-//!   operator's policy says otherwise; bound to the fingerprint, expiring), and drives the
-//!   attempt through the `PaymentProvider` ([`agent::IntentGate`]).
+//!   which the `charge` workflow must have charged in the same log), the approval the
+//!   operator's policy in force sets ([`RefundApproval`]: every refund by default — an
+//!   irreversible effect —, above its threshold, or none where it lowers the default; bound
+//!   to the fingerprint, expiring), and drives the attempt through the `PaymentProvider`
+//!   ([`agent::IntentGate`]). Its description tells the model that very rule, rendered from
+//!   the same value the guard and the spine enforce, never a constant (seed 002: the model
+//!   acts on the description).
 //!
 //! A fourth, `refund_desk` (capability `desk.delegate`), is a sub-agent exposed as a tool
 //! (seed 002's "sous-agent", [`agent::Delegation`]): asked one question, it runs its own
@@ -51,11 +54,64 @@ use std::sync::Arc;
 pub const WORKFLOW: &str = "support";
 /// The tenant the support desk acts for (a UUID, like every tenant the charge accepts).
 pub const TENANT: &str = "6f1d2c3b-4a59-4e8d-9c7b-2a1f0e9d8c76";
-/// Refunds above this many minor units need a human approval unless the operator's policy
-/// says otherwise (`[operations.refund] approval_threshold_minor`, for the desk's tenant): by
-/// default every refund — an irreversible effect — waits for a human (seed 002). The spine's
-/// run limit and the tool's policy are one value, recorded in the run's limits.
-pub const APPROVAL_THRESHOLD_DEFAULT_MINOR: i64 = 0;
+/// When a refund waits for a human, as the operator's policy in force sets it for the desk's
+/// tenant: one value that renders what the refund tool's description tells the model, the
+/// tool's approval policy and the spine's threshold, so the three cannot drift apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefundApproval {
+    /// Every refund waits: an irreversible effect, whose default the policy does not lower
+    /// (and sets no threshold, or a threshold of 0).
+    Every,
+    /// A refund whose `amount_minor` is above this waits (the policy's approval threshold).
+    Above(i64),
+    /// No refund waits: the policy lowers the irreversible default for refunds
+    /// (`irreversible_without_approval`) and sets no threshold. Each reservation records the
+    /// policy's stamp.
+    Nobody,
+}
+
+impl RefundApproval {
+    /// The rule for a policy's (or a run's recorded) approval threshold, and whether the
+    /// policy in force lowers the irreversible default for refunds.
+    pub fn of(approval_threshold_minor: Option<i64>, lowered: bool) -> Self {
+        match (approval_threshold_minor, lowered) {
+            (Some(0), _) | (None, false) => Self::Every,
+            (Some(threshold), _) => Self::Above(threshold),
+            (None, true) => Self::Nobody,
+        }
+    }
+
+    /// The spine's approval threshold for the run's refunds (recorded in its limits).
+    pub fn threshold_minor(self) -> Option<i64> {
+        match self {
+            Self::Every => Some(0),
+            Self::Above(threshold) => Some(threshold),
+            Self::Nobody => None,
+        }
+    }
+
+    /// The refund tool's own approval policy: `Nobody` names none, so its irreversible class
+    /// decides — which the gate resolves against the same policy that lowered it.
+    fn tool_policy(self) -> ApprovalPolicy {
+        match self {
+            Self::Every => ApprovalPolicy::Always,
+            Self::Above(threshold) => ApprovalPolicy::AboveMinor(threshold),
+            Self::Nobody => ApprovalPolicy::Never,
+        }
+    }
+
+    /// The sentence the model reads about approval.
+    fn sentence(self) -> String {
+        match self {
+            Self::Every => "Every refund waits for a human's approval before anything is sent.".to_owned(),
+            Self::Above(threshold) => format!(
+                "A refund with amount_minor above {threshold} waits for a human's approval before anything is sent; \
+                 up to {threshold} it is sent at once."
+            ),
+            Self::Nobody => "It is sent at once, without a human's approval (the operator's policy).".to_owned(),
+        }
+    }
+}
 /// Capability of `read_ticket`.
 pub const CAP_TICKET: &str = "ticket.read";
 /// Capability of `read_order`.
@@ -190,22 +246,25 @@ fn read_spec(name: &str, description: &str, capability: &str) -> ToolSpec {
 }
 
 /// The tools of run `run_id` over `case` — `read_ticket`, `read_order`, `refund` and the
-/// `refund_desk` sub-agent; `refund` drives its intent through `gate`, approved by a human
-/// above `approval_threshold_minor`.
-pub fn registry(run_id: &str, case: &Case, gate: &Arc<IntentGate>, approval_threshold_minor: i64) -> Registry {
+/// `refund_desk` sub-agent; `refund` drives its intent through `gate`, approved by a human as
+/// `approval` says (and its description says so).
+pub fn registry(run_id: &str, case: &Case, gate: &Arc<IntentGate>, approval: RefundApproval) -> Registry {
     let mut registry = Registry::new();
     registry.register(ticket_tool(case)).expect("read_ticket's schema is closed and its name unique: checked by tests");
     registry.register(order_tool(case)).expect("read_order's schema is closed and its name unique: checked by tests");
-    let refund = refund_tool(run_id, case, gate, approval_threshold_minor);
+    let refund = refund_tool(run_id, case, gate, approval);
     registry.register(refund).expect("refund's schema is closed, its intent declared: checked by tests");
     let mut desk = Registry::new();
     desk.register(order_tool(case)).expect("read_order's schema is closed and its name unique: checked by tests");
-    let refund = refund_tool(run_id, case, gate, approval_threshold_minor);
+    let refund = refund_tool(run_id, case, gate, approval);
     desk.register(refund).expect("refund's schema is closed, its intent declared: checked by tests");
     let delegation = Delegation::new("1", desk, DESK_SYSTEM, desk_limits(), is_refunded);
-    let description = "Hands a refund to the refund desk, a separate agent that reads the order and refunds it \
-        (a human approves), then answers in a few lines. It sees nothing of this conversation: say everything.";
-    registry.delegate(DESK, description, CAP_DELEGATE, delegation).expect("the desk's tools delegate nothing");
+    let description = format!(
+        "Hands a refund to the refund desk, a separate agent that reads the order and refunds it, then answers in a \
+         few lines. {} It sees nothing of this conversation: say everything.",
+        approval.sentence()
+    );
+    registry.delegate(DESK, &description, CAP_DELEGATE, delegation).expect("the desk's tools delegate nothing");
     registry
 }
 
@@ -244,12 +303,14 @@ fn order_tool(case: &Case) -> Tool<NoArgs> {
 }
 
 /// `refund`, bound to `case`'s order, its key derived from run `run_id` and the call.
-fn refund_tool(run_id: &str, case: &Case, gate: &Arc<IntentGate>, approval_threshold_minor: i64) -> Tool<RefundArgs> {
+fn refund_tool(run_id: &str, case: &Case, gate: &Arc<IntentGate>, approval: RefundApproval) -> Tool<RefundArgs> {
     let refund = ToolSpec {
         name: "refund".into(),
-        description: "Refunds the ticket's own order (no other order can be named). Irreversible; above 5.00 a \
-            human approves. Arguments: amount_minor (integer minor units, 8990 = 89.90), currency."
-            .into(),
+        description: format!(
+            "Refunds the ticket's own order (no other order can be named). Irreversible. {} Arguments: amount_minor \
+             (integer minor units, 8990 = 89.90), currency.",
+            approval.sentence()
+        ),
         version: "1".into(),
         schema: json!({
             "type": "object",
@@ -262,7 +323,7 @@ fn refund_tool(run_id: &str, case: &Case, gate: &Arc<IntentGate>, approval_thres
         }),
         capability: CAP_REFUND.into(),
         effect: EffectClass::Irreversible,
-        approval: ApprovalPolicy::AboveMinor(approval_threshold_minor),
+        approval: approval.tool_policy(),
     };
     let order = case.order.clone();
     let (for_currency, for_amount, for_intent) = (order.clone(), order.clone(), order.clone());
@@ -394,14 +455,14 @@ pub fn limits() -> AgentLimits {
     AgentLimits { model_calls_max: 8, tool_calls_max: 8, repeats_per_signature_max: 3, ..AgentLimits::default() }
 }
 
-/// The spine's limits for the run's refund intents: the default money budget, approval above
-/// the threshold.
-pub fn spine_limits(approval_threshold_minor: i64) -> RunLimits {
+/// The spine's limits for the run's refund intents: the default money budget, the approval
+/// threshold `approval` sets.
+pub fn spine_limits(approval: RefundApproval) -> RunLimits {
     RunLimits {
         cost_minor_max: Some(engine::limits::RUN_COST_DEFAULT_MINOR),
         attempts_per_intent_max: engine::limits::ATTEMPTS_PER_INTENT_DEFAULT,
         reconciliations_per_intent_max: engine::limits::RECONCILIATIONS_PER_INTENT_DEFAULT,
-        approval_threshold_minor: Some(approval_threshold_minor),
+        approval_threshold_minor: approval.threshold_minor(),
         policy: None,
         network_retries_max: Some(engine::limits::NETWORK_RETRIES_PER_RUN_MAX),
         reconciliations_max: Some(engine::limits::RECONCILIATIONS_PER_RUN_DEFAULT),
@@ -410,8 +471,9 @@ pub fn spine_limits(approval_threshold_minor: i64) -> RunLimits {
 
 /// Starts or resumes one support run over `case`. `limits` and `capabilities` apply only to
 /// a new run. The journal's run must have been started with `spine` ([`spine_limits`], as
-/// the operator's policy set it): its approval threshold binds the refunds, its policy stamp
-/// names the run's `policy.version`.
+/// the operator's policy set it): its approval threshold, with the lowering of the policy
+/// `gate` is under, is the refunds' [`RefundApproval`]; its policy stamp names the run's
+/// `policy.version`.
 /// `prompt` is a new run's request ([`prompt`], with the ticket's facts).
 pub async fn run(
     env: AgentEnv<'_>,
@@ -422,8 +484,8 @@ pub async fn run(
     (limits, capabilities): (AgentLimits, BTreeSet<String>),
     spine: &RunLimits,
 ) -> Result<RunOutcome, AgentError> {
-    let approval_threshold_minor = spine.approval_threshold_minor.unwrap_or(APPROVAL_THRESHOLD_DEFAULT_MINOR);
-    let registry = registry(run_id, case, gate, approval_threshold_minor);
+    let lowered = gate.lowers_irreversible(TENANT, engine::provider::EffectKind::Refund).is_some();
+    let registry = registry(run_id, case, gate, RefundApproval::of(spine.approval_threshold_minor, lowered));
     let spec = RunSpec {
         run_id: run_id.to_owned(),
         workflow: WORKFLOW.to_owned(),
@@ -534,11 +596,23 @@ mod tests {
             lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("test")),
         };
         let gate = Arc::new(IntentGate::new(runtime, Cause::command("test")));
-        let registry = registry("r1", &Scenario::Injection.case(), &gate, APPROVAL_THRESHOLD_DEFAULT_MINOR);
+        let registry = registry("r1", &Scenario::Injection.case(), &gate, RefundApproval::Every);
         let refund = registry.spec("refund").expect("refund is registered");
         let properties = refund.schema["properties"].as_object().expect("an object schema");
         assert_eq!(properties.keys().collect::<Vec<_>>(), ["amount_minor", "currency"]);
         assert_eq!(refund.effect, EffectClass::Irreversible);
-        assert_eq!(refund.approval, ApprovalPolicy::AboveMinor(APPROVAL_THRESHOLD_DEFAULT_MINOR));
+        assert_eq!(refund.approval, ApprovalPolicy::Always);
+    }
+
+    #[test]
+    fn the_approval_rule_is_the_policy_s_whatever_the_source() {
+        assert_eq!(RefundApproval::of(None, false), RefundApproval::Every, "an irreversible effect waits");
+        assert_eq!(RefundApproval::of(Some(0), true), RefundApproval::Every);
+        assert_eq!(RefundApproval::of(Some(500), false), RefundApproval::Above(500));
+        assert_eq!(RefundApproval::of(None, true), RefundApproval::Nobody);
+        for approval in [RefundApproval::Every, RefundApproval::Above(500), RefundApproval::Nobody] {
+            let lowered = approval == RefundApproval::Nobody;
+            assert_eq!(RefundApproval::of(approval.threshold_minor(), lowered), approval, "a resume reads it back");
+        }
     }
 }

@@ -38,6 +38,7 @@ impl Harness {
             approval_threshold_minor: None,
             run_budget_minor: engine::limits::RUN_COST_DEFAULT_MINOR,
             currencies: None,
+            irreversible_without_approval: false,
         };
         Self::with_workflows(capability, workflows::builtin(Some(rules)))
     }

@@ -35,6 +35,11 @@ struct Desk {
 
 impl Desk {
     fn new() -> Self {
+        Self::under(None)
+    }
+
+    /// A desk whose gate reserves under the operator's policy `policy`.
+    fn under(policy: Option<engine::policy::InForce>) -> Self {
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
         let log = Arc::new(MemoryLog::new(clock.clone()));
@@ -46,7 +51,11 @@ impl Desk {
             clock: clock.clone(),
             lessee: engine::lease::Lessee::new(engine::lease::LeaseOwner::named("support-test")),
         };
-        let gate = Arc::new(IntentGate::new(runtime.clone(), Cause::command("agent")));
+        let mut gate = IntentGate::new(runtime.clone(), Cause::command("agent"));
+        if let Some(policy) = policy {
+            gate = gate.under_policy(policy);
+        }
+        let gate = Arc::new(gate);
         Self { executor: Executor::new(runtime, workflows::builtin(None)), clock, log, provider, gate }
     }
 
@@ -59,7 +68,7 @@ impl Desk {
             run_id: RunId::new(format!("charge-{}", order.id)),
             limits: engine::event::RunLimits {
                 approval_threshold_minor: None,
-                ..support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR)
+                ..support_agent::spine_limits(support_agent::RefundApproval::Every)
             },
             deadline_ms: 120_000,
             cause: Cause::command("charge"),
@@ -73,7 +82,7 @@ impl Desk {
         let lessee = self.executor.runtime().lessee.clone();
         let start = NewRun {
             input: json!({"scenario": scenario.name()}),
-            limits: support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR),
+            limits: support_agent::spine_limits(support_agent::RefundApproval::Every),
             versions: engine::event::RunVersions::this_release(),
         };
         let log: Arc<dyn EventLog> = self.log.clone();
@@ -92,7 +101,7 @@ impl Desk {
             &scenario.case(),
             &self.gate,
             (support_agent::limits(), support_agent::all_capabilities()),
-            &support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR),
+            &support_agent::spine_limits(support_agent::RefundApproval::Every),
         )
         .await
         .expect("the run ends with an outcome")
@@ -229,10 +238,16 @@ async fn an_approval_for_ten_cannot_release_a_thousand() {
     assert_eq!(desk.provider.effect_count(), charged + 1, "only the 10.00 refund reached the provider");
 }
 
-/// A refund tool whose approval policy is `policy`, on run `run_id` under the spine's
-/// approval `threshold`: the tool's policy and the spine's threshold are two sources of
-/// truth, and a human is asked whenever either requires one.
-async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, threshold: Option<i64>) -> RunOutcome {
+/// A refund tool of class `effect` whose approval policy is `policy`, on run `run_id` under
+/// the spine's approval `threshold`: the tool's policy (or, for an irreversible tool that
+/// names none, its class) and the spine's threshold are two sources of truth, and a human is
+/// asked whenever either requires one.
+async fn refund_under(
+    desk: &Desk,
+    run_id: &str,
+    (effect, policy): (EffectClass, ApprovalPolicy),
+    threshold: Option<i64>,
+) -> RunOutcome {
     #[derive(serde::Serialize, serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Args {
@@ -246,7 +261,7 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
         schema: json!({"type": "object", "properties": {"amount_minor": {"type": "integer"},
             "currency": {"type": "string"}}, "required": ["amount_minor", "currency"], "additionalProperties": false}),
         capability: "order.refund".into(),
-        effect: EffectClass::Irreversible,
+        effect,
         approval: policy,
     };
     let gate = Arc::clone(&desk.gate);
@@ -287,7 +302,7 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
     let lessee = desk.executor.runtime().lessee.clone();
     let limits = engine::event::RunLimits {
         approval_threshold_minor: threshold,
-        ..support_agent::spine_limits(support_agent::APPROVAL_THRESHOLD_DEFAULT_MINOR)
+        ..support_agent::spine_limits(support_agent::RefundApproval::Every)
     };
     let start = NewRun { input: json!({}), limits, versions: engine::event::RunVersions::this_release() };
     let log: Arc<dyn EventLog> = desk.log.clone();
@@ -308,40 +323,166 @@ async fn refund_under(desk: &Desk, run_id: &str, policy: ApprovalPolicy, thresho
     agent::run(env, &transport, &registry, &spec, &refunded).await.expect("the run ends with an outcome")
 }
 
+/// The operator's policy that lowers the irreversible default for the desk's refunds.
+fn lowering_refunds() -> engine::policy::InForce {
+    let document = json!({"version": "desk-lowered",
+        "tenants": {TENANT: {"operations": {"refund": {"irreversible_without_approval": true}}}}});
+    let bytes = document.to_string();
+    let door = |code: &str| engine::money::Currency::parse(code).map_err(|e| e.to_string());
+    let document = serde_json::from_str(&bytes).expect("the policy decodes");
+    let policy = engine::policy::Policy::from_document(document, &door).expect("the policy is valid");
+    let stamp = engine::policy::PolicyStamp::of_file(&policy, bytes.as_bytes());
+    engine::policy::InForce { policy, stamp }
+}
+
 #[tokio::test]
-async fn the_stricter_of_the_tools_policy_and_the_spines_threshold_decides_approval() {
+async fn the_stricter_of_the_tools_policy_or_class_and_the_spines_threshold_decides_approval() {
     use ApprovalPolicy::{AboveMinor, Always, Never};
-    // A refund of 9.00: (tool policy, spine threshold, a human must approve).
+    use EffectClass::{Irreversible, Mutation};
+    // A refund of 9.00: (tool class and policy, spine threshold, the operator's policy lowers
+    // the irreversible default, a human must approve).
     let table = [
-        (Never, None, false),
-        (Never, Some(500), true),
-        (Never, Some(100_000), false),
-        (Always, None, true),
-        (Always, Some(500), true),
-        (Always, Some(100_000), true),
-        (AboveMinor(500), None, true),
-        (AboveMinor(500), Some(100_000), true),
-        (AboveMinor(1_000), None, false),
-        (AboveMinor(1_000), Some(500), true),
-        (AboveMinor(1_000), Some(100_000), false),
+        ((Mutation, Never), None, false, false),
+        ((Mutation, Never), Some(500), false, true),
+        ((Mutation, Never), Some(100_000), false, false),
+        ((Mutation, Always), None, false, true),
+        ((Mutation, Always), Some(500), false, true),
+        ((Mutation, Always), Some(100_000), false, true),
+        ((Mutation, AboveMinor(500)), None, false, true),
+        ((Mutation, AboveMinor(500)), Some(100_000), false, true),
+        ((Mutation, AboveMinor(1_000)), None, false, false),
+        ((Mutation, AboveMinor(1_000)), Some(500), false, true),
+        ((Mutation, AboveMinor(1_000)), Some(100_000), false, false),
+        // An irreversible tool that names no approval waits for a human by its class…
+        ((Irreversible, Never), None, false, true),
+        ((Irreversible, Never), Some(100_000), false, true),
+        // …unless the operator's policy lowers it (the threshold still applies)…
+        ((Irreversible, Never), None, true, false),
+        ((Irreversible, Never), Some(100_000), true, false),
+        ((Irreversible, Never), Some(500), true, true),
+        // …and a tool's own policy is its own word; a mutation is not lowered, nor raised.
+        ((Irreversible, AboveMinor(1_000)), None, false, false),
+        ((Irreversible, Always), None, true, true),
+        ((Mutation, Never), None, true, false),
     ];
-    for (policy, threshold, human) in table {
-        let desk = Desk::new();
+    for (tool, threshold, lowered, human) in table {
+        let desk = Desk::under(lowered.then(lowering_refunds));
         desk.charge(&support_agent::order_c1042()).await;
         let charged = desk.provider.effect_count();
-        let outcome = refund_under(&desk, "run-sources", policy, threshold).await;
-        let case = format!("policy {policy:?}, threshold {threshold:?}");
+        let outcome = refund_under(&desk, "run-sources", tool, threshold).await;
+        let case = format!("tool {tool:?}, threshold {threshold:?}, lowered {lowered}");
         if human {
             let key = awaiting(&outcome);
             assert_eq!(desk.provider.effect_count(), charged, "{case}: nothing is refunded without a human");
             let intent = desk.refunds().into_iter().find(|i| i.key().as_str() == key).expect("the intent");
             assert_eq!(intent.status, IntentStatus::AwaitingApproval, "{case}");
             desk.approve(&key, None).expect("the operator approves");
-            let outcome = refund_under(&desk, "run-sources", policy, threshold).await;
+            let outcome = refund_under(&desk, "run-sources", tool, threshold).await;
             assert_eq!(outcome.status, AgentStatus::Completed, "{case}: approved, then refunded: {outcome:?}");
         } else {
             assert_eq!(outcome.status, AgentStatus::Completed, "{case}: no human needed: {outcome:?}");
         }
         assert_eq!(desk.provider.effect_count(), charged + 1, "{case}: exactly one refund");
+        // The reservation a lowering affected records the policy that lowered it, and only it.
+        let lowered_by = desk.log.events().into_iter().find_map(|stored| match stored.event {
+            engine::event::Event::IntentReserved { intent, approval_lowered_by, .. }
+                if intent.kind == EffectKind::Refund =>
+            {
+                Some(approval_lowered_by)
+            }
+            _ => None,
+        });
+        let expected = (lowered && tool == (Irreversible, Never)).then(|| lowering_refunds().stamp);
+        assert_eq!(lowered_by, Some(expected), "{case}");
     }
+}
+
+/// A transport that keeps the refund tool's description from each request it is sent: what
+/// the model was told.
+struct Told {
+    inner: ScriptedTransport,
+    refund: std::sync::Mutex<Vec<String>>,
+}
+
+impl agent::ModelTransport for Told {
+    fn complete<'a>(
+        &'a self,
+        request: &'a agent::ModelRequest,
+    ) -> engine::provider::BoxFuture<'a, Result<agent::ModelResponse, agent::TransportError>> {
+        let told = request.tools.iter().filter(|tool| tool.name == "refund").map(|tool| tool.description.clone());
+        self.refund.lock().expect("never poisoned: nothing panics holding it").extend(told);
+        self.inner.complete(request)
+    }
+
+    fn script_fingerprint(&self) -> Option<String> {
+        self.inner.script_fingerprint()
+    }
+}
+
+/// The refund scenario (a full refund of 89.90) under the operator's policy `policy`
+/// (`None`: the built-in one), as `keel agent run support` starts it: what the model was told
+/// of the refund tool, and how the run ended.
+async fn refund_scenario_under(policy: Option<engine::policy::InForce>) -> (Vec<String>, RunOutcome) {
+    let rules = policy
+        .as_ref()
+        .map_or_else(engine::policy::Policy::builtin, |p| p.policy.clone())
+        .rules(TENANT, EffectKind::Refund);
+    let approval =
+        support_agent::RefundApproval::of(rules.approval_threshold_minor, rules.irreversible_without_approval);
+    let desk = Desk::under(policy);
+    desk.charge(&support_agent::order_c1042()).await;
+    let spine = support_agent::spine_limits(approval);
+    let start =
+        NewRun { input: json!({}), limits: spine.clone(), versions: engine::event::RunVersions::this_release() };
+    let log: Arc<dyn EventLog> = desk.log.clone();
+    let lessee = desk.executor.runtime().lessee.clone();
+    let journal = LogJournal::new(log, RunId::new("told"), Cause::command("agent"), Some(start), lessee);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("fixtures");
+    let transcript = Transcript::from_file(Scenario::Refund.transcript(root)).expect("the transcript parses");
+    let transport = Told { inner: ScriptedTransport::new(transcript), refund: std::sync::Mutex::default() };
+    let (timer, cancel) = (ManualTimer::new(desk.clock.clone()), Cancellation::new());
+    let env = AgentEnv { journal: &journal, clock: &*desk.clock, timer: &timer, cancel: &cancel, gate: None };
+    let outcome = support_agent::run(
+        env,
+        &transport,
+        ("told", support_agent::PROMPT.to_owned()),
+        &Scenario::Refund.case(),
+        &desk.gate,
+        (support_agent::limits(), support_agent::all_capabilities()),
+        &spine,
+    )
+    .await
+    .expect("the run ends with an outcome");
+    let told = transport.refund.into_inner().expect("never poisoned: nothing panics holding it");
+    (told, outcome)
+}
+
+#[tokio::test]
+async fn the_refund_tool_tells_the_model_the_approval_rule_in_force_and_the_guard_applies_it() {
+    let policy = |version: &str, refund: serde_json::Value| {
+        let bytes = json!({"version": version, "tenants": {TENANT: {"operations": {"refund": refund}}}}).to_string();
+        let door = |code: &str| engine::money::Currency::parse(code).map_err(|e| e.to_string());
+        let document = serde_json::from_str(&bytes).expect("the policy decodes");
+        let policy = engine::policy::Policy::from_document(document, &door).expect("the policy is valid");
+        let stamp = engine::policy::PolicyStamp::of_file(&policy, bytes.as_bytes());
+        Some(engine::policy::InForce { policy, stamp })
+    };
+    // (policy, what the model is told, the 89.90 refund waits for a human)
+    let cases = [
+        (None, "Every refund waits for a human's approval", true),
+        (policy("above-100", json!({"approval_threshold_minor": 10_000})), "amount_minor above 10000 waits", false),
+        (policy("above-50", json!({"approval_threshold_minor": 5_000})), "amount_minor above 5000 waits", true),
+        (policy("lowered", json!({"irreversible_without_approval": true})), "without a human's approval", false),
+    ];
+    let mut descriptions = std::collections::BTreeSet::new();
+    for (policy, says, waits) in cases {
+        let name = policy.as_ref().map_or("builtin".to_owned(), |p| p.stamp.version.clone());
+        let (told, outcome) = refund_scenario_under(policy).await;
+        assert!(!told.is_empty() && told.iter().all(|d| d.contains(says)), "{name}: the model was told {told:?}");
+        assert!(told.iter().all(|d| !d.contains("5.00")), "{name}: no constant left: {told:?}");
+        let expected = if waits { AgentStatus::AwaitingApproval } else { AgentStatus::Completed };
+        assert_eq!(outcome.status, expected, "{name}: told {told:?}, the guard did otherwise");
+        descriptions.insert(told[0].clone());
+    }
+    assert_eq!(descriptions.len(), 4, "each policy its own description: {descriptions:#?}");
 }

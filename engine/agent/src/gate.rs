@@ -4,8 +4,10 @@
 //! whose effect class is `mutation` or `irreversible` declares how its bound arguments map
 //! to an [`EffectIntent`]; the guard asks the gate to reserve it (key + fingerprint, with the
 //! cumulative invariants checked in the same transaction) with the tool's approval policy,
-//! asks for approval when the reservation requires it — the tool's policy or the spine's
-//! threshold, the stricter wins (bound to the fingerprint, expiring), runs the body with the
+//! asks for approval when the reservation requires it — the tool's policy (for an
+//! irreversible tool that names none, its class: a human unless the operator's policy lowers
+//! it, [`ApprovalAsk`]) or the spine's threshold, the stricter wins (bound to the
+//! fingerprint, expiring), runs the body with the
 //! [`EffectTicket`], and reports the body's [`EffectOutcome`] to the gate. The spine's intent
 //! lifecycle is the real implementation (`IntentGate`); tests use [`MemoryGate`].
 
@@ -96,6 +98,21 @@ pub enum ApprovalDecision {
     Pending,
 }
 
+/// What a call asks of a human at reservation (guard step 8), before the spine's own rule
+/// (the run's threshold) is added to it: the stricter wins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApprovalAsk {
+    /// The tool's approval policy asks a human for this call.
+    Required,
+    /// The tool's approval policy asks none.
+    NotRequired,
+    /// An irreversible tool that names no approval policy: its effect class asks a human,
+    /// unless the operator's policy in force lowers it for the intent's operation
+    /// (`irreversible_without_approval`), which the reservation then records with that
+    /// policy's stamp. A gate without a policy never lowers it.
+    ByEffectClass,
+}
+
 /// What the body reports about its effect.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
@@ -124,15 +141,15 @@ pub enum EffectOutcome {
 pub trait EffectGate: Send + Sync {
     /// Reserves key + fingerprint (+ money, + cumulative invariants) for `run_id`, proposed
     /// by a call of the registry's tool `tool` (recorded on the intent).
-    /// `approval_required` is the tool's policy for this call; the reservation requires a
-    /// human when it, or the spine's own rule, says so (the stricter wins), and its ticket
-    /// says which.
+    /// `approval` is what the tool's policy or its effect class asks for this call; the
+    /// reservation requires a human when it, or the spine's own rule, says so (the stricter
+    /// wins), and its ticket says which.
     fn reserve<'a>(
         &'a self,
         run_id: &'a str,
         tool: &'a str,
         intent: &'a EffectIntent,
-        approval_required: bool,
+        approval: ApprovalAsk,
     ) -> BoxFuture<'a, GateDecision>;
     /// Checks for a valid approval bound to `ticket.fingerprint`.
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision>;
@@ -146,7 +163,9 @@ pub trait EffectGate: Send + Sync {
 
 /// An in-memory [`EffectGate`] for tests, as `MemoryJournal` is for the journal: one payload
 /// fingerprint per intent key, so a repeated call is deduplicated and a changed one refused
-/// `intent_payload_mismatch`, as the spine answers; every approval check gets the one answer
+/// `intent_payload_mismatch`, as the spine answers; it holds no operator's policy, so an
+/// irreversible effect's class is never lowered (it requires a human); every approval check
+/// gets the one answer
 /// it was built with; what each effect was settled with is kept, in order, for the test to
 /// read. It checks no reference, and money only when given a budget
 /// ([`MemoryGate::with_money_budget`]): the sum of the amounts it reserved, as the spine's
@@ -198,8 +217,9 @@ impl EffectGate for MemoryGate {
         run_id: &'a str,
         _tool: &'a str,
         intent: &'a EffectIntent,
-        approval_required: bool,
+        approval: ApprovalAsk,
     ) -> BoxFuture<'a, GateDecision> {
+        let approval_required = approval != ApprovalAsk::NotRequired;
         let (key, fingerprint) = (intent.key(), intent.fingerprint());
         let asked = (run_id.to_owned(), key.clone());
         self.reserved.lock().expect("the gate's lock is never held across a panic").push(asked);

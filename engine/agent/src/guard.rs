@@ -17,8 +17,10 @@
 //!    → past it, error result `budget_exhausted`, nothing reserved; the amount is recorded
 //!    with the reservation, so the cap is counted from the journal
 //! 8. intent reservation (effect tools, through [`EffectGate`])
-//! 9. approval (when the tool's policy or the spine's threshold requires it, whichever is
-//!    stricter: the reservation's ticket says so, through [`EffectGate`]) → pending: the run
+//! 9. approval (when the tool's policy — or, for an irreversible tool that names none, its
+//!    effect class unless the operator's policy lowers it — or the spine's threshold requires
+//!    it, whichever is stricter: the reservation's ticket says so, through [`EffectGate`]) →
+//!    pending: the run
 //!    suspends `awaiting_approval` with the call reserved and no result; denied: error result
 //! 10. execute, raced against the deadline and the caller's cancellation (a delegation: its
 //!     sub-agent's bounded loop, on an empty history of its own)
@@ -517,7 +519,8 @@ impl Registry {
             };
             // A sub-agent's effects are its parent's run's: the spine knows that run only.
             let run_id = scope.root().header().run_id.clone();
-            let reserved = match gate.reserve(&run_id, &tool, intent, approval.requires(intent.amount_minor)).await {
+            let ask = approval.ask(effect, intent.amount_minor);
+            let reserved = match gate.reserve(&run_id, &tool, intent, ask).await {
                 GateDecision::Proceed(reserved) => reserved,
                 GateDecision::Deduplicated { content } => {
                     scope

@@ -10,16 +10,26 @@
 //! attempts, classification, reconciliation. It never calls the provider itself and never
 //! decides a transition: the ledger does.
 //!
+//! # An irreversible effect waits for a human
+//!
+//! A call whose tool is irreversible and names no approval policy asks what its effect class
+//! decides ([`ApprovalAsk::ByEffectClass`]): a human, unless the operator's policy in force
+//! ([`IntentGate::under_policy`]) sets `irreversible_without_approval` for the intent's
+//! tenant and operation; then the reservation records that policy's stamp. A gate with no
+//! policy never lowers it.
+//!
 //! A refund needs nothing more. A charge needs a payment method, which the model never
 //! holds nor names: only a gate its host bound to one ([`IntentGate::paying_with`]) accepts a
 //! charge, and sends it with that secret (never stored, never shown to the model).
 
-use crate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
+use crate::{ApprovalAsk, ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision};
 use engine::event::{Cause, IntentKey, RunId};
-use engine::executor::{self, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
+use engine::executor::{self, HumanApproval, IntentOutcome, IntentRequest, Reservation, Runtime, WorkflowError};
 use engine::ledger::IntentStatus;
 use engine::log::{Ask, Asking, IntentAnswer};
+use engine::policy::InForce;
 use engine::provider::{BoxFuture, CallOutcome, EffectKind, Secret, UnknownReason};
+use std::sync::Arc;
 
 /// The intent lifecycle behind an agent's effect tools.
 #[derive(Clone)]
@@ -28,18 +38,53 @@ pub struct IntentGate {
     cause: Cause,
     /// The host's payment method for the run's charges, when it bound one.
     payment_method: Option<Secret>,
+    /// The operator's policy in force, which may lower an irreversible effect's approval.
+    policy: Option<Arc<InForce>>,
 }
 
 impl IntentGate {
     /// A gate over `runtime`; every command it sends carries `cause`.
     pub fn new(runtime: Runtime, cause: Cause) -> Self {
-        Self { runtime, cause, payment_method: None }
+        Self { runtime, cause, payment_method: None, policy: None }
     }
 
     /// The same gate, accepting charges too, each sent with `payment_method` — the host's
     /// card for this run, chosen by the host and never by the model.
     pub fn paying_with(self, payment_method: Secret) -> Self {
         Self { payment_method: Some(payment_method), ..self }
+    }
+
+    /// The same gate, under the operator's policy in force `policy`: an irreversible effect
+    /// whose tool names no approval policy runs without a human where `policy` lowers it for
+    /// the intent's tenant and operation, its reservation recording `policy`'s stamp.
+    pub fn under_policy(self, policy: InForce) -> Self {
+        Self { policy: Some(Arc::new(policy)), ..self }
+    }
+
+    /// The stamp of the operator's policy in force when it lowers the effect-class default for
+    /// `tenant`'s `kind` of effect (`irreversible_without_approval`): a host renders its
+    /// tools' descriptions from this very answer, so what the model is told is what the gate
+    /// then does. `None`: an irreversible effect that names no approval waits for a human.
+    pub fn lowers_irreversible(&self, tenant: &str, kind: EffectKind) -> Option<engine::policy::PolicyStamp> {
+        self.lowering(tenant, kind).map(|governing| governing.stamp)
+    }
+
+    /// The rules of the policy in force for `tenant`'s `kind`, when they lower the default.
+    fn lowering(&self, tenant: &str, kind: EffectKind) -> Option<engine::policy::Governing> {
+        let governing = self.policy.as_deref()?.governing(tenant, kind);
+        governing.rules.irreversible_without_approval.then_some(governing)
+    }
+
+    /// What the spine is asked for a call's `approval`: an effect class's ask resolved against
+    /// the policy in force for `intent`'s tenant and `kind`.
+    fn human_approval(&self, approval: ApprovalAsk, intent: &EffectIntent, kind: EffectKind) -> HumanApproval {
+        match approval {
+            ApprovalAsk::Required => HumanApproval::Required,
+            ApprovalAsk::NotRequired => HumanApproval::NotRequired,
+            ApprovalAsk::ByEffectClass => {
+                self.lowering(&intent.tenant, kind).map_or(HumanApproval::Required, HumanApproval::LoweredBy)
+            }
+        }
     }
 
     /// Guard step 10 for a reserved intent: takes it as far as the lifecycle allows now.
@@ -49,7 +94,7 @@ impl IntentGate {
         executor::drive_intent(&self.runtime, self.cause.clone(), &key, self.payment_method.as_ref()).await
     }
 
-    async fn reserve(&self, run_id: &str, tool: &str, intent: &EffectIntent, approval_required: bool) -> GateDecision {
+    async fn reserve(&self, run_id: &str, tool: &str, intent: &EffectIntent, approval: ApprovalAsk) -> GateDecision {
         let refused = |code: &str, message: String| GateDecision::Refused { code: code.to_owned(), message };
         let kind = match intent.operation.as_str() {
             "refund" => EffectKind::Refund,
@@ -82,7 +127,8 @@ impl IntentGate {
             tool: Some(tool.to_owned()),
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));
-        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval_required).await {
+        let approval = self.human_approval(approval, intent, kind);
+        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval).await {
             Ok(Reservation::Reserved(answer)) if answer.intent.status == IntentStatus::Validated => {
                 GateDecision::Deduplicated {
                     content: serde_json::json!({
@@ -168,9 +214,9 @@ impl EffectGate for IntentGate {
         run_id: &'a str,
         tool: &'a str,
         intent: &'a EffectIntent,
-        approval_required: bool,
+        approval: ApprovalAsk,
     ) -> BoxFuture<'a, GateDecision> {
-        Box::pin(self.reserve(run_id, tool, intent, approval_required))
+        Box::pin(self.reserve(run_id, tool, intent, approval))
     }
 
     fn approval<'a>(&'a self, ticket: &'a EffectTicket, _intent: &'a EffectIntent) -> BoxFuture<'a, ApprovalDecision> {
@@ -212,7 +258,6 @@ mod tests {
     use engine::lease::{LeaseOwner, Lessee};
     use engine::memory::{MemoryLog, MemoryProvider};
     use engine::provider::Capability;
-    use std::sync::Arc;
 
     fn gate() -> IntentGate {
         let clock = Arc::new(ManualClock::new(chrono::DateTime::UNIX_EPOCH));
@@ -246,14 +291,14 @@ mod tests {
 
     #[tokio::test]
     async fn a_charge_goes_through_only_a_gate_its_host_bound_to_a_card() {
-        let refused = gate().reserve("r1", "pay", &charge(), false).await;
+        let refused = gate().reserve("r1", "pay", &charge(), ApprovalAsk::NotRequired).await;
         assert!(
             matches!(&refused, GateDecision::Refused { code, .. } if code == "unsupported_operation"),
             "{refused:?}"
         );
         // Bound to a card, the charge reaches the ledger (which knows no run r1: refused there).
         let bound = gate().paying_with(Secret::new("pm_card_visa_4242424242"));
-        let reached = bound.reserve("r1", "pay", &charge(), false).await;
+        let reached = bound.reserve("r1", "pay", &charge(), ApprovalAsk::NotRequired).await;
         assert!(matches!(&reached, GateDecision::Refused { code, .. } if code == "intent_unavailable"), "{reached:?}");
     }
 }

@@ -73,7 +73,9 @@ pub use budget::{AgentLimits, LimitsError, ModelCost, ModelPrice, PriceTable};
 pub use control::{Cancellation, ManualTimer, Timer};
 pub use delegation::{DelegateArgs, Delegation};
 pub use event::{AgentEvent, AgentState, CallHold, Carved, CorrectionCode, ToolOutcome};
-pub use gate::{ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision, MemoryGate};
+pub use gate::{
+    ApprovalAsk, ApprovalDecision, EffectGate, EffectIntent, EffectOutcome, EffectTicket, GateDecision, MemoryGate,
+};
 pub use guard::{AgentEnv, GuardedScope, Invoked, Verdict, decide};
 pub use intent_gate::IntentGate;
 pub use journal::{AgentJournal, JournalError, LogJournal, MemoryJournal, NewRun, prompt_version};

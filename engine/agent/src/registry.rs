@@ -14,7 +14,7 @@
 use super::budget::LimitsError;
 use super::delegation::{DelegateArgs, Delegation};
 use super::event::{CorrectionCode, ToolStamp};
-use super::gate::{EffectIntent, EffectOutcome, EffectTicket};
+use super::gate::{ApprovalAsk, EffectIntent, EffectOutcome, EffectTicket};
 use super::model::ToolDescriptor;
 use engine::canonical::{self, StrictJsonErrorKind};
 use engine::limits;
@@ -40,6 +40,8 @@ pub enum EffectClass {
 }
 
 /// When a human must approve a call (through the effect gate, bound to the fingerprint).
+/// `Never` is the tool's own word only: an irreversible tool's class still asks a human
+/// unless the operator's policy lowers it ([`ApprovalPolicy::ask`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalPolicy {
@@ -52,7 +54,20 @@ pub enum ApprovalPolicy {
 }
 
 impl ApprovalPolicy {
-    /// True when a call moving `amount_minor` needs approval.
+    /// What a call of a tool of class `effect` moving `amount_minor` asks of a human at
+    /// reservation: this policy, except that an irreversible tool whose policy is `Never`
+    /// asks what its effect class decides — a human, unless the operator's policy lowers it
+    /// for the operation ([`ApprovalAsk::ByEffectClass`]). No tool registers its way out of
+    /// it: the guard asks this for every effect call, whatever the tool's options say.
+    pub fn ask(&self, effect: EffectClass, amount_minor: Option<i64>) -> ApprovalAsk {
+        match (effect, self) {
+            (EffectClass::Irreversible, Self::Never) => ApprovalAsk::ByEffectClass,
+            _ if self.requires(amount_minor) => ApprovalAsk::Required,
+            _ => ApprovalAsk::NotRequired,
+        }
+    }
+
+    /// True when a call moving `amount_minor` needs approval by this policy alone.
     pub fn requires(&self, amount_minor: Option<i64>) -> bool {
         match self {
             Self::Never => false,
@@ -77,7 +92,8 @@ pub struct ToolSpec {
     pub capability: String,
     /// What the tool does to the world.
     pub effect: EffectClass,
-    /// When a human must approve.
+    /// When a human must approve, by the tool's own policy (an irreversible tool's class adds
+    /// to `Never`: see [`ApprovalPolicy::ask`]).
     pub approval: ApprovalPolicy,
 }
 

@@ -114,6 +114,11 @@ fn read_spec() -> ToolSpec {
 }
 
 fn registry(bodies: &Arc<Bodies>) -> Registry {
+    registry_refunding(bodies, EffectClass::Irreversible, ApprovalPolicy::AboveMinor(10_000))
+}
+
+/// The same tools, `refund` of class `effect` under the approval policy `approval`.
+fn registry_refunding(bodies: &Arc<Bodies>, effect: EffectClass, approval: ApprovalPolicy) -> Registry {
     let mut registry = Registry::new();
     let b = Arc::clone(bodies);
     registry
@@ -138,8 +143,8 @@ fn registry(bodies: &Arc<Bodies>) -> Registry {
             "idempotency_key":{"type":"string"},"amount_minor":{"type":"integer"},"currency":{"type":"string"}},
             "required":["idempotency_key","amount_minor","currency"],"additionalProperties":false}),
         capability: "order.refund".into(),
-        effect: EffectClass::Irreversible,
-        approval: ApprovalPolicy::AboveMinor(10_000),
+        effect,
+        approval,
     };
     registry
         .register(
@@ -749,6 +754,46 @@ async fn agent_a_long_tool_result_is_cut_at_a_character_boundary_and_says_how_mu
     let cut = max - 1; // the last character boundary at or below the bound
     assert!(over.is_char_boundary(cut) && !over.is_char_boundary(max));
     assert_eq!(contents[1], format!("{}\n[{} bytes omitted]", &over[..cut], over.len() - cut));
+}
+
+#[test]
+fn an_irreversible_tool_that_names_no_approval_asks_what_its_class_decides() {
+    use ApprovalPolicy::{AboveMinor, Always, Never};
+    use EffectClass::{Irreversible, Mutation, Read};
+    assert_eq!(Never.ask(Irreversible, Some(1)), ApprovalAsk::ByEffectClass);
+    assert_eq!(Never.ask(Irreversible, None), ApprovalAsk::ByEffectClass);
+    // A mutation, or a read, that names none asks none.
+    assert_eq!(Never.ask(Mutation, Some(1)), ApprovalAsk::NotRequired);
+    assert_eq!(Never.ask(Read, None), ApprovalAsk::NotRequired);
+    // A tool's own policy is its own word.
+    assert_eq!(AboveMinor(100).ask(Irreversible, Some(100)), ApprovalAsk::NotRequired);
+    assert_eq!(AboveMinor(100).ask(Irreversible, Some(101)), ApprovalAsk::Required);
+    assert_eq!(Always.ask(Mutation, Some(1)), ApprovalAsk::Required);
+}
+
+#[tokio::test]
+async fn agent_an_irreversible_tool_with_no_approval_policy_waits_for_a_human_and_a_mutation_does_not() {
+    let steps = || vec![refund("c1", "k1", 500, "EUR"), says("ok")];
+    for (effect, waits) in [(EffectClass::Irreversible, true), (EffectClass::Mutation, false)] {
+        let mut rig = Rig::new();
+        rig.registry = registry_refunding(&rig.bodies, effect, ApprovalPolicy::Never);
+        rig.gate = MemoryGate::new(ApprovalDecision::Pending);
+        let journal = MemoryJournal::new();
+        let outcome = go(&rig, &journal, &Script::new(steps()), AgentLimits::default(), ALL).await;
+        if waits {
+            assert_eq!(outcome.status, AgentStatus::AwaitingApproval, "{effect:?}");
+            assert_eq!(rig.refunds(), 0, "nothing runs before a human says yes");
+            // Approved: it runs, once.
+            let mut rig = Rig::new();
+            rig.registry = registry_refunding(&rig.bodies, effect, ApprovalPolicy::Never);
+            let resumed = MemoryJournal::with_events(journal.events());
+            go(&rig, &resumed, &Script::skipping(steps(), 1), AgentLimits::default(), ALL).await;
+            assert_eq!(rig.refunds(), 1, "{effect:?}");
+        } else {
+            assert_ne!(outcome.status, AgentStatus::AwaitingApproval, "{effect:?}");
+            assert_eq!(rig.refunds(), 1, "{effect:?}");
+        }
+    }
 }
 
 #[tokio::test]

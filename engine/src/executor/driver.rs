@@ -82,12 +82,29 @@ pub(super) async fn reserve(
     }
 }
 
+/// What the caller of a reservation asks of a human, beside its run's approval threshold (the
+/// stricter of the two wins).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HumanApproval {
+    /// A human approves before the first attempt (an agent tool's approval policy asks for
+    /// one, or its irreversible class does).
+    Required,
+    /// The caller asks for none: the run's threshold alone decides.
+    NotRequired,
+    /// The caller's irreversible class would ask for one, and the operator's policy in force
+    /// lowered it for the intent's tenant and operation (these rules): the run's threshold
+    /// alone decides, the reservation is held to these rules as well when its run started
+    /// under another policy, and it records their stamp (`IntentReserved`'s
+    /// `approval_lowered_by`).
+    LoweredBy(crate::policy::Governing),
+}
+
 /// Reserves one intent for an already started run (an agent's effect call), journaled at the
 /// run's next free position, without sending anything: the caller checks approval, then
 /// [`drive_intent`] takes it on. The same key with the same fingerprint returns the existing
 /// intent (`fresh: false`), so a resumed call finds what its first try reserved. The run's
-/// lease must be held by this process (`runtime.lessee`). `approval_required` makes the
-/// intent wait for a human even when the run's threshold would not (the stricter wins).
+/// lease must be held by this process (`runtime.lessee`). `approval` may make the intent
+/// wait for a human even when the run's threshold would not (the stricter wins).
 ///
 /// # Errors
 ///
@@ -97,12 +114,18 @@ pub async fn reserve_for_run(
     cause: &Cause,
     run_id: &RunId,
     request: &IntentRequest,
-    approval_required: bool,
+    approval: HumanApproval,
 ) -> Result<Reservation, WorkflowError> {
     let key = IntentKey::new(request.kind, &request.tenant, &request.intent_id);
     let run: Run = runtime.log.ask(Ask::observe_run(cause.clone(), run_id.clone())).await?;
+    let (approval_required, lowered_by) = match approval {
+        HumanApproval::Required => (true, None),
+        HumanApproval::NotRequired => (false, None),
+        HumanApproval::LoweredBy(governing) => (false, Some(governing.lowering_approval())),
+    };
     let spec = intent_spec(runtime, &key, request, approval_required);
     let ask = Ask::reserve(cause.clone(), run_id.clone(), run.journal_len, spec, false)
+        .governed_by(lowered_by)
         .under(runtime.lessee.grant(run_id).map_or(LeaseUse::None, LeaseUse::Hold));
     reserve(runtime, &key, ask).await
 }

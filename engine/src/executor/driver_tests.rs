@@ -177,7 +177,13 @@ impl Rig {
 
     /// Reserves `request` for the run (nothing sent), and returns its key.
     fn reserve(&self, request: &IntentRequest) -> Result<IntentKey, Box<IntentOutcome>> {
-        match now_or_never(reserve_for_run(&self.runtime, &Cause::command("test"), &run_id(), request, false)) {
+        match now_or_never(reserve_for_run(
+            &self.runtime,
+            &Cause::command("test"),
+            &run_id(),
+            request,
+            HumanApproval::NotRequired,
+        )) {
             Ok(Reservation::Reserved(answer)) => Ok(answer.intent.key().clone()),
             Ok(Reservation::Rejected(outcome)) => Err(Box::new(outcome)),
             Err(e) => panic!("the reservation is decided: {e}"),

@@ -50,9 +50,9 @@ mod runs;
 mod workflow;
 
 pub use context::{Billed, Context};
-pub use driver::{Reservation, drive_intent, reserve_for_run};
+pub use driver::{HumanApproval, Reservation, drive_intent, reserve_for_run};
 pub use leases::{claim_run, release_runs, renew_leases};
-pub use outcome::{IntentOutcome, OutcomeCode, OutcomeStatus, RunEnd, RunOutcome, ValidatedBy};
+pub use outcome::{IntentOutcome, OutcomeCode, OutcomeStatus, RunEnd, RunOutcome, UnknownOutcome, ValidatedBy};
 pub use runs::{Asleep, Due, Executor, LeftAlone, ResumeReport, RunRequest, due_intents};
 pub use workflow::{IntentRequest, Prepared, Registered, Rejection, Workflow, WorkflowEnd, end_with};
 

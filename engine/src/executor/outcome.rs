@@ -2,13 +2,14 @@
 //! how a run came out ([`RunOutcome`]).
 //!
 //! Owns those two values and their statuses, typed ([`OutcomeStatus`], [`ValidatedBy`],
-//! [`OutcomeCode`], [`RunEnd`]) until the binary renders them: they serialise to the
+//! [`OutcomeCode`], [`UnknownOutcome`], [`RunEnd`]) until the binary renders them: they serialise to the
 //! strings the CLI's JSON shows, but nothing in the engine compares strings. This module
 //! never reads the log; it describes intents it is given.
 
 use super::workflow::Rejection;
 use crate::event::{IntentKey, RunId, RunStatus, Source};
 use crate::ledger::{Intent, IntentStatus, RejectCode};
+use crate::provider::UnknownReason;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
@@ -40,6 +41,10 @@ pub struct IntentOutcome {
     /// When the next reconciliation is due.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reconcile_after: Option<DateTime<Utc>>,
+    /// Why the outcome is unknown and whether to submit again, while it is unknown: the
+    /// caller reads `reason` and `retryable` beside the status, as the log records them.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<UnknownOutcome>,
     /// Human detail.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub details: Vec<String>,
@@ -96,6 +101,39 @@ impl ValidatedBy {
     }
 }
 
+/// Why an intent's outcome is unknown, and what its caller may do about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct UnknownOutcome {
+    /// The reason the log records on the attempt's `OutcomeUnknown` (`timeout`,
+    /// `connection_lost`, `provider_unavailable`, `protocol`, `crash`, `interrupted`).
+    pub reason: UnknownReason,
+    /// Whether re-submitting the same request with the same key is useful and safe, now or
+    /// once its time to ask again has passed: true while the outcome awaits reconciliation
+    /// (Keel looks the effect up and never resends blindly, so a re-submission drives that,
+    /// and returns the effect once proven); false once it is escalated to an operator (a
+    /// re-submission changes nothing until a human resolves it).
+    pub retryable: bool,
+}
+
+impl UnknownOutcome {
+    /// What an intent of `status` whose last attempt was declared unknown for `reason` tells
+    /// its caller: nothing unless its outcome is still unknown.
+    pub fn of(status: IntentStatus, reason: Option<UnknownReason>) -> Option<Self> {
+        let retryable = match status {
+            IntentStatus::OutcomeUnknown | IntentStatus::Reconciling => true,
+            IntentStatus::Escalated => false,
+            IntentStatus::Reserved
+            | IntentStatus::AwaitingApproval
+            | IntentStatus::Attempting
+            | IntentStatus::Validated
+            | IntentStatus::Declined
+            | IntentStatus::Rejected
+            | IntentStatus::Cancelled => return None,
+        };
+        Some(Self { reason: reason?, retryable })
+    }
+}
+
 /// Why an intent was refused or declined.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OutcomeCode {
@@ -144,6 +182,7 @@ impl IntentOutcome {
             reconciliations_max: intent.reconciliations_max,
             provider_ref: intent.evidence.as_ref().map(|e| e.provider_ref.clone()),
             reconcile_after: intent.reconcile_after,
+            unknown: UnknownOutcome::of(intent.status, intent.unknown_reason),
             details: intent.note.iter().cloned().collect(),
         }
     }
@@ -161,6 +200,7 @@ impl IntentOutcome {
             reconciliations_max: 0,
             provider_ref: None,
             reconcile_after: None,
+            unknown: None,
             details: vec![detail],
         }
     }
@@ -263,5 +303,28 @@ impl RunEnd {
 impl Serialize for RunEnd {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_outcome_says_why_and_whether_to_submit_again_until_it_is_known() {
+        use IntentStatus as S;
+        let timeout = Some(UnknownReason::Timeout);
+        assert_eq!(
+            UnknownOutcome::of(S::OutcomeUnknown, timeout),
+            Some(UnknownOutcome { reason: UnknownReason::Timeout, retryable: true })
+        );
+        assert_eq!(UnknownOutcome::of(S::Reconciling, Some(UnknownReason::Crash)).map(|u| u.retryable), Some(true));
+        assert_eq!(UnknownOutcome::of(S::Escalated, timeout).map(|u| u.retryable), Some(false), "an operator's now");
+        for known in [S::Validated, S::Declined, S::Rejected, S::Cancelled, S::Reserved, S::Attempting] {
+            assert_eq!(UnknownOutcome::of(known, timeout), None, "{known:?}");
+        }
+        let json = serde_json::to_value(UnknownOutcome { reason: UnknownReason::ConnectionLost, retryable: false })
+            .expect("serialises");
+        assert_eq!(json, serde_json::json!({"reason": "connection_lost", "retryable": false}));
     }
 }

@@ -141,12 +141,18 @@ fn stamp(version: &str) -> PolicyStamp {
 
 /// Rules that allow what the rows move.
 fn loose() -> Rules {
-    Rules { max_amount_minor: 1_000_000, approval_threshold_minor: None, run_budget_minor: 1_000_000, currencies: None }
+    Rules {
+        max_amount_minor: 1_000_000,
+        approval_threshold_minor: None,
+        run_budget_minor: 1_000_000,
+        currencies: None,
+        irreversible_without_approval: false,
+    }
 }
 
 /// `rules` as a policy newer than the run's (which records none, or `v1`).
 fn newer(rules: Rules) -> Governing {
-    Governing { rules, stamp: stamp("v2") }
+    Governing { rules, stamp: stamp("v2"), approval_lowered: false }
 }
 
 fn stripe() -> Capability {
@@ -399,7 +405,11 @@ fn rows() -> Vec<Row> {
             given: vec![],
             proposal: charge("c1", "o1", 3_001)
                 .limited(RunLimits { policy: Some(stamp("v1")), ..RunLimits::default() })
-                .governed_by(Governing { rules: Rules { max_amount_minor: 3_000, ..loose() }, stamp: stamp("v1") }),
+                .governed_by(Governing {
+                    rules: Rules { max_amount_minor: 3_000, ..loose() },
+                    stamp: stamp("v1"),
+                    approval_lowered: false,
+                }),
             expect: Appends(NEW),
         },
         Row {
@@ -538,4 +548,25 @@ fn a_reservation_goes_only_into_an_open_run_at_its_next_position() {
     }
     assert_eq!(refusal(&log, &stray).as_deref(), Some("UnknownRun"));
     assert!(log.events().is_empty(), "nothing written");
+}
+
+/// A reservation whose approval the policy in force lowered records that policy's stamp, under
+/// the run's own policy too; one it did not lower records none.
+#[test]
+fn a_lowered_approval_is_recorded_with_the_policy_that_lowered_it() {
+    let own = RunLimits { policy: Some(stamp("v1")), ..RunLimits::default() };
+    let lowering = Rules { irreversible_without_approval: true, ..loose() };
+    let governing = Governing { rules: lowering, stamp: stamp("v1"), approval_lowered: false };
+    for (name, governing, recorded) in
+        [("lowered", governing.clone().lowering_approval(), Some(stamp("v1"))), ("not lowered", governing, None)]
+    {
+        let log = history(&[]);
+        let proposal = charge("c1", "o1", 4_900).limited(own.clone()).governed_by(governing);
+        log.execute_now(&proposal.command(&log, nine_am())).expect("reserved");
+        let lowered_by = log.events().into_iter().find_map(|stored| match stored.event {
+            Event::IntentReserved { approval_lowered_by, .. } => Some(approval_lowered_by),
+            _ => None,
+        });
+        assert_eq!(lowered_by, Some(recorded), "{name}");
+    }
 }

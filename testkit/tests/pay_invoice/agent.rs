@@ -2,8 +2,10 @@
 //
 // Two tools: `read_invoice` (read-only) and `pay_invoice` (an irreversible effect: a charge
 // of the invoice's amount, reserved and driven through Keel's intent lifecycle by the kit's
-// `IntentGate`, with the card the host bound). The model's answers are a scripted
-// transcript: read the invoice, pay it, say so. This file is both the crate docs' example
+// `IntentGate`, with the card the host bound). An irreversible tool that names no approval
+// policy waits for a human unless the operator's policy lowers it for the operation: the kit
+// approves nothing, so the agent runs under a policy that lowers it for charges. The model's
+// answers are a scripted transcript: read the invoice, pay it, say so. This file is both the crate docs' example
 // (`testkit::agents`) and the agent of `tests/pay_invoice.rs`; it never calls a provider.
 
 use agent::{
@@ -124,6 +126,18 @@ fn transcript() -> adapters::model::scripted::Transcript {
     adapters::model::scripted::Transcript::parse(&answers.to_string()).expect("the transcript is well-formed")
 }
 
+/// The operator's policy the agent runs under: its charges are irreversible and run without a
+/// human (each reservation records this policy's stamp).
+fn paying_without_a_human() -> engine::policy::InForce {
+    let document = json!({"version": "invoices-1", "operations": {"charge": {"irreversible_without_approval": true}}});
+    let bytes = document.to_string();
+    let document = serde_json::from_str(&bytes).expect("the policy decodes");
+    let door = |code: &str| engine::money::Currency::parse(code).map_err(|e| e.to_string());
+    let policy = engine::policy::Policy::from_document(document, &door).expect("the policy is valid");
+    let stamp = engine::policy::PolicyStamp::of_file(&policy, bytes.as_bytes());
+    engine::policy::InForce { policy, stamp }
+}
+
 /// The agent for the kit: done once `pay_invoice` succeeded.
 fn pay_invoice_agent(keys: Keys) -> Agent {
     let processes = Arc::new(AtomicU32::new(0));
@@ -133,4 +147,5 @@ fn pay_invoice_agent(keys: Keys) -> Agent {
         .prompt("You pay supplier invoices: read one, then pay it once.", "Pay invoice inv_2041.")
         .capabilities(["invoice.read", "invoice.pay"])
         .paying_with(testkit::sample::CARD_TOKEN)
+        .under_policy(paying_without_a_human())
 }

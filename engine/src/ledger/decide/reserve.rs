@@ -50,6 +50,7 @@ impl Decider<'_> {
             reconciliations_max: run.limits.reconciliations_per_intent_max,
             approval_required,
             policy: policy.map(|governing| governing.stamp),
+            approval_lowered_by: self.governing.filter(|g| g.approval_lowered).map(|g| g.stamp.clone()),
         });
         // The same checks `StartAttempt` makes, for an intent never sent: attempts left (at
         // least one), key window unused, no approval pending, time left to reconcile.
