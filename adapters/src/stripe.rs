@@ -14,7 +14,8 @@
 //! # Charges: `POST /v1/payment_intents`
 //!
 //! `amount`, `currency` (lower case), `payment_method`, `payment_method_types[]=card`,
-//! `confirm=true`, `off_session=true`, `metadata[keel_intent_key]`, `metadata[keel_fingerprint]`.
+//! `confirm=true`, `off_session=true`, `metadata[keel_intent_key]`, `metadata[keel_fingerprint]`,
+//! `metadata[keel_tenant]`, `metadata[keel_intent_id]`, `metadata[keel_order_id]`.
 //! Naming the card type keeps Stripe from asking for a `return_url` (redirect-based methods
 //! are what automatic payment methods would add).
 //!
@@ -129,6 +130,10 @@ const KEY_METADATA: &str = "metadata[keel_intent_key]";
 
 /// The form field setting the intent's payload fingerprint in the metadata.
 const FINGERPRINT_METADATA: &str = "metadata[keel_fingerprint]";
+
+/// The form fields naming the effect's tenant, intent and order in the metadata: what an
+/// operator reads in Stripe's dashboard, and what the simulator counts effects by.
+const OWNER_METADATA: [&str; 3] = ["metadata[keel_tenant]", "metadata[keel_intent_id]", "metadata[keel_order_id]"];
 
 /// Stripe's capability: it deduplicates on `Idempotency-Key` for 24 h and can look a charge up
 /// by metadata search, which lags up to [`STRIPE_SEARCH_LAG_MS`] (tier `dedup+lookup`).
@@ -311,7 +316,7 @@ impl StripeConfig {
 }
 
 /// Stripe, as a payment provider.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct StripeProvider {
     client: reqwest::Client,
     base: Url,
@@ -666,6 +671,12 @@ impl StripeProvider {
         form.extend([
             (KEY_METADATA, request.idempotency_key.clone()),
             (FINGERPRINT_METADATA, request.fingerprint.clone()),
+        ]);
+        let [tenant, intent, order] = OWNER_METADATA;
+        form.extend([
+            (tenant, request.tenant.clone()),
+            (intent, request.intent_id.clone()),
+            (order, request.order_id.clone()),
         ]);
         Ok(form)
     }

@@ -26,6 +26,7 @@
 
 use super::{EffectKind, EffectRecord, Error};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, mpsc};
 
@@ -46,7 +47,9 @@ CREATE TABLE IF NOT EXISTS effects (
     tenant          TEXT NOT NULL,
     created_at      TEXT NOT NULL,
     created_at_ms   INTEGER NOT NULL,
-    traceparent     TEXT
+    traceparent     TEXT,
+    payment_intent  TEXT,
+    metadata        TEXT
 ) STRICT;
 -- Lookup by key answers the oldest effect for the key (several exist only without idempotency).
 CREATE INDEX IF NOT EXISTS effects_by_key ON effects (idempotency_key, created_at_ms);
@@ -70,8 +73,9 @@ pub(crate) struct Stored {
 
 /// What a request wants committed under its key.
 pub(crate) enum Answer {
-    /// A new effect; its answer is the effect's API object with status 200.
-    Effect(EffectRecord),
+    /// A new effect; its answer is the effect's API object with status 200. A refund naming
+    /// a PaymentIntent is checked against it first, and takes its currency.
+    Effect(Box<EffectRecord>),
     /// A decline: no effect, but the answer is kept for replays.
     Decline(Stored),
 }
@@ -87,6 +91,9 @@ pub(crate) enum Claim {
     KeyReused,
     /// The key's first request is still being answered.
     InProgress,
+    /// The refund cannot be made (no such PaymentIntent, or more than it has left): this
+    /// error answer, nothing committed, the key left free.
+    Refused(Stored),
 }
 
 /// One request's claim of a key, as [`Db::claim`] queues it.
@@ -97,6 +104,8 @@ pub(crate) struct ClaimRequest {
     pub hash: String,
     /// What to commit when the key is new.
     pub answer: Answer,
+    /// How an effect is answered: its object in the request's wire format.
+    pub render: fn(&EffectRecord) -> serde_json::Value,
     /// Keep the record `in_flight` until [`Db::finish`].
     pub in_flight: bool,
     /// `false`: no records at all (the simulator's no-idempotency mode).
@@ -125,7 +134,11 @@ impl Db {
         let conn = Connection::open(path).map_err(|source| Error::Open { path: path.display().to_string(), source })?;
         configure(&conn)?;
         conn.execute_batch(SCHEMA)?;
-        add_traceparent(&conn)?;
+        for column in ["traceparent", "payment_intent", "metadata"] {
+            add_column(&conn, column)?;
+        }
+        // A refund's check sums the refunds of its PaymentIntent (after the columns exist).
+        conn.execute_batch("CREATE INDEX IF NOT EXISTS refunds_by_payment_intent ON effects (payment_intent)")?;
         // Recovery runs before the server accepts anything, so no request can see a
         // half-recovered state.
         let deleted = conn.execute("DELETE FROM idempotency WHERE state = 'in_flight' AND effect_id IS NULL", [])?;
@@ -196,16 +209,41 @@ impl Db {
         row.transpose()
     }
 
-    /// Every effect, in commit order.
-    pub(crate) fn effects(&self) -> Result<Vec<EffectRecord>, Error> {
+    /// The PaymentIntents whose metadata `field` is `value`, newest first, at most `limit`.
+    pub(crate) fn search_charges(&self, field: &str, value: &str, limit: usize) -> Result<Vec<EffectRecord>, Error> {
+        // A JSON path quotes the field, so any field name but one holding `"` is one member.
+        if field.contains('"') {
+            return Ok(Vec::new());
+        }
+        let path = format!("$.\"{field}\"");
+        self.effects_where(
+            "WHERE kind = 'charge' AND json_extract(metadata, ?1) = ?2 ORDER BY rowid DESC LIMIT ?3",
+            params![path, value, i64::try_from(limit).unwrap_or(i64::MAX)],
+        )
+    }
+
+    /// The most recent refunds, newest first, at most `limit`.
+    pub(crate) fn recent_refunds(&self, limit: usize) -> Result<Vec<EffectRecord>, Error> {
+        self.effects_where(
+            "WHERE kind = 'refund' ORDER BY rowid DESC LIMIT ?1",
+            params![i64::try_from(limit).unwrap_or(i64::MAX)],
+        )
+    }
+
+    fn effects_where(&self, clause: &str, params: impl rusqlite::Params) -> Result<Vec<EffectRecord>, Error> {
         let conn = self.lock();
-        let mut stmt = conn.prepare_cached(&format!("{SELECT_EFFECT} ORDER BY rowid"))?;
-        let rows = stmt.query_map([], read_effect)?;
+        let mut stmt = conn.prepare_cached(&format!("{SELECT_EFFECT} {clause}"))?;
+        let rows = stmt.query_map(params, read_effect)?;
         let mut out = Vec::new();
         for row in rows {
             out.push(row??);
         }
         Ok(out)
+    }
+
+    /// Every effect, in commit order.
+    pub(crate) fn effects(&self) -> Result<Vec<EffectRecord>, Error> {
+        self.effects_where("ORDER BY rowid", [])
     }
 }
 
@@ -219,21 +257,22 @@ fn configure(conn: &Connection) -> Result<(), Error> {
     Ok(())
 }
 
-/// A file made before effects recorded their `traceparent` gets the column (NULL in its old
-/// rows); `CREATE TABLE IF NOT EXISTS` leaves an existing table as it is.
-fn add_traceparent(conn: &Connection) -> Result<(), Error> {
+/// A file made before effects recorded `column` (a nullable text: `traceparent`,
+/// `payment_intent`, `metadata`) gets it, NULL in its old rows; `CREATE TABLE IF NOT EXISTS`
+/// leaves an existing table as it is.
+fn add_column(conn: &Connection, column: &str) -> Result<(), Error> {
     let has: bool = conn.query_row(
-        "SELECT count(*) > 0 FROM pragma_table_info('effects') WHERE name = 'traceparent'",
-        [],
+        "SELECT count(*) > 0 FROM pragma_table_info('effects') WHERE name = ?1",
+        params![column],
         |row| row.get(0),
     )?;
     if !has {
-        conn.execute_batch("ALTER TABLE effects ADD COLUMN traceparent TEXT")?;
+        conn.execute_batch(&format!("ALTER TABLE effects ADD COLUMN {column} TEXT"))?;
     }
     Ok(())
 }
 
-const SELECT_EFFECT: &str = "SELECT id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent FROM effects";
+const SELECT_EFFECT: &str = "SELECT id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent, payment_intent, metadata FROM effects";
 
 /// Reads one effect row. The outer `Result` is SQLite's, the inner one a row that breaks the
 /// schema's promises.
@@ -243,6 +282,12 @@ fn read_effect(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<EffectRecord,
         "charge" => EffectKind::Charge,
         "refund" => EffectKind::Refund,
         other => return Ok(Err(Error::Corrupt(format!("effect kind {other:?}")))),
+    };
+    let metadata: Option<String> = row.get(12)?;
+    let metadata = match metadata.map(|text| serde_json::from_str(&text)) {
+        None => BTreeMap::new(),
+        Some(Ok(metadata)) => metadata,
+        Some(Err(e)) => return Ok(Err(Error::Corrupt(format!("effect metadata: {e}")))),
     };
     Ok(Ok(EffectRecord {
         id: row.get(0)?,
@@ -256,6 +301,8 @@ fn read_effect(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<EffectRecord,
         created_at: row.get(8)?,
         created_at_ms: row.get(9)?,
         traceparent: row.get(10)?,
+        payment_intent: row.get(11)?,
+        metadata,
     }))
 }
 
@@ -301,7 +348,7 @@ fn claim_all(conn: &mut Connection, requests: Vec<ClaimRequest>) -> Result<Vec<R
 /// One claim inside the batch's transaction: replay, conflict, reuse error, or the new
 /// answer (the effect, or the decline) with its record.
 fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
-    let ClaimRequest { key, hash, answer, in_flight, idempotency, now } = request;
+    let ClaimRequest { key, hash, answer, render, in_flight, idempotency, now } = request;
     if idempotency {
         let existing: Option<(String, String, i64, String)> = conn
             .prepare_cached("SELECT request_hash, state, status_code, response_body FROM idempotency WHERE key = ?1")?
@@ -319,9 +366,12 @@ fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
         }
     }
     let (stored, effect_id) = match answer {
-        Answer::Effect(effect) => {
+        Answer::Effect(mut effect) => {
+            if let Some(refused) = refund_check(conn, &mut effect)? {
+                return Ok(Claim::Refused(refused));
+            }
             insert_effect(conn, &effect)?;
-            let body = effect.api_object().to_string();
+            let body = render(&effect).to_string();
             (Stored { status: 200, body }, Some(effect.id))
         }
         Answer::Decline(stored) => (stored, None),
@@ -338,23 +388,67 @@ fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
     Ok(Claim::New(stored))
 }
 
+/// For a refund naming a PaymentIntent: Stripe's refusal when there is no such PaymentIntent
+/// or the refund is more than it has left (`charge_already_refunded` when nothing is left,
+/// `amount_too_large` otherwise); else `None`, with the refund's currency set to its
+/// PaymentIntent's. Runs inside the claim's transaction, so two refunds cannot both take the
+/// last of a PaymentIntent.
+fn refund_check(conn: &Connection, effect: &mut EffectRecord) -> Result<Option<Stored>, Error> {
+    let Some(intent) = effect.payment_intent.as_deref() else {
+        return Ok(None);
+    };
+    let refused = |code: &str, message: String| {
+        let body = crate::stripe::error("invalid_request_error", code, Some("payment_intent"), &message);
+        Ok(Some(Stored { status: 400, body: body.to_string() }))
+    };
+    let paid: Option<(i64, String)> = conn
+        .prepare_cached("SELECT amount_minor, currency FROM effects WHERE id = ?1 AND kind = 'charge'")?
+        .query_row(params![intent], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    let Some((captured, currency)) = paid else {
+        return refused("resource_missing", format!("No such payment_intent: '{intent}'"));
+    };
+    let refunded: i64 = conn
+        .prepare_cached(
+            "SELECT coalesce(sum(amount_minor), 0) FROM effects WHERE payment_intent = ?1 AND kind = 'refund'",
+        )?
+        .query_row(params![intent], |row| row.get(0))?;
+    let left = captured.saturating_sub(refunded);
+    if left <= 0 {
+        return refused("charge_already_refunded", format!("PaymentIntent {intent} has already been refunded."));
+    }
+    if effect.amount_minor > left {
+        return refused(
+            "amount_too_large",
+            format!(
+                "Refund amount ({}) is greater than unrefunded amount on PaymentIntent ({left}).",
+                effect.amount_minor
+            ),
+        );
+    }
+    effect.currency = currency;
+    Ok(None)
+}
+
 fn insert_effect(conn: &Connection, e: &EffectRecord) -> Result<(), Error> {
     conn.prepare_cached(
-        "INSERT INTO effects (id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        "INSERT INTO effects (id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent, payment_intent, metadata)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
-            e.id,
-            e.idempotency_key,
-            e.kind.as_str(),
-            e.amount_minor,
-            e.currency,
-            e.order_id,
-            e.intent_id,
-            e.tenant,
-            e.created_at,
-            e.created_at_ms,
-        e.traceparent
+        e.id,
+        e.idempotency_key,
+        e.kind.as_str(),
+        e.amount_minor,
+        e.currency,
+        e.order_id,
+        e.intent_id,
+        e.tenant,
+        e.created_at,
+        e.created_at_ms,
+        e.traceparent,
+        e.payment_intent,
+        serde_json::to_string(&e.metadata).map_err(|e| Error::Corrupt(format!("metadata: {e}")))?,
     ])?;
     Ok(())
 }
@@ -382,11 +476,14 @@ mod tests {
             created_at: "2026-01-01T00:00:00.000Z".to_owned(),
             created_at_ms: 0,
             traceparent: None,
+            payment_intent: None,
+            metadata: Default::default(),
         };
         ClaimRequest {
             key: key.to_owned(),
             hash: "same request".to_owned(),
-            answer: Answer::Effect(effect),
+            answer: Answer::Effect(Box::new(effect)),
+            render: crate::stripe::object,
             in_flight: false,
             idempotency: true,
             now: "2026-01-01T00:00:00.000Z".to_owned(),

@@ -42,6 +42,15 @@
 //! | `GET /v1/effects` | 200 `{"object": "list", "data": [effect records]}` |
 //! | any of the above with a W3C `traceparent` header | the same answer; a charge or refund that makes an effect records the header beside it (`EffectRecord::traceparent`; a malformed one is ignored, as a provider would) |
 //! | `GET /health` | 200 |
+//! | **Stripe's subset** (what `adapters::stripe` sends; every `/v1` route below needs `Authorization: Bearer sk_test_…` or `rk_test_…`, else 401 `invalid_request_error`) | |
+//! | `POST /v1/payment_intents` form: `amount`, `currency`, `payment_method`, `payment_method_types[]`, `confirm=true`, `off_session`, `metadata[…]` + `Idempotency-Key` | 200 a PaymentIntent `pi_…` in `succeeded` (no payment method echoed); 402 `card_error`/`card_declined` with a `decline_code` and the PaymentIntent in `requires_payment_method` for the `decline` fault and Stripe's declining test methods (`pm_card_chargeDeclined…`, `pm_card_visa_chargeDeclined…`) |
+//! | `POST /v1/refunds` form: `payment_intent`, `amount`, `metadata[…]` + `Idempotency-Key` | 200 a Refund `re_…` in `succeeded`, in its PaymentIntent's currency; a `failed` Refund (`failure_reason: declined`, no effect) for the `decline` fault; 400 `resource_missing` (no such PaymentIntent), `charge_already_refunded` or `amount_too_large` (more than it has left; nothing stored, the key left free) |
+//! | same key, same parameters (sorted form pairs and the route) | the stored answer with `Idempotent-Replayed: true` |
+//! | same key, other parameters / while the first is being answered | 400 / 409 `idempotency_error` |
+//! | an unknown or repeated parameter, a missing one, `confirm` not `true` | 400 `invalid_request_error` (`parameter_unknown`, `parameter_invalid`, `parameter_missing`) |
+//! | `GET /v1/payment_intents/search?query=metadata['FIELD']:'VALUE'&limit=N` | 200 `{"object": "search_result", "data", "has_more"}`, newest first; lookup faults apply (`lookup_lies`: empty; `lookup_absent_for_ms`: younger ones missing; `lookup_unavailable`: 503); 501 with `--no-lookup`; any other query 400 |
+//! | `GET /v1/refunds?limit=N` | 200 `{"object": "list", "data", "has_more"}`, the most recent refunds; the same faults |
+//! | every answer | a `Request-Id`; `Stripe-Should-Retry: true` on 409, 429 and 5xx |
 //!
 //! Errors have the shape `{"error": {"type", "code", "message"}}`.
 //!
@@ -68,6 +77,7 @@ pub mod faults;
 mod http;
 pub mod process;
 pub mod rng;
+mod stripe;
 
 pub use cli::{cli_main, cli_main_from};
 pub use engine::provider::EffectKind;
@@ -76,6 +86,7 @@ pub use process::Process;
 pub use rng::Rng;
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -153,7 +164,7 @@ impl Config {
 /// One effect the simulator performed, as stored and as listed by `effects --json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EffectRecord {
-    /// The provider's id: `ch_…` or `re_…`.
+    /// The provider's id: `pi_…` (a PaymentIntent) or `re_…` (a Refund).
     pub id: String,
     /// The key the request carried.
     pub idempotency_key: String,
@@ -161,14 +172,18 @@ pub struct EffectRecord {
     pub kind: EffectKind,
     /// Amount in minor units.
     pub amount_minor: i64,
-    /// ISO 4217 code as sent.
+    /// ISO 4217 code, lower case as Stripe keeps it (a refund's is its PaymentIntent's).
     pub currency: String,
-    /// `metadata.order_id`.
+    /// `metadata[keel_order_id]` (empty without it).
     pub order_id: String,
-    /// `metadata.intent_id`.
+    /// `metadata[keel_intent_id]` (empty without it).
     pub intent_id: String,
-    /// `metadata.tenant`.
+    /// `metadata[keel_tenant]` (empty without it).
     pub tenant: String,
+    /// For a refund, the PaymentIntent it gives money back on.
+    pub payment_intent: Option<String>,
+    /// The request's metadata, as Stripe keeps it (searched by a charge lookup).
+    pub metadata: BTreeMap<String, String>,
     /// When the effect was committed, RFC 3339 UTC with milliseconds.
     pub created_at: String,
     /// The same instant in Unix milliseconds (drives the consistency window).

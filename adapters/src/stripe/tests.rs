@@ -135,6 +135,9 @@ async fn a_charge_is_a_confirmed_off_session_payment_intent_with_the_key_the_ver
         ("off_session", "true"),
         ("metadata[keel_intent_key]", "charge:t:order_1842_charge"),
         ("metadata[keel_fingerprint]", &"ab".repeat(32)),
+        ("metadata[keel_tenant]", "t"),
+        ("metadata[keel_intent_id]", "order_1842_charge"),
+        ("metadata[keel_order_id]", "order_1842"),
     ];
     let expected: Vec<(String, String)> = expected.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
     assert_eq!(form, expected);
