@@ -61,7 +61,7 @@
 //! | What | How | Outcome |
 //! |---|---|---|
 //! | a charge | `GET /v1/payment_intents/search?query=metadata['keel_intent_key']:'KEY'` | one `succeeded` → `Found`; two → `Unavailable` (inconsistent); one not final (`processing`, `requires_confirmation`, `requires_capture`) → `Unavailable`; none, or only unpaid ones (`requires_payment_method`, `requires_action`, `canceled`) → `Absent` |
-//! | a refund | `GET /v1/refunds?limit=100`, matched on `metadata[keel_intent_key]` | one `succeeded` → `Found`; `pending`/`requires_action` → `Unavailable`; only `failed`/`canceled` → `Absent`; not among them → `Unavailable`: Stripe has no search on refunds, and a lookup is not given the charge whose refunds it would list, so a missing refund is never an absence |
+//! | a refund | `GET /v1/refunds?limit=100`, matched on `metadata[keel_intent_key]` | one `succeeded` → `Found`; `pending`/`requires_action` → `Unavailable`; only `failed`/`canceled` → `Absent`; not among them → `Absent` when the page is the whole list (`has_more: false`: the account has no more refunds), else `Unavailable`: Stripe has no search on refunds, and a lookup is not given the charge whose refunds it would list, so a refund missing from a partial list is never an absence |
 //! | any 404 (localstripe has no search route), other status, unreadable body, transport failure | | `Unavailable`: never `Absent` |
 //!
 //! Stripe documents search as eventually consistent, usually within a minute: the adapter
@@ -111,6 +111,22 @@ pub const STRIPE_SEARCH_LAG_MS: u64 = 60_000;
 /// left still caps each request).
 pub const STRIPE_REQUEST_TIMEOUT_DEFAULT_MS: u64 = 30_000;
 
+/// The key Keel sends a plain `http://` loopback provider (the simulator, a local fake) when
+/// the operator gave none: a test key (`sk_test_…`, which the simulator requires and any fake
+/// accepts), public and no secret — printed here, in the source. Only [`is_loopback_http`]
+/// URLs get it, and only when no key is given; an `https://` provider never does.
+pub const LOOPBACK_TEST_KEY: &str = "sk_test_keel_loopback";
+
+/// The consistency window Keel declares for a plain `http://` loopback provider unless told
+/// otherwise: the simulator's search lags only as its fault plan says, and 2 s covers the
+/// lag its sample plans play, so recovery tests need not wait out Stripe's minute.
+pub const LOOPBACK_CONSISTENCY_WINDOW_MS: u64 = 2_000;
+
+/// The request timeout Keel uses for a plain `http://` loopback provider unless told
+/// otherwise: loopback answers in milliseconds; 5 s is far above that and keeps a held
+/// answer (the simulator's `timeout_after_effect`) from stalling a run for Stripe's 30 s.
+pub const LOOPBACK_REQUEST_TIMEOUT_MS: u64 = 5_000;
+
 /// Longest secret key accepted: Stripe's keys are about a hundred characters; 255 is Stripe's
 /// own bound on object ids, far above any key, short enough for one header.
 pub const STRIPE_KEY_MAX_CHARS: usize = 255;
@@ -145,6 +161,29 @@ pub fn capability() -> Capability {
         consistency_window_ms: STRIPE_SEARCH_LAG_MS,
         request_timeout_ms: STRIPE_REQUEST_TIMEOUT_DEFAULT_MS,
     }
+}
+
+/// Stripe's capability as a local fake plays it ([`capability`] with
+/// [`LOOPBACK_CONSISTENCY_WINDOW_MS`] and [`LOOPBACK_REQUEST_TIMEOUT_MS`]): what the binary
+/// declares for the simulator, and what in-process providers in tests declare.
+pub fn local_capability() -> Capability {
+    Capability {
+        consistency_window_ms: LOOPBACK_CONSISTENCY_WINDOW_MS,
+        request_timeout_ms: LOOPBACK_REQUEST_TIMEOUT_MS,
+        ..capability()
+    }
+}
+
+/// Whether `text` is a plain `http://` URL to a loopback address (`127.0.0.0/8`, `::1`,
+/// `localhost`): the only plain-text provider [`base_url`] accepts, a local fake.
+pub fn is_loopback_http(text: &str) -> bool {
+    Url::parse(text).is_ok_and(|url| url.scheme() == "http" && is_loopback(&url))
+}
+
+fn is_loopback(url: &Url) -> bool {
+    let host = url.host_str().unwrap_or_default();
+    let ip = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>();
+    host.eq_ignore_ascii_case("localhost") || ip.is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A Stripe secret (`sk_…`) or restricted (`rk_…`) key, held in memory only: zeroized when
@@ -257,9 +296,7 @@ pub enum Error {
 pub fn base_url(text: &str) -> Result<Url, Error> {
     let bad = |reason: &str| Error::BaseUrl { url: text.to_owned(), reason: reason.to_owned() };
     let mut url = Url::parse(text).map_err(|e| bad(&e.to_string()))?;
-    let host = url.host_str().unwrap_or_default();
-    let ip = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>();
-    let loopback = host.eq_ignore_ascii_case("localhost") || ip.is_ok_and(|ip| ip.is_loopback());
+    let loopback = is_loopback(&url);
     match url.scheme() {
         "https" => {}
         "http" if loopback => {}
@@ -582,12 +619,18 @@ fn classify_refunds(key: &str, status: StatusCode, bytes: &[u8]) -> LookupOutcom
     if page.object != "list" {
         return unavailable(format!("protocol: HTTP 200 with a {:?} object for a list", page.object));
     }
+    let complete = !page.has_more;
     let mine: Vec<Refund> = page
         .data
         .into_iter()
         .filter(|refund| refund.metadata.get(KEY_FIELD).map(String::as_str) == Some(key))
         .collect();
     if mine.is_empty() {
+        // A page without more is every refund of the account: none under the key is an
+        // absence (lists, unlike search, are not eventually consistent).
+        if complete {
+            return LookupOutcome::Absent;
+        }
         return unavailable(format!(
             "not among the {REFUND_PAGE} most recent refunds: absence unproven (Stripe has no search on refunds)"
         ));
@@ -741,7 +784,13 @@ impl PaymentProvider for StripeProvider {
 
     fn execute<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move {
+            // Stripe may echo the key or the payment method back: both are scrubbed before
+            // the outcome is logged or returned.
             let outcome = self.key.scrubbed(self.call(request).await);
+            let outcome = match &request.payment_method {
+                Some(method) => outcome.scrubbed(method),
+                None => outcome,
+            };
             tracing::debug!(
                 effect.idempotency_key_hash = %engine::canonical::sha256_hex(request.idempotency_key.as_bytes()),
                 kind = request.kind.as_str(),

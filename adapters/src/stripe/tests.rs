@@ -389,7 +389,7 @@ async fn a_search_says_absent_only_when_it_found_nothing_paid() {
 }
 
 #[tokio::test]
-async fn a_refund_is_looked_up_among_the_latest_refunds_and_a_miss_is_no_absence() {
+async fn a_refund_is_looked_up_among_the_latest_refunds_and_a_miss_is_an_absence_only_in_the_whole_list() {
     let key = "refund:t:order_1842_refund";
     let mine = |status: &str| {
         serde_json::json!({"id": "re_3Keel", "object": "refund", "amount": 1000, "currency": "eur", "status": status,
@@ -417,6 +417,10 @@ async fn a_refund_is_looked_up_among_the_latest_refunds_and_a_miss_is_no_absence
         let (provider, _) = stripe(vec![list(data.clone())]).await;
         assert!(matches!(provider.lookup(EffectKind::Refund, key).await, LookupOutcome::Unavailable { .. }), "{data}");
     }
+    // The whole list (no more pages) without the key: the account has no such refund.
+    let whole = ok(serde_json::json!({"object": "list", "data": [], "has_more": false}).to_string());
+    let (provider, _) = stripe(vec![whole]).await;
+    assert_eq!(provider.lookup(EffectKind::Refund, key).await, LookupOutcome::Absent);
 }
 
 #[test]
