@@ -4,7 +4,7 @@
 //! key, `Stripe-Version` pinned to [`STRIPE_VERSION`], the intent key as `Idempotency-Key`),
 //! Stripe's [`SecretKey`], and the mapping from Stripe's documented answers to a
 //! [`CallOutcome`] or [`LookupOutcome`]. The HTTP plumbing (client, timeouts, transport
-//! failures) is [`crate::provider_http`]'s, shared.
+//! failures) is [`crate::transport`]'s.
 //!
 //! It must never report "no effect" unless Stripe said so definitively (a card decline, a
 //! PaymentIntent left without a payment, a failed refund) or the request provably never left;
@@ -47,7 +47,7 @@
 //! | 400 `idempotency_error` (the key reused with other parameters) | `Unknown { Protocol }`: an effect may exist under the key |
 //! | 409 (the key is in flight), 429, 5xx | `Unknown { ProviderUnavailable }` |
 //! | any other status (400, 401, 403, 404…) | `Unknown { Protocol }`: a misconfiguration an operator must see; it never releases money |
-//! | transport failures | as [`crate::provider_http`]: connect error `NotSent`, timeout `Unknown { Timeout }`, anything else `Unknown { ConnectionLost }` |
+//! | transport failures | as [`crate::transport`]: connect error `NotSent`, timeout `Unknown { Timeout }`, anything else `Unknown { ConnectionLost }` |
 //!
 //! Every `Unknown` detail ends with the answer's `Request-Id`, `Stripe-Should-Retry` and
 //! `Idempotent-Replayed` headers when Stripe sent them (an outcome has no other field for them).
@@ -66,7 +66,7 @@
 //!
 //! Stripe documents search as eventually consistent, usually within a minute: the adapter
 //! declares [`STRIPE_SEARCH_LAG_MS`] as its consistency window, and Stripe's 24 h key window
-//! ([`crate::provider_http::STRIPE_KEY_WINDOW_MS`]), in [`capability`].
+//! ([`STRIPE_KEY_WINDOW_MS`]), in [`capability`].
 //!
 //! # Transport
 //!
@@ -74,9 +74,8 @@
 //! plain `http://` only to a loopback address (a local fake): any other `http://` URL is
 //! refused when the provider is built ([`base_url`]).
 
-use crate::provider_http::{
-    self, CurrentTrace, STRIPE_KEY_WINDOW_MS, capped, evidence_of, excerpt, exchange, read_strict, traced,
-    transport_detail, unknown,
+use crate::transport::{
+    self, CurrentTrace, capped, evidence_of, excerpt, exchange, read_strict, traced, transport_detail, unknown,
 };
 use engine::provider::{
     BoxFuture, CallOutcome, Capability, EffectKind, EffectRequest, Evidence, LookupOutcome, PaymentProvider, Secret,
@@ -99,6 +98,9 @@ pub const STRIPE_API_BASE: &str = "https://api.stripe.com";
 /// and automatic payment methods are on unless `payment_method_types` is given — which Keel
 /// gives. Changing it is a change of wire format: re-read Stripe's changelog first.
 pub const STRIPE_VERSION: &str = "2024-06-20";
+
+/// Stripe keeps idempotency keys for at least 24 hours.
+pub const STRIPE_KEY_WINDOW_MS: u64 = 24 * 60 * 60 * 1_000;
 
 /// How long Stripe's search may miss a fresh PaymentIntent: its documentation calls search
 /// eventually consistent, with data "usually" searchable within a minute. The adapter's
@@ -283,7 +285,7 @@ pub enum Error {
     },
     /// The HTTP client could not be built (a zero timeout included).
     #[error(transparent)]
-    Client(#[from] provider_http::Error),
+    Client(#[from] transport::Error),
 }
 
 /// The base URL `text` as the adapter uses it (with a trailing `/`), or why it is refused:
@@ -330,7 +332,7 @@ pub struct StripeConfig {
     /// which is this client's own. Default [`capability`].
     pub capability: Capability,
     /// How long to wait for a TCP connection (and TLS). Default
-    /// [`provider_http::DEFAULT_CONNECT_TIMEOUT_MS`].
+    /// [`transport::DEFAULT_CONNECT_TIMEOUT_MS`].
     pub connect_timeout_ms: u64,
     /// How long a whole request may take. Default [`STRIPE_REQUEST_TIMEOUT_DEFAULT_MS`].
     pub request_timeout_ms: u64,
@@ -345,7 +347,7 @@ impl StripeConfig {
             base_url: base_url.into(),
             key,
             capability: capability(),
-            connect_timeout_ms: provider_http::DEFAULT_CONNECT_TIMEOUT_MS,
+            connect_timeout_ms: transport::DEFAULT_CONNECT_TIMEOUT_MS,
             request_timeout_ms: STRIPE_REQUEST_TIMEOUT_DEFAULT_MS,
             current_trace: None,
         }
@@ -667,7 +669,7 @@ impl StripeProvider {
     /// A base URL [`base_url`] refuses, or a client that cannot be built (a zero timeout).
     pub fn new(config: StripeConfig) -> Result<Self, Error> {
         let base = base_url(&config.base_url)?;
-        let client = provider_http::client(config.connect_timeout_ms, config.request_timeout_ms)?;
+        let client = transport::client(config.connect_timeout_ms, config.request_timeout_ms)?;
         let capability = Capability { request_timeout_ms: config.request_timeout_ms, ..config.capability };
         Ok(Self { client, base, key: config.key, capability, current_trace: config.current_trace })
     }

@@ -51,8 +51,6 @@ CREATE TABLE IF NOT EXISTS effects (
     payment_intent  TEXT,
     metadata        TEXT
 ) STRICT;
--- Lookup by key answers the oldest effect for the key (several exist only without idempotency).
-CREATE INDEX IF NOT EXISTS effects_by_key ON effects (idempotency_key, created_at_ms);
 CREATE TABLE IF NOT EXISTS idempotency (
     key           TEXT PRIMARY KEY,
     request_hash  TEXT NOT NULL,
@@ -104,8 +102,6 @@ pub(crate) struct ClaimRequest {
     pub hash: String,
     /// What to commit when the key is new.
     pub answer: Answer,
-    /// How an effect is answered: its object in the request's wire format.
-    pub render: fn(&EffectRecord) -> serde_json::Value,
     /// Keep the record `in_flight` until [`Db::finish`].
     pub in_flight: bool,
     /// `false`: no records at all (the simulator's no-idempotency mode).
@@ -197,16 +193,6 @@ impl Db {
     pub(crate) fn finish(&self, key: &str) -> Result<(), Error> {
         self.lock().execute("UPDATE idempotency SET state = 'done' WHERE key = ?1", params![key])?;
         Ok(())
-    }
-
-    /// The oldest effect stored under `key`.
-    pub(crate) fn lookup(&self, key: &str) -> Result<Option<EffectRecord>, Error> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare_cached(&format!(
-            "{SELECT_EFFECT} WHERE idempotency_key = ?1 ORDER BY created_at_ms, rowid LIMIT 1"
-        ))?;
-        let row = stmt.query_row(params![key], read_effect).optional()?;
-        row.transpose()
     }
 
     /// The PaymentIntents whose metadata `field` is `value`, newest first, at most `limit`.
@@ -348,7 +334,7 @@ fn claim_all(conn: &mut Connection, requests: Vec<ClaimRequest>) -> Result<Vec<R
 /// One claim inside the batch's transaction: replay, conflict, reuse error, or the new
 /// answer (the effect, or the decline) with its record.
 fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
-    let ClaimRequest { key, hash, answer, render, in_flight, idempotency, now } = request;
+    let ClaimRequest { key, hash, answer, in_flight, idempotency, now } = request;
     if idempotency {
         let existing: Option<(String, String, i64, String)> = conn
             .prepare_cached("SELECT request_hash, state, status_code, response_body FROM idempotency WHERE key = ?1")?
@@ -371,7 +357,7 @@ fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
                 return Ok(Claim::Refused(refused));
             }
             insert_effect(conn, &effect)?;
-            let body = render(&effect).to_string();
+            let body = crate::stripe::object(&effect).to_string();
             (Stored { status: 200, body }, Some(effect.id))
         }
         Answer::Decline(stored) => (stored, None),
@@ -483,7 +469,6 @@ mod tests {
             key: key.to_owned(),
             hash: "same request".to_owned(),
             answer: Answer::Effect(Box::new(effect)),
-            render: crate::stripe::object,
             in_flight: false,
             idempotency: true,
             now: "2026-01-01T00:00:00.000Z".to_owned(),

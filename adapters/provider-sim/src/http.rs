@@ -1,20 +1,30 @@
-//! The simulator's HTTP surface.
+//! The simulator's HTTP surface: Stripe's subset ([`super::stripe`]) and its own extras.
 //!
-//! Owns the routes, request validation, the order in which a request meets its fault and its
-//! idempotency record, and the shape of every answer. It must never hold the fault lock or the
-//! database across an `.await` on the network or a timer, and never log a payment method.
+//! Owns the routes, the order in which a request meets its key check, its fault and its
+//! idempotency record, which lookups a fault hides, and the headers of every answer
+//! (`Request-Id`, `Stripe-Should-Retry`, `Idempotent-Replayed`). It must never hold the fault
+//! lock or the database across an `.await` on the network or a timer, and never log a payment
+//! method.
 //!
 //! # Order of a charge or refund
 //!
-//! 1. Validate the key and body (400 `invalid_request_error`, nothing stored, no fault drawn).
+//! 1. Check the API key (401), the `Idempotency-Key` and the form (400 `invalid_request_error`):
+//!    nothing stored, no fault drawn.
 //! 2. Draw the fault for this request from the plan (in arrival order).
 //! 3. `fail_before_effect` / `unavailable` answer at once, touching nothing.
 //! 4. Otherwise claim the key in one transaction (shared with the claims that arrived meanwhile:
-//!    group commit, answered after the commit): replay, conflict, reuse error, or commit the new
-//!    answer (the effect, or the decline) with its record.
+//!    group commit, answered after the commit): replay, conflict, reuse error, a refund refused
+//!    for its PaymentIntent, or commit the new answer (the effect, or the decline) with its
+//!    record.
 //! 5. `slow` / `timeout_after_effect` hold the answer; the record stays `in_flight` (so a
 //!    concurrent request with the key gets 409) until the hold ends, then turns `done`. The hold
 //!    runs in its own task so the record is completed even if the client hangs up.
+//!
+//! # Lookups
+//!
+//! A search or a refund list draws one lookup fault: `lookup_unavailable` answers 503,
+//! `lookup_lies` hides every object, `lookup_absent_for_ms` hides those younger than its window
+//! (Stripe's search lag).
 
 // The simulator is a separate process standing in for a provider: it keeps its own time,
 // like a real provider does, so it reads the system clock directly.
@@ -27,7 +37,7 @@ use super::{Config, EffectKind, EffectRecord, Error};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State as Extract};
+use axum::extract::{Query, State as Extract};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -76,12 +86,10 @@ impl State {
 pub(crate) fn router(state: State) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
-        .route("/v1/charges", post(charge))
         .route("/v1/payment_intents", post(payment_intents))
         .route("/v1/payment_intents/search", get(search))
-        .route("/v1/refunds", post(refund).get(list_refunds))
+        .route("/v1/refunds", post(refunds).get(list_refunds))
         .route("/v1/effects", get(list))
-        .route("/v1/effects/{key}", get(lookup))
         .with_state(state)
 }
 
@@ -136,56 +144,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Error> + Send
     tokio::task::spawn_blocking(f).await.map_err(|join| Error::Task(join.to_string()))?
 }
 
-async fn charge(state: Extract<State>, headers: HeaderMap, body: Bytes) -> Response {
-    effect_json(state.0, Operation::Charge, &headers, &body).await
-}
-
-async fn refund(state: Extract<State>, headers: HeaderMap, body: Bytes) -> Response {
-    let form = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
-    if form {
-        stripe_refund(state, headers, body).await
-    } else {
-        effect_json(state.0, Operation::Refund, &headers, &body).await
-    }
-}
-
-#[derive(Deserialize)]
-struct Metadata {
-    order_id: String,
-    intent_id: String,
-    tenant: String,
-}
-
-#[derive(Deserialize)]
-struct EffectBody {
-    amount: i64,
-    currency: String,
-    /// Required for charges, ignored for refunds. Only checked for presence, never kept.
-    payment_method: Option<String>,
-    metadata: Metadata,
-}
-
-/// Parses and checks a charge or refund body; the error is the message for the client.
-fn validate(operation: Operation, body: &[u8]) -> Result<(Value, EffectBody), String> {
-    // Strict: a body that repeats a key (`"amount":100,"amount":999999`) is refused, never
-    // read as its last value.
-    let text = std::str::from_utf8(body).map_err(|e| format!("the body is not UTF-8: {e}"))?;
-    let value = engine::canonical::parse_strict(text).map_err(|e| format!("the body is not strict JSON: {e}"))?;
-    let parsed: EffectBody =
-        engine::canonical::decode(value.clone()).map_err(|e| format!("the body is malformed: {e}"))?;
-    engine::money::check_amount(parsed.amount).map_err(|e| format!("amount: {e}"))?;
-    if parsed.currency.is_empty() {
-        return Err("currency must not be empty".into());
-    }
-    if operation == Operation::Charge && parsed.payment_method.as_deref().is_none_or(str::is_empty) {
-        return Err("a charge needs a payment_method".into());
-    }
-    Ok((value, parsed))
-}
-
 /// The request's `Idempotency-Key`, or the 400 that refuses it (the simulator requires one).
 fn idempotency_key(headers: &HeaderMap) -> Result<String, Box<Response>> {
     match headers.get("idempotency-key").map(|v| v.to_str()) {
@@ -197,51 +155,6 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Box<Response>> {
             "the simulator requires a non-empty ASCII Idempotency-Key header",
         ))),
     }
-}
-
-async fn effect_json(state: State, operation: Operation, headers: &HeaderMap, body: &[u8]) -> Response {
-    let key = match idempotency_key(headers) {
-        Ok(key) => key,
-        Err(refused) => return *refused,
-    };
-    let (value, parsed) = match validate(operation, body) {
-        Ok(ok) => ok,
-        Err(message) => {
-            return error(StatusCode::BAD_REQUEST, "invalid_request_error", "parameter_invalid", &message);
-        }
-    };
-    let kind = match operation {
-        Operation::Refund => EffectKind::Refund,
-        _ => EffectKind::Charge,
-    };
-    let now = Utc::now();
-    let prefix = if kind == EffectKind::Charge { "ch" } else { "re" };
-    let declined = json!({"error": {"type": "card_error", "code": "card_declined", "message": "injected: decline"}});
-    let ask = EffectAsk {
-        operation,
-        // The operation is part of the hash, so a charge key reused for a refund is a reuse.
-        hash: engine::canonical::fingerprint(&json!({"operation": kind.as_str(), "body": value})),
-        effect: EffectRecord {
-            id: format!("{prefix}_{}", uuid::Uuid::new_v4().simple()),
-            idempotency_key: key.clone(),
-            kind,
-            amount_minor: parsed.amount,
-            currency: parsed.currency,
-            order_id: parsed.metadata.order_id,
-            intent_id: parsed.metadata.intent_id,
-            tenant: parsed.metadata.tenant,
-            created_at: now.to_rfc3339_opts(SecondsFormat::Millis, true),
-            created_at_ms: now.timestamp_millis(),
-            traceparent: traceparent(headers),
-            payment_intent: None,
-            metadata: Default::default(),
-        },
-        key,
-        declined: Stored { status: 402, body: declined.to_string() },
-        declines: false,
-        render: EffectRecord::api_object,
-    };
-    effect(state, ask).await
 }
 
 /// A 401 in Stripe's shape unless the request carries a test key.
@@ -325,13 +238,12 @@ async fn payment_intents(state: Extract<State>, headers: HeaderMap, body: Bytes)
         key,
         declined: Stored { status: 402, body: declined.to_string() },
         declines: params.decline.is_some(),
-        render: stripe::object,
     };
     effect(state.0, ask).await
 }
 
-/// `POST /v1/refunds` (form-encoded): a Refund of part or all of a PaymentIntent.
-async fn stripe_refund(state: Extract<State>, headers: HeaderMap, body: Bytes) -> Response {
+/// `POST /v1/refunds`: a Refund of part or all of a PaymentIntent.
+async fn refunds(state: Extract<State>, headers: HeaderMap, body: Bytes) -> Response {
     if let Some(refused) = unauthorized(&headers) {
         return refused;
     }
@@ -360,7 +272,6 @@ async fn stripe_refund(state: Extract<State>, headers: HeaderMap, body: Bytes) -
         key,
         declined: Stored { status: 200, body: failed.to_string() },
         declines: false,
-        render: stripe::object,
     };
     effect(state.0, ask).await
 }
@@ -378,12 +289,10 @@ struct EffectAsk {
     declined: Stored,
     /// The request declines whatever the plan says (Stripe's declining test methods).
     declines: bool,
-    /// The effect's object in the request's wire format.
-    render: fn(&EffectRecord) -> Value,
 }
 
 async fn effect(state: State, ask: EffectAsk) -> Response {
-    let EffectAsk { operation, key, hash, effect, declined, declines, render } = ask;
+    let EffectAsk { operation, key, hash, effect, declined, declines } = ask;
     let fault = state.decide(operation);
     tracing::debug!(key = %key, kind = effect.kind.as_str(), fault = fault.map(|f| f.name()), "effect request");
 
@@ -413,7 +322,6 @@ async fn effect(state: State, ask: EffectAsk) -> Response {
         key: key.clone(),
         hash,
         answer,
-        render,
         in_flight: hold_ms > 0,
         idempotency: state.inner.idempotency,
         now: Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true),
@@ -497,37 +405,6 @@ async fn hold(ms: u64, mut shutdown: watch::Receiver<bool>) {
         () = tokio::time::sleep(Duration::from_millis(ms)) => {}
         // An error means the server is gone, which also ends the hold.
         _ = shutdown.wait_for(|stopping| *stopping) => {}
-    }
-}
-
-async fn lookup(state: Extract<State>, headers: HeaderMap, Path(key): Path<String>) -> Response {
-    let state = state.0;
-    if !state.inner.lookup {
-        return error(
-            StatusCode::NOT_IMPLEMENTED,
-            "not_supported",
-            "lookup_not_supported",
-            "this provider has no lookup",
-        );
-    }
-    let fault = state.decide(Operation::Lookup);
-    tracing::debug!(key = %key, fault = fault.map(|f| f.name()), traceparent = ?headers.get("traceparent"), "lookup");
-    if fault == Some(Fault::LookupUnavailable) {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "api_error",
-            "service_unavailable",
-            "injected: lookup_unavailable",
-        );
-    }
-    let db = Arc::clone(&state.inner.db);
-    let found = match blocking(move || db.lookup(&key)).await {
-        Ok(found) => found,
-        Err(e) => return storage_error(&e),
-    };
-    match found.filter(|effect| visible(fault, effect)) {
-        Some(effect) => Json(effect.api_object()).into_response(),
-        None => error(StatusCode::NOT_FOUND, "not_found", "resource_missing", "no effect with this idempotency key"),
     }
 }
 

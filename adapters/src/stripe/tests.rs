@@ -325,6 +325,42 @@ async fn an_echoed_key_is_scrubbed_from_every_detail() {
 
 const REDACTED_MARK: &str = engine::provider::REDACTED;
 
+#[tokio::test]
+async fn an_echoed_payment_method_is_scrubbed_from_every_detail() {
+    let token = "pm_card_secret_7d1e5f3a9b2c";
+    let request = EffectRequest { payment_method: Some(Secret::new(token)), ..charge() };
+    let echo =
+        format!(r#"{{"error":{{"type":"invalid_request_error","message":"No such PaymentMethod: '{token}'"}}}}"#);
+    let (outcome, seen) = execute(vec![(400, Vec::new(), echo)], &request).await;
+    assert!(seen.iter().any(|s| s.body.contains(token)), "Stripe got the token");
+    match outcome {
+        CallOutcome::Unknown { detail, .. } => {
+            assert!(!detail.contains(token) && detail.contains(REDACTED_MARK), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn other_successes_redirects_and_repeated_fields_are_protocol_errors() {
+    for status in [201, 204, 302, 307] {
+        let (outcome, _) = execute(vec![(status, Vec::new(), intent("succeeded", 4900, "eur"))], &charge()).await;
+        assert!(is_unknown(&outcome, UnknownReason::Protocol), "{status}: {outcome:?}");
+    }
+    // A body that says two things proves neither.
+    let twice =
+        intent("succeeded", 4900, "eur").replacen(r#""status":"#, r#""status":"requires_payment_method","status":"#, 1);
+    let (outcome, _) = execute(vec![ok(twice)], &charge()).await;
+    assert!(is_unknown(&outcome, UnknownReason::Protocol), "{outcome:?}");
+}
+
+#[test]
+fn the_capability_carries_the_request_timeout() {
+    let key = Arc::new(SecretKey::parse(KEY).expect("the test key is well formed"));
+    let config = StripeConfig { request_timeout_ms: 1_234, ..StripeConfig::new("http://127.0.0.1:9", key) };
+    assert_eq!(StripeProvider::new(config).expect("a loopback URL").capability().request_timeout_ms, 1_234);
+}
+
 fn search(data: serde_json::Value) -> Canned {
     ok(serde_json::json!({"object": "search_result", "data": data, "has_more": false}).to_string())
 }

@@ -2,8 +2,8 @@
 //! provider (Keel's Stripe client, with a test key) pointed at it with short timeouts so that
 //! the suite runs in seconds.
 
-use adapters::provider_http::CurrentTrace;
 use adapters::stripe::{SecretKey, StripeConfig, StripeProvider};
+use adapters::transport::CurrentTrace;
 use engine::provider::{EffectKind, EffectRequest, Secret};
 use provider_sim::{Config, EffectRecord, FaultPlan, Server, list_effects};
 use std::path::PathBuf;

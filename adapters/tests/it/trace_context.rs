@@ -3,8 +3,8 @@
 //! malformed header nor a file older than the column fails anything.
 
 use crate::support::{NO_FAULTS, Sim, TEST_KEY, charge, provider_at, refund};
-use adapters::provider_http::{TRACEPARENT, TraceContext};
 use adapters::stripe::StripeProvider;
+use adapters::transport::{TRACEPARENT, TraceContext};
 use axum::http::HeaderMap;
 use engine::provider::{CallOutcome, EffectKind, PaymentProvider};
 use std::sync::{Arc, Mutex};
