@@ -114,7 +114,8 @@ struct EffectsArgs {
     #[arg(long, value_name = "PATH")]
     db: PathBuf,
     /// One JSON object per line per effect (id, idempotency_key, kind, amount_minor, currency,
-    /// order_id, intent_id, tenant, created_at, created_at_ms) instead of a table.
+    /// order_id, intent_id, tenant, created_at, created_at_ms, traceparent, payment_intent,
+    /// metadata, replays) instead of a table.
     #[arg(long)]
     json: bool,
 }

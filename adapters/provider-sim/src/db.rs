@@ -1,9 +1,11 @@
 //! The simulator's durable state: one SQLite file.
 //!
-//! Owns the schema (effects, with the `traceparent` their request carried, and idempotency
-//! records; a file older than the `traceparent` column gets it at open), the one transaction
-//! that claims an idempotency key together with its effect, and recovery of records left in flight by a
-//! killed simulator. It must never decide faults or speak HTTP, and it must never commit an
+//! Owns the schema (effects, with the `traceparent` their request carried, a refund's
+//! PaymentIntent and the request's metadata; idempotency records, with how many replays each
+//! answered; a file older than a column gets it at open), the one transaction that claims an
+//! idempotency key together with its effect (a refund checked against what its PaymentIntent
+//! has left in the same transaction), the metadata search and the refund list, and recovery of
+//! records left in flight by a killed simulator. It must never decide faults or speak HTTP, and it must never commit an
 //! idempotency record without its effect or an effect without its record (except in
 //! no-idempotency mode, where there are no records at all).
 //!
@@ -58,7 +60,8 @@ CREATE TABLE IF NOT EXISTS idempotency (
     status_code   INTEGER NOT NULL,
     response_body TEXT NOT NULL,
     effect_id     TEXT REFERENCES effects (id),
-    created_at    TEXT NOT NULL
+    created_at    TEXT NOT NULL,
+    replays       INTEGER NOT NULL DEFAULT 0
 ) STRICT;
 ";
 
@@ -131,10 +134,15 @@ impl Db {
         configure(&conn)?;
         conn.execute_batch(SCHEMA)?;
         for column in ["traceparent", "payment_intent", "metadata"] {
-            add_column(&conn, column)?;
+            add_column(&conn, "effects", column, "TEXT")?;
         }
-        // A refund's check sums the refunds of its PaymentIntent (after the columns exist).
-        conn.execute_batch("CREATE INDEX IF NOT EXISTS refunds_by_payment_intent ON effects (payment_intent)")?;
+        add_column(&conn, "idempotency", "replays", "INTEGER NOT NULL DEFAULT 0")?;
+        // After the columns exist: a refund's check sums the refunds of its PaymentIntent; the
+        // effect listing reads each effect's replays.
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS refunds_by_payment_intent ON effects (payment_intent);
+             CREATE INDEX IF NOT EXISTS idempotency_by_effect ON idempotency (effect_id);",
+        )?;
         // Recovery runs before the server accepts anything, so no request can see a
         // half-recovered state.
         let deleted = conn.execute("DELETE FROM idempotency WHERE state = 'in_flight' AND effect_id IS NULL", [])?;
@@ -243,22 +251,22 @@ fn configure(conn: &Connection) -> Result<(), Error> {
     Ok(())
 }
 
-/// A file made before effects recorded `column` (a nullable text: `traceparent`,
-/// `payment_intent`, `metadata`) gets it, NULL in its old rows; `CREATE TABLE IF NOT EXISTS`
-/// leaves an existing table as it is.
-fn add_column(conn: &Connection, column: &str) -> Result<(), Error> {
+/// A file made before `table` had `column` gets it, declared `declaration` (NULL or its
+/// default in old rows): `CREATE TABLE IF NOT EXISTS` leaves an existing table as it is.
+/// Every name is one of this module's constants, never a request's.
+fn add_column(conn: &Connection, table: &str, column: &str, declaration: &str) -> Result<(), Error> {
     let has: bool = conn.query_row(
-        "SELECT count(*) > 0 FROM pragma_table_info('effects') WHERE name = ?1",
-        params![column],
+        "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+        params![table, column],
         |row| row.get(0),
     )?;
     if !has {
-        conn.execute_batch(&format!("ALTER TABLE effects ADD COLUMN {column} TEXT"))?;
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {declaration}"))?;
     }
     Ok(())
 }
 
-const SELECT_EFFECT: &str = "SELECT id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent, payment_intent, metadata FROM effects";
+const SELECT_EFFECT: &str = "SELECT id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent, payment_intent, metadata, coalesce((SELECT replays FROM idempotency WHERE idempotency.effect_id = effects.id), 0) FROM effects";
 
 /// Reads one effect row. The outer `Result` is SQLite's, the inner one a row that breaks the
 /// schema's promises.
@@ -275,6 +283,10 @@ fn read_effect(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<EffectRecord,
         Some(Ok(metadata)) => metadata,
         Some(Err(e)) => return Ok(Err(Error::Corrupt(format!("effect metadata: {e}")))),
     };
+    let replays: i64 = row.get(13)?;
+    let Ok(replays) = u64::try_from(replays) else {
+        return Ok(Err(Error::Corrupt(format!("{replays} replays"))));
+    };
     Ok(Ok(EffectRecord {
         id: row.get(0)?,
         idempotency_key: row.get(1)?,
@@ -289,6 +301,7 @@ fn read_effect(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<EffectRecord,
         traceparent: row.get(10)?,
         payment_intent: row.get(11)?,
         metadata,
+        replays,
     }))
 }
 
@@ -346,6 +359,8 @@ fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
             } else if state == "in_flight" {
                 Claim::InProgress
             } else {
+                conn.prepare_cached("UPDATE idempotency SET replays = replays + 1 WHERE key = ?1")?
+                    .execute(params![key])?;
                 Claim::Replay(Stored { status: status_code(status)?, body })
             };
             return Ok(claim);
@@ -464,6 +479,7 @@ mod tests {
             traceparent: None,
             payment_intent: None,
             metadata: Default::default(),
+            replays: 0,
         };
         ClaimRequest {
             key: key.to_owned(),
@@ -495,7 +511,9 @@ mod tests {
         let new = claims.iter().filter(|claim| matches!(claim, Claim::New(_))).count();
         let replays = claims.iter().filter(|claim| matches!(claim, Claim::Replay(_))).count();
         assert_eq!((new, replays), (keys, keys * (threads - 1)), "one new claim per key, every other a replay");
-        assert_eq!(db.effects().expect("the effects").len(), keys);
+        let effects = db.effects().expect("the effects");
+        assert_eq!(effects.len(), keys);
+        assert!(effects.iter().all(|e| e.replays == (threads - 1) as u64), "each replay is counted on its effect");
         drop(db);
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));

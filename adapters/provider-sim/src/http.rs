@@ -201,6 +201,7 @@ fn stripe_effect(
         traceparent: traceparent(headers),
         payment_intent: None,
         metadata,
+        replays: 0,
     }
 }
 
@@ -465,13 +466,19 @@ struct ListQuery {
 }
 
 impl ListQuery {
-    /// `limit`: 1 to 100, default 10, as Stripe's.
+    /// `limit`: 1 to [`stripe::PAGE_LIMIT_MAX`], default [`stripe::PAGE_LIMIT_DEFAULT`].
     fn limit(&self) -> Result<usize, stripe::Refusal> {
         match self.limit.as_deref() {
-            None => Ok(10),
-            Some(text) => text.parse::<usize>().ok().filter(|n| (1..=100).contains(n)).ok_or_else(|| {
-                stripe::Refusal::invalid("parameter_invalid_integer", Some("limit"), "limit must be from 1 to 100")
-            }),
+            None => Ok(stripe::PAGE_LIMIT_DEFAULT),
+            Some(text) => {
+                text.parse::<usize>().ok().filter(|n| (1..=stripe::PAGE_LIMIT_MAX).contains(n)).ok_or_else(|| {
+                    stripe::Refusal::invalid(
+                        "parameter_invalid_integer",
+                        Some("limit"),
+                        format!("limit must be from 1 to {}", stripe::PAGE_LIMIT_MAX),
+                    )
+                })
+            }
         }
     }
 }

@@ -40,7 +40,7 @@
 //! |---|---|
 //! | `POST /v1/payment_intents` form: `amount`, `currency`, `payment_method`, `payment_method_types[]`, `confirm=true`, `off_session`, `metadata[…]` + `Idempotency-Key` | 200 a PaymentIntent `pi_…` in `succeeded` (no payment method echoed); 402 `card_error`/`card_declined` with a `decline_code` and the PaymentIntent in `requires_payment_method` for the `decline` fault (`generic_decline`) and Stripe's declining test methods (`pm_card_chargeDeclined…`, `pm_card_visa_chargeDeclined…`) |
 //! | `POST /v1/refunds` form: `payment_intent`, `amount`, `metadata[…]` + `Idempotency-Key` | 200 a Refund `re_…` in `succeeded`, in its PaymentIntent's currency; a `failed` Refund (`failure_reason: declined`, no effect) for the `decline` fault; 400 `resource_missing` (no such PaymentIntent), `charge_already_refunded` or `amount_too_large` (more than it has left; nothing stored, the key left free) |
-//! | same key, same parameters (the sorted form pairs and the route) | the stored answer, byte for byte, same status, with `Idempotent-Replayed: true`; no new effect |
+//! | same key, same parameters (the sorted form pairs and the route) | the stored answer, byte for byte, same status, with `Idempotent-Replayed: true`; no new effect, the replay counted on the effect (`EffectRecord::replays`) |
 //! | same key, other parameters | 400 `idempotency_error` / `idempotency_key_reused` |
 //! | same key while the first request is still being answered | 409 `idempotency_error` / `idempotency_key_in_use` |
 //! | missing `Idempotency-Key`; an unknown, repeated (other than `name[]`) or missing parameter; `confirm` not `true`; an amount outside 1..=`engine::limits::AMOUNT_MINOR_MAX` | 400 `invalid_request_error` (nothing stored) |
@@ -186,6 +186,9 @@ pub struct EffectRecord {
     pub payment_intent: Option<String>,
     /// The request's metadata, as Stripe keeps it (searched by a charge lookup).
     pub metadata: BTreeMap<String, String>,
+    /// How many later requests under its key were answered its stored answer
+    /// (`Idempotent-Replayed: true`); 0 without idempotency.
+    pub replays: u64,
     /// When the effect was committed, RFC 3339 UTC with milliseconds.
     pub created_at: String,
     /// The same instant in Unix milliseconds (drives the consistency window).

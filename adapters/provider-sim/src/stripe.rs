@@ -11,6 +11,12 @@ use crate::{EffectKind, EffectRecord};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
+/// Objects a search or list page holds when the request names no `limit`: Stripe's default.
+pub(crate) const PAGE_LIMIT_DEFAULT: usize = 10;
+
+/// The largest `limit` a search or list accepts: Stripe's bound (a larger one is a 400).
+pub(crate) const PAGE_LIMIT_MAX: usize = 100;
+
 /// A refused request: the HTTP status and Stripe's error object.
 #[derive(Debug)]
 pub(crate) struct Refusal {

@@ -283,6 +283,7 @@ async fn the_simulator_answers_key_reuse_conflicts_and_replays_as_stripe_does() 
     assert_eq!((status, &replay), (200, &original), "a replay is the stored answer");
     assert_eq!(notes.0.as_deref(), Some("true"), "and says so");
     assert_eq!(sim.effects().len(), 1);
+    assert_eq!(sim.effects()[0].replays, 1, "the simulator counts the replay on its effect");
 
     let missing = client.post(&url).bearer_auth(TEST_KEY).form(&form(100)).send().await;
     let (status, missing, _) = read(answered(missing)).await;
