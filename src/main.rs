@@ -97,8 +97,6 @@ struct BeforeSubcommand {
     lease_ttl_ms: Option<u64>,
     #[arg(long = "provider", value_name = "URL", hide = true, env = "KEEL_PROVIDER_URL")]
     provider: Option<String>,
-    #[arg(long = "provider-format", value_name = "FORMAT", hide = true, env = "KEEL_PROVIDER_FORMAT")]
-    provider_format: Option<ProviderFormat>,
     #[arg(long = "stripe-key-file", value_name = "PATH", hide = true)]
     stripe_key_file: Option<PathBuf>,
     #[arg(long = "provider-tier", hide = true, value_parser = ["dedup+lookup", "lookup", "dedup", "none"])]
@@ -154,22 +152,17 @@ struct Decided {
 #[derive(Args, Debug, Clone, Default)]
 #[command(next_help_heading = "Payment provider")]
 struct ProviderFlags {
-    /// Base URL of the payment provider: the address `keel-provider-sim serve` prints, or with
-    /// `--provider-format stripe` Stripe's (https://, or http:// to a loopback address only).
-    /// [env: KEEL_PROVIDER_URL] [default with stripe: https://api.stripe.com]
+    /// Base URL of the payment provider, spoken to in Stripe's API (PaymentIntents and
+    /// Refunds, form-encoded, Stripe-Version pinned): https://api.stripe.com, or http:// to a
+    /// loopback address only — the address `keel-provider-sim serve` prints, or another local
+    /// fake. [env: KEEL_PROVIDER_URL]
     #[arg(long = "provider", value_name = "URL")]
     url: Option<String>,
 
-    /// The provider's wire format: `sim`, the JSON `keel-provider-sim` speaks, or `stripe`,
-    /// Stripe's API (PaymentIntents and Refunds, form-encoded, Stripe-Version pinned), with the
-    /// secret key from KEEL_STRIPE_SECRET_KEY or --stripe-key-file, read once at start and never
-    /// stored, logged or printed. With `stripe` the consistency window defaults to 60000 (Stripe's
-    /// search lag) and the timeout to 30000. [default: sim] [env: KEEL_PROVIDER_FORMAT]
-    #[arg(long = "provider-format", value_name = "FORMAT")]
-    format: Option<ProviderFormat>,
-
-    /// A file holding the Stripe secret key (`sk_…` or restricted `rk_…`), read once at start;
-    /// wins over KEEL_STRIPE_SECRET_KEY. Only with `--provider-format stripe`.
+    /// A file holding the Stripe secret key (`sk_…` or restricted `rk_…`), read once at start
+    /// and never stored, logged or printed; wins over KEEL_STRIPE_SECRET_KEY. An https://
+    /// provider refuses to start without a key; a plain http:// loopback provider (the
+    /// simulator) without one is sent the public test key `sk_test_keel_loopback`.
     #[arg(long = "stripe-key-file", value_name = "PATH")]
     stripe_key_file: Option<PathBuf>,
 
@@ -180,25 +173,18 @@ struct ProviderFlags {
     tier: Option<String>,
 
     /// How long a lookup may miss a fresh effect, in ms (resends wait at least this long after
-    /// the request is certainly over). At most one hour. [default: 2000]
+    /// the request is certainly over). At most one hour. [default: 60000, Stripe's search lag;
+    /// 2000 for a plain http:// loopback provider]
     #[arg(long = "provider-consistency-window-ms", value_name = "MS",
           value_parser = clap::value_parser!(u64).range(..=engine::limits::PROVIDER_WAIT_MAX_MS))]
     consistency_window_ms: Option<u64>,
 
     /// Per-request timeout towards the provider, in ms. Past it the outcome is unknown, and a
-    /// resend waits at least this long after the send. 1 ms to one hour. [default: 5000]
+    /// resend waits at least this long after the send. 1 ms to one hour. [default: 30000;
+    /// 5000 for a plain http:// loopback provider]
     #[arg(long = "provider-timeout-ms", value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..=engine::limits::PROVIDER_WAIT_MAX_MS))]
     timeout_ms: Option<u64>,
-}
-
-/// The wire format a payment provider speaks (`--provider-format`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum ProviderFormat {
-    /// The JSON `keel-provider-sim` speaks.
-    Sim,
-    /// Stripe's API.
-    Stripe,
 }
 
 /// The environment variable holding the Stripe secret key.
@@ -208,23 +194,18 @@ const STRIPE_KEY_ENV: &str = "KEEL_STRIPE_SECRET_KEY";
 /// not a key file.
 const STRIPE_KEY_FILE_MAX_BYTES: u64 = 4_096;
 
-/// The provider's wire format, with what it needs to be spoken.
-#[derive(Debug, Clone)]
-pub enum Wire {
-    /// The simulator's JSON.
-    Sim,
-    /// Stripe's API with its secret key — or why the key could not be had, which
-    /// [`required_provider`] reports as a usage error before anything is written.
-    Stripe(Result<std::sync::Arc<adapters::stripe::SecretKey>, String>),
-}
+/// A Stripe secret key, or why none could be had: [`required_provider`] reports the reason as
+/// a usage error before anything is written. The reason never quotes the key.
+pub type StripeKey = Result<std::sync::Arc<adapters::stripe::SecretKey>, String>;
 
 /// The variable naming the release every run records (`release.version`), instead of this
 /// build's version: a deployment's own name for what it runs.
 const RELEASE_ENV: &str = "KEEL_RELEASE";
 
-/// The Stripe secret key, from `file` when given, else from the environment. The error never
-/// quotes the key.
-fn stripe_key(file: Option<&std::path::Path>) -> Result<std::sync::Arc<adapters::stripe::SecretKey>, String> {
+/// The Stripe secret key, from `file` when given, else from the environment, else — for a
+/// plain http:// loopback provider only (the simulator, a local fake) — the public test key
+/// [`adapters::stripe::LOOPBACK_TEST_KEY`]. The error never quotes the key.
+fn stripe_key(file: Option<&std::path::Path>, url: Option<&str>) -> StripeKey {
     use std::io::Read as _;
     let (text, source) = match file {
         Some(path) => {
@@ -244,9 +225,14 @@ fn stripe_key(file: Option<&std::path::Path>) -> Result<std::sync::Arc<adapters:
         }
         None => match std::env::var(STRIPE_KEY_ENV) {
             Ok(text) => (zeroize::Zeroizing::new(text), STRIPE_KEY_ENV.to_owned()),
+            Err(std::env::VarError::NotPresent) if url.is_some_and(adapters::stripe::is_loopback_http) => (
+                zeroize::Zeroizing::new(adapters::stripe::LOOPBACK_TEST_KEY.to_owned()),
+                "the loopback test key".to_owned(),
+            ),
             Err(std::env::VarError::NotPresent) => {
                 return Err(format!(
-                    "--provider-format stripe needs the secret key: set {STRIPE_KEY_ENV} or pass --stripe-key-file PATH"
+                    "the payment provider needs its Stripe secret key: set {STRIPE_KEY_ENV} or pass --stripe-key-file \
+                     PATH (only a plain http:// loopback provider, such as keel-provider-sim, goes without)"
                 ));
             }
             Err(std::env::VarError::NotUnicode(_)) => return Err(format!("{STRIPE_KEY_ENV} is not UTF-8")),
@@ -259,10 +245,10 @@ fn stripe_key(file: Option<&std::path::Path>) -> Result<std::sync::Arc<adapters:
 /// subcommand, the environment and the defaults.
 #[derive(Debug, Clone)]
 pub struct ProviderArgs {
-    /// The wire format, and the Stripe key when it is Stripe's.
-    pub wire: Wire,
-    /// Base URL, when given (Stripe's own by default with the Stripe format).
+    /// Base URL, when given.
     pub url: Option<String>,
+    /// The Stripe secret key sent to it.
+    pub key: StripeKey,
     /// The capability tier.
     pub tier: String,
     /// The consistency window, ms.
@@ -283,20 +269,18 @@ fn bench_provider(before: &BeforeSubcommand, flags: &ProviderFlags) -> harness::
 impl BeforeSubcommand {
     fn provider(&self, flags: Option<&ProviderFlags>) -> ProviderArgs {
         let flags = flags.cloned().unwrap_or_default();
-        let format = flags.format.or(self.provider_format).unwrap_or(ProviderFormat::Sim);
         let url = flags.url.or_else(|| self.provider.clone());
-        let (wire, url, consistency_window_ms, timeout_ms) = match format {
-            ProviderFormat::Sim => (Wire::Sim, url, 2_000, 5_000),
-            ProviderFormat::Stripe => (
-                Wire::Stripe(stripe_key(flags.stripe_key_file.as_deref().or(self.stripe_key_file.as_deref()))),
-                url.or_else(|| Some(adapters::stripe::STRIPE_API_BASE.to_owned())),
-                adapters::stripe::STRIPE_SEARCH_LAG_MS,
-                adapters::stripe::STRIPE_REQUEST_TIMEOUT_DEFAULT_MS,
-            ),
+        let key = stripe_key(flags.stripe_key_file.as_deref().or(self.stripe_key_file.as_deref()), url.as_deref());
+        // A local fake answers at once and lags as its plan says: Stripe's own minute of search
+        // lag and 30 s timeout would only slow every recovery against it.
+        let (consistency_window_ms, timeout_ms) = if url.as_deref().is_some_and(adapters::stripe::is_loopback_http) {
+            (adapters::stripe::LOOPBACK_CONSISTENCY_WINDOW_MS, adapters::stripe::LOOPBACK_REQUEST_TIMEOUT_MS)
+        } else {
+            (adapters::stripe::STRIPE_SEARCH_LAG_MS, adapters::stripe::STRIPE_REQUEST_TIMEOUT_DEFAULT_MS)
         };
         ProviderArgs {
-            wire,
             url,
+            key,
             tier: flags.tier.or_else(|| self.provider_tier.clone()).unwrap_or_else(|| "dedup+lookup".to_owned()),
             consistency_window_ms: flags
                 .consistency_window_ms
@@ -878,7 +862,7 @@ enum Command {
         keep: bool,
     },
     /// Benchmark the charge workflow end to end against an in-process zero-latency provider
-    /// (or a Stripe-like provider over HTTP, given its URL) at the chosen durability, then
+    /// (or a provider over HTTP in Stripe's API, given its URL) at the chosen durability, then
     /// re-submit everything and check no new effect (progress on a terminal).
     Bench {
         /// Intents to charge.
@@ -994,7 +978,7 @@ enum Command {
         #[arg(long)]
         round: u64,
     },
-    /// Run the Stripe-like provider simulator (same as the `keel-provider-sim` binary).
+    /// Run the provider simulator (Stripe's API) (same as the `keel-provider-sim` binary).
     #[command(name = "provider-sim", hide = true, disable_help_flag = true)]
     ProviderSim {
         /// Arguments for the simulator.
@@ -1118,19 +1102,17 @@ fn existing_log(db: &std::path::Path, create: CreateFlag) -> Result<(), output::
     if create.create || db.exists() { Ok(()) } else { Err(output::Failure::MissingDatabase(db.to_owned())) }
 }
 
-/// The provider, required: its URL, and with Stripe's format a usable key and an https://
-/// (or loopback) URL — refused here, before anything is written.
+/// The provider, required: its URL, an https:// (or plain http:// loopback) one, and a usable
+/// key — refused here, before anything is written.
 fn required_provider(provider: &ProviderArgs, what: &str) -> Result<(), output::Failure> {
     let Some(url) = &provider.url else {
         return Err(output::Failure::MissingProvider(format!(
-            "{what} needs the payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. the address \
-             `keel-provider-sim serve` prints)"
+            "{what} needs the payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. \
+             https://api.stripe.com, or the address `keel-provider-sim serve` prints)"
         )));
     };
-    if let Wire::Stripe(key) = &provider.wire {
-        key.as_ref().map_err(|message| output::Failure::Usage(message.clone()))?;
-        adapters::stripe::base_url(url).map_err(|error| output::Failure::Usage(error.to_string()))?;
-    }
+    adapters::stripe::base_url(url).map_err(|error| output::Failure::Usage(error.to_string()))?;
+    provider.key.as_ref().map_err(|message| output::Failure::Usage(message.clone()))?;
     Ok(())
 }
 

@@ -16,7 +16,7 @@
 //! resource's `service.name` and `service.version`: what is exported is what the spans carry,
 //! and they carry no argument, token or key.
 
-use adapters::provider_http::TraceContext;
+use adapters::transport::TraceContext;
 use engine::limits;
 use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
 use opentelemetry_otlp::WithExportConfig as _;

@@ -7,9 +7,8 @@
 //! `store::Store` (the default) or PostgreSQL's `PgLog` ([`open_postgres`]). It never decides
 //! anything.
 
+use crate::ProviderArgs;
 use crate::telemetry::Otlp;
-use crate::{ProviderArgs, Wire};
-use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
 use adapters::stripe::{StripeConfig, StripeProvider};
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
@@ -75,8 +74,8 @@ pub fn durability(flag: &str) -> store::Durability {
 }
 
 /// The capability the operator declared for the provider: the tier and consistency window
-/// given (Stripe's format defaults the window to its search lag), over the 24 h key window
-/// Stripe and the simulator share.
+/// given (by default Stripe's search lag, or the loopback window for a local fake), over
+/// Stripe's 24 h key window.
 pub fn capability(args: &ProviderArgs) -> Capability {
     let (dedup_by_key, lookup) = match args.tier.as_str() {
         "lookup" => (false, true),
@@ -84,7 +83,12 @@ pub fn capability(args: &ProviderArgs) -> Capability {
         "none" => (false, false),
         _ => (true, true),
     };
-    Capability { dedup_by_key, lookup, consistency_window_ms: args.consistency_window_ms, ..stripe_like() }
+    Capability {
+        dedup_by_key,
+        lookup,
+        consistency_window_ms: args.consistency_window_ms,
+        ..adapters::stripe::capability()
+    }
 }
 
 /// The crash points armed for this process, parsed once by `main` from `KEEL_FAILPOINT`.
@@ -290,7 +294,7 @@ struct NoProvider;
 
 impl PaymentProvider for NoProvider {
     fn capability(&self) -> Capability {
-        Capability { dedup_by_key: false, lookup: false, ..stripe_like() }
+        Capability { dedup_by_key: false, lookup: false, ..adapters::stripe::capability() }
     }
 
     fn execute<'a>(
@@ -381,33 +385,20 @@ pub fn postgres_blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// The HTTP payment provider the flags name (its URL is required), in its wire format: the
-/// simulator's, or Stripe's with its key.
+/// The payment provider the flags name (its URL is required), spoken to in Stripe's API with
+/// its key.
 pub fn http_provider(provider: &ProviderArgs) -> anyhow::Result<Arc<dyn PaymentProvider>> {
     let url = provider.url.clone().context(
         "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. a `keel-provider-sim serve` address)",
     )?;
-    match &provider.wire {
-        Wire::Sim => {
-            let config = HttpProviderConfig {
-                capability: capability(provider),
-                request_timeout_ms: provider.timeout_ms,
-                current_trace: Some(crate::telemetry::current_trace),
-                ..HttpProviderConfig::new(url)
-            };
-            Ok(Arc::new(HttpProvider::new(config)?))
-        }
-        Wire::Stripe(key) => {
-            let key = key.as_ref().map_err(|message| anyhow::anyhow!("{message}"))?;
-            let config = StripeConfig {
-                capability: capability(provider),
-                request_timeout_ms: provider.timeout_ms,
-                current_trace: Some(crate::telemetry::current_trace),
-                ..StripeConfig::new(url, Arc::clone(key))
-            };
-            Ok(Arc::new(StripeProvider::new(config)?))
-        }
-    }
+    let key = provider.key.as_ref().map_err(|message| anyhow::anyhow!("{message}"))?;
+    let config = StripeConfig {
+        capability: capability(provider),
+        request_timeout_ms: provider.timeout_ms,
+        current_trace: Some(crate::telemetry::current_trace),
+        ..StripeConfig::new(url, Arc::clone(key))
+    };
+    Ok(Arc::new(StripeProvider::new(config)?))
 }
 
 /// Everything a command that runs workflows needs, over one log backend (SQLite unless said).

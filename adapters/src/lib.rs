@@ -1,16 +1,18 @@
 //! Everything in Keel that crosses a process boundary.
 //!
-//! - [`provider_http`]: [`provider_http::HttpProvider`], the engine's
-//!   [`engine::provider::PaymentProvider`] over a Stripe-like HTTP API, with the exact mapping
-//!   from HTTP answers and transport failures to outcomes.
-//! - [`stripe`]: [`stripe::StripeProvider`], the same trait on Stripe's own API (PaymentIntents
-//!   and Refunds, form-encoded, the [`stripe::SecretKey`] as Bearer), sharing that plumbing.
+//! - [`stripe`]: [`stripe::StripeProvider`], the engine's [`engine::provider::PaymentProvider`]
+//!   on Stripe's API (PaymentIntents and Refunds, form-encoded, the [`stripe::SecretKey`] as
+//!   Bearer), with the exact mapping from Stripe's answers to outcomes. It is the one wire
+//!   format Keel speaks to a payment provider, the simulator included.
+//! - [`transport`]: the HTTP plumbing it stands on — the client and its timeouts, the W3C
+//!   trace context, and transport failures read as outcomes.
 //! - [`model`]: the agent harness's [`agent::ModelTransport`]s — the Anthropic Messages and
 //!   OpenAI Chat Completions clients over HTTP(S), [`model::scripted::ScriptedTransport`]
 //!   replaying transcripts in those wire formats, and [`model::TokioTimer`].
 //!
 //! The provider simulator these clients are tested against, `keel-provider-sim`, is a crate
-//! of its own (`adapters/provider-sim/`, crate `provider_sim`): the other side of the boundary.
+//! of its own (`adapters/provider-sim/`, crate `provider_sim`): the other side of the boundary,
+//! speaking the same subset of Stripe's API.
 //!
 //! This crate must never make a decision the engine owns (retrying, reconciling, releasing
 //! money): adapters report what happened, as data.
@@ -18,13 +20,15 @@
 //! # Example
 //!
 //! ```no_run
-//! use adapters::provider_http::{HttpProvider, HttpProviderConfig};
+//! use adapters::stripe::{LOOPBACK_TEST_KEY, SecretKey, StripeConfig, StripeProvider};
 //! use provider_sim::{Config, Server};
 //! use engine::provider::{CallOutcome, EffectKind, EffectRequest, PaymentProvider, Secret};
+//! use std::sync::Arc;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let server = Server::start(Config::new("/tmp/sim.db")).await?;
-//! let provider = HttpProvider::new(HttpProviderConfig::new(server.base_url()))?;
+//! let key = Arc::new(SecretKey::parse(LOOPBACK_TEST_KEY)?);
+//! let provider = StripeProvider::new(StripeConfig::new(server.base_url(), key))?;
 //! let request = EffectRequest {
 //!     kind: EffectKind::Charge,
 //!     idempotency_key: "charge:acme:intent_1".into(),
@@ -46,5 +50,5 @@
 //! ```
 
 pub mod model;
-pub mod provider_http;
 pub mod stripe;
+pub mod transport;

@@ -4,7 +4,7 @@
 //! key, `Stripe-Version` pinned to [`STRIPE_VERSION`], the intent key as `Idempotency-Key`),
 //! Stripe's [`SecretKey`], and the mapping from Stripe's documented answers to a
 //! [`CallOutcome`] or [`LookupOutcome`]. The HTTP plumbing (client, timeouts, transport
-//! failures) is [`crate::provider_http`]'s, shared.
+//! failures) is [`crate::transport`]'s.
 //!
 //! It must never report "no effect" unless Stripe said so definitively (a card decline, a
 //! PaymentIntent left without a payment, a failed refund) or the request provably never left;
@@ -14,7 +14,8 @@
 //! # Charges: `POST /v1/payment_intents`
 //!
 //! `amount`, `currency` (lower case), `payment_method`, `payment_method_types[]=card`,
-//! `confirm=true`, `off_session=true`, `metadata[keel_intent_key]`, `metadata[keel_fingerprint]`.
+//! `confirm=true`, `off_session=true`, `metadata[keel_intent_key]`, `metadata[keel_fingerprint]`,
+//! `metadata[keel_tenant]`, `metadata[keel_intent_id]`, `metadata[keel_order_id]`.
 //! Naming the card type keeps Stripe from asking for a `return_url` (redirect-based methods
 //! are what automatic payment methods would add).
 //!
@@ -46,7 +47,7 @@
 //! | 400 `idempotency_error` (the key reused with other parameters) | `Unknown { Protocol }`: an effect may exist under the key |
 //! | 409 (the key is in flight), 429, 5xx | `Unknown { ProviderUnavailable }` |
 //! | any other status (400, 401, 403, 404…) | `Unknown { Protocol }`: a misconfiguration an operator must see; it never releases money |
-//! | transport failures | as [`crate::provider_http`]: connect error `NotSent`, timeout `Unknown { Timeout }`, anything else `Unknown { ConnectionLost }` |
+//! | transport failures | as [`crate::transport`]: connect error `NotSent`, timeout `Unknown { Timeout }`, anything else `Unknown { ConnectionLost }` |
 //!
 //! Every `Unknown` detail ends with the answer's `Request-Id`, `Stripe-Should-Retry` and
 //! `Idempotent-Replayed` headers when Stripe sent them (an outcome has no other field for them).
@@ -60,12 +61,12 @@
 //! | What | How | Outcome |
 //! |---|---|---|
 //! | a charge | `GET /v1/payment_intents/search?query=metadata['keel_intent_key']:'KEY'` | one `succeeded` → `Found`; two → `Unavailable` (inconsistent); one not final (`processing`, `requires_confirmation`, `requires_capture`) → `Unavailable`; none, or only unpaid ones (`requires_payment_method`, `requires_action`, `canceled`) → `Absent` |
-//! | a refund | `GET /v1/refunds?limit=100`, matched on `metadata[keel_intent_key]` | one `succeeded` → `Found`; `pending`/`requires_action` → `Unavailable`; only `failed`/`canceled` → `Absent`; not among them → `Unavailable`: Stripe has no search on refunds, and a lookup is not given the charge whose refunds it would list, so a missing refund is never an absence |
+//! | a refund | `GET /v1/refunds?limit=100`, matched on `metadata[keel_intent_key]` | one `succeeded` → `Found`; `pending`/`requires_action` → `Unavailable`; only `failed`/`canceled` → `Absent`; not among them → `Absent` when the page is the whole list (`has_more: false`: the account has no more refunds), else `Unavailable`: Stripe has no search on refunds, and a lookup is not given the charge whose refunds it would list, so a refund missing from a partial list is never an absence |
 //! | any 404 (localstripe has no search route), other status, unreadable body, transport failure | | `Unavailable`: never `Absent` |
 //!
 //! Stripe documents search as eventually consistent, usually within a minute: the adapter
 //! declares [`STRIPE_SEARCH_LAG_MS`] as its consistency window, and Stripe's 24 h key window
-//! ([`crate::provider_http::STRIPE_KEY_WINDOW_MS`]), in [`capability`].
+//! ([`STRIPE_KEY_WINDOW_MS`]), in [`capability`].
 //!
 //! # Transport
 //!
@@ -73,9 +74,8 @@
 //! plain `http://` only to a loopback address (a local fake): any other `http://` URL is
 //! refused when the provider is built ([`base_url`]).
 
-use crate::provider_http::{
-    self, CurrentTrace, STRIPE_KEY_WINDOW_MS, capped, evidence_of, excerpt, exchange, read_strict, traced,
-    transport_detail, unknown,
+use crate::transport::{
+    self, CurrentTrace, capped, evidence_of, excerpt, exchange, read_strict, traced, transport_detail, unknown,
 };
 use engine::provider::{
     BoxFuture, CallOutcome, Capability, EffectKind, EffectRequest, Evidence, LookupOutcome, PaymentProvider, Secret,
@@ -99,6 +99,9 @@ pub const STRIPE_API_BASE: &str = "https://api.stripe.com";
 /// gives. Changing it is a change of wire format: re-read Stripe's changelog first.
 pub const STRIPE_VERSION: &str = "2024-06-20";
 
+/// Stripe keeps idempotency keys for at least 24 hours.
+pub const STRIPE_KEY_WINDOW_MS: u64 = 24 * 60 * 60 * 1_000;
+
 /// How long Stripe's search may miss a fresh PaymentIntent: its documentation calls search
 /// eventually consistent, with data "usually" searchable within a minute. The adapter's
 /// consistency window: Keel believes an absence only this long after the request is over.
@@ -109,6 +112,22 @@ pub const STRIPE_SEARCH_LAG_MS: u64 = 60_000;
 /// 30 s keeps unknown outcomes rare without holding a run far past its deadline (a run's time
 /// left still caps each request).
 pub const STRIPE_REQUEST_TIMEOUT_DEFAULT_MS: u64 = 30_000;
+
+/// The key Keel sends a plain `http://` loopback provider (the simulator, a local fake) when
+/// the operator gave none: a test key (`sk_test_…`, which the simulator requires and any fake
+/// accepts), public and no secret — printed here, in the source. Only [`is_loopback_http`]
+/// URLs get it, and only when no key is given; an `https://` provider never does.
+pub const LOOPBACK_TEST_KEY: &str = "sk_test_keel_loopback";
+
+/// The consistency window Keel declares for a plain `http://` loopback provider unless told
+/// otherwise: the simulator's search lags only as its fault plan says, and 2 s covers the
+/// lag its sample plans play, so recovery tests need not wait out Stripe's minute.
+pub const LOOPBACK_CONSISTENCY_WINDOW_MS: u64 = 2_000;
+
+/// The request timeout Keel uses for a plain `http://` loopback provider unless told
+/// otherwise: loopback answers in milliseconds; 5 s is far above that and keeps a held
+/// answer (the simulator's `timeout_after_effect`) from stalling a run for Stripe's 30 s.
+pub const LOOPBACK_REQUEST_TIMEOUT_MS: u64 = 5_000;
 
 /// Longest secret key accepted: Stripe's keys are about a hundred characters; 255 is Stripe's
 /// own bound on object ids, far above any key, short enough for one header.
@@ -130,6 +149,10 @@ const KEY_METADATA: &str = "metadata[keel_intent_key]";
 /// The form field setting the intent's payload fingerprint in the metadata.
 const FINGERPRINT_METADATA: &str = "metadata[keel_fingerprint]";
 
+/// The form fields naming the effect's tenant, intent and order in the metadata: what an
+/// operator reads in Stripe's dashboard, and what the simulator counts effects by.
+const OWNER_METADATA: [&str; 3] = ["metadata[keel_tenant]", "metadata[keel_intent_id]", "metadata[keel_order_id]"];
+
 /// Stripe's capability: it deduplicates on `Idempotency-Key` for 24 h and can look a charge up
 /// by metadata search, which lags up to [`STRIPE_SEARCH_LAG_MS`] (tier `dedup+lookup`).
 pub fn capability() -> Capability {
@@ -140,6 +163,29 @@ pub fn capability() -> Capability {
         consistency_window_ms: STRIPE_SEARCH_LAG_MS,
         request_timeout_ms: STRIPE_REQUEST_TIMEOUT_DEFAULT_MS,
     }
+}
+
+/// Stripe's capability as a local fake plays it ([`capability`] with
+/// [`LOOPBACK_CONSISTENCY_WINDOW_MS`] and [`LOOPBACK_REQUEST_TIMEOUT_MS`]): what the binary
+/// declares for the simulator, and what in-process providers in tests declare.
+pub fn local_capability() -> Capability {
+    Capability {
+        consistency_window_ms: LOOPBACK_CONSISTENCY_WINDOW_MS,
+        request_timeout_ms: LOOPBACK_REQUEST_TIMEOUT_MS,
+        ..capability()
+    }
+}
+
+/// Whether `text` is a plain `http://` URL to a loopback address (`127.0.0.0/8`, `::1`,
+/// `localhost`): the only plain-text provider [`base_url`] accepts, a local fake.
+pub fn is_loopback_http(text: &str) -> bool {
+    Url::parse(text).is_ok_and(|url| url.scheme() == "http" && is_loopback(&url))
+}
+
+fn is_loopback(url: &Url) -> bool {
+    let host = url.host_str().unwrap_or_default();
+    let ip = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>();
+    host.eq_ignore_ascii_case("localhost") || ip.is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A Stripe secret (`sk_…`) or restricted (`rk_…`) key, held in memory only: zeroized when
@@ -239,7 +285,7 @@ pub enum Error {
     },
     /// The HTTP client could not be built (a zero timeout included).
     #[error(transparent)]
-    Client(#[from] provider_http::Error),
+    Client(#[from] transport::Error),
 }
 
 /// The base URL `text` as the adapter uses it (with a trailing `/`), or why it is refused:
@@ -252,9 +298,7 @@ pub enum Error {
 pub fn base_url(text: &str) -> Result<Url, Error> {
     let bad = |reason: &str| Error::BaseUrl { url: text.to_owned(), reason: reason.to_owned() };
     let mut url = Url::parse(text).map_err(|e| bad(&e.to_string()))?;
-    let host = url.host_str().unwrap_or_default();
-    let ip = host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>();
-    let loopback = host.eq_ignore_ascii_case("localhost") || ip.is_ok_and(|ip| ip.is_loopback());
+    let loopback = is_loopback(&url);
     match url.scheme() {
         "https" => {}
         "http" if loopback => {}
@@ -288,7 +332,7 @@ pub struct StripeConfig {
     /// which is this client's own. Default [`capability`].
     pub capability: Capability,
     /// How long to wait for a TCP connection (and TLS). Default
-    /// [`provider_http::DEFAULT_CONNECT_TIMEOUT_MS`].
+    /// [`transport::DEFAULT_CONNECT_TIMEOUT_MS`].
     pub connect_timeout_ms: u64,
     /// How long a whole request may take. Default [`STRIPE_REQUEST_TIMEOUT_DEFAULT_MS`].
     pub request_timeout_ms: u64,
@@ -303,7 +347,7 @@ impl StripeConfig {
             base_url: base_url.into(),
             key,
             capability: capability(),
-            connect_timeout_ms: provider_http::DEFAULT_CONNECT_TIMEOUT_MS,
+            connect_timeout_ms: transport::DEFAULT_CONNECT_TIMEOUT_MS,
             request_timeout_ms: STRIPE_REQUEST_TIMEOUT_DEFAULT_MS,
             current_trace: None,
         }
@@ -311,7 +355,7 @@ impl StripeConfig {
 }
 
 /// Stripe, as a payment provider.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct StripeProvider {
     client: reqwest::Client,
     base: Url,
@@ -577,12 +621,18 @@ fn classify_refunds(key: &str, status: StatusCode, bytes: &[u8]) -> LookupOutcom
     if page.object != "list" {
         return unavailable(format!("protocol: HTTP 200 with a {:?} object for a list", page.object));
     }
+    let complete = !page.has_more;
     let mine: Vec<Refund> = page
         .data
         .into_iter()
         .filter(|refund| refund.metadata.get(KEY_FIELD).map(String::as_str) == Some(key))
         .collect();
     if mine.is_empty() {
+        // A page without more is every refund of the account: none under the key is an
+        // absence (lists, unlike search, are not eventually consistent).
+        if complete {
+            return LookupOutcome::Absent;
+        }
         return unavailable(format!(
             "not among the {REFUND_PAGE} most recent refunds: absence unproven (Stripe has no search on refunds)"
         ));
@@ -619,7 +669,7 @@ impl StripeProvider {
     /// A base URL [`base_url`] refuses, or a client that cannot be built (a zero timeout).
     pub fn new(config: StripeConfig) -> Result<Self, Error> {
         let base = base_url(&config.base_url)?;
-        let client = provider_http::client(config.connect_timeout_ms, config.request_timeout_ms)?;
+        let client = transport::client(config.connect_timeout_ms, config.request_timeout_ms)?;
         let capability = Capability { request_timeout_ms: config.request_timeout_ms, ..config.capability };
         Ok(Self { client, base, key: config.key, capability, current_trace: config.current_trace })
     }
@@ -666,6 +716,12 @@ impl StripeProvider {
         form.extend([
             (KEY_METADATA, request.idempotency_key.clone()),
             (FINGERPRINT_METADATA, request.fingerprint.clone()),
+        ]);
+        let [tenant, intent, order] = OWNER_METADATA;
+        form.extend([
+            (tenant, request.tenant.clone()),
+            (intent, request.intent_id.clone()),
+            (order, request.order_id.clone()),
         ]);
         Ok(form)
     }
@@ -730,7 +786,13 @@ impl PaymentProvider for StripeProvider {
 
     fn execute<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move {
+            // Stripe may echo the key or the payment method back: both are scrubbed before
+            // the outcome is logged or returned.
             let outcome = self.key.scrubbed(self.call(request).await);
+            let outcome = match &request.payment_method {
+                Some(method) => outcome.scrubbed(method),
+                None => outcome,
+            };
             tracing::debug!(
                 effect.idempotency_key_hash = %engine::canonical::sha256_hex(request.idempotency_key.as_bytes()),
                 kind = request.kind.as_str(),

@@ -3,7 +3,7 @@
 //! Owns the benchmark driver: N charges from C concurrent callers through the real store
 //! (SQLite: group commit, fsync per commit at `full`; PostgreSQL: its pool of writers) in a
 //! fresh store of its own (a new file, a new database), against an in-process zero-latency provider
-//! or, with `--provider URL`, a Stripe-like provider over HTTP (what `keel serve` and `keel charge`
+//! or, with `--provider URL`, a provider over HTTP in Stripe's API (what `keel serve` and `keel charge`
 //! charge through), then every charge re-submitted to check that no new effect happens. It reports
 //! throughput, latency percentiles, commits (fsyncs) per intent, the re-submission pass's
 //! deduplications per second and, with `--keep`, the log's bytes per charge. With
@@ -97,7 +97,7 @@ pub enum Through {
     /// In process, zero latency (`engine::memory::MemoryProvider`): the store and the executor
     /// alone.
     InProcess,
-    /// The Stripe-like HTTP provider these arguments name (`--provider URL`).
+    /// The HTTP provider these arguments name (`--provider URL`).
     Http(ProviderArgs),
 }
 
@@ -294,7 +294,7 @@ async fn one_process(
     // The in-process provider is kept to count its effects; an HTTP one counts its own.
     let (provider, counted): (Arc<dyn PaymentProvider>, Option<Arc<MemoryProvider>>) = match &args.provider {
         Through::InProcess => {
-            let memory = Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like()));
+            let memory = Arc::new(MemoryProvider::new(adapters::stripe::local_capability()));
             (memory.clone(), Some(memory))
         }
         Through::Http(provider) => (crate::wiring::http_provider(provider)?, None),
@@ -523,7 +523,7 @@ pub async fn build(
     concurrency: usize,
     progress: Progress,
 ) -> anyhow::Result<usize> {
-    let provider = Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like()));
+    let provider = Arc::new(MemoryProvider::new(adapters::stripe::local_capability()));
     let node = Arc::new(Node::with_provider(db, durability, provider, None)?);
     let (validated, _, _) = pass(&node, Inputs { first, count }, concurrency, Expect::Validated, progress).await?;
     node.shutdown()?;
@@ -535,7 +535,7 @@ struct Silent;
 
 impl PaymentProvider for Silent {
     fn capability(&self) -> Capability {
-        adapters::provider_http::stripe_like()
+        adapters::stripe::local_capability()
     }
 
     fn execute<'a>(&'a self, _request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome> {

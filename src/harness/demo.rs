@@ -35,10 +35,15 @@ struct Scene {
     ok: bool,
 }
 
+/// The simulator at `url`, spoken to in Stripe's API with the public loopback test key
+/// (whatever key the environment holds: the demo never sends one to its simulator).
 fn provider_args(url: &str, timeout_ms: u64) -> ProviderArgs {
+    let key = adapters::stripe::SecretKey::parse(adapters::stripe::LOOPBACK_TEST_KEY)
+        .map(std::sync::Arc::new)
+        .map_err(|e| e.to_string());
     ProviderArgs {
-        wire: crate::Wire::Sim,
         url: Some(url.to_owned()),
+        key,
         tier: "dedup+lookup".to_owned(),
         consistency_window_ms: 500,
         timeout_ms,
@@ -293,6 +298,8 @@ async fn kill_worker_mid_attempt(db: &Path, url: &str, key: &IntentKey) -> anyho
         .args(["--db"])
         .arg(db)
         .args(["--provider", url, "--provider-timeout-ms", "10000", "--json", "charge"])
+        // The simulator is sent the loopback test key, never the environment's.
+        .env_remove("KEEL_STRIPE_SECRET_KEY")
         .args(["--tenant", TENANT, "--intent-id", "order_2001_charge", "--order", "order_2001"])
         .args(["--amount-minor", "1500", "--currency", "EUR", "--payment-method-token", TOKEN])
         .stdout(Stdio::null())

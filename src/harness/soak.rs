@@ -263,6 +263,8 @@ pub(super) fn keel(log: &Log, url: &str, vault_key: Option<&str>, timeout_ms: u6
         .args(["--provider-timeout-ms", &timeout_ms.to_string()])
         .args(["--provider-consistency-window-ms", "0"])
         .env_remove("KEEL_FAILPOINT")
+        // The simulator is sent the loopback test key, never the environment's.
+        .env_remove("KEEL_STRIPE_SECRET_KEY")
         .env_remove("KEEL_LEASE_TTL_MS")
         .env_remove(crate::vault::KEY_ENV)
         .stdout(Stdio::null())

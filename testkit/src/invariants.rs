@@ -541,7 +541,7 @@ mod tests {
         let clock = Arc::new(ManualClock::new(start));
         let (log, provider) = (
             Arc::new(MemoryLog::new(clock.clone())),
-            Arc::new(MemoryProvider::new(adapters::provider_http::stripe_like())),
+            Arc::new(MemoryProvider::new(adapters::stripe::local_capability())),
         );
         let runtime = Runtime {
             log: log.clone(),

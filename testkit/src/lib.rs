@@ -130,7 +130,7 @@ pub mod invariants;
 mod kill;
 pub mod sample;
 
-use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
+use adapters::stripe::{LOOPBACK_TEST_KEY, SecretKey, StripeConfig, StripeProvider, local_capability};
 pub use agents::{Agent, AgentHost};
 use chrono::{TimeZone, Utc};
 use engine::clock::{Clock as _, ManualClock};
@@ -180,7 +180,8 @@ pub struct Tier {
 impl Tier {
     /// Its short name, as `Capability::tier` spells it.
     pub fn name(self) -> &'static str {
-        engine::provider::Capability { dedup_by_key: self.idempotency, lookup: self.lookup, ..stripe_like() }.tier()
+        engine::provider::Capability { dedup_by_key: self.idempotency, lookup: self.lookup, ..local_capability() }
+            .tier()
     }
 }
 
@@ -935,9 +936,10 @@ fn provider_at(base_url: &str, tier: Tier) -> Result<Arc<dyn PaymentProvider>, S
         dedup_by_key: tier.idempotency,
         lookup: tier.lookup,
         consistency_window_ms: CONSISTENCY_WINDOW_MS,
-        ..stripe_like()
+        ..local_capability()
     };
+    let key = Arc::new(SecretKey::parse(LOOPBACK_TEST_KEY).map_err(|e| e.to_string())?);
     let config =
-        HttpProviderConfig { capability, request_timeout_ms: REQUEST_TIMEOUT_MS, ..HttpProviderConfig::new(base_url) };
-    Ok(Arc::new(HttpProvider::new(config).map_err(|e| e.to_string())?))
+        StripeConfig { capability, request_timeout_ms: REQUEST_TIMEOUT_MS, ..StripeConfig::new(base_url, key) };
+    Ok(Arc::new(StripeProvider::new(config).map_err(|e| e.to_string())?))
 }

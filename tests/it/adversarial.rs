@@ -6,7 +6,7 @@
 //! provider heals and Keel gets a bounded number of passes (advance the clock, resume,
 //! re-submit the same charge), then the status, the effect count and every invariant.
 
-use adapters::provider_http::{HttpProvider, HttpProviderConfig, stripe_like};
+use adapters::stripe::{LOOPBACK_TEST_KEY, SecretKey, StripeConfig, StripeProvider, local_capability};
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
@@ -28,10 +28,10 @@ fn provider(server: &Server, tier: &str) -> Arc<dyn PaymentProvider> {
         "none" => (false, false),
         _ => (true, true),
     };
-    let capability = Capability { dedup_by_key, lookup, consistency_window_ms: 500, ..stripe_like() };
-    let config =
-        HttpProviderConfig { capability, request_timeout_ms: 300, ..HttpProviderConfig::new(server.base_url()) };
-    Arc::new(HttpProvider::new(config).expect("a valid client"))
+    let capability = Capability { dedup_by_key, lookup, consistency_window_ms: 500, ..local_capability() };
+    let key = Arc::new(SecretKey::parse(LOOPBACK_TEST_KEY).expect("the loopback test key is well formed"));
+    let config = StripeConfig { capability, request_timeout_ms: 300, ..StripeConfig::new(server.base_url(), key) };
+    Arc::new(StripeProvider::new(config).expect("a valid client"))
 }
 
 async fn check(path: &Path) {

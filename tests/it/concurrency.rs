@@ -4,7 +4,7 @@
 //! `BEGIN IMMEDIATE`), and the provider — one that does NOT deduplicate, so a second attempt
 //! would show — holds exactly one effect per key.
 
-use adapters::provider_http::stripe_like;
+use adapters::stripe::local_capability;
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, Event, RunId, RunLimits};
@@ -197,5 +197,5 @@ fn a_proposal_that_loses_the_race_for_the_attempt_reports_the_winners_outcome() 
 /// A Stripe-like provider whose requests are over at once: a resend waits for the
 /// consistency window only, not for a request timeout too.
 fn stripe() -> Capability {
-    Capability { request_timeout_ms: 0, ..stripe_like() }
+    Capability { request_timeout_ms: 0, ..local_capability() }
 }

@@ -34,6 +34,7 @@ mod policy;
 mod postgres;
 mod serve;
 mod stripe;
+mod stripe_faults;
 mod teeth;
 mod testkit;
 mod timers;

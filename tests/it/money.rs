@@ -90,9 +90,22 @@ impl FakeProvider {
     }
 }
 
-/// The amount a request body asks for.
+/// The amount a form-encoded request body asks for.
 fn asked_amount(body: &str) -> i64 {
-    serde_json::from_str::<Value>(body).ok().and_then(|b| b["amount"].as_i64()).unwrap_or_default()
+    form_urlencoded::parse(body.as_bytes())
+        .find(|(name, _)| name == "amount")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or_default()
+}
+
+/// A search result holding `intents`, as Stripe answers one.
+fn search_result(intents: &[Value]) -> String {
+    serde_json::json!({"object": "search_result", "has_more": false, "data": intents}).to_string()
+}
+
+/// The key Keel charges `intent` under.
+fn charge_key(intent: &str) -> String {
+    format!("charge:{TENANT}:{intent}")
 }
 
 #[test]
@@ -137,7 +150,7 @@ fn a_currency_flag_is_case_insensitive_and_stored_upper_case() {
     assert_eq!(code, 0, "{out}");
     let (_, shown, _) = keel(&db, None, &["show", out["intent_key"].as_str().expect("a key")]);
     assert_eq!(shown["intent"]["currency"], "EUR", "{shown}");
-    assert_eq!(effects(dir.path())[0].currency, "EUR", "the provider is sent the upper-case code");
+    assert_eq!(effects(dir.path())[0].currency, "eur", "the provider is sent the code, in Stripe's lower case");
 }
 
 #[test]
@@ -217,12 +230,12 @@ fn a_fault_plan_with_duplicate_keys_is_refused_by_the_simulator() {
     }
 }
 
-/// One raw HTTP/1.1 request; returns the status code.
+/// One raw HTTP/1.1 request with a form body and a test key; returns the status code.
 fn post(url: &str, path: &str, key: &str, body: &str) -> u16 {
     let addr = url.strip_prefix("http://").expect("an http URL");
     let mut stream = std::net::TcpStream::connect(addr).expect("connects");
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nIdempotency-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer sk_test_keel\r\nIdempotency-Key: {key}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).expect("sends");
@@ -235,10 +248,10 @@ fn post(url: &str, path: &str, key: &str, body: &str) -> u16 {
 fn the_simulator_refuses_a_request_body_with_duplicate_keys() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let sim = start_sim(dir.path(), None);
-    let body = r#"{"amount":100,"amount":999999,"currency":"EUR","payment_method":"pm_card_visa_4242424242","metadata":{"order_id":"o","intent_id":"i","tenant":"t"}}"#;
-    assert_eq!(post(sim.url(), "/v1/charges", "charge:t:dup_1", body), 400);
-    let nested =
-        r#"{"amount":100,"currency":"EUR","metadata":{"order_id":"o","order_id":"p","intent_id":"i","tenant":"t"}}"#;
+    let body =
+        "amount=100&amount=999999&currency=eur&payment_method=pm_card_visa&confirm=true&metadata[keel_order_id]=o";
+    assert_eq!(post(sim.url(), "/v1/payment_intents", "charge:t:dup_1", body), 400);
+    let nested = "amount=100&payment_intent=pi_x&metadata[keel_order_id]=o&metadata[keel_order_id]=p";
     assert_eq!(post(sim.url(), "/v1/refunds", "refund:t:dup_2", nested), 400);
     assert!(effects(dir.path()).is_empty(), "nothing was charged");
 }
@@ -248,17 +261,19 @@ fn a_provider_answering_a_lower_case_currency_is_validated_by_answer_and_by_look
     let provider = FakeProvider::start(|method, path, body| {
         let lost = body.contains("order_1843");
         match (method, path) {
-            ("POST", "/v1/charges") if lost => (503, r#"{"error":{"type":"api_error","code":"busy"}}"#.into()),
-            ("POST", "/v1/charges") => (
+            ("POST", "/v1/payment_intents") if lost => (503, r#"{"error":{"type":"api_error","code":"busy"}}"#.into()),
+            ("POST", "/v1/payment_intents") => (
                 200,
                 format!(
-                    r#"{{"id":"ch_lower","object":"charge","amount":{},"currency":"eur","status":"succeeded"}}"#,
+                    r#"{{"id":"pi_lower","object":"payment_intent","amount":{},"currency":"eur","status":"succeeded"}}"#,
                     asked_amount(body)
                 ),
             ),
-            ("GET", _) => (
+            ("GET", "/v1/payment_intents/search") => (
                 200,
-                r#"{"id":"ch_found","object":"charge","amount":2500,"currency":"eur","status":"succeeded"}"#.into(),
+                search_result(&[serde_json::json!({"id": "pi_found", "object": "payment_intent", "amount": 2500,
+                    "currency": "eur", "status": "succeeded",
+                    "metadata": {"keel_intent_key": charge_key("order_1843_charge")}})]),
             ),
             _ => (404, r#"{"error":{"type":"not_found"}}"#.into()),
         }
@@ -286,18 +301,23 @@ fn empty_or_contradictory_provider_answers_are_never_evidence() {
         "POST" if body.contains("order_1842") => (
             200,
             format!(
-                r#"{{"id":"","object":"charge","amount":{},"currency":"EUR","status":"succeeded"}}"#,
+                r#"{{"id":"","object":"payment_intent","amount":{},"currency":"eur","status":"succeeded"}}"#,
                 asked_amount(body)
             ),
         ),
         "POST" => (
             200,
             format!(
-                r#"{{"id":"ch_dup","object":"charge","amount":{},"currency":"EUR","status":"failed","status":"succeeded"}}"#,
+                r#"{{"id":"pi_dup","object":"payment_intent","amount":{},"currency":"eur","status":"failed","status":"succeeded"}}"#,
                 asked_amount(body)
             ),
         ),
-        _ => (200, r#"{"id":"  ","object":"charge","amount":4900,"currency":"EUR","status":"succeeded"}"#.into()),
+        _ => (
+            200,
+            search_result(&[serde_json::json!({"id": "  ", "object": "payment_intent", "amount": 4900,
+                "currency": "eur", "status": "succeeded",
+                "metadata": {"keel_intent_key": charge_key("order_1842_charge")}})]),
+        ),
     });
     let (_dir, db) = temp();
     let (code, out, _) = keel(&db, Some(&provider.url), &charge_args("order_1842_charge", "4900"));

@@ -381,7 +381,7 @@ fn show_tells_what_a_lookup_found_and_approve_what_it_did() {
     assert_eq!(keel(&db, Some(sim.url()), &["reconcile", &key]).0, 0);
     let shown = text(&human(&db, &["show", &key], &[]).stdout);
     let line = shown.lines().find(|l| l.contains("ReconciliationResolved")).unwrap_or_default();
-    assert!(line.contains("found") && line.contains("ch_") && line.contains("25.00 EUR"), "{shown}");
+    assert!(line.contains("found") && line.contains("pi_") && line.contains("25.00 EUR"), "{shown}");
 
     let mut gated = charge_args("order_1842_charge", "5000");
     gated.extend(["--approval-threshold-minor", "1000"]);

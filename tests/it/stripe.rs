@@ -1,4 +1,4 @@
-//! `keel --provider-format stripe` end to end: the real `keel` binary against localstripe, a
+//! Keel's Stripe format end to end: the real `keel` binary against localstripe, a
 //! Stripe fake nobody here wrote (PyPI `localstripe` 1.15.10), and the bad inputs the Stripe
 //! format adds (its key, its URL), each refused before anything is written.
 //!
@@ -97,8 +97,8 @@ impl Localstripe {
     }
 }
 
-/// Runs `keel --json ARGS` on `db` with the Stripe format, `key` in the environment (none when
-/// `None`) and nothing else of the caller's.
+/// Runs `keel --json ARGS` on `db` with `key` in the environment (none when `None`) and nothing
+/// else of the caller's.
 fn keel(db: &Path, key: Option<&str>, args: &[&str]) -> (i32, Value, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command
@@ -106,7 +106,6 @@ fn keel(db: &Path, key: Option<&str>, args: &[&str]) -> (i32, Value, String) {
         .arg(db)
         .arg("--json")
         .env_remove("KEEL_PROVIDER_URL")
-        .env_remove("KEEL_PROVIDER_FORMAT")
         .env_remove("KEEL_DB")
         .env_remove("KEEL_STRIPE_SECRET_KEY");
     if let Some(key) = key {
@@ -121,8 +120,6 @@ fn keel(db: &Path, key: Option<&str>, args: &[&str]) -> (i32, Value, String) {
 fn charge<'a>(url: &'a str, intent: &'a str, order: &'a str, amount: &'a str, method: &'a str) -> Vec<&'a str> {
     vec![
         "charge",
-        "--provider-format",
-        "stripe",
         "--provider",
         url,
         "--tenant",
@@ -143,8 +140,6 @@ fn charge<'a>(url: &'a str, intent: &'a str, order: &'a str, amount: &'a str, me
 fn refund<'a>(url: &'a str, intent: &'a str, order: &'a str, amount: &'a str) -> Vec<&'a str> {
     vec![
         "refund",
-        "--provider-format",
-        "stripe",
         "--provider",
         url,
         "--tenant",
@@ -252,7 +247,9 @@ fn assert_refused(db: &Path, (code, json, out): (i32, Value, String), needle: &s
 #[test]
 fn a_missing_empty_or_malformed_key_is_a_usage_error_and_writes_nothing() {
     let (_dir, db) = temp();
-    let url = "http://127.0.0.1:9";
+    // An https:// provider is a real one: without a key Keel refuses to start. (A plain
+    // http:// loopback one, the simulator, is sent the public loopback test key instead.)
+    let url = "https://127.0.0.1:9";
     let args = charge(url, "order_1842_charge", "order_1842", "4900", "pm_card_visa");
     assert_refused(&db, keel(&db, None, &args), "KEEL_STRIPE_SECRET_KEY", "");
     assert_refused(&db, keel(&db, Some(""), &args), "empty", "");

@@ -11,7 +11,7 @@
 
 use crate::cli::start_sim;
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
@@ -288,8 +288,10 @@ struct Told {
     charges: Arc<Mutex<u32>>,
 }
 
-fn succeeded(id: &str, amount: i64, currency: &str) -> Value {
-    json!({"id": id, "object": "charge", "amount": amount, "currency": currency, "status": "succeeded"})
+/// A succeeded PaymentIntent as Stripe answers it (its currency lower case), under `key`.
+fn succeeded(id: &str, amount: i64, currency: &str, key: &str) -> Value {
+    json!({"id": id, "object": "payment_intent", "amount": amount, "currency": currency.to_ascii_lowercase(),
+           "status": "succeeded", "metadata": {"keel_intent_key": key}})
 }
 
 async fn charge_answer(State(told): State<Told>) -> (StatusCode, String) {
@@ -298,9 +300,19 @@ async fn charge_answer(State(told): State<Told>) -> (StatusCode, String) {
     (StatusCode::from_u16(status).expect("a status code"), body.to_string())
 }
 
-async fn lookup_answer(State(told): State<Told>) -> (StatusCode, String) {
+/// A search for the key the query names finds one succeeded PaymentIntent under it.
+async fn lookup_answer(State(told): State<Told>, RawQuery(query): RawQuery) -> (StatusCode, String) {
     let (amount, currency) = told.answers.lock().expect("test mutex").lookup;
-    (StatusCode::OK, succeeded("ch_reported", amount, currency).to_string())
+    let clause = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
+        .find(|(name, _)| name == "query")
+        .map(|(_, value)| value.into_owned())
+        .unwrap_or_default();
+    let key = clause
+        .strip_prefix("metadata['keel_intent_key']:'")
+        .and_then(|rest| rest.strip_suffix('\''))
+        .unwrap_or_default();
+    let page = json!({"object": "search_result", "has_more": false, "data": [succeeded("pi_reported", amount, currency, key)]});
+    (StatusCode::OK, page.to_string())
 }
 
 impl Liar {
@@ -309,8 +321,8 @@ impl Liar {
         let answers = Arc::new(Mutex::new(Answers { charge: (503, unavailable), lookup: (4_900, "EUR") }));
         let told = Told { answers: answers.clone(), charges: Arc::default() };
         let app = Router::new()
-            .route("/v1/charges", post(charge_answer))
-            .route("/v1/effects/{key}", get(lookup_answer))
+            .route("/v1/payment_intents", post(charge_answer))
+            .route("/v1/payment_intents/search", get(lookup_answer))
             .with_state(told.clone());
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("a runtime");
@@ -393,7 +405,7 @@ fn a_direct_answer_that_reports_another_amount_or_currency_never_validates_the_i
         ("7203", (4_900, "EUR"), "validated"),
     ];
     for (n, (amount, currency), expected) in cases {
-        liar.answer((200, succeeded("ch_reported", amount, currency)), (amount, currency));
+        liar.answer((200, succeeded("pi_reported", amount, currency, &charge_key(n))), (amount, currency));
         let charge = with(charge_args(n), &["--max-reconciliations", "1"]);
         let (_, answered) = desk.keel(&charge);
         assert_eq!(answered["status"], expected, "{n}: answered {amount} {currency}: {answered}");

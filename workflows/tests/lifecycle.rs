@@ -2,7 +2,7 @@
 //! against the in-memory log and provider (the same decide/apply code the SQLite store runs).
 //! Each test names the rule it proves.
 
-use adapters::provider_http::stripe_like;
+use adapters::stripe::local_capability;
 use chrono::{TimeZone, Utc};
 use engine::clock::{Clock, ManualClock};
 use engine::event::{Cause, Event, IntentKey, RunId, RunLimits, SignalName};
@@ -21,7 +21,7 @@ use testkit::sample::{CARD_TOKEN, TENANT};
 /// A Stripe-like provider whose requests are over at once: a resend waits for the
 /// consistency window only, not for a request timeout too.
 fn stripe() -> Capability {
-    Capability { request_timeout_ms: 0, ..stripe_like() }
+    Capability { request_timeout_ms: 0, ..local_capability() }
 }
 
 struct Harness {

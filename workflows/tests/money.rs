@@ -3,7 +3,7 @@
 //! requests proven never sent. Each test names the rule it proves; a provider that misbehaves
 //! in a way the in-memory one cannot is written here, by hand.
 
-use adapters::provider_http::stripe_like;
+use adapters::stripe::local_capability;
 use chrono::{DateTime, TimeZone, Utc};
 use engine::clock::{Clock, ManualClock};
 use engine::event::{Cause, Event, IntentKey, RunId, RunLimits};
@@ -135,7 +135,7 @@ fn code(out: &Value) -> &str {
 
 #[tokio::test]
 async fn a_refund_whose_total_would_overflow_is_refused_by_the_ledger_and_writes_nothing() {
-    let (h, provider) = Harness::memory(stripe_like());
+    let (h, provider) = Harness::memory(local_capability());
     assert_eq!(h.unchecked("charge", "order_7000_charge", 100, "EUR").await["status"], "validated");
     assert_eq!(h.unchecked("refund", "order_7000_refund_1", 1, "EUR").await["status"], "validated");
     let before = h.events().len();
@@ -152,7 +152,7 @@ async fn a_refund_whose_total_would_overflow_is_refused_by_the_ledger_and_writes
 
 #[tokio::test]
 async fn amounts_above_the_documented_maximum_are_invalid_at_input() {
-    let (h, provider) = Harness::memory(stripe_like());
+    let (h, provider) = Harness::memory(local_capability());
     let over = engine::limits::AMOUNT_MINOR_MAX + 1;
     let charge = h.charge("order_7100_charge", "order_7100", over, "EUR").await;
     assert_eq!(code(&charge), "invalid_arguments", "{charge}");
@@ -169,7 +169,7 @@ async fn amounts_above_the_documented_maximum_are_invalid_at_input() {
 
 #[tokio::test]
 async fn a_refund_in_another_currency_than_its_charge_is_refused_and_writes_nothing() {
-    let (h, provider) = Harness::memory(stripe_like());
+    let (h, provider) = Harness::memory(local_capability());
     assert_eq!(h.charge("order_7200_charge", "order_7200", 4900, "XOF").await["status"], "validated");
     let before = h.events().len();
     for currency in ["EUR", "USD"] {
@@ -186,7 +186,7 @@ async fn a_refund_in_another_currency_than_its_charge_is_refused_and_writes_noth
 
 #[tokio::test]
 async fn a_currency_is_case_insensitive_on_input_and_upper_case_inside() {
-    let (h, _) = Harness::memory(stripe_like());
+    let (h, _) = Harness::memory(local_capability());
     let out = h.charge("order_7300_charge", "order_7300", 4900, "eur").await;
     assert_eq!(out["status"], "validated", "{out}");
     let key = IntentKey::new(EffectKind::Charge, TENANT, "order_7300_charge");
@@ -198,7 +198,7 @@ async fn a_currency_is_case_insensitive_on_input_and_upper_case_inside() {
 
 #[tokio::test]
 async fn distinct_partial_refunds_of_one_order_go_through_while_one_is_pending() {
-    let (h, provider) = Harness::memory(stripe_like());
+    let (h, provider) = Harness::memory(local_capability());
     assert_eq!(h.charge("order_7400_charge", "order_7400", 5000, "EUR").await["status"], "validated");
     provider.script([Scripted::LoseAnswer]);
     assert_eq!(h.refund("order_7400_refund_1", "order_7400", 1000, "EUR").await["status"], "outcome_unknown");
@@ -289,7 +289,7 @@ async fn a_resend_after_absence_waits_for_the_request_timeout_plus_the_consisten
 
 #[tokio::test]
 async fn a_request_proven_never_sent_is_retried_with_backoff_and_stays_pending_for_the_caller() {
-    let (h, provider) = Harness::memory(stripe_like());
+    let (h, provider) = Harness::memory(local_capability());
     provider.script(std::iter::repeat_n(Scripted::Refuse, 50));
     let before = h.clock.now();
     let out = h.charge("order_7600_charge", "order_7600", 1000, "EUR").await;
@@ -311,7 +311,7 @@ struct EmptyEvidence;
 
 impl PaymentProvider for EmptyEvidence {
     fn capability(&self) -> Capability {
-        stripe_like()
+        local_capability()
     }
 
     fn execute<'a>(&'a self, request: &'a EffectRequest) -> BoxFuture<'a, CallOutcome> {
@@ -344,7 +344,7 @@ async fn empty_evidence_is_never_a_validation() {
 
 #[tokio::test]
 async fn ids_with_control_invisible_or_non_ascii_characters_are_invalid_and_write_nothing() {
-    let (h, provider) = Harness::memory(stripe_like());
+    let (h, provider) = Harness::memory(local_capability());
     let charge = |tenant: &str, intent_id: &str, order: &str| {
         json!({"tenant_id": tenant, "intent_id": intent_id, "order_id": order, "amount_minor": 100,
                "currency": "EUR", "payment_method_token": CARD_TOKEN})
@@ -391,7 +391,7 @@ impl PaymentProvider for Recording {
 
 #[tokio::test]
 async fn a_refund_request_names_its_orders_one_charge_and_every_request_its_fingerprint() {
-    let provider = Arc::new(Recording { inner: MemoryProvider::new(stripe_like()), seen: Mutex::default() });
+    let provider = Arc::new(Recording { inner: MemoryProvider::new(local_capability()), seen: Mutex::default() });
     let h = Harness::new(provider.clone(), Arc::new(ManualClock::new(start())));
     let charged = h.charge("order_7900_charge", "order_7900", 5_000, "EUR").await;
     let charge_ref = charged["provider_ref"].as_str().expect("the charge's evidence").to_owned();

@@ -4,7 +4,7 @@
 //! provider's effects. Each test names the rule it proves.
 
 use adapters::model::scripted::{ScriptedTransport, Transcript};
-use adapters::provider_http::stripe_like;
+use adapters::stripe::local_capability;
 use agent::IntentGate;
 use agent::{
     AgentEnv, AgentLimits, AgentState, AgentStatus, ApprovalPolicy, Cancellation, EffectClass, EffectIntent,
@@ -43,7 +43,7 @@ impl Desk {
         let clock =
             Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("a valid instant")));
         let log = Arc::new(MemoryLog::new(clock.clone()));
-        let capability = Capability { request_timeout_ms: 0, ..stripe_like() };
+        let capability = Capability { request_timeout_ms: 0, ..local_capability() };
         let provider = Arc::new(MemoryProvider::new(capability));
         let runtime = Runtime {
             log: log.clone(),

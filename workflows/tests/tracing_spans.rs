@@ -1,7 +1,7 @@
 //! The traces carry seed 004's attribute names on run → intent → attempt → reconciliation,
 //! and never a key's parts or the payment token: only their hashes.
 
-use adapters::provider_http::stripe_like;
+use adapters::stripe::local_capability;
 use chrono::{TimeZone, Utc};
 use engine::clock::ManualClock;
 use engine::event::{Cause, IntentKey, RunId, RunLimits};
@@ -56,7 +56,7 @@ async fn spans_carry_the_seed_attributes_and_no_secret() {
     let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
     let clock = Arc::new(ManualClock::new(Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).single().expect("an instant")));
     let log = Arc::new(MemoryLog::new(clock.clone()));
-    let capability = Capability { request_timeout_ms: 0, ..stripe_like() };
+    let capability = Capability { request_timeout_ms: 0, ..local_capability() };
     let provider = Arc::new(MemoryProvider::new(capability));
     provider.script([Scripted::LoseAnswer]);
     let executor = Executor::new(

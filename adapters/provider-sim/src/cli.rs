@@ -42,11 +42,13 @@ FAULTS:
   timeout_after_effect  commit the effect, hold the answer ms (default 30000): the client
                         times out; the key answers 409 while held
   unavailable           503; no effect
-  decline               402 card_error/card_declined; no effect; a replay with the same key
-                        gets the same decline
+  decline               a charge: 402 card_error/card_declined (generic_decline); a refund:
+                        a failed Refund; no effect; a replay with the same key gets the
+                        same decline
   slow                  commit the effect, answer after ms (default 1000)
-  lookup_absent_for_ms  a lookup answers 404 for effects younger than ms (required)
-  lookup_lies           a lookup answers 404 although the effect exists
+  lookup_absent_for_ms  a search or refund list misses objects younger than ms (required):
+                        Stripe's search lag
+  lookup_lies           a search or refund list finds nothing although the objects exist
   lookup_unavailable    a lookup answers 503
 
 An invalid plan is refused at start with the rule's index, exit code 64.
@@ -60,7 +62,7 @@ EXAMPLES:
 EXIT CODES: 0 success or a graceful stop (SIGTERM/SIGINT), 64 invalid fault plan,
 1 any other error (database, socket).";
 
-/// A Stripe-like payment provider simulator for testing Keel, with durable state and faults.
+/// A payment provider simulator speaking Stripe's API for testing Keel, with durable state and faults.
 #[derive(Debug, Parser)]
 #[command(name = "keel-provider-sim", version, after_long_help = FAULTS_HELP)]
 pub struct Cli {
@@ -101,7 +103,7 @@ struct ServeArgs {
     /// Ignore Idempotency-Key: every request makes a new effect (the key is still recorded).
     #[arg(long)]
     no_idempotency: bool,
-    /// Have no lookup: GET /v1/effects/{key} answers 501.
+    /// Have no lookup: GET /v1/payment_intents/search and GET /v1/refunds answer 501.
     #[arg(long)]
     no_lookup: bool,
 }
@@ -112,7 +114,8 @@ struct EffectsArgs {
     #[arg(long, value_name = "PATH")]
     db: PathBuf,
     /// One JSON object per line per effect (id, idempotency_key, kind, amount_minor, currency,
-    /// order_id, intent_id, tenant, created_at, created_at_ms) instead of a table.
+    /// order_id, intent_id, tenant, created_at, created_at_ms, traceparent, payment_intent,
+    /// metadata, replays) instead of a table.
     #[arg(long)]
     json: bool,
 }

@@ -1,9 +1,11 @@
 //! The simulator's durable state: one SQLite file.
 //!
-//! Owns the schema (effects, with the `traceparent` their request carried, and idempotency
-//! records; a file older than the `traceparent` column gets it at open), the one transaction
-//! that claims an idempotency key together with its effect, and recovery of records left in flight by a
-//! killed simulator. It must never decide faults or speak HTTP, and it must never commit an
+//! Owns the schema (effects, with the `traceparent` their request carried, a refund's
+//! PaymentIntent and the request's metadata; idempotency records, with how many replays each
+//! answered; a file older than a column gets it at open), the one transaction that claims an
+//! idempotency key together with its effect (a refund checked against what its PaymentIntent
+//! has left in the same transaction), the metadata search and the refund list, and recovery of
+//! records left in flight by a killed simulator. It must never decide faults or speak HTTP, and it must never commit an
 //! idempotency record without its effect or an effect without its record (except in
 //! no-idempotency mode, where there are no records at all).
 //!
@@ -26,6 +28,7 @@
 
 use super::{EffectKind, EffectRecord, Error};
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, mpsc};
 
@@ -46,10 +49,10 @@ CREATE TABLE IF NOT EXISTS effects (
     tenant          TEXT NOT NULL,
     created_at      TEXT NOT NULL,
     created_at_ms   INTEGER NOT NULL,
-    traceparent     TEXT
+    traceparent     TEXT,
+    payment_intent  TEXT,
+    metadata        TEXT
 ) STRICT;
--- Lookup by key answers the oldest effect for the key (several exist only without idempotency).
-CREATE INDEX IF NOT EXISTS effects_by_key ON effects (idempotency_key, created_at_ms);
 CREATE TABLE IF NOT EXISTS idempotency (
     key           TEXT PRIMARY KEY,
     request_hash  TEXT NOT NULL,
@@ -57,7 +60,8 @@ CREATE TABLE IF NOT EXISTS idempotency (
     status_code   INTEGER NOT NULL,
     response_body TEXT NOT NULL,
     effect_id     TEXT REFERENCES effects (id),
-    created_at    TEXT NOT NULL
+    created_at    TEXT NOT NULL,
+    replays       INTEGER NOT NULL DEFAULT 0
 ) STRICT;
 ";
 
@@ -70,8 +74,9 @@ pub(crate) struct Stored {
 
 /// What a request wants committed under its key.
 pub(crate) enum Answer {
-    /// A new effect; its answer is the effect's API object with status 200.
-    Effect(EffectRecord),
+    /// A new effect; its answer is the effect's API object with status 200. A refund naming
+    /// a PaymentIntent is checked against it first, and takes its currency.
+    Effect(Box<EffectRecord>),
     /// A decline: no effect, but the answer is kept for replays.
     Decline(Stored),
 }
@@ -87,6 +92,9 @@ pub(crate) enum Claim {
     KeyReused,
     /// The key's first request is still being answered.
     InProgress,
+    /// The refund cannot be made (no such PaymentIntent, or more than it has left): this
+    /// error answer, nothing committed, the key left free.
+    Refused(Stored),
 }
 
 /// One request's claim of a key, as [`Db::claim`] queues it.
@@ -125,7 +133,16 @@ impl Db {
         let conn = Connection::open(path).map_err(|source| Error::Open { path: path.display().to_string(), source })?;
         configure(&conn)?;
         conn.execute_batch(SCHEMA)?;
-        add_traceparent(&conn)?;
+        for column in ["traceparent", "payment_intent", "metadata"] {
+            add_column(&conn, "effects", column, "TEXT")?;
+        }
+        add_column(&conn, "idempotency", "replays", "INTEGER NOT NULL DEFAULT 0")?;
+        // After the columns exist: a refund's check sums the refunds of its PaymentIntent; the
+        // effect listing reads each effect's replays.
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS refunds_by_payment_intent ON effects (payment_intent);
+             CREATE INDEX IF NOT EXISTS idempotency_by_effect ON idempotency (effect_id);",
+        )?;
         // Recovery runs before the server accepts anything, so no request can see a
         // half-recovered state.
         let deleted = conn.execute("DELETE FROM idempotency WHERE state = 'in_flight' AND effect_id IS NULL", [])?;
@@ -186,26 +203,41 @@ impl Db {
         Ok(())
     }
 
-    /// The oldest effect stored under `key`.
-    pub(crate) fn lookup(&self, key: &str) -> Result<Option<EffectRecord>, Error> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare_cached(&format!(
-            "{SELECT_EFFECT} WHERE idempotency_key = ?1 ORDER BY created_at_ms, rowid LIMIT 1"
-        ))?;
-        let row = stmt.query_row(params![key], read_effect).optional()?;
-        row.transpose()
+    /// The PaymentIntents whose metadata `field` is `value`, newest first, at most `limit`.
+    pub(crate) fn search_charges(&self, field: &str, value: &str, limit: usize) -> Result<Vec<EffectRecord>, Error> {
+        // A JSON path quotes the field, so any field name but one holding `"` is one member.
+        if field.contains('"') {
+            return Ok(Vec::new());
+        }
+        let path = format!("$.\"{field}\"");
+        self.effects_where(
+            "WHERE kind = 'charge' AND json_extract(metadata, ?1) = ?2 ORDER BY rowid DESC LIMIT ?3",
+            params![path, value, i64::try_from(limit).unwrap_or(i64::MAX)],
+        )
     }
 
-    /// Every effect, in commit order.
-    pub(crate) fn effects(&self) -> Result<Vec<EffectRecord>, Error> {
+    /// The most recent refunds, newest first, at most `limit`.
+    pub(crate) fn recent_refunds(&self, limit: usize) -> Result<Vec<EffectRecord>, Error> {
+        self.effects_where(
+            "WHERE kind = 'refund' ORDER BY rowid DESC LIMIT ?1",
+            params![i64::try_from(limit).unwrap_or(i64::MAX)],
+        )
+    }
+
+    fn effects_where(&self, clause: &str, params: impl rusqlite::Params) -> Result<Vec<EffectRecord>, Error> {
         let conn = self.lock();
-        let mut stmt = conn.prepare_cached(&format!("{SELECT_EFFECT} ORDER BY rowid"))?;
-        let rows = stmt.query_map([], read_effect)?;
+        let mut stmt = conn.prepare_cached(&format!("{SELECT_EFFECT} {clause}"))?;
+        let rows = stmt.query_map(params, read_effect)?;
         let mut out = Vec::new();
         for row in rows {
             out.push(row??);
         }
         Ok(out)
+    }
+
+    /// Every effect, in commit order.
+    pub(crate) fn effects(&self) -> Result<Vec<EffectRecord>, Error> {
+        self.effects_where("ORDER BY rowid", [])
     }
 }
 
@@ -219,21 +251,22 @@ fn configure(conn: &Connection) -> Result<(), Error> {
     Ok(())
 }
 
-/// A file made before effects recorded their `traceparent` gets the column (NULL in its old
-/// rows); `CREATE TABLE IF NOT EXISTS` leaves an existing table as it is.
-fn add_traceparent(conn: &Connection) -> Result<(), Error> {
+/// A file made before `table` had `column` gets it, declared `declaration` (NULL or its
+/// default in old rows): `CREATE TABLE IF NOT EXISTS` leaves an existing table as it is.
+/// Every name is one of this module's constants, never a request's.
+fn add_column(conn: &Connection, table: &str, column: &str, declaration: &str) -> Result<(), Error> {
     let has: bool = conn.query_row(
-        "SELECT count(*) > 0 FROM pragma_table_info('effects') WHERE name = 'traceparent'",
-        [],
+        "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+        params![table, column],
         |row| row.get(0),
     )?;
     if !has {
-        conn.execute_batch("ALTER TABLE effects ADD COLUMN traceparent TEXT")?;
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {declaration}"))?;
     }
     Ok(())
 }
 
-const SELECT_EFFECT: &str = "SELECT id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent FROM effects";
+const SELECT_EFFECT: &str = "SELECT id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent, payment_intent, metadata, coalesce((SELECT replays FROM idempotency WHERE idempotency.effect_id = effects.id), 0) FROM effects";
 
 /// Reads one effect row. The outer `Result` is SQLite's, the inner one a row that breaks the
 /// schema's promises.
@@ -243,6 +276,16 @@ fn read_effect(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<EffectRecord,
         "charge" => EffectKind::Charge,
         "refund" => EffectKind::Refund,
         other => return Ok(Err(Error::Corrupt(format!("effect kind {other:?}")))),
+    };
+    let metadata: Option<String> = row.get(12)?;
+    let metadata = match metadata.map(|text| serde_json::from_str(&text)) {
+        None => BTreeMap::new(),
+        Some(Ok(metadata)) => metadata,
+        Some(Err(e)) => return Ok(Err(Error::Corrupt(format!("effect metadata: {e}")))),
+    };
+    let replays: i64 = row.get(13)?;
+    let Ok(replays) = u64::try_from(replays) else {
+        return Ok(Err(Error::Corrupt(format!("{replays} replays"))));
     };
     Ok(Ok(EffectRecord {
         id: row.get(0)?,
@@ -256,6 +299,9 @@ fn read_effect(row: &rusqlite::Row<'_>) -> rusqlite::Result<Result<EffectRecord,
         created_at: row.get(8)?,
         created_at_ms: row.get(9)?,
         traceparent: row.get(10)?,
+        payment_intent: row.get(11)?,
+        metadata,
+        replays,
     }))
 }
 
@@ -313,15 +359,20 @@ fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
             } else if state == "in_flight" {
                 Claim::InProgress
             } else {
+                conn.prepare_cached("UPDATE idempotency SET replays = replays + 1 WHERE key = ?1")?
+                    .execute(params![key])?;
                 Claim::Replay(Stored { status: status_code(status)?, body })
             };
             return Ok(claim);
         }
     }
     let (stored, effect_id) = match answer {
-        Answer::Effect(effect) => {
+        Answer::Effect(mut effect) => {
+            if let Some(refused) = refund_check(conn, &mut effect)? {
+                return Ok(Claim::Refused(refused));
+            }
             insert_effect(conn, &effect)?;
-            let body = effect.api_object().to_string();
+            let body = crate::stripe::object(&effect).to_string();
             (Stored { status: 200, body }, Some(effect.id))
         }
         Answer::Decline(stored) => (stored, None),
@@ -338,23 +389,67 @@ fn claim_one(conn: &Connection, request: ClaimRequest) -> Result<Claim, Error> {
     Ok(Claim::New(stored))
 }
 
+/// For a refund naming a PaymentIntent: Stripe's refusal when there is no such PaymentIntent
+/// or the refund is more than it has left (`charge_already_refunded` when nothing is left,
+/// `amount_too_large` otherwise); else `None`, with the refund's currency set to its
+/// PaymentIntent's. Runs inside the claim's transaction, so two refunds cannot both take the
+/// last of a PaymentIntent.
+fn refund_check(conn: &Connection, effect: &mut EffectRecord) -> Result<Option<Stored>, Error> {
+    let Some(intent) = effect.payment_intent.as_deref() else {
+        return Ok(None);
+    };
+    let refused = |code: &str, message: String| {
+        let body = crate::stripe::error("invalid_request_error", code, Some("payment_intent"), &message);
+        Ok(Some(Stored { status: 400, body: body.to_string() }))
+    };
+    let paid: Option<(i64, String)> = conn
+        .prepare_cached("SELECT amount_minor, currency FROM effects WHERE id = ?1 AND kind = 'charge'")?
+        .query_row(params![intent], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    let Some((captured, currency)) = paid else {
+        return refused("resource_missing", format!("No such payment_intent: '{intent}'"));
+    };
+    let refunded: i64 = conn
+        .prepare_cached(
+            "SELECT coalesce(sum(amount_minor), 0) FROM effects WHERE payment_intent = ?1 AND kind = 'refund'",
+        )?
+        .query_row(params![intent], |row| row.get(0))?;
+    let left = captured.saturating_sub(refunded);
+    if left <= 0 {
+        return refused("charge_already_refunded", format!("PaymentIntent {intent} has already been refunded."));
+    }
+    if effect.amount_minor > left {
+        return refused(
+            "amount_too_large",
+            format!(
+                "Refund amount ({}) is greater than unrefunded amount on PaymentIntent ({left}).",
+                effect.amount_minor
+            ),
+        );
+    }
+    effect.currency = currency;
+    Ok(None)
+}
+
 fn insert_effect(conn: &Connection, e: &EffectRecord) -> Result<(), Error> {
     conn.prepare_cached(
-        "INSERT INTO effects (id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        "INSERT INTO effects (id, idempotency_key, kind, amount_minor, currency, order_id, intent_id, tenant, created_at, created_at_ms, traceparent, payment_intent, metadata)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
     )?
     .execute(params![
-            e.id,
-            e.idempotency_key,
-            e.kind.as_str(),
-            e.amount_minor,
-            e.currency,
-            e.order_id,
-            e.intent_id,
-            e.tenant,
-            e.created_at,
-            e.created_at_ms,
-        e.traceparent
+        e.id,
+        e.idempotency_key,
+        e.kind.as_str(),
+        e.amount_minor,
+        e.currency,
+        e.order_id,
+        e.intent_id,
+        e.tenant,
+        e.created_at,
+        e.created_at_ms,
+        e.traceparent,
+        e.payment_intent,
+        serde_json::to_string(&e.metadata).map_err(|e| Error::Corrupt(format!("metadata: {e}")))?,
     ])?;
     Ok(())
 }
@@ -382,11 +477,14 @@ mod tests {
             created_at: "2026-01-01T00:00:00.000Z".to_owned(),
             created_at_ms: 0,
             traceparent: None,
+            payment_intent: None,
+            metadata: Default::default(),
+            replays: 0,
         };
         ClaimRequest {
             key: key.to_owned(),
             hash: "same request".to_owned(),
-            answer: Answer::Effect(effect),
+            answer: Answer::Effect(Box::new(effect)),
             in_flight: false,
             idempotency: true,
             now: "2026-01-01T00:00:00.000Z".to_owned(),
@@ -413,7 +511,9 @@ mod tests {
         let new = claims.iter().filter(|claim| matches!(claim, Claim::New(_))).count();
         let replays = claims.iter().filter(|claim| matches!(claim, Claim::Replay(_))).count();
         assert_eq!((new, replays), (keys, keys * (threads - 1)), "one new claim per key, every other a replay");
-        assert_eq!(db.effects().expect("the effects").len(), keys);
+        let effects = db.effects().expect("the effects");
+        assert_eq!(effects.len(), keys);
+        assert!(effects.iter().all(|e| e.replays == (threads - 1) as u64), "each replay is counted on its effect");
         drop(db);
         for suffix in ["", "-wal", "-shm"] {
             let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));

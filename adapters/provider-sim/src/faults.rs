@@ -40,7 +40,7 @@
 //! first rule that fires decides the request; later rules are neither checked nor counted.
 //!
 //! `lookup_absent_for_ms` follows the same rule: when it fires for a lookup, that lookup
-//! answers 404 if the effect is younger than `ms`, and the truth otherwise (the firing is
+//! misses the objects younger than `ms` and shows the others (the firing is
 //! spent either way). With neither `times` nor `probability` it fires on every lookup, which
 //! is the usual way to model an eventually consistent provider.
 
@@ -156,11 +156,11 @@ pub enum PlanError {
 /// The operation a request performs, as fault rules see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operation {
-    /// `POST /v1/charges`.
+    /// `POST /v1/payment_intents`.
     Charge,
     /// `POST /v1/refunds`.
     Refund,
-    /// `GET /v1/effects/{key}`.
+    /// `GET /v1/payment_intents/search` or `GET /v1/refunds`.
     Lookup,
 }
 
@@ -201,12 +201,12 @@ pub enum Fault {
         /// The delay before answering.
         ms: u64,
     },
-    /// A lookup answers 404 for effects younger than `ms`.
+    /// A lookup misses the objects younger than `ms` (Stripe's search lag).
     LookupAbsentForMs {
         /// The consistency window.
         ms: u64,
     },
-    /// A lookup answers 404 although the effect exists.
+    /// A lookup finds nothing although the objects exist.
     LookupLies,
     /// A lookup answers 503.
     LookupUnavailable,

@@ -1,10 +1,11 @@
 //! The payment provider simulator (`keel-provider-sim`), a crate of its own under `adapters/`.
 //!
-//! Owns a Stripe-like HTTP server on 127.0.0.1 with its own durable SQLite state, the seeded
-//! fault plan it plays, and the `keel-provider-sim` command line. It exists so that Keel's
-//! exactly-once machinery can be tested against a provider that behaves like a real one —
-//! idempotency keys, a lookup endpoint, eventual consistency, lost answers — and whose effects
-//! can be counted afterwards. It must never be linked into the engine's decisions: it is the
+//! Owns an HTTP server on 127.0.0.1 speaking the subset of Stripe's API Keel uses, with its
+//! own durable SQLite state, the seeded fault plan it plays, and the `keel-provider-sim`
+//! command line. It exists so that Keel's exactly-once machinery can be tested against a
+//! provider that behaves like Stripe — idempotency keys and replays, a search that lags, lost
+//! answers — plus faults Stripe will not play on demand, and whose effects can be counted
+//! afterwards. It must never be linked into the engine's decisions: it is the
 //! other side of a process boundary, reached only over HTTP (tests start it in-process with
 //! [`Server::start`] purely to save a process spawn).
 //!
@@ -30,20 +31,27 @@
 //!
 //! # HTTP API
 //!
+//! The subset of Stripe's API that Keel's Stripe client (`adapters::stripe`) sends and reads,
+//! answered as Stripe answers it, plus the simulator's own `GET /v1/effects` and `GET /health`.
+//! Every Stripe route needs `Authorization: Bearer sk_test_…` (or `rk_test_…`); without one,
+//! or with a live key, it answers 401 `invalid_request_error`.
+//!
 //! | Request | Answer |
 //! |---|---|
-//! | `POST /v1/charges` `{"amount", "currency", "payment_method", "metadata": {"order_id", "intent_id", "tenant"}}` + `Idempotency-Key` | 200 `{"id": "ch_…", "object": "charge", "amount", "currency", "status": "succeeded", "created", "metadata"}` |
-//! | `POST /v1/refunds` `{"amount", "currency", "metadata": {…}}` + `Idempotency-Key` | 200 `{"id": "re_…", "object": "refund", …}` |
-//! | same key, same parameters (SHA-256 of the canonical body) | the stored answer, byte for byte, same status; no new effect |
+//! | `POST /v1/payment_intents` form: `amount`, `currency`, `payment_method`, `payment_method_types[]`, `confirm=true`, `off_session`, `metadata[…]` + `Idempotency-Key` | 200 a PaymentIntent `pi_…` in `succeeded` (no payment method echoed); 402 `card_error`/`card_declined` with a `decline_code` and the PaymentIntent in `requires_payment_method` for the `decline` fault (`generic_decline`) and Stripe's declining test methods (`pm_card_chargeDeclined…`, `pm_card_visa_chargeDeclined…`) |
+//! | `POST /v1/refunds` form: `payment_intent`, `amount`, `metadata[…]` + `Idempotency-Key` | 200 a Refund `re_…` in `succeeded`, in its PaymentIntent's currency; a `failed` Refund (`failure_reason: declined`, no effect) for the `decline` fault; 400 `resource_missing` (no such PaymentIntent), `charge_already_refunded` or `amount_too_large` (more than it has left; nothing stored, the key left free) |
+//! | same key, same parameters (the sorted form pairs and the route) | the stored answer, byte for byte, same status, with `Idempotent-Replayed: true`; no new effect, the replay counted on the effect (`EffectRecord::replays`) |
 //! | same key, other parameters | 400 `idempotency_error` / `idempotency_key_reused` |
-//! | same key while the first request is still being answered | 409 `idempotency_error` / `request_in_progress` |
-//! | missing `Idempotency-Key`, malformed body (a repeated key included), an amount outside 1..=`engine::limits::AMOUNT_MINOR_MAX` | 400 `invalid_request_error` (nothing stored) |
-//! | `GET /v1/effects/{percent-encoded key}` | 200 the effect's object, or 404 `not_found`; 501 `not_supported` with `--no-lookup` |
-//! | `GET /v1/effects` | 200 `{"object": "list", "data": [effect records]}` |
+//! | same key while the first request is still being answered | 409 `idempotency_error` / `idempotency_key_in_use` |
+//! | missing `Idempotency-Key`; an unknown, repeated (other than `name[]`) or missing parameter; `confirm` not `true`; an amount outside 1..=`engine::limits::AMOUNT_MINOR_MAX` | 400 `invalid_request_error` (nothing stored) |
+//! | `GET /v1/payment_intents/search?query=metadata['FIELD']:'VALUE'&limit=N` | 200 `{"object": "search_result", "url", "data", "has_more"}`, newest first; the lookup faults apply (`lookup_lies`: empty; `lookup_absent_for_ms`: the younger ones missing; `lookup_unavailable`: 503); 501 with `--no-lookup`; any other query 400 |
+//! | `GET /v1/refunds?limit=N` | 200 `{"object": "list", "url", "data", "has_more"}`, the most recent refunds first; the same faults, the same 501 |
 //! | any of the above with a W3C `traceparent` header | the same answer; a charge or refund that makes an effect records the header beside it (`EffectRecord::traceparent`; a malformed one is ignored, as a provider would) |
+//! | every answer | a `Request-Id`; `Stripe-Should-Retry: true` on 409, 429 and 5xx |
+//! | `GET /v1/effects` (the simulator's own) | 200 `{"object": "list", "data": [effect records]}` |
 //! | `GET /health` | 200 |
 //!
-//! Errors have the shape `{"error": {"type", "code", "message"}}`.
+//! Errors have Stripe's shape `{"error": {"type", "code", "param"?, "message"}}`.
 //!
 //! # Guarantees and limits
 //!
@@ -52,10 +60,12 @@
 //! - The key is required on every charge and refund (unlike Stripe, where it is optional), so
 //!   every effect row can be counted per key.
 //! - With `idempotency: false` every request makes a new effect; the key is still stored on the
-//!   effect row, and a lookup answers the oldest effect for the key.
+//!   effect row, and a search under the key finds every one of them.
 //! - Keys are kept forever: the simulator has no key window.
 //! - The payment method is hashed with the request for key comparison and otherwise never
-//!   stored, echoed or logged.
+//!   stored, echoed or logged (Stripe echoes its id; the simulator does not).
+//! - A declined PaymentIntent or failed Refund is answered but not kept as an object: a search
+//!   or list never shows it (Stripe's would, unpaid; Keel reads that as absent all the same).
 //! - Request bodies are limited by axum's default body limit (2 MiB); a charge is a few
 //!   hundred bytes.
 //! - Held answers (`slow`, `timeout_after_effect`) are not limited in number: each holds one
@@ -68,6 +78,7 @@ pub mod faults;
 mod http;
 pub mod process;
 pub mod rng;
+mod stripe;
 
 pub use cli::{cli_main, cli_main_from};
 pub use engine::provider::EffectKind;
@@ -76,6 +87,7 @@ pub use process::Process;
 pub use rng::Rng;
 
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -133,7 +145,8 @@ pub struct Config {
     pub faults: FaultPlan,
     /// Honour `Idempotency-Key`. Default true; false models a provider without deduplication.
     pub idempotency: bool,
-    /// Serve `GET /v1/effects/{key}`. Default true; false answers 501.
+    /// Serve lookups (`GET /v1/payment_intents/search`, `GET /v1/refunds`). Default true;
+    /// false answers 501.
     pub lookup: bool,
 }
 
@@ -153,7 +166,7 @@ impl Config {
 /// One effect the simulator performed, as stored and as listed by `effects --json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EffectRecord {
-    /// The provider's id: `ch_…` or `re_…`.
+    /// The provider's id: `pi_…` (a PaymentIntent) or `re_…` (a Refund).
     pub id: String,
     /// The key the request carried.
     pub idempotency_key: String,
@@ -161,14 +174,21 @@ pub struct EffectRecord {
     pub kind: EffectKind,
     /// Amount in minor units.
     pub amount_minor: i64,
-    /// ISO 4217 code as sent.
+    /// ISO 4217 code, lower case as Stripe keeps it (a refund's is its PaymentIntent's).
     pub currency: String,
-    /// `metadata.order_id`.
+    /// `metadata[keel_order_id]` (empty without it).
     pub order_id: String,
-    /// `metadata.intent_id`.
+    /// `metadata[keel_intent_id]` (empty without it).
     pub intent_id: String,
-    /// `metadata.tenant`.
+    /// `metadata[keel_tenant]` (empty without it).
     pub tenant: String,
+    /// For a refund, the PaymentIntent it gives money back on.
+    pub payment_intent: Option<String>,
+    /// The request's metadata, as Stripe keeps it (searched by a charge lookup).
+    pub metadata: BTreeMap<String, String>,
+    /// How many later requests under its key were answered its stored answer
+    /// (`Idempotent-Replayed: true`); 0 without idempotency.
+    pub replays: u64,
     /// When the effect was committed, RFC 3339 UTC with milliseconds.
     pub created_at: String,
     /// The same instant in Unix milliseconds (drives the consistency window).
@@ -176,25 +196,6 @@ pub struct EffectRecord {
     /// The W3C `traceparent` the request that made the effect carried, when it carried a
     /// well-formed one: the caller's span, so the effect can be found in the caller's trace.
     pub traceparent: Option<String>,
-}
-
-impl EffectRecord {
-    /// The object the HTTP API answers for this effect (the charge or refund).
-    pub(crate) fn api_object(&self) -> serde_json::Value {
-        serde_json::json!({
-            "id": self.id,
-            "object": self.kind.as_str(),
-            "amount": self.amount_minor,
-            "currency": self.currency,
-            "status": "succeeded",
-            "created": self.created_at_ms.div_euclid(1000),
-            "metadata": {
-                "order_id": self.order_id,
-                "intent_id": self.intent_id,
-                "tenant": self.tenant,
-            },
-        })
-    }
 }
 
 /// Every effect in the simulator database at `db_path`, in commit order. Safe to call while

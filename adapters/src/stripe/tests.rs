@@ -135,6 +135,9 @@ async fn a_charge_is_a_confirmed_off_session_payment_intent_with_the_key_the_ver
         ("off_session", "true"),
         ("metadata[keel_intent_key]", "charge:t:order_1842_charge"),
         ("metadata[keel_fingerprint]", &"ab".repeat(32)),
+        ("metadata[keel_tenant]", "t"),
+        ("metadata[keel_intent_id]", "order_1842_charge"),
+        ("metadata[keel_order_id]", "order_1842"),
     ];
     let expected: Vec<(String, String)> = expected.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
     assert_eq!(form, expected);
@@ -322,6 +325,42 @@ async fn an_echoed_key_is_scrubbed_from_every_detail() {
 
 const REDACTED_MARK: &str = engine::provider::REDACTED;
 
+#[tokio::test]
+async fn an_echoed_payment_method_is_scrubbed_from_every_detail() {
+    let token = "pm_card_secret_7d1e5f3a9b2c";
+    let request = EffectRequest { payment_method: Some(Secret::new(token)), ..charge() };
+    let echo =
+        format!(r#"{{"error":{{"type":"invalid_request_error","message":"No such PaymentMethod: '{token}'"}}}}"#);
+    let (outcome, seen) = execute(vec![(400, Vec::new(), echo)], &request).await;
+    assert!(seen.iter().any(|s| s.body.contains(token)), "Stripe got the token");
+    match outcome {
+        CallOutcome::Unknown { detail, .. } => {
+            assert!(!detail.contains(token) && detail.contains(REDACTED_MARK), "{detail}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn other_successes_redirects_and_repeated_fields_are_protocol_errors() {
+    for status in [201, 204, 302, 307] {
+        let (outcome, _) = execute(vec![(status, Vec::new(), intent("succeeded", 4900, "eur"))], &charge()).await;
+        assert!(is_unknown(&outcome, UnknownReason::Protocol), "{status}: {outcome:?}");
+    }
+    // A body that says two things proves neither.
+    let twice =
+        intent("succeeded", 4900, "eur").replacen(r#""status":"#, r#""status":"requires_payment_method","status":"#, 1);
+    let (outcome, _) = execute(vec![ok(twice)], &charge()).await;
+    assert!(is_unknown(&outcome, UnknownReason::Protocol), "{outcome:?}");
+}
+
+#[test]
+fn the_capability_carries_the_request_timeout() {
+    let key = Arc::new(SecretKey::parse(KEY).expect("the test key is well formed"));
+    let config = StripeConfig { request_timeout_ms: 1_234, ..StripeConfig::new("http://127.0.0.1:9", key) };
+    assert_eq!(StripeProvider::new(config).expect("a loopback URL").capability().request_timeout_ms, 1_234);
+}
+
 fn search(data: serde_json::Value) -> Canned {
     ok(serde_json::json!({"object": "search_result", "data": data, "has_more": false}).to_string())
 }
@@ -386,7 +425,7 @@ async fn a_search_says_absent_only_when_it_found_nothing_paid() {
 }
 
 #[tokio::test]
-async fn a_refund_is_looked_up_among_the_latest_refunds_and_a_miss_is_no_absence() {
+async fn a_refund_is_looked_up_among_the_latest_refunds_and_a_miss_is_an_absence_only_in_the_whole_list() {
     let key = "refund:t:order_1842_refund";
     let mine = |status: &str| {
         serde_json::json!({"id": "re_3Keel", "object": "refund", "amount": 1000, "currency": "eur", "status": status,
@@ -414,6 +453,10 @@ async fn a_refund_is_looked_up_among_the_latest_refunds_and_a_miss_is_no_absence
         let (provider, _) = stripe(vec![list(data.clone())]).await;
         assert!(matches!(provider.lookup(EffectKind::Refund, key).await, LookupOutcome::Unavailable { .. }), "{data}");
     }
+    // The whole list (no more pages) without the key: the account has no such refund.
+    let whole = ok(serde_json::json!({"object": "list", "data": [], "has_more": false}).to_string());
+    let (provider, _) = stripe(vec![whole]).await;
+    assert_eq!(provider.lookup(EffectKind::Refund, key).await, LookupOutcome::Absent);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Every fault of the plan, observed through `HttpProvider`, and the sample plans in
+//! Every fault of the plan, observed through Keel's Stripe client, and the sample plans in
 //! `fixtures/faults/`.
 
 use crate::support::{Sim, charge};
@@ -62,7 +62,7 @@ async fn decline_is_definitive_and_replays() {
     let sim = Sim::start(r#"{"rules": [{"operation": "charge", "fault": "decline", "times": 1}]}"#).await;
     let provider = sim.provider();
     let request = charge("f_0004", 4900);
-    let declined = CallOutcome::Declined { code: "card_declined".into() };
+    let declined = CallOutcome::Declined { code: "generic_decline".into() };
     assert_eq!(provider.execute(&request).await, declined);
     assert!(sim.effects().is_empty());
     // The rule is spent: the second decline comes from the stored answer for the key.

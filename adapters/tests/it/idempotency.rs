@@ -1,7 +1,7 @@
 //! Idempotency keys, lookup, capability modes and transport classification against the
 //! simulator without faults.
 
-use crate::support::{NO_FAULTS, Sim, charge, provider_at, refund};
+use crate::support::{NO_FAULTS, Sim, TEST_KEY, charge, provider_at, refund};
 use engine::provider::{CallOutcome, EffectKind, LookupOutcome, PaymentProvider, UnknownReason};
 
 fn evidence_ref(outcome: &CallOutcome) -> String {
@@ -26,11 +26,11 @@ async fn same_key_same_parameters_answers_the_same_effect_once() {
     let first = provider.execute(&request).await;
     let second = provider.execute(&request).await;
     let id = evidence_ref(&first);
-    assert!(id.starts_with("ch_"), "{id}");
+    assert!(id.starts_with("pi_"), "{id}");
     assert_eq!(first, second, "a replay answers the stored evidence");
     assert_eq!(sim.effects_for(&request.idempotency_key), 1);
     let effect = &sim.effects()[0];
-    assert_eq!((effect.amount_minor, effect.currency.as_str()), (4900, "EUR"));
+    assert_eq!((effect.amount_minor, effect.currency.as_str()), (4900, "eur"), "kept lower case, as Stripe");
     assert_eq!(
         (effect.order_id.as_str(), effect.intent_id.as_str(), effect.tenant.as_str()),
         ("order_intent_0001", "intent_0001", "acme")
@@ -55,9 +55,13 @@ async fn a_key_used_for_a_charge_cannot_be_reused_for_a_refund() {
     let sim = Sim::start(NO_FAULTS).await;
     let provider = sim.provider();
     let request = charge("intent_0003", 4900);
-    evidence_ref(&provider.execute(&request).await);
-    let as_refund =
-        engine::provider::EffectRequest { kind: EffectKind::Refund, payment_method: None, ..request.clone() };
+    let paid = evidence_ref(&provider.execute(&request).await);
+    let as_refund = engine::provider::EffectRequest {
+        kind: EffectKind::Refund,
+        payment_method: None,
+        charge_ref: Some(paid),
+        ..request.clone()
+    };
     assert_unknown(&provider.execute(&as_refund).await, UnknownReason::Protocol);
     assert_eq!(sim.effects().len(), 1);
 }
@@ -86,20 +90,59 @@ async fn concurrent_same_key_gets_one_success_and_one_conflict() {
 async fn refunds_are_refund_objects_and_lookup_checks_the_kind() {
     let sim = Sim::start(NO_FAULTS).await;
     let provider = sim.provider();
-    let request = refund("intent_0005", 800);
+    let paid = evidence_ref(&provider.execute(&charge("intent_0005c", 1000)).await);
+    let request = refund("intent_0005", 800, &paid);
     let id = evidence_ref(&provider.execute(&request).await);
     assert!(id.starts_with("re_"), "{id}");
     match provider.lookup(EffectKind::Refund, &request.idempotency_key).await {
         LookupOutcome::Found(evidence) => assert_eq!(evidence.provider_ref, id),
         other => panic!("expected Found, got {other:?}"),
     }
-    match provider.lookup(EffectKind::Charge, &request.idempotency_key).await {
-        LookupOutcome::Unavailable { detail } => {
-            assert!(detail.starts_with("inconsistent"), "{detail}")
-        }
-        other => panic!("a refund looked up as a charge is inconsistent, got {other:?}"),
+    // A charge lookup searches PaymentIntents only: a refund's key is never found as a charge.
+    assert_eq!(provider.lookup(EffectKind::Charge, &request.idempotency_key).await, LookupOutcome::Absent);
+    let refunded = &sim.effects()[1];
+    assert_eq!((refunded.kind, refunded.payment_intent.as_deref()), (EffectKind::Refund, Some(paid.as_str())));
+    assert_eq!(refunded.currency, "eur", "a refund is in its PaymentIntent's currency");
+}
+
+#[tokio::test]
+async fn a_refund_over_what_its_payment_intent_has_left_is_refused_and_makes_nothing() {
+    let sim = Sim::start(NO_FAULTS).await;
+    let provider = sim.provider();
+    let paid = evidence_ref(&provider.execute(&charge("intent_0013", 1000)).await);
+    evidence_ref(&provider.execute(&refund("intent_0013a", 600, &paid)).await);
+    // 400 `amount_too_large`: refused, never a decline, so nothing is released on it.
+    assert_unknown(&provider.execute(&refund("intent_0013b", 500, &paid)).await, UnknownReason::Protocol);
+    evidence_ref(&provider.execute(&refund("intent_0013c", 400, &paid)).await);
+    // Nothing left: `charge_already_refunded`.
+    assert_unknown(&provider.execute(&refund("intent_0013d", 1, &paid)).await, UnknownReason::Protocol);
+    // No such PaymentIntent: `resource_missing`.
+    assert_unknown(&provider.execute(&refund("intent_0013e", 1, "pi_nowhere")).await, UnknownReason::Protocol);
+    let refunded: i64 = sim.effects().iter().filter(|e| e.kind == EffectKind::Refund).map(|e| e.amount_minor).sum();
+    assert_eq!(refunded, 1000, "never more than was captured");
+    // A refused key is left free: once the refund fits, it goes through under the same key.
+    let fits = evidence_ref(&provider.execute(&charge("intent_0014", 100)).await);
+    assert!(matches!(provider.execute(&refund("intent_0013e", 1, &fits)).await, CallOutcome::Succeeded(_)));
+}
+
+#[tokio::test]
+async fn stripe_s_declining_test_payment_methods_decline_with_their_code() {
+    let sim = Sim::start(NO_FAULTS).await;
+    let provider = sim.provider();
+    for (method, code) in [
+        ("pm_card_chargeDeclined", "generic_decline"),
+        ("pm_card_visa_chargeDeclined", "generic_decline"),
+        ("pm_card_visa_chargeDeclinedInsufficientFunds", "insufficient_funds"),
+    ] {
+        let request = engine::provider::EffectRequest {
+            payment_method: Some(engine::provider::Secret::new(method)),
+            ..charge(&format!("intent_{method}"), 4900)
+        };
+        assert_eq!(provider.execute(&request).await, CallOutcome::Declined { code: code.into() });
+        // Stripe stores a decline under its key: the resend is answered the same decline.
+        assert_eq!(provider.execute(&request).await, CallOutcome::Declined { code: code.into() });
     }
-    assert_eq!(sim.effects()[0].kind, EffectKind::Refund);
+    assert!(sim.effects().is_empty(), "a decline moves no money");
 }
 
 #[tokio::test]
@@ -141,10 +184,10 @@ async fn without_idempotency_every_request_is_a_new_effect() {
     let second = evidence_ref(&provider.execute(&request).await);
     assert_ne!(first, second);
     assert_eq!(sim.effects_for(&request.idempotency_key), 2, "the key is still recorded on each effect");
-    // A lookup answers the oldest effect for the key.
+    // The search finds both PaymentIntents under the key: never one of them as the answer.
     match provider.lookup(EffectKind::Charge, &request.idempotency_key).await {
-        LookupOutcome::Found(evidence) => assert_eq!(evidence.provider_ref, first),
-        other => panic!("expected Found, got {other:?}"),
+        LookupOutcome::Unavailable { detail } => assert!(detail.starts_with("inconsistent"), "{detail}"),
+        other => panic!("expected an inconsistent search, got {other:?}"),
     }
 }
 
@@ -167,7 +210,7 @@ async fn connection_refused_is_not_sent() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("can bind loopback: {e}"));
         listener.local_addr().unwrap_or_else(|e| panic!("a bound socket has an address: {e}")).port()
     };
-    let provider = provider_at(&format!("http://127.0.0.1:{port}"), 300);
+    let provider = provider_at(&format!("http://127.0.0.1:{port}"), 300, None);
     match provider.execute(&charge("intent_0010", 4900)).await {
         CallOutcome::NotSent { detail } => assert!(!detail.contains("pm_card_visa"), "{detail}"),
         other => panic!("expected NotSent, got {other:?}"),
@@ -183,50 +226,75 @@ async fn a_stopped_simulator_refuses_connections() {
     evidence_ref(&provider.execute(&charge("intent_0011", 100)).await);
     let _kept = sim.stop().await;
     // A fresh client, so no pooled connection is involved: the connect itself is refused.
-    let fresh = provider_at(&url, 300);
+    let fresh = provider_at(&url, 300, None);
     assert!(matches!(fresh.execute(&charge("intent_0012", 100)).await, CallOutcome::NotSent { .. }));
 }
 
 /// The simulator's own answers, checked over raw HTTP: the client's checks must not be what
-/// makes the tests above pass.
+/// makes the tests above pass. Stripe's idempotency: a replay is the stored answer with
+/// `Idempotent-Replayed: true`, other parameters a 400 `idempotency_error`, a key in flight a
+/// 409 that says a retry may cure it (`Stripe-Should-Retry: true`).
 #[tokio::test]
-async fn the_simulator_answers_key_reuse_and_conflicts_itself() {
+async fn the_simulator_answers_key_reuse_conflicts_and_replays_as_stripe_does() {
     let sim = Sim::start(r#"{"rules": [{"operation": "charge", "fault": "slow", "times": 1, "ms": 400}]}"#).await;
     let client = reqwest::Client::new();
-    let url = format!("{}/v1/charges", sim.server.base_url());
-    let body = |amount: i64| {
-        serde_json::json!({"amount": amount, "currency": "EUR", "payment_method": "pm_card_visa",
-            "metadata": {"order_id": "o", "intent_id": "i", "tenant": "t"}})
+    let url = format!("{}/v1/payment_intents", sim.server.base_url());
+    let form = |amount: i64| {
+        vec![
+            ("amount", amount.to_string()),
+            ("currency", "eur".to_owned()),
+            ("payment_method", "pm_card_visa".to_owned()),
+            ("confirm", "true".to_owned()),
+            ("metadata[keel_intent_key]", "charge:t:i".to_owned()),
+        ]
     };
-    let post = |amount: i64| client.post(&url).header("Idempotency-Key", "charge:t:i").json(&body(amount)).send();
+    let post = |amount: i64| {
+        client.post(&url).bearer_auth(TEST_KEY).header("Idempotency-Key", "charge:t:i").form(&form(amount)).send()
+    };
     let read = |response: reqwest::Response| async move {
         let status = response.status().as_u16();
+        let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let notes = (header("idempotent-replayed"), header("stripe-should-retry"));
         let text = response.text().await.unwrap_or_else(|e| panic!("the answer is readable: {e}"));
         let value: serde_json::Value =
             serde_json::from_str(&text).unwrap_or_else(|e| panic!("answers are JSON: {e}: {text}"));
-        (status, value)
+        (status, value, notes)
     };
+    let answered = |sent: Result<reqwest::Response, reqwest::Error>| sent.unwrap_or_else(|e| panic!("answered: {e}"));
 
     let first = tokio::spawn(post(100));
     sim.until_effect("charge:t:i").await;
-    let (status, conflict) = read(post(100).await.unwrap_or_else(|e| panic!("the simulator answers: {e}"))).await;
-    assert_eq!((status, conflict["error"]["code"].as_str()), (409, Some("request_in_progress")), "{conflict}");
-    let first =
-        first.await.unwrap_or_else(|e| panic!("the task completes: {e}")).unwrap_or_else(|e| panic!("answered: {e}"));
-    let (status, original) = read(first).await;
-    assert_eq!(status, 200, "{original}");
+    let (status, conflict, notes) = read(answered(post(100).await)).await;
+    assert_eq!((status, conflict["error"]["type"].as_str()), (409, Some("idempotency_error")), "{conflict}");
+    assert_eq!(notes, (None, Some("true".to_owned())), "a key in flight may be retried");
+    let first = first.await.unwrap_or_else(|e| panic!("the task completes: {e}"));
+    let (status, original, notes) = read(answered(first)).await;
+    assert_eq!(
+        (status, original["object"].as_str(), original["status"].as_str()),
+        (200, Some("payment_intent"), Some("succeeded"))
+    );
+    assert_eq!(notes, (None, None), "a first answer is no replay");
 
-    let (status, reused) = read(post(101).await.unwrap_or_else(|e| panic!("the simulator answers: {e}"))).await;
+    let (status, reused, _) = read(answered(post(101).await)).await;
     assert_eq!(status, 400, "{reused}");
     assert_eq!(reused["error"]["type"], "idempotency_error");
-    assert_eq!(reused["error"]["code"], "idempotency_key_reused");
 
-    let (status, replay) = read(post(100).await.unwrap_or_else(|e| panic!("the simulator answers: {e}"))).await;
+    let (status, replay, notes) = read(answered(post(100).await)).await;
     assert_eq!((status, &replay), (200, &original), "a replay is the stored answer");
+    assert_eq!(notes.0.as_deref(), Some("true"), "and says so");
     assert_eq!(sim.effects().len(), 1);
+    assert_eq!(sim.effects()[0].replays, 1, "the simulator counts the replay on its effect");
 
-    let missing = client.post(&url).json(&body(100)).send().await.unwrap_or_else(|e| panic!("answered: {e}"));
-    let (status, missing) = read(missing).await;
+    let missing = client.post(&url).bearer_auth(TEST_KEY).form(&form(100)).send().await;
+    let (status, missing, _) = read(answered(missing)).await;
     assert_eq!((status, missing["error"]["code"].as_str()), (400, Some("idempotency_key_missing")));
+    for key in [None, Some("sk_live_keel"), Some("pk_test_keel")] {
+        let mut unkeyed = client.post(&url).header("Idempotency-Key", "charge:t:other").form(&form(100));
+        if let Some(key) = key {
+            unkeyed = unkeyed.bearer_auth(key);
+        }
+        let (status, refused, _) = read(answered(unkeyed.send().await)).await;
+        assert_eq!((status, refused["error"]["type"].as_str()), (401, Some("invalid_request_error")), "{key:?}");
+    }
     assert_eq!(sim.effects().len(), 1);
 }

@@ -1,5 +1,5 @@
 //! Integration tests of the adapters crate: the simulator started in-process and driven
-//! through `HttpProvider`, as the engine would drive a real provider. One test binary keeps
+//! through Keel's Stripe client (`StripeProvider`), as the engine would drive Stripe itself. One test binary keeps
 //! link time down.
 
 mod faults;

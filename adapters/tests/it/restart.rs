@@ -22,7 +22,7 @@ async fn effects_and_answers_survive_a_restart() {
     assert_eq!(provider.execute(&charged).await, first, "the stored success is replayed");
     assert_eq!(
         provider.execute(&declined).await,
-        CallOutcome::Declined { code: "card_declined".into() },
+        CallOutcome::Declined { code: "generic_decline".into() },
         "the stored decline is replayed even without the fault"
     );
     assert!(matches!(provider.lookup(EffectKind::Charge, &charged.idempotency_key).await, LookupOutcome::Found(_)));

@@ -1,10 +1,13 @@
 //! Shared set-up: a simulator on an ephemeral port with its own temporary database, and a
-//! provider pointed at it with short timeouts so that the suite runs in seconds.
+//! provider (Keel's Stripe client, with a test key) pointed at it with short timeouts so that
+//! the suite runs in seconds.
 
-use adapters::provider_http::{HttpProvider, HttpProviderConfig};
+use adapters::stripe::{SecretKey, StripeConfig, StripeProvider};
+use adapters::transport::CurrentTrace;
 use engine::provider::{EffectKind, EffectRequest, Secret};
 use provider_sim::{Config, EffectRecord, FaultPlan, Server, list_effects};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The client's request timeout in tests: long enough for loopback, short enough that a
@@ -45,12 +48,12 @@ impl Sim {
         Self { server, db, dir }
     }
 
-    pub fn provider(&self) -> HttpProvider {
+    pub fn provider(&self) -> StripeProvider {
         self.provider_with_timeout(CLIENT_TIMEOUT_MS)
     }
 
-    pub fn provider_with_timeout(&self, request_timeout_ms: u64) -> HttpProvider {
-        provider_at(&self.server.base_url(), request_timeout_ms)
+    pub fn provider_with_timeout(&self, request_timeout_ms: u64) -> StripeProvider {
+        provider_at(&self.server.base_url(), request_timeout_ms, None)
     }
 
     pub fn effects(&self) -> Vec<EffectRecord> {
@@ -77,11 +80,17 @@ impl Sim {
     }
 }
 
-pub fn provider_at(base_url: &str, request_timeout_ms: u64) -> HttpProvider {
-    let mut config = HttpProviderConfig::new(base_url);
+/// Any test key: the simulator accepts every `sk_test_…`.
+pub const TEST_KEY: &str = "sk_test_keel_simulator";
+
+/// Keel's Stripe client pointed at the simulator.
+pub fn provider_at(base_url: &str, request_timeout_ms: u64, current_trace: Option<CurrentTrace>) -> StripeProvider {
+    let key = Arc::new(SecretKey::parse(TEST_KEY).unwrap_or_else(|e| panic!("a test key parses: {e}")));
+    let mut config = StripeConfig::new(base_url, key);
     config.connect_timeout_ms = 200;
     config.request_timeout_ms = request_timeout_ms;
-    HttpProvider::new(config).unwrap_or_else(|e| panic!("provider config is valid: {e}"))
+    config.current_trace = current_trace;
+    StripeProvider::new(config).unwrap_or_else(|e| panic!("provider config is valid: {e}"))
 }
 
 /// A charge whose key has the shape Keel uses: `operation:uuid:intent`.
@@ -101,11 +110,13 @@ pub fn charge(intent: &str, amount_minor: i64) -> EffectRequest {
     }
 }
 
-pub fn refund(intent: &str, amount_minor: i64) -> EffectRequest {
+/// A refund of `amount_minor` on the PaymentIntent `of` (a charge's evidence).
+pub fn refund(intent: &str, amount_minor: i64, of: &str) -> EffectRequest {
     EffectRequest {
         kind: EffectKind::Refund,
         idempotency_key: format!("refund:acme:{intent}"),
         payment_method: None,
+        charge_ref: Some(of.to_owned()),
         timeout_ms: None,
         ..charge(intent, amount_minor)
     }

@@ -1,9 +1,10 @@
-//! The W3C trace context across the payment boundary: `HttpProvider` sends the calling span's
+//! The W3C trace context across the payment boundary: Keel's Stripe client sends the calling span's
 //! `traceparent` on every request, the simulator keeps it beside the effect, and neither a
 //! malformed header nor a file older than the column fails anything.
 
-use crate::support::{NO_FAULTS, Sim, charge, refund};
-use adapters::provider_http::{HttpProvider, HttpProviderConfig, TRACEPARENT, TraceContext};
+use crate::support::{NO_FAULTS, Sim, TEST_KEY, charge, provider_at, refund};
+use adapters::stripe::StripeProvider;
+use adapters::transport::{TRACEPARENT, TraceContext};
 use axum::http::HeaderMap;
 use engine::provider::{CallOutcome, EffectKind, PaymentProvider};
 use std::sync::{Arc, Mutex};
@@ -17,9 +18,8 @@ fn current() -> Option<TraceContext> {
     TraceContext::new(TRACE_ID, SPAN_ID, true)
 }
 
-fn traced(base_url: &str) -> HttpProvider {
-    let config = HttpProviderConfig { current_trace: Some(current), ..HttpProviderConfig::new(base_url) };
-    HttpProvider::new(config).unwrap_or_else(|e| panic!("provider config is valid: {e}"))
+fn traced(base_url: &str) -> StripeProvider {
+    provider_at(base_url, 300, Some(current))
 }
 
 #[tokio::test]
@@ -27,8 +27,8 @@ async fn the_simulator_records_the_traceparent_of_the_request_that_made_each_eff
     let sim = Sim::start(NO_FAULTS).await;
     let provider = traced(&sim.server.base_url());
     let charged = provider.execute(&charge("tp_0001", 4900)).await;
-    assert!(matches!(charged, CallOutcome::Succeeded(_)), "{charged:?}");
-    let refunded = provider.execute(&refund("tp_0001", 4900)).await;
+    let CallOutcome::Succeeded(paid) = charged else { panic!("the charge succeeds: {charged:?}") };
+    let refunded = provider.execute(&refund("tp_0001", 4900, &paid.provider_ref)).await;
     assert!(matches!(refunded, CallOutcome::Succeeded(_)), "{refunded:?}");
     let untraced = sim.provider().execute(&charge("tp_0002", 100)).await;
     assert!(matches!(untraced, CallOutcome::Succeeded(_)), "{untraced:?}");
@@ -50,15 +50,19 @@ async fn a_malformed_traceparent_is_ignored_and_never_fails_the_effect() {
         "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     ];
     for (n, header) in malformed.iter().enumerate() {
-        let body = serde_json::json!({
-            "amount": 100, "currency": "EUR", "payment_method": "pm_card_visa",
-            "metadata": {"order_id": format!("o{n}"), "intent_id": format!("i{n}"), "tenant": "acme"},
-        });
+        let form = [
+            ("amount", "100".to_owned()),
+            ("currency", "eur".to_owned()),
+            ("payment_method", "pm_card_visa".to_owned()),
+            ("confirm", "true".to_owned()),
+            ("metadata[keel_order_id]", format!("o{n}")),
+        ];
         let answer = client
-            .post(format!("{}/v1/charges", sim.server.base_url()))
+            .post(format!("{}/v1/payment_intents", sim.server.base_url()))
+            .bearer_auth(TEST_KEY)
             .header("Idempotency-Key", format!("charge:acme:malformed_{n}"))
             .header(TRACEPARENT, *header)
-            .json(&body)
+            .form(&form)
             .send()
             .await
             .unwrap_or_else(|e| panic!("the simulator answers: {e}"));
@@ -112,11 +116,11 @@ async fn every_charge_refund_and_lookup_carries_the_calling_span_s_traceparent()
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
     let provider = traced(&format!("http://{addr}"));
     provider.execute(&charge("tp_0005", 4900)).await;
-    provider.execute(&refund("tp_0005", 4900)).await;
+    provider.execute(&refund("tp_0005", 4900, "pi_tp_0005")).await;
     provider.lookup(EffectKind::Charge, "charge:acme:tp_0005").await;
     server.abort();
     let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let paths: Vec<&str> = seen.iter().map(|(path, _)| path.as_str()).collect();
-    assert_eq!(paths, ["/v1/charges", "/v1/refunds", "/v1/effects/charge%3Aacme%3Atp_0005"]);
+    assert_eq!(paths, ["/v1/payment_intents", "/v1/refunds", "/v1/payment_intents/search"]);
     assert!(seen.iter().all(|(_, header)| header.as_deref() == Some(EXPECTED)), "{seen:?}");
 }
