@@ -532,7 +532,7 @@ export interface operations {
                     "application/json": unknown;
                 };
             };
-            /** @description not known yet: the intent's state, Retry-After and retry_after_s */
+            /** @description not known yet: the intent's state, Retry-After and retry_after_s; an unknown outcome adds reason (why, as the log records it) and retryable (whether re-submitting the same request is useful) */
             202: {
                 headers: {
                     [name: string]: unknown;
@@ -1519,7 +1519,7 @@ export interface operations {
                     "application/json": unknown;
                 };
             };
-            /** @description not known yet: the intent's state, Retry-After and retry_after_s */
+            /** @description not known yet: the intent's state, Retry-After and retry_after_s; an unknown outcome adds reason (why, as the log records it) and retryable (whether re-submitting the same request is useful) */
             202: {
                 headers: {
                     [name: string]: unknown;
