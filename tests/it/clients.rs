@@ -16,7 +16,8 @@
 //! charge is reconciled.
 //!
 //! The toolchains are installed by the test itself (`tests/tools/python-venv.sh` into
-//! `target/py-client-venv`; `npm ci` from the lockfile); the test fails, never skips, when they
+//! `target/py-client-venv`; `tests/tools/npm-ci.sh`: `npm ci` from the lockfile, Debian's
+//! nodejs and npm first when the machine has none); the test fails, never skips, when they
 //! cannot be.
 
 use crate::cli::{start_sim, temp};
@@ -87,7 +88,11 @@ fn typescript_ready(document: &Path) -> Language {
     };
     // Once for the whole suite: two `npm ci` in one directory at once would trip on each other.
     static INSTALLED: std::sync::Once = std::sync::Once::new();
-    INSTALLED.call_once(|| run("npm", &["ci", "--no-audit", "--no-fund"]));
+    INSTALLED.call_once(|| {
+        let script = repository().join("tests/tools/npm-ci.sh");
+        let installed = Command::new("sh").arg(&script).arg(typescript()).status().expect("sh runs");
+        assert!(installed.success(), "{} failed (see its stderr above)", script.display());
+    });
     let regenerated = document.with_file_name("schema.d.ts");
     let document = document.to_str().expect("a UTF-8 path");
     run("node_modules/.bin/openapi-typescript", &[document, "-o", regenerated.to_str().expect("a UTF-8 path")]);
