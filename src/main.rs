@@ -107,6 +107,9 @@ struct BeforeSubcommand {
     #[arg(long = "provider-timeout-ms", hide = true,
           value_parser = clap::value_parser!(u64).range(1..=engine::limits::PROVIDER_WAIT_MAX_MS))]
     provider_timeout_ms: Option<u64>,
+    #[arg(long = "provider-rate-per-s", hide = true,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(engine::limits::PROVIDER_RATE_PER_S_MAX)))]
+    provider_rate_per_s: Option<u32>,
 }
 
 /// How commands that write append to the event log.
@@ -185,6 +188,15 @@ struct ProviderFlags {
     #[arg(long = "provider-timeout-ms", value_name = "MS",
           value_parser = clap::value_parser!(u64).range(1..=engine::limits::PROVIDER_WAIT_MAX_MS))]
     timeout_ms: Option<u64>,
+
+    /// The most requests a second the provider takes (its rate limit: Stripe answers 429 past
+    /// it). Keel never sends faster — charges, refunds and lookups alike, spaced evenly, the
+    /// waiting requests taking turns tenant by tenant — so it never causes a 429 and the
+    /// unknown outcome that comes with it. A request waits after its attempt is recorded; one
+    /// that could not leave before its run's deadline is not sent. [default: no limit]
+    #[arg(long = "provider-rate-per-s", id = "provider_rate", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(engine::limits::PROVIDER_RATE_PER_S_MAX)))]
+    rate_per_s: Option<u32>,
 }
 
 /// The environment variable holding the Stripe secret key.
@@ -255,6 +267,8 @@ pub struct ProviderArgs {
     pub consistency_window_ms: u64,
     /// The per-request timeout, ms.
     pub timeout_ms: u64,
+    /// The most requests a second it takes, when declared.
+    pub rate_per_s: Option<u32>,
 }
 
 /// The provider `keel bench` charges through: the HTTP one when its own `--provider` names it,
@@ -287,6 +301,7 @@ impl BeforeSubcommand {
                 .or(self.provider_consistency_window_ms)
                 .unwrap_or(consistency_window_ms),
             timeout_ms: flags.timeout_ms.or(self.provider_timeout_ms).unwrap_or(timeout_ms),
+            rate_per_s: flags.rate_per_s.or(self.provider_rate_per_s),
         }
     }
 

@@ -398,7 +398,11 @@ pub fn http_provider(provider: &ProviderArgs) -> anyhow::Result<Arc<dyn PaymentP
         current_trace: Some(crate::telemetry::current_trace),
         ..StripeConfig::new(url, Arc::clone(key))
     };
-    Ok(Arc::new(StripeProvider::new(config)?))
+    let stripe = StripeProvider::new(config)?;
+    Ok(match provider.rate_per_s {
+        Some(rate_per_s) => Arc::new(adapters::flow::RateLimited::new(stripe, rate_per_s)),
+        None => Arc::new(stripe),
+    })
 }
 
 /// Everything a command that runs workflows needs, over one log backend (SQLite unless said).

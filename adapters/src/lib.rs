@@ -49,6 +49,7 @@
 //! # }
 //! ```
 
+pub mod flow;
 pub mod model;
 pub mod stripe;
 pub mod transport;

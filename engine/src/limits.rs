@@ -104,6 +104,16 @@ pub fn read_text_at_most(reader: impl std::io::Read, max_bytes: u64) -> std::io:
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "it is not UTF-8 text"))
 }
 
+/// The highest request rate a provider may be declared to take (`--provider-rate-per-s`):
+/// Stripe's own live-mode limit is in the hundreds a second; ten thousand is past any real one.
+pub const PROVIDER_RATE_PER_S_MAX: u32 = 10_000;
+
+/// How much wider than `1 / rate` the spacing between two requests to a rate-limited provider
+/// is (`adapters::flow::RateLimited`, `--provider-rate-per-s`): a provider counts requests
+/// when they arrive, and the network's jitter can bring two closer than they left; two per
+/// cent keeps any second at the provider within its declared rate.
+pub const FLOW_SPACING_MARGIN: f64 = 1.02;
+
 /// Longest release name (`KEEL_RELEASE`): it is recorded on every run and is a metrics label.
 /// Enforced by the binary's start.
 pub const RELEASE_NAME_MAX_CHARS: usize = 64;

@@ -47,6 +47,7 @@ fn provider_args(url: &str, timeout_ms: u64) -> ProviderArgs {
         tier: "dedup+lookup".to_owned(),
         consistency_window_ms: 500,
         timeout_ms,
+        rate_per_s: None,
     }
 }
 

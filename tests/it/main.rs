@@ -18,6 +18,7 @@ mod delegation;
 mod doors;
 mod facts;
 mod files;
+mod flow;
 mod fuzz;
 mod golden;
 mod hardening;
