@@ -392,15 +392,17 @@ pub fn http_provider(provider: &ProviderArgs) -> anyhow::Result<Arc<dyn PaymentP
         "no payment provider: pass --provider URL or set KEEL_PROVIDER_URL (e.g. a `keel-provider-sim serve` address)",
     )?;
     let key = provider.key.as_ref().map_err(|message| anyhow::anyhow!("{message}"))?;
+    let throttle = provider.rate_per_s.map(|rate_per_s| Arc::new(adapters::flow::Throttle::new(rate_per_s)));
     let config = StripeConfig {
         capability: capability(provider),
         request_timeout_ms: provider.timeout_ms,
         current_trace: Some(crate::telemetry::current_trace),
+        throttle: throttle.clone(),
         ..StripeConfig::new(url, Arc::clone(key))
     };
     let stripe = StripeProvider::new(config)?;
-    Ok(match provider.rate_per_s {
-        Some(rate_per_s) => Arc::new(adapters::flow::RateLimited::new(stripe, rate_per_s)),
+    Ok(match throttle {
+        Some(throttle) => Arc::new(adapters::flow::RateLimited::new(stripe, throttle)),
         None => Arc::new(stripe),
     })
 }

@@ -9,6 +9,10 @@
 //! requests take their turns tenant by tenant, round robin, each tenant's in arrival order: one
 //! tenant's batch cannot starve another's single charge.
 //!
+//! The same [`Throttle`] is handed to the provider's client, which reports each 429 it is
+//! answered ([`Throttle::hold_off`]): no request leaves until the `Retry-After` the provider
+//! asked for has passed, so a provider that throttles harder than declared slows Keel down.
+//!
 //! It limits sending, never recording: a request waits here after its attempt is durable. One
 //! that could not be sent before its run's time is up (`EffectRequest::timeout_ms`) is
 //! `NotSent`, which is definitive: nothing left the process. It never changes a request or an
@@ -23,22 +27,22 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// `inner`, sending at most `rate_per_s` requests a second, fairly between tenants.
+/// `inner`, sending at most its throttle's rate, fairly between tenants.
 pub struct RateLimited<P> {
     inner: P,
-    gate: Arc<Gate>,
+    gate: Arc<Throttle>,
 }
 
 impl<P> RateLimited<P> {
-    /// `inner` behind a gate of `rate_per_s` requests a second (at least one).
-    pub fn new(inner: P, rate_per_s: u32) -> Self {
-        let spacing = Duration::from_secs_f64(FLOW_SPACING_MARGIN / f64::from(rate_per_s.max(1)));
-        Self { inner, gate: Arc::new(Gate { spacing, state: Mutex::default(), turn: Notify::new() }) }
+    /// `inner` behind `throttle` (which its client may also hold, to report 429s).
+    pub fn new(inner: P, throttle: Arc<Throttle>) -> Self {
+        Self { inner, gate: throttle }
     }
 }
 
-/// Who goes next, and when the next request may leave.
-struct Gate {
+/// Who goes next, and when the next request may leave: a provider's declared rate, and how
+/// long it asked Keel to hold off.
+pub struct Throttle {
     spacing: Duration,
     state: Mutex<Queue>,
     /// Told whenever a request left or gave up: the next in line looks again.
@@ -58,9 +62,39 @@ struct Queue {
 
 /// A place in the queue, given up when dropped (a request that gave up or was cancelled).
 struct Ticket<'a> {
-    gate: &'a Gate,
+    gate: &'a Throttle,
     tenant: String,
     number: u64,
+}
+
+impl std::fmt::Debug for Throttle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Throttle").field("spacing", &self.spacing).finish_non_exhaustive()
+    }
+}
+
+impl Throttle {
+    /// A throttle of `rate_per_s` requests a second (at least one).
+    pub fn new(rate_per_s: u32) -> Self {
+        let spacing = Duration::from_secs_f64(FLOW_SPACING_MARGIN / f64::from(rate_per_s.max(1)));
+        Self { spacing, state: Mutex::default(), turn: Notify::new() }
+    }
+
+    /// The provider answered 429: no request leaves before `retry_after` has passed (counted
+    /// as if one had left a spacing before then).
+    pub fn hold_off(&self, retry_after: Duration) {
+        let mut queue = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let held = (now + retry_after).checked_sub(self.spacing).unwrap_or(now);
+        queue.last = Some(queue.last.map_or(held, |last| last.max(held)));
+    }
+
+    /// The earliest instant the next request may leave.
+    #[cfg(test)]
+    pub(crate) fn next_at(&self) -> Option<Instant> {
+        let queue = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        queue.last.map(|last| last + self.spacing)
+    }
 }
 
 impl Drop for Ticket<'_> {
@@ -79,7 +113,7 @@ impl Drop for Ticket<'_> {
     }
 }
 
-impl Gate {
+impl Throttle {
     /// Waits for `tenant`'s turn and the spacing since the last request; `false` when that
     /// would take past `within` (the request is then not to be sent).
     async fn pass(&self, tenant: &str, within: Option<Duration>) -> bool {
@@ -155,12 +189,12 @@ impl<P: PaymentProvider> PaymentProvider for RateLimited<P> {
 
 #[cfg(test)]
 mod tests {
-    use super::Gate;
+    use super::Throttle;
     use std::time::Duration;
     use tokio::sync::Notify;
 
-    fn gate(spacing_ms: u64) -> std::sync::Arc<Gate> {
-        std::sync::Arc::new(Gate {
+    fn gate(spacing_ms: u64) -> std::sync::Arc<Throttle> {
+        std::sync::Arc::new(Throttle {
             spacing: Duration::from_millis(spacing_ms),
             state: std::sync::Mutex::default(),
             turn: Notify::new(),
@@ -192,6 +226,16 @@ mod tests {
         for pair in order.windows(2) {
             assert!(pair[1].2 - pair[0].2 >= Duration::from_millis(100), "spaced: {order:?}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttled_provider_holds_every_request_off_for_its_retry_after() {
+        let gate = gate(100);
+        assert!(gate.pass("t", None).await);
+        let asked = tokio::time::Instant::now();
+        gate.hold_off(Duration::from_secs(2));
+        assert!(gate.pass("u", None).await);
+        assert!(asked.elapsed() >= Duration::from_secs(2), "held off {:?}", asked.elapsed());
     }
 
     #[tokio::test(start_paused = true)]

@@ -107,6 +107,14 @@ pub const STRIPE_KEY_WINDOW_MS: u64 = 24 * 60 * 60 * 1_000;
 /// consistency window: Keel believes an absence only this long after the request is over.
 pub const STRIPE_SEARCH_LAG_MS: u64 = 60_000;
 
+/// How long a 429 without a readable `Retry-After` holds a declared rate's throttle off: Stripe
+/// asks clients to back off and retry "after a short delay"; a second is its own SDKs' first wait.
+pub const THROTTLED_RETRY_AFTER_DEFAULT_MS: u64 = 1_000;
+
+/// The longest a 429's `Retry-After` holds the throttle off: past a minute the provider is
+/// down more than throttled, and each request's own deadline decides.
+pub const THROTTLED_RETRY_AFTER_MAX_MS: u64 = 60_000;
+
 /// Default timeout of one request to Stripe: a confirmed PaymentIntent usually answers within
 /// a few seconds, but the card network may take longer; Stripe's own libraries wait 80 s.
 /// 30 s keeps unknown outcomes rare without holding a run far past its deadline (a run's time
@@ -338,6 +346,9 @@ pub struct StripeConfig {
     pub request_timeout_ms: u64,
     /// Where each request's `traceparent` comes from. Default `None`: no header.
     pub current_trace: Option<CurrentTrace>,
+    /// The throttle a declared rate sends through (`flow::RateLimited`): told of every 429,
+    /// with its `Retry-After`. Default `None`.
+    pub throttle: Option<Arc<crate::flow::Throttle>>,
 }
 
 impl StripeConfig {
@@ -350,6 +361,7 @@ impl StripeConfig {
             connect_timeout_ms: transport::DEFAULT_CONNECT_TIMEOUT_MS,
             request_timeout_ms: STRIPE_REQUEST_TIMEOUT_DEFAULT_MS,
             current_trace: None,
+            throttle: None,
         }
     }
 }
@@ -362,6 +374,7 @@ pub struct StripeProvider {
     key: Arc<SecretKey>,
     capability: Capability,
     current_trace: Option<CurrentTrace>,
+    throttle: Option<Arc<crate::flow::Throttle>>,
 }
 
 /// A PaymentIntent, as much of it as Keel reads.
@@ -671,7 +684,8 @@ impl StripeProvider {
         let base = base_url(&config.base_url)?;
         let client = transport::client(config.connect_timeout_ms, config.request_timeout_ms)?;
         let capability = Capability { request_timeout_ms: config.request_timeout_ms, ..config.capability };
-        Ok(Self { client, base, key: config.key, capability, current_trace: config.current_trace })
+        let (key, current_trace, throttle) = (config.key, config.current_trace, config.throttle);
+        Ok(Self { client, base, key, capability, current_trace, throttle })
     }
 
     /// A request to `path` with the key, the pinned version and the trace context.
@@ -726,6 +740,21 @@ impl StripeProvider {
         Ok(form)
     }
 
+    /// A 429 holds the throttle off for its `Retry-After` (whole seconds, as Stripe sends it;
+    /// [`THROTTLED_RETRY_AFTER_DEFAULT_MS`] when absent or unreadable, capped at
+    /// [`THROTTLED_RETRY_AFTER_MAX_MS`]).
+    fn throttled(&self, status: StatusCode, headers: &HeaderMap) {
+        let Some(throttle) = self.throttle.as_ref().filter(|_| status == StatusCode::TOO_MANY_REQUESTS) else {
+            return;
+        };
+        let asked_ms = headers
+            .get("Retry-After")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map_or(THROTTLED_RETRY_AFTER_DEFAULT_MS, |seconds| seconds.saturating_mul(1_000));
+        throttle.hold_off(std::time::Duration::from_millis(asked_ms.min(THROTTLED_RETRY_AFTER_MAX_MS)));
+    }
+
     async fn call(&self, request: &EffectRequest) -> CallOutcome {
         let path = match request.kind {
             EffectKind::Charge => "v1/payment_intents",
@@ -740,6 +769,7 @@ impl StripeProvider {
             Ok(answer) => answer,
             Err(outcome) => return outcome,
         };
+        self.throttled(status, &headers);
         let outcome = match request.kind {
             EffectKind::Charge => classify_charge(request, status, &bytes),
             EffectKind::Refund => classify_refund(request, status, &bytes),
@@ -767,6 +797,7 @@ impl StripeProvider {
             Err(e) => return LookupOutcome::Unavailable { detail: transport_detail(&e) },
         };
         let status = response.status();
+        self.throttled(status, response.headers());
         match response.bytes().await {
             Ok(bytes) => match kind {
                 EffectKind::Charge => classify_search(key, status, &bytes),

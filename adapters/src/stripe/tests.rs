@@ -512,3 +512,25 @@ fn stripe_declares_dedup_and_lookup_with_its_search_lag_and_key_window() {
     assert_eq!(declared.consistency_window_ms, STRIPE_SEARCH_LAG_MS);
     assert_eq!(declared.key_window_ms, 24 * 60 * 60 * 1_000);
 }
+
+#[tokio::test]
+async fn a_throttled_answer_holds_the_declared_rate_off_for_its_retry_after() {
+    for (retry_after, held_ms) in
+        [(Some("3"), 3_000), (None, THROTTLED_RETRY_AFTER_DEFAULT_MS), (Some("86400"), THROTTLED_RETRY_AFTER_MAX_MS)]
+    {
+        let (mut provider, _) = stripe(vec![(
+            429,
+            retry_after.map(|seconds| vec![("Retry-After", seconds)]).unwrap_or_default(),
+            r#"{"error":{"type":"rate_limit_error"}}"#.into(),
+        )])
+        .await;
+        let throttle = Arc::new(crate::flow::Throttle::new(10));
+        provider.throttle = Some(Arc::clone(&throttle));
+        let asked = tokio::time::Instant::now();
+        let outcome = provider.execute(&charge()).await;
+        assert!(is_unknown(&outcome, UnknownReason::ProviderUnavailable), "{outcome:?}");
+        let next = throttle.next_at().expect("the throttle was told");
+        assert!(next >= asked + std::time::Duration::from_millis(held_ms), "{retry_after:?}: held until {next:?}");
+        assert!(next <= tokio::time::Instant::now() + std::time::Duration::from_millis(held_ms), "{retry_after:?}");
+    }
+}
