@@ -486,3 +486,34 @@ async fn the_refund_tool_tells_the_model_the_approval_rule_in_force_and_the_guar
     }
     assert_eq!(descriptions.len(), 4, "each policy its own description: {descriptions:#?}");
 }
+
+/// A policy whose refunds for the desk's tenant are at most `max_amount_minor`.
+fn refunds_at_most(max_amount_minor: i64) -> engine::policy::InForce {
+    let document = json!({"version": format!("refunds-at-most-{max_amount_minor}"),
+        "tenants": {TENANT: {"operations": {"refund": {"max_amount_minor": max_amount_minor}}}}});
+    let bytes = document.to_string();
+    let door = |code: &str| engine::money::Currency::parse(code).map_err(|e| e.to_string());
+    let document = serde_json::from_str(&bytes).expect("the policy decodes");
+    let policy = engine::policy::Policy::from_document(document, &door).expect("the policy is valid");
+    let stamp = engine::policy::PolicyStamp::of_file(&policy, bytes.as_bytes());
+    engine::policy::InForce { policy, stamp }
+}
+
+#[tokio::test]
+async fn an_agent_run_under_a_policy_it_did_not_start_with_is_held_to_the_stricter_of_the_two() {
+    use ApprovalPolicy::Never;
+    // The run started under no policy of its own; the gate holds the one in force now, whose
+    // refunds are at most 5.00: the 9.00 refund is refused and nothing is reserved.
+    let desk = Desk::under(Some(refunds_at_most(500)));
+    desk.charge(&support_agent::order_c1042()).await;
+    refund_under(&desk, "stricter-run", (EffectClass::Mutation, Never), None).await;
+    assert!(desk.refunds().is_empty(), "nothing is reserved over the newer maximum: {:?}", desk.refunds());
+    let state = desk.state("stricter-run");
+    assert!(!state.tool_succeeded("refund"), "the refund did not run");
+
+    // A policy as loose as the run's own changes nothing: the refund is reserved.
+    let loose = Desk::under(Some(refunds_at_most(100_000)));
+    loose.charge(&support_agent::order_c1042()).await;
+    refund_under(&loose, "looser-run", (EffectClass::Mutation, Never), None).await;
+    assert_eq!(loose.refunds().len(), 1, "{:?}", loose.refunds());
+}

@@ -128,7 +128,9 @@ impl IntentGate {
         };
         let cause = self.cause.clone().for_run(&RunId::new(run_id));
         let approval = self.human_approval(approval, intent, kind);
-        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval).await {
+        // A run resumed under a newer policy is held to the stricter of it and its own.
+        let policy = self.policy.as_deref().map(|policy| policy.governing(&intent.tenant, kind));
+        match executor::reserve_for_run(&self.runtime, &cause, &RunId::new(run_id), &request, approval, policy).await {
             Ok(Reservation::Reserved(answer)) if answer.intent.status == IntentStatus::Validated => {
                 GateDecision::Deduplicated {
                     content: serde_json::json!({

@@ -22,6 +22,7 @@ use crate::failpoints::{Failpoints, Point};
 use crate::lease::{LeaseGrant, LeaseUse};
 use crate::ledger::{Intent, IntentSpec, Next, Refusal, Run};
 use crate::log::{Ask, Asking, IntentAnswer, LogError, Unsealed};
+use crate::policy::Governing;
 use crate::provider::{CallOutcome, EffectRequest, LookupOutcome, Secret};
 use chrono::{DateTime, Utc};
 use tracing::{Instrument, info_span};
@@ -104,7 +105,10 @@ pub enum HumanApproval {
 /// [`drive_intent`] takes it on. The same key with the same fingerprint returns the existing
 /// intent (`fresh: false`), so a resumed call finds what its first try reserved. The run's
 /// lease must be held by this process (`runtime.lessee`). `approval` may make the intent
-/// wait for a human even when the run's threshold would not (the stricter wins).
+/// wait for a human even when the run's threshold would not (the stricter wins). `policy` is
+/// the operator's policy in force for the request's tenant and operation, when the caller holds
+/// one: a run that started under another is held to the stricter of the two, as a resumed
+/// workflow is.
 ///
 /// # Errors
 ///
@@ -115,17 +119,18 @@ pub async fn reserve_for_run(
     run_id: &RunId,
     request: &IntentRequest,
     approval: HumanApproval,
+    policy: Option<Governing>,
 ) -> Result<Reservation, WorkflowError> {
     let key = IntentKey::new(request.kind, &request.tenant, &request.intent_id);
     let run: Run = runtime.log.ask(Ask::observe_run(cause.clone(), run_id.clone())).await?;
-    let (approval_required, lowered_by) = match approval {
-        HumanApproval::Required => (true, None),
-        HumanApproval::NotRequired => (false, None),
+    let (approval_required, governing) = match approval {
+        HumanApproval::Required => (true, policy),
+        HumanApproval::NotRequired => (false, policy),
         HumanApproval::LoweredBy(governing) => (false, Some(governing.lowering_approval())),
     };
     let spec = intent_spec(runtime, &key, request, approval_required);
     let ask = Ask::reserve(cause.clone(), run_id.clone(), run.journal_len, spec, false)
-        .governed_by(lowered_by)
+        .governed_by(governing)
         .under(runtime.lessee.grant(run_id).map_or(LeaseUse::None, LeaseUse::Hold));
     reserve(runtime, &key, ask).await
 }

@@ -183,6 +183,7 @@ impl Rig {
             &run_id(),
             request,
             HumanApproval::NotRequired,
+            None,
         )) {
             Ok(Reservation::Reserved(answer)) => Ok(answer.intent.key().clone()),
             Ok(Reservation::Rejected(outcome)) => Err(Box::new(outcome)),
