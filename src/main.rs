@@ -218,21 +218,20 @@ const RELEASE_ENV: &str = "KEEL_RELEASE";
 /// plain http:// loopback provider only (the simulator, a local fake) — the public test key
 /// [`adapters::stripe::LOOPBACK_TEST_KEY`]. The error never quotes the key.
 fn stripe_key(file: Option<&std::path::Path>, url: Option<&str>) -> StripeKey {
-    use std::io::Read as _;
     let (text, source) = match file {
         Some(path) => {
-            let mut text = zeroize::Zeroizing::new(String::new());
+            // Read through the one bounded reader every file door uses.
             let read = std::fs::File::open(path)
-                .and_then(|file| file.take(STRIPE_KEY_FILE_MAX_BYTES + 1).read_to_string(&mut text));
+                .and_then(|file| engine::limits::read_text_at_most(file, STRIPE_KEY_FILE_MAX_BYTES));
             match read {
-                Err(error) => return Err(format!("cannot read the Stripe key file {}: {error}", path.display())),
-                Ok(n) if n as u64 > STRIPE_KEY_FILE_MAX_BYTES => {
+                Ok(text) => (zeroize::Zeroizing::new(text), format!("the Stripe key file {}", path.display())),
+                Err(error) if error.kind() == std::io::ErrorKind::FileTooLarge => {
                     return Err(format!(
                         "the Stripe key file {} is larger than {STRIPE_KEY_FILE_MAX_BYTES} bytes: not a key",
                         path.display()
                     ));
                 }
-                Ok(_) => (text, format!("the Stripe key file {}", path.display())),
+                Err(error) => return Err(format!("cannot read the Stripe key file {}: {error}", path.display())),
             }
         }
         None => match std::env::var(STRIPE_KEY_ENV) {

@@ -493,16 +493,11 @@ fn checked_evidence(
 /// A charge's answer: a PaymentIntent, or an error.
 fn classify_charge(request: &EffectRequest, status: StatusCode, bytes: &[u8]) -> CallOutcome {
     let protocol = |detail: String| unknown(UnknownReason::Protocol, detail);
-    if status != StatusCode::OK {
-        return classify_error(status, bytes);
-    }
-    let intent: PaymentIntent = match read_strict(bytes) {
+    let intent: PaymentIntent = match answered(status, bytes, "payment_intent", |intent: &PaymentIntent| &intent.object)
+    {
         Ok(intent) => intent,
-        Err(e) => return protocol(format!("HTTP 200 with an unreadable body ({e}): {}", excerpt(bytes))),
+        Err(outcome) => return outcome,
     };
-    if intent.object != "payment_intent" {
-        return protocol(format!("HTTP 200 with a {:?} object for a charge", intent.object));
-    }
     match intent.status.as_str() {
         "succeeded" => match checked_evidence(request, "pi_", intent.id, intent.amount, &intent.currency) {
             Ok(evidence) => CallOutcome::Succeeded(evidence),
@@ -522,16 +517,10 @@ fn classify_charge(request: &EffectRequest, status: StatusCode, bytes: &[u8]) ->
 /// A refund's answer: a Refund, or an error.
 fn classify_refund(request: &EffectRequest, status: StatusCode, bytes: &[u8]) -> CallOutcome {
     let protocol = |detail: String| unknown(UnknownReason::Protocol, detail);
-    if status != StatusCode::OK {
-        return classify_error(status, bytes);
-    }
-    let refund: Refund = match read_strict(bytes) {
+    let refund: Refund = match answered(status, bytes, "refund", |refund: &Refund| &refund.object) {
         Ok(refund) => refund,
-        Err(e) => return protocol(format!("HTTP 200 with an unreadable body ({e}): {}", excerpt(bytes))),
+        Err(outcome) => return outcome,
     };
-    if refund.object != "refund" {
-        return protocol(format!("HTTP 200 with a {:?} object for a refund", refund.object));
-    }
     match refund.status.as_str() {
         "succeeded" => match checked_evidence(request, "re_", refund.id, refund.amount, &refund.currency) {
             Ok(evidence) => CallOutcome::Succeeded(evidence),
@@ -545,6 +534,26 @@ fn classify_refund(request: &EffectRequest, status: StatusCode, bytes: &[u8]) ->
             format!("refund {} is {}: not final, to reconcile later", refund.id, refund.status),
         ),
         other => protocol(format!("HTTP 200 with refund {} in status {other:?}", refund.id)),
+    }
+}
+
+/// The object a 200 carries, when it reads strictly and is an `object` (`payment_intent`,
+/// `refund`); otherwise the outcome the answer is instead (an error status, or unknown).
+fn answered<T: serde::de::DeserializeOwned>(
+    status: StatusCode,
+    bytes: &[u8],
+    object: &str,
+    object_of: impl Fn(&T) -> &String,
+) -> Result<T, CallOutcome> {
+    let protocol = |detail: String| unknown(UnknownReason::Protocol, detail);
+    if status != StatusCode::OK {
+        return Err(classify_error(status, bytes));
+    }
+    let answer: T = read_strict(bytes)
+        .map_err(|e| protocol(format!("HTTP 200 with an unreadable body ({e}): {}", excerpt(bytes))))?;
+    match object_of(&answer) {
+        named if named == object => Ok(answer),
+        other => Err(protocol(format!("HTTP 200 with a {other:?} object where a {object} was expected"))),
     }
 }
 

@@ -56,7 +56,6 @@ pub struct MetricsQuery {
     pub by: Option<String>,
 }
 
-/// Whether `intents` (a run's) make the run `key`'s tenant's.
 /// Whether the run `run_id` is `tenant`'s: every intent it proposed is — the ones it reserved,
 /// and the ones it found already there (a deduplicated re-submission, a resend refused), which
 /// its journal links it to though another run holds them. `false` for no such run, or a run

@@ -280,4 +280,8 @@ fn an_unreadable_key_file_is_a_usage_error_and_writes_nothing() {
     let path = garbage.to_str().expect("a UTF-8 temp path");
     args.extend(["--stripe-key-file", path]);
     assert_refused(&db, keel(&db, None, &args), "Stripe key file", "with spaces");
+    // A file without an end (no metadata length) is read up to its bound, never further.
+    let mut args = charge("http://127.0.0.1:9", "order_1842_charge", "order_1842", "4900", "pm_card_visa");
+    args.extend(["--stripe-key-file", "/dev/zero"]);
+    assert_refused(&db, keel(&db, Some(KEY), &args), "is larger than", KEY);
 }
